@@ -1,0 +1,236 @@
+"""The one place that knows how transformers 4.x and 5.x lay RoPE out in configs and modules.
+
+Version-neutral form used everywhere else: a *slot table* ``{layer_type_or_None: params}`` where ``params`` is a
+flat transformers-5-style dict (``rope_type``, ``rope_theta``, ``factor``, ``original_max_position_embeddings``, ...)
+and the key is ``None`` for a model with one RoPE for all layers, or a layer type (``full_attention``,
+``sliding_attention``) for models with per-layer-type RoPE (Gemma 3).
+
+- 4.x: top-level ``rope_theta`` + ``rope_scaling`` (older checkpoints: ``type`` instead of ``rope_type``); Gemma 3's
+  local base is ``rope_local_base_freq`` and its local module is a second module ``rotary_emb_local``.
+- 5.x: ``rope_parameters`` (nested per layer type where the model declares it); ``rope_scaling`` in a config.json
+  takes precedence over ``rope_parameters`` and a top-level ``rope_theta`` fills in a missing one.
+
+`portable_config_dict` writes both forms consistently so a config.json loads to the same frequencies in either line.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import transformers
+from packaging.version import Version
+
+TRANSFORMERS_VERSION = Version(transformers.__version__)
+TRANSFORMERS_V5 = TRANSFORMERS_VERSION.major >= 5
+
+# Keys of a scaling dict (besides rope_type/rope_theta) that transformers understands.
+SCALING_KEYS = (
+    "factor",
+    "original_max_position_embeddings",
+    "attention_factor",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "truncate",
+    "low_freq_factor",
+    "high_freq_factor",
+    "short_factor",
+    "long_factor",
+)
+MARKER_KEY = "rope_extend"
+FLAT = None  # slot key of a model whose layers share one RoPE
+
+
+def _plain(value: Any) -> Any:
+    return copy.deepcopy(value) if isinstance(value, (dict, list)) else value
+
+
+def _layer_types(config) -> list[str]:
+    return list(dict.fromkeys(getattr(config, "layer_types", None) or []))
+
+
+def _normalise(params: dict | None, rope_theta: float | None) -> dict:
+    params = dict(params or {})
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    out = {"rope_type": rope_type}
+    theta = params.pop("rope_theta", None)
+    out["rope_theta"] = float(theta if theta is not None else (rope_theta if rope_theta is not None else 10000.0))
+    out.update({k: _plain(v) for k, v in params.items() if v is not None})
+    return out
+
+
+def read_slots(config) -> dict[str | None, dict]:
+    """The model's RoPE parameters as a slot table (see module docstring)."""
+    rope_parameters = getattr(config, "rope_parameters", None) if TRANSFORMERS_V5 else None
+    layer_types = _layer_types(config)
+    if TRANSFORMERS_V5 and rope_parameters:
+        nested = [key for key in rope_parameters if key in layer_types]
+        if nested:
+            return {key: _normalise(rope_parameters[key], None) for key in nested if rope_parameters[key] is not None}
+        return {FLAT: _normalise(rope_parameters, getattr(config, "rope_theta", None))}
+    # 4.x (or a 5.x config without rope_parameters)
+    scaling = getattr(config, "rope_scaling", None)
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        theta = getattr(config, "rotary_emb_base", None)
+    full = _normalise(scaling, theta)
+    partial = getattr(config, "partial_rotary_factor", None)
+    if partial is not None:
+        full.setdefault("partial_rotary_factor", float(partial))
+    if full["rope_type"] in ("yarn", "llama3", "longrope"):
+        # Phi-3 keeps the pretraining length at top level and it wins there, as in transformers.
+        top = getattr(config, "original_max_position_embeddings", None)
+        full["original_max_position_embeddings"] = top or full.get(
+            "original_max_position_embeddings", config.max_position_embeddings
+        )
+    local_base = getattr(config, "rope_local_base_freq", None)
+    if local_base is not None and "sliding_attention" in layer_types:
+        return {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": float(local_base)}}
+    return {FLAT: full}
+
+
+def rotary_dim(config, params: dict) -> int:
+    """head_dim (explicit if the config has one) x partial_rotary_factor."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    partial = params.get("partial_rotary_factor")
+    if partial is None:
+        partial = getattr(config, "partial_rotary_factor", None)
+    if partial is None:
+        partial = getattr(config, "rotary_pct", None)
+    return int(head_dim * (1.0 if partial is None else partial))
+
+
+def write_slots(config, slots: dict[str | None, dict], max_position_embeddings: int, marker: dict | None) -> None:
+    """Rewrite an in-memory config in the running transformers' own layout (and the legacy keys it keeps)."""
+    full = slots.get("full_attention", slots.get(FLAT))
+    if TRANSFORMERS_V5:
+        if FLAT in slots:
+            config.rope_parameters = _plain(slots[FLAT])
+        else:
+            rope_parameters = dict(config.rope_parameters or {})
+            rope_parameters.update({key: _plain(value) for key, value in slots.items()})
+            config.rope_parameters = rope_parameters
+    else:
+        config.rope_theta = full["rope_theta"]
+        scaling = scaling_dict(full)
+        config.rope_scaling = scaling
+        if "sliding_attention" in slots and hasattr(config, "rope_local_base_freq"):
+            config.rope_local_base_freq = slots["sliding_attention"]["rope_theta"]
+    if getattr(config, "original_max_position_embeddings", None) is not None and "original_max_position_embeddings" in full:
+        config.original_max_position_embeddings = full["original_max_position_embeddings"]
+    config.max_position_embeddings = int(max_position_embeddings)
+    if marker is None:
+        if hasattr(config, MARKER_KEY):
+            delattr(config, MARKER_KEY)
+    else:
+        setattr(config, MARKER_KEY, _plain(marker))
+
+
+def scaling_dict(params: dict) -> dict | None:
+    """The 4.x ``rope_scaling`` dict for one slot (None when the slot is plain RoPE)."""
+    if params.get("rope_type", "default") == "default":
+        return None
+    return {key: _plain(value) for key, value in params.items() if key not in ("partial_rotary_factor", "rope_theta")}
+
+
+def portable_config_dict(
+    config_dict: dict, slots: dict[str | None, dict], max_position_embeddings: int, marker: dict | None
+) -> dict:
+    """A config.json dict that loads to the same RoPE in transformers 4.x and 5.x, without rope-extend.
+
+    Writes ``rope_parameters`` (5.x, nested where the model nests it), ``rope_scaling`` + top-level ``rope_theta``
+    (4.x; 5.x gives ``rope_scaling`` precedence, so both carry identical values), Gemma 3's ``rope_local_base_freq``,
+    Phi-3's top-level ``original_max_position_embeddings``, ``max_position_embeddings`` and the provenance marker.
+    """
+    out = copy.deepcopy(config_dict)
+    full = slots.get("full_attention", slots.get(FLAT))
+    if FLAT in slots:
+        out["rope_parameters"] = _plain(slots[FLAT])
+    else:
+        out["rope_parameters"] = {key: _plain(value) for key, value in slots.items()}
+        if "sliding_attention" in slots and ("rope_local_base_freq" in out or out.get("model_type", "").startswith("gemma3")):
+            out["rope_local_base_freq"] = slots["sliding_attention"]["rope_theta"]
+    out["rope_theta"] = full["rope_theta"]
+    out["rope_scaling"] = scaling_dict(full)
+    out.pop("type", None)
+    if out.get("original_max_position_embeddings") is not None and "original_max_position_embeddings" in full:
+        out["original_max_position_embeddings"] = full["original_max_position_embeddings"]
+    out["max_position_embeddings"] = int(max_position_embeddings)
+    if marker is None:
+        out.pop(MARKER_KEY, None)
+    else:
+        out[MARKER_KEY] = _plain(marker)
+    return out
+
+
+def read_marker(config) -> dict | None:
+    marker = getattr(config, MARKER_KEY, None)
+    return dict(marker) if isinstance(marker, dict) else None
+
+
+# --- rotary modules ------------------------------------------------------------------------------------------------
+def module_slots(name: str, module, slots: dict[str | None, dict]) -> list[tuple[str | None, str]]:
+    """Which slots a rotary module serves, as (slot key, buffer prefix) pairs.
+
+    5.x per-layer-type modules hold ``{layer_type}_inv_freq`` buffers; 4.x Gemma 3 has a second module
+    ``rotary_emb_local`` for sliding layers; every other module serves the flat slot (or full attention).
+    """
+    prefixed = [key for key in slots if key is not None and hasattr(module, f"{key}_inv_freq")]
+    if prefixed:
+        return [(key, f"{key}_") for key in prefixed]
+    if FLAT in slots:
+        return [(FLAT, "")]
+    if "local" in name.rsplit(".", 1)[-1] and "sliding_attention" in slots:
+        return [("sliding_attention", "")]
+    return [("full_attention", "")]
+
+
+def set_module_rope_type(module, prefix: str, slot: str | None, rope_type: str) -> str:
+    """Set the rope_type a stock rotary module dispatches on; return the previous one."""
+    current = getattr(module, "rope_type", None)
+    if isinstance(current, dict):
+        previous = current.get(slot)
+        current[slot] = rope_type
+        return previous
+    setattr(module, "rope_type", rope_type)
+    return current
+
+
+def params_close(a: dict, b: dict, rel: float = 1e-9) -> bool:
+    """Two slot dicts describe the same RoPE (numbers compared with a relative tolerance)."""
+    keys = set(a) | set(b)
+    for key in keys:
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool):
+            if not math.isclose(float(x), float(y), rel_tol=rel, abs_tol=0.0):
+                return False
+        elif isinstance(x, list) and isinstance(y, list):
+            if len(x) != len(y) or any(not math.isclose(float(p), float(q), rel_tol=rel) for p, q in zip(x, y)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+# --- snapshot / restore for unpatch --------------------------------------------------------------------------------
+_ROPE_CONFIG_ATTRS = (
+    ("rope_parameters",) if TRANSFORMERS_V5 else ("rope_scaling", "rope_theta", "rope_local_base_freq")
+) + ("rope_theta", "max_position_embeddings", "original_max_position_embeddings", MARKER_KEY)
+_MISSING = object()
+
+
+def snapshot_rope_config(config) -> dict:
+    """Everything `write_slots` may change, so `restore_rope_config` can put it back exactly."""
+    return {name: _plain(config.__dict__.get(name, _MISSING)) for name in dict.fromkeys(_ROPE_CONFIG_ATTRS)}
+
+
+def restore_rope_config(config, snapshot: dict) -> None:
+    for name, value in snapshot.items():
+        if value is _MISSING:
+            config.__dict__.pop(name, None)
+        else:
+            config.__dict__[name] = _plain(value)

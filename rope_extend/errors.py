@@ -1,0 +1,36 @@
+"""Exceptions raised by rope-extend.
+
+Every error subclasses a builtin so callers can catch `ValueError` / `OSError` without importing us, and every
+message names the bad value, why it is bad, and how to fix it. The CLI prints `str(exc)` as one line and exits 2.
+"""
+
+from __future__ import annotations
+
+
+class RopeExtendError(Exception):
+    """Marker base class: every rope-extend error is also a builtin exception (see subclasses)."""
+
+
+class SpecError(RopeExtendError, ValueError):
+    """A scaling spec is invalid (unknown key or method, bad number, inconsistent factor/target...)."""
+
+    def __init__(self, message: str, *, field: str | None = None, value: object = None):
+        super().__init__(message)
+        self.field = field
+        self.value = value
+
+
+class UnsupportedModelError(RopeExtendError, ValueError):
+    """The model has no rotary position embedding that rope-extend can rescale."""
+
+
+class AlreadyScaledError(RopeExtendError, ValueError):
+    """The model already carries a RoPE scaling scheme and the spec would silently stack on top of it."""
+
+
+class CheckpointError(RopeExtendError, ValueError):
+    """A source checkpoint is missing, corrupt or unsafe, or an output location is not usable."""
+
+
+class VerificationError(RopeExtendError, RuntimeError):
+    """A written checkpoint does not load back to the frequencies rope-extend computed."""

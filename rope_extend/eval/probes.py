@@ -1,0 +1,306 @@
+"""Synthetic long-context probes: passkey retrieval and RULER-style needle-in-a-haystack.
+
+Every prompt is assembled from *token ids* (each segment tokenised on its own and
+concatenated), so its length is exactly the requested number of tokens.  A prompt whose
+fixed parts (instructions, needles, question) do not fit is an error, never truncated.
+
+Samples are deterministic: the random state is seeded from a string that names the task,
+length, depth, sample index and the user seed.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import asdict, dataclass, field
+
+PASSKEY_FILLER = [
+    "The grass is green.",
+    "The sky is blue.",
+    "The sun is yellow.",
+    "Here we go.",
+    "There and back again.",
+]
+PASSKEY_PREFIX = (
+    "There is an important info hidden inside a lot of irrelevant text. "
+    "Find it and memorize them. I will quiz you about the important information there."
+)
+PASSKEY_NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
+PASSKEY_QUESTION = "What is the pass key? The pass key is"
+
+NEEDLE_TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "vt")
+
+_NIAH_PREFIX = (
+    "Some special magic {kind} are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the {kind} afterwards."
+)
+_NIAH_NEEDLE = "One of the special magic numbers for {key} is: {value}."
+_NIAH_Q_SINGLE = (
+    "What is the special magic number for {key} mentioned in the provided text? "
+    "The special magic number for {key} mentioned in the provided text is"
+)
+_NIAH_Q_MULTI = (
+    "What are all the special magic numbers for {key} mentioned in the provided text? "
+    "The special magic numbers for {key} mentioned in the provided text are"
+)
+_VT_PREFIX = (
+    "Memorize and track the chain(s) of variable assignment hidden in the following text."
+)
+_VT_QUESTION = (
+    "Question: Find all variables that are assigned the value {value} in the text above. "
+    "Answer: According to the chain(s) of variable assignment in the text above, {n} variables "
+    "are assigned the value {value}, they are:"
+)
+
+# Small fixed vocabulary for needle keys (RULER uses random English words).
+_KEY_WORDS = (
+    "apple river candle marble falcon garden harbor island jungle kettle lantern meadow "
+    "needle orange pepper quartz rocket saddle timber umbrella valley walnut yellow zephyr "
+    "anchor bishop cactus dragon ember fossil glacier hammer igloo jasmine koala lemon "
+    "magnet nectar oyster pirate quiver raven sphinx tundra unicorn violet wizard xylophone "
+    "yogurt zebra amber breeze cobalt dune echo fable grove helium ivory jade karma lotus"
+).split()
+
+
+@dataclass
+class ProbeSample:
+    """One tokenised probe prompt plus what a correct answer must contain."""
+
+    task: str
+    length: int
+    depth: float | None
+    index: int
+    input_ids: list[int]
+    answers: list[str]
+    needle_positions: list[int] = field(default_factory=list)  # token offset of each needle
+    max_new_tokens: int = 12
+
+    def meta(self) -> dict:
+        d = asdict(self)
+        d.pop("input_ids")
+        return d
+
+
+def _rng(*parts) -> random.Random:
+    return random.Random("|".join(str(p) for p in parts))
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def special_prefix(tokenizer) -> list[int]:
+    """Tokens the tokenizer adds in front of any text (e.g. ``[BOS]`` for LLaMA, ``[]`` for SmolLM2)."""
+    ids = list(tokenizer("", add_special_tokens=True)["input_ids"])
+    eos = getattr(tokenizer, "eos_token_id", None)
+    # Some tokenizers append EOS: keep only the leading special tokens.
+    return [i for i in ids if i != eos] if len(ids) > 1 else ids
+
+
+class Haystack:
+    """Sentence-granular filler token stream (the classic passkey sentences, or any text)."""
+
+    def __init__(self, tokenizer, sentences: list[str] | None = None):
+        sentences = sentences or PASSKEY_FILLER
+        # Leading space so sentences concatenate the way they would in running text.
+        self.sentences = [_encode(tokenizer, " " + s.strip()) for s in sentences if s.strip()]
+        if not self.sentences:
+            raise ValueError("haystack has no sentences")
+
+    @classmethod
+    def from_text(cls, tokenizer, text: str, max_sentences: int = 4000) -> Haystack:
+        parts = [p.strip() for p in re.split(r"(?<=[.!?])\s+", text) if p.strip()]
+        return cls(tokenizer, parts[:max_sentences])
+
+    def tokens(self, n: int, offset: int = 0) -> tuple[list[int], list[int]]:
+        """First *n* filler tokens (cycling) and the sentence-boundary offsets within them."""
+        out: list[int] = []
+        bounds = [0]
+        i = offset
+        while len(out) < n:
+            out.extend(self.sentences[i % len(self.sentences)])
+            bounds.append(len(out))
+            i += 1
+        out = out[:n]
+        bounds = [b for b in bounds if b <= n]
+        if bounds[-1] != n:
+            bounds.append(n)
+        return out, bounds
+
+
+def _assemble(
+    tokenizer,
+    task: str,
+    length: int,
+    head: list[int],
+    needles: list[list[int]],
+    depths: list[float],
+    tail: list[int],
+    haystack: Haystack,
+) -> tuple[list[int], list[int]]:
+    """Place *needles* at fractional *depths* of the filler so the prompt is exactly *length* tokens."""
+    fixed = len(head) + sum(len(n) for n in needles) + len(tail)
+    n_fill = length - fixed
+    if n_fill < 0:
+        raise ValueError(
+            f"{task}: prompt needs {fixed} tokens (instructions {len(head)}, needles "
+            f"{sum(len(n) for n in needles)}, question {len(tail)}) but the requested length is "
+            f"{length}; refusing to truncate"
+        )
+    filler, bounds = haystack.tokens(n_fill)
+    order = sorted(range(len(needles)), key=lambda k: depths[k])
+    cuts = []
+    for k in order:
+        target = depths[k] * n_fill
+        cuts.append(min(bounds, key=lambda b: abs(b - target)))
+    ids = list(head)
+    positions = [0] * len(needles)
+    prev = 0
+    for k, cut in zip(order, sorted(cuts)):
+        ids.extend(filler[prev:cut])
+        positions[k] = len(ids)
+        ids.extend(needles[k])
+        prev = cut
+    ids.extend(filler[prev:])
+    ids.extend(tail)
+    assert len(ids) == length, (len(ids), length)
+    return ids, positions
+
+
+def make_passkey(
+    tokenizer, length: int, depth: float, index: int = 0, seed: int = 0, haystack: Haystack | None = None
+) -> ProbeSample:
+    """Classic passkey prompt of exactly *length* tokens with a 5-digit key at *depth* (0..1)."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be in [0, 1], got {depth}")
+    key = str(_rng("passkey", seed, length, depth, index).randint(10000, 99999))
+    head = special_prefix(tokenizer) + _encode(tokenizer, PASSKEY_PREFIX)
+    needle = _encode(tokenizer, " " + PASSKEY_NEEDLE.format(key=key))
+    tail = _encode(tokenizer, " " + PASSKEY_QUESTION)
+    ids, pos = _assemble(
+        tokenizer, "passkey", length, head, [needle], [depth], tail, haystack or Haystack(tokenizer)
+    )
+    return ProbeSample("passkey", length, depth, index, ids, [key], pos, max_new_tokens=8)
+
+
+def _value(rng: random.Random) -> str:
+    return str(rng.randint(1_000_000, 9_999_999))
+
+
+def _var_name(rng: random.Random) -> str:
+    return "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5))
+
+
+def make_needle(
+    tokenizer,
+    task: str,
+    length: int,
+    depth: float = 0.5,
+    index: int = 0,
+    seed: int = 0,
+    num_needles: int = 4,
+    haystack: Haystack | None = None,
+) -> ProbeSample:
+    """RULER-style probe of exactly *length* tokens.
+
+    * ``niah_single``: one key/value needle at *depth*; answer the value.
+    * ``niah_multikey``: *num_needles* needles with distinct keys (the others are
+      distractors); the queried one sits at *depth*.
+    * ``niah_multivalue``: *num_needles* values for the same key, spread at random depths;
+      all must be recalled.
+    * ``vt``: variable tracking, a chain of *num_needles* assignments spread through the text.
+    """
+    if task not in NEEDLE_TASKS:
+        raise ValueError(f"unknown needle task {task!r}; expected one of {NEEDLE_TASKS}")
+    rng = _rng(task, seed, length, depth, index, num_needles)
+    hay = haystack or Haystack(tokenizer)
+    bos = special_prefix(tokenizer)
+
+    def enc(s: str) -> list[int]:
+        return _encode(tokenizer, " " + s)
+
+    if task == "vt":
+        value = str(rng.randint(10000, 99999))
+        names: list[str] = []
+        while len(names) < num_needles:
+            n = _var_name(rng)
+            if n not in names:
+                names.append(n)
+        stmts = [f"VAR {names[0]} = {value}."] + [
+            f"VAR {names[i]} = VAR {names[i - 1]}." for i in range(1, num_needles)
+        ]
+        depths = sorted(rng.uniform(0.0, 1.0) for _ in stmts)
+        head = bos + _encode(tokenizer, _VT_PREFIX)
+        tail = enc(_VT_QUESTION.format(value=value, n=num_needles))
+        ids, pos = _assemble(tokenizer, task, length, head, [enc(s) for s in stmts], depths, tail, hay)
+        return ProbeSample(task, length, None, index, ids, names, pos, max_new_tokens=8 * num_needles)
+
+    keys = rng.sample(_KEY_WORDS, k=max(num_needles, 1))
+    head = bos + _encode(tokenizer, _NIAH_PREFIX.format(kind="numbers"))
+    if task == "niah_single":
+        key, value = keys[0], _value(rng)
+        needles, depths = [enc(_NIAH_NEEDLE.format(key=key, value=value))], [depth]
+        tail, answers, new = enc(_NIAH_Q_SINGLE.format(key=key)), [value], 12
+    elif task == "niah_multikey":
+        values = [_value(rng) for _ in keys]
+        needles = [enc(_NIAH_NEEDLE.format(key=k, value=v)) for k, v in zip(keys, values)]
+        depths = [depth] + [rng.uniform(0.0, 1.0) for _ in keys[1:]]
+        tail, answers, new = enc(_NIAH_Q_SINGLE.format(key=keys[0])), [values[0]], 12
+    else:  # niah_multivalue
+        key = keys[0]
+        values: list[str] = []
+        while len(values) < num_needles:
+            v = _value(rng)
+            if v not in values:
+                values.append(v)
+        needles = [enc(_NIAH_NEEDLE.format(key=key, value=v)) for v in values]
+        depths = [rng.uniform(0.0, 1.0) for _ in values]
+        tail, answers, new = enc(_NIAH_Q_MULTI.format(key=key)), values, 12 * num_needles
+    ids, pos = _assemble(tokenizer, task, length, head, needles, depths, tail, hay)
+    return ProbeSample(task, length, depth if task != "niah_multivalue" else None, index, ids, answers, pos, new)
+
+
+def make_probe(tokenizer, task: str, length: int, depth: float = 0.5, index: int = 0, seed: int = 0, **kw):
+    if task == "passkey":
+        return make_passkey(tokenizer, length, depth, index=index, seed=seed, haystack=kw.get("haystack"))
+    return make_needle(tokenizer, task, length, depth, index=index, seed=seed, **kw)
+
+
+def score(sample: ProbeSample, output: str) -> float:
+    """1.0/0.0 for single-answer probes (first number in the output must match);
+    recall fraction for multi-value and variable-tracking probes."""
+    if sample.task in ("passkey", "niah_single", "niah_multikey"):
+        nums = re.findall(r"\d+", output)
+        return float(bool(nums) and nums[0] == sample.answers[0])
+    if sample.task == "niah_multivalue":
+        found = set(re.findall(r"\d+", output))
+    else:  # vt
+        found = set(re.findall(r"[A-Z]{5}", output))
+    return sum(a in found for a in sample.answers) / len(sample.answers)
+
+
+def generate(model, tokenizer, sample: ProbeSample) -> str:
+    """Greedy continuation of the probe prompt (new tokens only, decoded)."""
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.tensor([sample.input_ids], device=device)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=sample.max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            pad_token_id=pad,
+        )
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def run_probe(model, tokenizer, sample: ProbeSample) -> dict:
+    out = generate(model, tokenizer, sample)
+    return {"score": score(sample, out), "output": out, "answers": sample.answers}

@@ -1,0 +1,194 @@
+"""Model variants for before/after evaluation: loading a checkpoint and applying a RoPE spec."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BASELINE = "unpatched"
+
+
+@dataclass
+class Variant:
+    """A named model variant: ``spec=None`` is the unpatched baseline.
+
+    ``spec`` may be a ``RopeSpec``, a dict, a YAML path, or a callable ``f(model) -> report``
+    (escape hatch for custom patches and tests).
+    """
+
+    name: str
+    spec: Any = None
+
+    def spec_dict(self) -> dict | None:
+        return spec_to_dict(self.spec)
+
+    @property
+    def fingerprint(self) -> str:
+        d = self.spec_dict()
+        blob = json.dumps(d, sort_keys=True, default=str)
+        return hashlib.sha1(blob.encode()).hexdigest()[:10]
+
+
+def spec_to_dict(spec) -> dict | None:
+    if spec is None:
+        return None
+    if callable(spec) and not isinstance(spec, dict):
+        return {"callable": getattr(spec, "__qualname__", repr(spec))}
+    if isinstance(spec, (str, os.PathLike)):
+        try:
+            from rope_extend import load_spec  # type: ignore
+
+            return spec_to_dict(load_spec(spec))
+        except ImportError:
+            import yaml
+
+            with open(spec, encoding="utf-8") as f:
+                return yaml.safe_load(f)
+    if hasattr(spec, "model_dump"):
+        return spec.model_dump(mode="json", exclude_none=True)
+    if isinstance(spec, dict):
+        return dict(spec)
+    raise TypeError(f"unsupported spec type {type(spec).__name__}")
+
+
+def variant_name(spec, used: set[str]) -> str:
+    d = spec_to_dict(spec) or {}
+    if isinstance(spec, (str, os.PathLike)):
+        base = Path(spec).stem
+    elif "name" in d and d["name"]:
+        base = str(d["name"])
+    elif "callable" in d:
+        base = d["callable"].split(".")[-1]
+    else:
+        method = d.get("method", "spec")
+        factor = d.get("factor")
+        base = f"{method}x{factor:g}" if isinstance(factor, (int, float)) else str(method)
+    name, k = base, 2
+    while name in used or name == BASELINE:
+        name, k = f"{base}-{k}", k + 1
+    used.add(name)
+    return name
+
+
+def make_variants(specs: list | dict | None, include_baseline: bool = True) -> list[Variant]:
+    """``[spec, ...]`` or ``{name: spec}`` -> variants, baseline first."""
+    out = [Variant(BASELINE, None)] if include_baseline else []
+    used: set[str] = set()
+    if specs is None:
+        return out
+    if isinstance(specs, dict):
+        for name, spec in specs.items():
+            if name == BASELINE:
+                raise ValueError(f"variant name {BASELINE!r} is reserved for the unpatched model")
+            used.add(name)
+            out.append(Variant(name, spec))
+        return out
+    for spec in specs:
+        if isinstance(spec, Variant):
+            used.add(spec.name)
+            out.append(spec)
+        elif isinstance(spec, tuple) and len(spec) == 2:
+            used.add(spec[0])
+            out.append(Variant(spec[0], spec[1]))
+        else:
+            out.append(Variant(variant_name(spec, used), spec))
+    return out
+
+
+def load_model(model_path, dtype: str = "float32", device_map: str | None = None, device: str | None = None):
+    """Load an HF causal LM + tokenizer (fp32 by default; ``device_map`` needs accelerate)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
+    kwargs: dict = {}
+    if device_map:
+        kwargs["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype, **kwargs)
+    except TypeError:  # transformers 4.x
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), torch_dtype=torch_dtype, **kwargs)
+    if device and not device_map:
+        model.to(device)
+    model.eval()
+    tok = AutoTokenizer.from_pretrained(str(model_path))
+    return model, tok
+
+
+def original_length(model) -> int:
+    """The unpatched model's context window (``original_max_position_embeddings`` if recorded)."""
+    cfg = model.config
+    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if isinstance(params, dict) and params.get("original_max_position_embeddings"):
+        return int(params["original_max_position_embeddings"])
+    return int(cfg.max_position_embeddings)
+
+
+def apply_spec(model, spec) -> Any:
+    """Patch *model* in place; uses ``rope_extend.patch_model`` (falls back to stock transformers
+    rope types when the core package is unavailable)."""
+    if spec is None:
+        return None
+    if callable(spec) and not isinstance(spec, dict):
+        return spec(model)
+    try:
+        from rope_extend import patch_model  # type: ignore
+    except ImportError:
+        patch_model = None
+    if patch_model is not None:
+        return patch_model(model, spec)
+    return stock_patch(model, spec_to_dict(spec))
+
+
+_STOCK_TYPES = {"linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3"}
+
+
+def stock_patch(model, spec: dict) -> dict:
+    """Minimal in-place RoPE rescaling with transformers' own rope types (fallback/testing only)."""
+    method = spec.get("method")
+    if method not in _STOCK_TYPES:
+        raise NotImplementedError(f"stock fallback does not support method {method!r}; install the core package")
+    cfg = model.config
+    factor = float(spec.get("factor", 2.0))
+    orig = original_length(model)
+    params = getattr(cfg, "rope_parameters", None)
+    if isinstance(params, dict):  # transformers 5
+        theta = params.get("rope_theta")
+        new = {"rope_type": _STOCK_TYPES[method], "rope_theta": theta, "factor": factor}
+        if method in ("yarn", "llama3"):
+            new["original_max_position_embeddings"] = orig
+        if method == "llama3":
+            new.update(low_freq_factor=spec.get("low_freq_factor", 1.0), high_freq_factor=spec.get("high_freq_factor", 4.0))
+        cfg.rope_parameters = new
+    else:  # transformers 4.x
+        new = {"rope_type": _STOCK_TYPES[method], "factor": factor}
+        if method in ("yarn", "llama3"):
+            new["original_max_position_embeddings"] = orig
+        cfg.rope_scaling = new
+    if method != "dynamic":
+        cfg.max_position_embeddings = int(orig * factor)
+    _rebuild_rotary(model)
+    return {"method": method, "factor": factor, "fallback": "stock-transformers"}
+
+
+def _rebuild_rotary(model) -> None:
+    for module_name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if "RotaryEmbedding" in type(child).__name__:
+                device = child.inv_freq.device if hasattr(child, "inv_freq") else None
+                new = type(child)(config=model.config)
+                if device is not None:
+                    new.to(device)
+                setattr(module, child_name, new)
+
+
+def loader_for(model_path, dtype="float32", device_map=None, device=None) -> Callable:
+    def _load():
+        return load_model(model_path, dtype=dtype, device_map=device_map, device=device)
+
+    return _load

@@ -1,0 +1,28 @@
+"""Scaling methods, one per file, all registered in `registry`."""
+
+from . import dynamic, dynamic_yarn, linear, llama3, longrope, ntk, ntk_by_parts, yarn  # noqa: F401  (register)
+from .registry import (
+    ALIASES,
+    RopeContext,
+    RopeMethod,
+    all_methods,
+    canonical_name,
+    compute,
+    default_inv_freq,
+    get_method,
+    method_names,
+    register,
+)
+
+__all__ = [
+    "ALIASES",
+    "RopeContext",
+    "RopeMethod",
+    "all_methods",
+    "canonical_name",
+    "compute",
+    "default_inv_freq",
+    "get_method",
+    "method_names",
+    "register",
+]

@@ -1,0 +1,38 @@
+"""Dynamic NTK (emozilla), transformers' form: NTK with s' = s·n/L - (s-1) once the length n exceeds L.
+
+Below L the model runs with its original frequencies, so short contexts are untouched. `max_position_embeddings`
+stays L: it is the threshold, not the new maximum.
+"""
+
+from .ntk import ntk_base
+from .registry import RopeContext, RopeMethod, default_inv_freq, register
+
+
+def dynamic_scale(factor: float, seq_len: int | None, original: int) -> float:
+    n = max(seq_len or original, original)
+    return factor * n / original - (factor - 1)
+
+
+def compute_dynamic(ctx: RopeContext):
+    scale = dynamic_scale(ctx.factor, ctx.seq_len, ctx.original_max_position_embeddings)
+    return default_inv_freq(ctx.rotary_dim, ntk_base(ctx.base, scale, ctx.rotary_dim), ctx.device), 1.0
+
+
+DYNAMIC = register(
+    RopeMethod(
+        name="dynamic",
+        compute=compute_dynamic,
+        params={},
+        dynamic=True,
+        hf_rope_type="dynamic",
+        loaders={
+            "transformers-4": "yes",
+            "transformers-5": "yes",
+            "vllm": "static only (vLLM applies the full factor at every length)",
+            "llama.cpp": "no",
+        },
+        formula="ntk with s' = s·n/L − (s−1) for n > L",
+        use_when="Serving mixed lengths without fine-tuning: exact original model below L.",
+        paper="https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/",
+    )
+)

@@ -1,0 +1,308 @@
+"""The scaling spec: what to do to a model's RoPE, validated before any model is touched.
+
+A spec comes from YAML (`configs/*.yaml`), keyword arguments, or CLI flags layered over YAML. Invalid input of any
+shape raises `SpecError` (a `ValueError`) naming the field, the bad value and the fix; nothing else escapes.
+
+`factor` or `target_length` may be given (one derives the other from the original length). The original length
+defaults to the model's, so a spec is *resolved* against a model (`RopeSpec.resolve`) before use.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import SpecError
+from .methods import canonical_name, get_method
+
+# Parameters that belong to a method (checked against the method's own parameter list).
+METHOD_PARAMS = (
+    "beta_fast",
+    "beta_slow",
+    "attention_factor",
+    "mscale",
+    "mscale_all_dim",
+    "truncate",
+    "low_freq_factor",
+    "high_freq_factor",
+    "short_factor",
+    "long_factor",
+)
+
+FiniteFloat = Field(default=None, allow_inf_nan=False)
+
+
+class RopeSpec(BaseModel):
+    """A RoPE scaling spec. Build with keywords, `load_spec(path)`, or `RopeSpec.from_sources`."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    method: str
+    factor: float | None = FiniteFloat
+    target_length: int | None = None
+    original_max_position_embeddings: int | None = None
+    rope_theta: float | None = FiniteFloat
+
+    beta_fast: float | None = FiniteFloat
+    beta_slow: float | None = FiniteFloat
+    attention_factor: float | None = FiniteFloat
+    mscale: float | None = FiniteFloat
+    mscale_all_dim: float | None = FiniteFloat
+    truncate: bool | None = None
+    low_freq_factor: float | None = FiniteFloat
+    high_freq_factor: float | None = FiniteFloat
+    short_factor: list[float] | None = None
+    long_factor: list[float] | None = None
+
+    # Which layer types to scale; sliding-window layers keep their local RoPE by default.
+    layer_types: list[str] = Field(default_factory=lambda: ["full_attention"])
+    # A model that already carries a scheme (llama3, yarn...) is refused unless this is true, in which case the
+    # new scheme is derived from that scheme's original length and base and replaces it.
+    replace_existing: bool = False
+
+    def __init__(self, **data: Any):
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _spec_error(exc) from None
+
+    # -- field rules -------------------------------------------------------------------------------------------
+    @field_validator("method", mode="before")
+    @classmethod
+    def _method(cls, value: Any) -> str:
+        return canonical_name(value)
+
+    @field_validator("factor")
+    @classmethod
+    def _factor(cls, value: float | None) -> float | None:
+        if value is not None and value < 1:
+            raise ValueError(
+                f"factor must be >= 1 (it multiplies the context length), got {value}; "
+                "to shorten a model's window, do not use RoPE scaling"
+            )
+        return value
+
+    @field_validator("target_length", "original_max_position_embeddings")
+    @classmethod
+    def _positive_int(cls, value: int | None) -> int | None:
+        if value is not None and value <= 0:
+            raise ValueError(f"must be a positive number of tokens, got {value}")
+        return value
+
+    @field_validator("rope_theta", "attention_factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow")
+    @classmethod
+    def _positive(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError(f"must be > 0, got {value}")
+        return value
+
+    @field_validator("short_factor", "long_factor")
+    @classmethod
+    def _factor_list(cls, value: list[float] | None) -> list[float] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("must be a non-empty list with one factor per rotary frequency (rotary_dim / 2)")
+            bad = [v for v in value if not math.isfinite(v) or v <= 0]
+            if bad:
+                raise ValueError(f"every factor must be a finite number > 0, got {bad[0]}")
+        return value
+
+    @field_validator("layer_types")
+    @classmethod
+    def _layer_types(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("must name at least one layer type, e.g. ['full_attention']")
+        return value
+
+    # -- cross-field rules -------------------------------------------------------------------------------------
+    @model_validator(mode="after")
+    def _cross_field(self) -> RopeSpec:
+        method = get_method(self.method)
+        given = [name for name in METHOD_PARAMS if getattr(self, name) is not None]
+        foreign = [name for name in given if name not in method.params]
+        if foreign:
+            raise ValueError(
+                f"parameter {foreign[0]!r} does not apply to method {self.method!r} "
+                f"(it reads: {', '.join(method.params) or 'no extra parameters'}); remove it or change the method"
+            )
+        if self.factor is None and self.target_length is None and method.needs_factor:
+            raise ValueError(f"method {self.method!r} needs 'factor' or 'target_length'; set one of them")
+        if self.beta_fast is not None or self.beta_slow is not None:
+            fast = self.beta_fast if self.beta_fast is not None else 32.0
+            slow = self.beta_slow if self.beta_slow is not None else 1.0
+            if fast <= slow:
+                raise ValueError(
+                    f"beta_fast ({fast}) must be greater than beta_slow ({slow}): beta_fast is the rotation count "
+                    "above which dimensions are kept, beta_slow the count below which they are interpolated"
+                )
+        if self.low_freq_factor is not None and self.high_freq_factor is not None:
+            if self.high_freq_factor <= self.low_freq_factor:
+                raise ValueError(
+                    f"high_freq_factor ({self.high_freq_factor}) must be greater than low_freq_factor "
+                    f"({self.low_freq_factor}); Llama 3.1 uses low=1, high=4"
+                )
+        if self.original_max_position_embeddings is not None:
+            self._check_lengths(self.original_max_position_embeddings)
+        return self
+
+    def _check_lengths(self, original: int) -> None:
+        if self.target_length is not None and self.target_length < original:
+            raise ValueError(
+                f"target_length {self.target_length} is shorter than the original length {original}; "
+                f"choose a target >= {original}"
+            )
+        if self.factor is not None and self.target_length is not None:
+            if abs(self.factor * original - self.target_length) >= 1:
+                raise ValueError(
+                    f"factor {self.factor} and target_length {self.target_length} disagree for original length "
+                    f"{original} ({self.factor} x {original} = {self.factor * original:g}); give only one of them"
+                )
+
+    # -- resolution --------------------------------------------------------------------------------------------
+    def resolve(self, original_max_position_embeddings: int) -> RopeSpec:
+        """Fill in original length, factor and target length. Raises SpecError when they are inconsistent."""
+        original = self.original_max_position_embeddings or original_max_position_embeddings
+        if original is None or original <= 0:
+            raise SpecError(
+                "the original context length is unknown: the model config has no max_position_embeddings; "
+                "set original_max_position_embeddings in the spec",
+                field="original_max_position_embeddings",
+                value=original,
+            )
+        try:
+            self._check_lengths(original)
+        except ValueError as exc:
+            raise SpecError(str(exc), field="target_length", value=self.target_length) from None
+        factor = self.factor if self.factor is not None else (self.target_length or original) / original
+        target = self.target_length if self.target_length is not None else int(round(factor * original))
+        return self.model_copy(
+            update={"original_max_position_embeddings": int(original), "factor": float(factor), "target_length": target}
+        )
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.factor is not None and self.original_max_position_embeddings is not None
+
+    def method_params(self) -> dict[str, Any]:
+        """The method parameters that were set explicitly."""
+        return {name: getattr(self, name) for name in METHOD_PARAMS if getattr(self, name) is not None}
+
+    # -- (de)serialisation -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = self.model_dump(exclude_none=True)
+        if data.get("layer_types") == ["full_attention"]:
+            data.pop("layer_types")
+        if not data.get("replace_existing"):
+            data.pop("replace_existing", None)
+        return data
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_sources(
+        cls, config: str | Path | dict | None = None, overrides: dict[str, Any] | None = None
+    ) -> RopeSpec:
+        """A spec from a YAML file (or dict) with keys overridden by CLI flags / keyword arguments."""
+        data: dict[str, Any] = {}
+        if config is not None:
+            data = dict(config) if isinstance(config, dict) else _read_yaml(config)
+        for key, value in (overrides or {}).items():
+            if value is not None:
+                data[key] = value
+        if "method" not in data:
+            raise SpecError(
+                "the spec has no 'method'; set one of: " + ", ".join(_method_names()), field="method", value=None
+            )
+        # A factor given as an override replaces the YAML's target_length (and vice versa) instead of conflicting.
+        overrides = overrides or {}
+        if overrides.get("factor") is not None and overrides.get("target_length") is None:
+            data.pop("target_length", None)
+        if overrides.get("target_length") is not None and overrides.get("factor") is None:
+            data.pop("factor", None)
+        return cls(**data)
+
+
+def load_spec(source: str | Path | dict | RopeSpec | None = None, **overrides: Any) -> RopeSpec:
+    """A spec from a YAML path, a dict, an existing spec, or keywords only."""
+    if isinstance(source, RopeSpec):
+        return source.model_copy(update=overrides) if overrides else source
+    if source is None and not overrides:
+        raise SpecError("no spec given: pass a YAML path, a dict, or method=... and factor=...", field=None)
+    return RopeSpec.from_sources(source, overrides)
+
+
+def parse_set_option(item: str) -> tuple[str, Any]:
+    """`key=value` from `--set`; the value is parsed as YAML (numbers, lists, booleans)."""
+    if "=" not in item:
+        raise SpecError(f"--set expects key=value, got {item!r}; e.g. --set beta_fast=64", field=item)
+    key, raw = item.split("=", 1)
+    key = key.strip().replace("-", "_")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def _read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"spec file {str(path)!r} does not exist; check the path", field="config", value=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read spec file {str(path)!r}: {exc}", field="config", value=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise SpecError(
+            f"spec file {str(path)!r} is not valid YAML{where}: {problem}; fix the syntax (key: value per line)",
+            field="config",
+            value=str(path),
+        ) from None
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"spec file {str(path)!r} must be a YAML mapping such as 'method: yarn', got {type(data).__name__}",
+            field="config",
+            value=str(path),
+        )
+    return {str(k): v for k, v in data.items()}
+
+
+def _method_names() -> list[str]:
+    from .methods import method_names
+
+    return method_names()
+
+
+def _spec_error(exc: ValidationError) -> SpecError:
+    """Turn pydantic's report into one line that names the field, the value and the fix."""
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(str(part) for part in err.get("loc", ())) or None
+    value = err.get("input")
+    kind = err.get("type", "")
+    msg = err.get("msg", "invalid value")
+    fields = list(RopeSpec.model_fields)
+    if kind == "extra_forbidden":
+        close = difflib.get_close_matches(str(loc), fields, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return SpecError(f"unknown spec key {loc!r}: {hint}valid keys are {', '.join(fields)}", field=loc, value=value)
+    if kind == "missing":
+        return SpecError(f"the spec is missing {loc!r}; add it (e.g. method: yarn)", field=loc, value=value)
+    msg = msg.removeprefix("Value error, ")
+    if kind in ("finite_number",):
+        msg = "must be a finite number (NaN and infinity are not allowed)"
+    elif kind.startswith(("float_", "int_", "bool_", "list_")):
+        msg = f"{msg}; give a plain number" if not kind.startswith(("bool_", "list_")) else msg
+    if loc is None:  # a cross-field rule: its message already names the fields and values
+        return SpecError(f"invalid spec: {msg}", field=None, value=value)
+    return SpecError(f"spec field {loc!r} has bad value {value!r}: {msg}", field=loc, value=value)
