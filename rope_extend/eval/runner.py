@@ -270,15 +270,20 @@ def run_eval(
 
 
 def _jsonable(obj):
-    try:
-        if hasattr(obj, "model_dump"):
-            return obj.model_dump(mode="json")
-        if hasattr(obj, "__dict__") and not isinstance(obj, dict):
-            return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
-        json.dumps(obj, default=str)
+    """JSON-friendly view of a patch report (dataclass / pydantic / plain)."""
+    import dataclasses
+
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json", exclude_none=True)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if obj is None or isinstance(obj, (str, int, float, bool)):
         return obj
-    except Exception:  # pragma: no cover
-        return repr(obj)
+    return str(obj)
 
 
 def _progress(enabled: bool):

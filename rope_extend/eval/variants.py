@@ -67,7 +67,7 @@ def variant_name(spec, used: set[str]) -> str:
     else:
         method = d.get("method", "spec")
         factor = d.get("factor")
-        base = f"{method}x{factor:g}" if isinstance(factor, (int, float)) else str(method)
+        base = f"{method}-x{factor:g}" if isinstance(factor, (int, float)) else str(method)
     name, k = base, 2
     while name in used or name == BASELINE:
         name, k = f"{base}-{k}", k + 1

@@ -1,0 +1,72 @@
+"""Tiny random LLaMA checkpoint + tiny BPE tokenizer, built offline in about a second.
+
+Used by the tests and handy for exercising the evaluation pipeline without downloads.
+Numbers it produces are meaningless; only the plumbing is real.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def tiny_tokenizer(vocab_size: int = 1000):
+    """Byte-level BPE trained on the stdlib docs prose (deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from .probes import PASSKEY_FILLER, PASSKEY_NEEDLE, PASSKEY_QUESTION
+    from .texts import pydoc_topics_text
+
+    text = pydoc_topics_text()[:200_000]
+    extra = " ".join(PASSKEY_FILLER) + " " + PASSKEY_NEEDLE + " " + PASSKEY_QUESTION
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([extra] * 20 + text.split("\n\n"), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
+    )
+
+
+def tiny_llama(vocab_size: int = 1000, max_position_embeddings: int = 256, seed: int = 0, **overrides):
+    """Random ``LlamaForCausalLM``: hidden 64, 4 heads, 2 layers."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        rope_theta=10000.0,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+    )
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**cfg))
+    return model.eval()
+
+
+def tiny_checkpoint(path: str | os.PathLike, vocab_size: int = 1000, max_position_embeddings: int = 256) -> Path:
+    """Save a tiny model + tokenizer to *path* (reused if already there)."""
+    path = Path(path)
+    if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
+        return path
+    tok = tiny_tokenizer(vocab_size)
+    model = tiny_llama(len(tok), max_position_embeddings)
+    model.save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    return path
