@@ -120,22 +120,29 @@ class _Evaluator:
         return res
 
 
-def _check_text_lengths(suite: Suite, cases: list[Case], model_path) -> None:
-    """Fail fast (before any model work) if the perplexity text is too short."""
-    ppl = [c for c in cases if c.kind == "perplexity"]
-    if not ppl:
+def _preflight(suite: Suite, cases: list[Case], model_path=None, tokenizer=None) -> None:
+    """Fail fast, before any model work: the perplexity text must be long enough and every
+    probe prompt must fit its length (a prompt is never truncated)."""
+    if not cases:
         return
-    from transformers import AutoTokenizer
+    if tokenizer is None:
+        from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(model_path))
-    ev = _Evaluator(None, tok, 0, suite.seed)
-    for c in ppl:
-        n = ev.text_ids(c.params.get("text")).numel() - int(c.params.get("start", 0))
-        if c.length > n:
-            raise ValueError(
-                f"perplexity text {c.params.get('text') or 'pydoc_topics'!r} has only {n} tokens; "
-                f"the suite asks for {c.length}"
-            )
+        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    ev = _Evaluator(None, tokenizer, 0, suite.seed)
+    from .probes import make_probe
+
+    for c in cases:
+        if c.kind == "perplexity":
+            n = ev.text_ids(c.params.get("text")).numel() - int(c.params.get("start", 0))
+            if c.length > n:
+                raise ValueError(
+                    f"perplexity text {c.params.get('text') or 'pydoc_topics'!r} has only {n} tokens; "
+                    f"the suite asks for {c.length}"
+                )
+        else:
+            make_probe(tokenizer, c.kind, c.length, 0.5 if c.depth is None else c.depth,
+                       index=c.index, seed=suite.seed, **c.params)
 
 
 def run_eval(
@@ -178,10 +185,11 @@ def run_eval(
     suite_obj = load_suite(suite)
     variants = make_variants(specs, include_baseline=include_baseline)
 
+    preflight_tok = None
     if loader is None:
         original = _config_original_length(model_path)
     else:
-        m, _ = loader()
+        m, preflight_tok = loader()
         original = original_length(m)
         del m
     cases = suite_obj.cases(original)
@@ -211,8 +219,8 @@ def run_eval(
         )
     )
 
-    if any(p for _, p in todo) and loader is None:
-        _check_text_lengths(suite_obj, cases, model_path)
+    if any(p for _, p in todo):
+        _preflight(suite_obj, [c for c in cases if any(c in p for _, p in todo)], model_path, preflight_tok)
 
     total_cost = sum(_cost(c) for _, p in todo for c in p)
     prog = _progress(progress)

@@ -1,0 +1,139 @@
+"""Before/after runner on a tiny random checkpoint: outputs, report, and resume after a crash/kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rope_extend.eval.runner import read_results, run_eval, summary_markdown
+
+SUITE = {
+    "name": "t",
+    "short_context": [200],
+    "perplexity": {"lengths": [256, "2x"], "bucket_size": 64, "chunk_size": 100},
+    "passkey": {"lengths": [200], "depths": [0.0, 1.0]},
+    "needle": {"tasks": ["niah_single", "vt"], "lengths": [300], "num_needles": 2},
+}
+SPECS = [{"method": "linear", "factor": 2.0}, {"method": "yarn", "factor": 2.0}]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from rope_extend.eval.tiny import tiny_checkpoint
+
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", max_position_embeddings=256)
+
+
+def _lines(path: Path) -> list[str]:
+    return [ln for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def test_outputs(ckpt, tmp_path):
+    recs = run_eval(ckpt, SPECS, SUITE, tmp_path, progress=False)
+    variants = {r["variant"] for r in recs}
+    assert variants == {"unpatched", "linear-x2", "yarn-x2"}
+    per_variant = len(recs) // 3
+    assert len(recs) == 3 * per_variant == len(_lines(tmp_path / "results.jsonl"))
+    ppl_lengths = sorted(r["length"] for r in recs if r["kind"] == "perplexity" and r["variant"] == "unpatched")
+    assert ppl_lengths == [200, 256, 512]
+    assert all(r["original_length"] == 256 for r in recs)
+    patched = [r for r in recs if r["variant"] == "yarn-x2"]
+    assert any("patch_report" in r for r in patched)
+    report = (tmp_path / "report.md").read_text()
+    assert "Short-context regression" in report and "yarn-x2" in report
+    for png in ("loss_vs_position.png", "passkey_heatmap.png", "needle_accuracy.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    md = summary_markdown(tmp_path)
+    assert "| 512 (beyond original)" in md and "passkey" in md
+    # the patched model really differs beyond the window
+    beyond = {r["variant"]: r["metrics"]["loss"] for r in recs if r["kind"] == "perplexity" and r["length"] == 512}
+    assert beyond["unpatched"] != beyond["linear-x2"]
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def test_prompt_that_does_not_fit_fails_before_any_work(ckpt, tmp_path):
+    bad = dict(SUITE, needle={"tasks": ["niah_multivalue"], "lengths": [120], "num_needles": 4})
+    with pytest.raises(ValueError, match="refusing to truncate"):
+        run_eval(ckpt, SPECS, bad, tmp_path, progress=False)
+    assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_resume_after_crash(ckpt, tmp_path):
+    seen = []
+
+    def crash_after_5(rec):
+        seen.append(rec["case_id"])
+        if len(seen) == 5:
+            raise Boom("simulated crash")
+
+    with pytest.raises(Boom):
+        run_eval(ckpt, SPECS, SUITE, tmp_path, progress=False, on_record=crash_after_5)
+    first = _lines(tmp_path / "results.jsonl")
+    assert len(first) == 5
+
+    # a torn, half-written line (process killed mid-write) must be tolerated
+    with open(tmp_path / "results.jsonl", "a") as f:
+        f.write('{"variant": "unpatched", "fingerp')
+
+    new = []
+    recs = run_eval(ckpt, SPECS, SUITE, tmp_path, progress=False, on_record=new.append)
+    total = len(recs)
+    assert len(new) == total - 5  # nothing recomputed ...
+    lines = _lines(tmp_path / "results.jsonl")
+    assert lines[:5] == first  # ... nothing lost or rewritten
+    parsed = read_results(tmp_path)
+    keys = [(r["variant"], r["case_id"]) for r in parsed]
+    assert len(keys) == len(set(keys)) == total
+
+    # third run: everything done, nothing computed
+    again = []
+    assert len(run_eval(ckpt, SPECS, SUITE, tmp_path, progress=False, on_record=again.append)) == total
+    assert again == []
+
+    # changing one variant's spec recomputes only that variant
+    changed = []
+    run_eval(ckpt, [SPECS[0], {"method": "yarn", "factor": 3.0}], SUITE, tmp_path, progress=False,
+             on_record=changed.append)
+    assert changed and {r["variant"] for r in changed} == {"yarn-x3"}
+
+
+def test_resume_after_kill(ckpt, tmp_path):
+    """SIGKILL a real run part-way through, then finish it."""
+    script = textwrap.dedent(f"""
+        import json, time, sys
+        from rope_extend.eval.runner import run_eval
+        suite = json.loads({json.dumps(json.dumps(SUITE))})
+        run_eval({str(ckpt)!r}, None, suite, {str(tmp_path)!r}, progress=False,
+                 on_record=lambda r: time.sleep(0.4))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    results = tmp_path / "results.jsonl"
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline:
+            if results.exists() and len(_lines(results)) >= 2:
+                break
+            if proc.poll() is not None:
+                pytest.fail("runner finished before it could be killed")
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    before = _lines(results)
+    assert 2 <= len(before)
+    new = []
+    recs = run_eval(ckpt, None, SUITE, tmp_path, progress=False, on_record=new.append)
+    assert len(new) + len(before) == len(recs)
+    assert _lines(results)[: len(before)] == before
+    assert {r["variant"] for r in recs} == {"unpatched"}
