@@ -16,6 +16,7 @@ and the key is ``None`` for a model with one RoPE for all layers, or a layer typ
 from __future__ import annotations
 
 import copy
+import warnings
 import math
 from typing import Any
 
@@ -41,6 +42,8 @@ SCALING_KEYS = (
     "long_factor",
 )
 MARKER_KEY = "rope_extend"
+# Top-level legacy names some config classes read instead of rope_theta / partial_rotary_factor (both lines).
+LEGACY_ALIASES = {"gpt_neox": {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}}
 FLAT = None  # slot key of a model whose layers share one RoPE
 
 
@@ -116,11 +119,13 @@ def write_slots(config, slots: dict[str | None, dict], max_position_embeddings: 
             config.rope_parameters = rope_parameters
     else:
         config.rope_theta = full["rope_theta"]
-        scaling = scaling_dict(full)
-        config.rope_scaling = scaling
+        config.rope_scaling = scaling_dict(full, getattr(config, "model_type", ""))
         if "sliding_attention" in slots and hasattr(config, "rope_local_base_freq"):
             config.rope_local_base_freq = slots["sliding_attention"]["rope_theta"]
-    if getattr(config, "original_max_position_embeddings", None) is not None and "original_max_position_embeddings" in full:
+        for alias, key in LEGACY_ALIASES.get(getattr(config, "model_type", ""), {}).items():
+            if key in full and hasattr(config, alias):
+                setattr(config, alias, full[key])
+    if _top_level_original(getattr(config, "original_max_position_embeddings", None), full):
         config.original_max_position_embeddings = full["original_max_position_embeddings"]
     config.max_position_embeddings = int(max_position_embeddings)
     if marker is None:
@@ -130,10 +135,28 @@ def write_slots(config, slots: dict[str | None, dict], max_position_embeddings: 
         setattr(config, MARKER_KEY, _plain(marker))
 
 
-def scaling_dict(params: dict) -> dict | None:
+# Config classes whose 4.x validator accepts only {type: longrope, short_factor, long_factor} in rope_scaling;
+# both lines then derive the factor and attention factor from max_position_embeddings / original length.
+LONGROPE_ONLY = {"phi3", "phimoe", "phi4_multimodal"}
+# Config classes whose 4.x validator accepts only {type: linear|dynamic, factor} (OLMo family, Fuyu...).
+TYPE_FACTOR_ONLY = {"olmo", "olmo2", "olmo3", "fuyu", "chameleon"}
+
+
+def _top_level_original(current, full: dict) -> bool:
+    """Write the original length at top level too? Phi-3 keeps it there, and 4.x longrope reads it only there."""
+    if "original_max_position_embeddings" not in full:
+        return False
+    return current is not None or full.get("rope_type") == "longrope"
+
+
+def scaling_dict(params: dict, model_type: str = "") -> dict | None:
     """The 4.x ``rope_scaling`` dict for one slot (None when the slot is plain RoPE)."""
     if params.get("rope_type", "default") == "default":
         return None
+    if model_type in LONGROPE_ONLY and params["rope_type"] == "longrope":
+        return {"type": "longrope", "short_factor": params["short_factor"], "long_factor": params["long_factor"]}
+    if model_type in TYPE_FACTOR_ONLY and params["rope_type"] in ("linear", "dynamic"):
+        return {"type": params["rope_type"], "factor": float(params["factor"])}
     return {key: _plain(value) for key, value in params.items() if key not in ("partial_rotary_factor", "rope_theta")}
 
 
@@ -155,9 +178,14 @@ def portable_config_dict(
         if "sliding_attention" in slots and ("rope_local_base_freq" in out or out.get("model_type", "").startswith("gemma3")):
             out["rope_local_base_freq"] = slots["sliding_attention"]["rope_theta"]
     out["rope_theta"] = full["rope_theta"]
-    out["rope_scaling"] = scaling_dict(full)
+    out["rope_scaling"] = scaling_dict(full, out.get("model_type", ""))
+    if "partial_rotary_factor" in full:
+        out["partial_rotary_factor"] = full["partial_rotary_factor"]
+    for alias, key in LEGACY_ALIASES.get(out.get("model_type", ""), {}).items():
+        if key in full:
+            out[alias] = full[key]
     out.pop("type", None)
-    if out.get("original_max_position_embeddings") is not None and "original_max_position_embeddings" in full:
+    if _top_level_original(out.get("original_max_position_embeddings"), full):
         out["original_max_position_embeddings"] = full["original_max_position_embeddings"]
     out["max_position_embeddings"] = int(max_position_embeddings)
     if marker is None:
@@ -234,3 +262,33 @@ def restore_rope_config(config, snapshot: dict) -> None:
             config.__dict__.pop(name, None)
         else:
             config.__dict__[name] = _plain(value)
+
+
+def stock_config(config, slots: dict[str | None, dict], max_position_embeddings: int, marker: dict | None):
+    """The config stock transformers builds from the portable config.json of this plan.
+
+    Raises ValueError with the config class's own complaint when it refuses the new RoPE (Phi-3 accepts only
+    longrope, for example).
+    """
+    data = portable_config_dict(config.to_dict(), slots, max_position_embeddings, marker)
+    data.pop("transformers_version", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return type(config).from_dict(data)
+
+
+def stock_rope(config, slot: str | None, device=None) -> tuple["torch.Tensor", float]:
+    """(inv_freq, attention_factor) that stock transformers builds at construction for one slot of `config`."""
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = read_slots(config)[slot]
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        dim = rotary_dim(config, params)
+        inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        return inv_freq, 1.0
+    fn = ROPE_INIT_FUNCTIONS[rope_type]
+    if TRANSFORMERS_V5 and slot is not None:
+        return fn(config, device, layer_type=slot)
+    return fn(config, device)

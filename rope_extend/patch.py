@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from . import compat
-from .errors import AlreadyScaledError, SpecError, UnsupportedModelError
+from .errors import AlreadyScaledError, SpecError, UnsupportedModelError, VerificationError
 from .methods import RopeContext, get_method
 from .methods.ntk import ntk_base
 from .spec import RopeSpec, load_spec
@@ -258,7 +258,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
             f"{resolved.method} from the original length {resolved.original_max_position_embeddings} and base "
             f"{base_theta:g}, or unpatch_model() first"
         )
-    return PatchPlan(
+    plan = PatchPlan(
         spec=resolved,
         slots=new_slots,
         targets=targets,
@@ -272,6 +272,58 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         attention_factor=float(attention_factor),
         warnings=notes,
     )
+    if changed:
+        _check_stock_accepts(config, plan)
+    return plan
+
+
+def _check_stock_accepts(config, plan: PatchPlan) -> None:
+    """Stock transformers must load the rewritten config to the planned RoPE, or we refuse before writing."""
+    try:
+        rebuilt = compat.stock_config(config, plan.slots, plan.max_position_embeddings, plan.marker)
+    except Exception as exc:  # the config class's own validation, whatever it raises
+        reason = str(exc).strip().splitlines()[-1].strip()
+        raise UnsupportedModelError(
+            f"{getattr(config, 'model_type', '?')} configs reject method {plan.spec.method!r} in transformers "
+            f"{compat.TRANSFORMERS_VERSION}: {reason}; choose a method this model type accepts (e.g. ntk, which "
+            "is a plain rope_theta change)"
+        ) from None
+    try:
+        verify_stock_config(rebuilt, plan)
+    except VerificationError as exc:
+        raise UnsupportedModelError(
+            f"{getattr(config, 'model_type', '?')} cannot carry {plan.spec.method!r} in config.json: {exc}"
+        ) from None
+
+
+def expected_rope(plan: PatchPlan, slot: str | None) -> tuple[torch.Tensor, float]:
+    """What stock loaders must build at construction: dynamic-yarn is written as static YaRN at the target length."""
+    seq_len = plan.spec.target_length if plan.spec.method == "dynamic-yarn" else None
+    return get_method(plan.spec.method).compute(plan.context(slot, seq_len=seq_len))
+
+
+def verify_stock_config(stock_config, plan: PatchPlan, rtol: float = 1e-6) -> None:
+    """Raise VerificationError unless `stock_config` builds the planned frequencies and attention factor."""
+    for slot in plan.slots:
+        got_freq, got_attn = compat.stock_rope(stock_config, slot)
+        if slot in plan.targets:
+            want_freq, want_attn = expected_rope(plan, slot)
+        else:
+            want_freq, want_attn = compat.stock_rope(stock_config, slot)  # untouched slot: compared below
+            old = plan.old_slots.get(slot)
+            if old is not None and not compat.params_close(compat.read_slots(stock_config)[slot], old, rel=rtol):
+                raise VerificationError(f"layer type {slot!r} was not supposed to change but loads as {old}")
+        if got_freq.shape != want_freq.shape or not torch.allclose(got_freq.float(), want_freq.float(), rtol=rtol, atol=0):
+            diff = (got_freq.float() - want_freq.float()).abs().max().item() if got_freq.shape == want_freq.shape else None
+            raise VerificationError(
+                f"stock transformers builds different inv_freq for {slot or 'all layers'} "
+                f"(shape {tuple(got_freq.shape)} vs {tuple(want_freq.shape)}, max abs diff {diff})"
+            )
+        if not math.isclose(float(got_attn), float(want_attn), rel_tol=rtol):
+            raise VerificationError(
+                f"stock transformers builds attention factor {float(got_attn):.6f} for {slot or 'all layers'}, "
+                f"rope-extend computed {float(want_attn):.6f}"
+            )
 
 
 def _describe(slots, targets, marker) -> str:
@@ -520,7 +572,3 @@ def _text_config(model: nn.Module):
 
 def is_patched(model: nn.Module) -> bool:
     return getattr(model, _STATE_ATTR, None) is not None
-
-
-def attention_factor_close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-6)

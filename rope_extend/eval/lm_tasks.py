@@ -1,0 +1,231 @@
+"""lm-evaluation-harness glue: locally generated task data and an in-memory runner.
+
+The task configs live in ``eval/tasks/`` (``rope_passkey``, ``rope_niah_single``,
+``rope_niah_multikey``, ``rope_niah_multivalue``, ``rope_vt`` -- tagged ``rope_needle`` --
+and ``rope_perplexity``).  Their data is synthesised locally, never downloaded:
+
+* with a tokenizer known (``--model_args pretrained=...`` or ``--metadata '{"tokenizer": ...}'``)
+  the prompts are generated on the fly at *exact* token lengths for that tokenizer;
+* otherwise the task reads ``<data_dir>/<task>.jsonl`` written beforehand by
+  :func:`write_task_data` (``python -m rope_extend.eval.lm_tasks --tokenizer PATH``).
+
+Metadata keys (``--metadata`` JSON): ``max_seq_lengths`` (list of ints, default ``[4096]``),
+``depths``, ``samples``, ``seed``, ``num_needles``, ``data_dir``, ``tokenizer``.
+
+lm-eval re-tokenises the prompt text, so the length it sees can differ from the nominal
+one by a few tokens at segment boundaries; :func:`rope_extend.eval.runner.run_eval` feeds
+token ids directly and is exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+TASKS_DIR = Path(__file__).resolve().parents[2] / "eval" / "tasks"
+DEFAULT_DATA_DIR = TASKS_DIR / "data"
+PROBE_TASKS = ("passkey", "niah_single", "niah_multikey", "niah_multivalue", "vt")
+ALL_TASKS = PROBE_TASKS + ("perplexity",)
+DEFAULT_LENGTHS = [4096]
+DEFAULT_DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def _tokenizer(tok):
+    if tok is None or not isinstance(tok, (str, os.PathLike)):
+        return tok
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tok))
+
+
+def build_docs(
+    tokenizer,
+    task: str,
+    lengths=None,
+    depths=None,
+    samples: int = 1,
+    seed: int = 0,
+    num_needles: int = 4,
+    text: str | None = None,
+) -> list[dict]:
+    """Docs (dicts) for one lm-eval task at the given token lengths."""
+    tokenizer = _tokenizer(tokenizer)
+    lengths = [int(x) for x in (lengths or DEFAULT_LENGTHS)]
+    docs = []
+    if task == "perplexity":
+        from .perplexity import tokenize_text
+        from .probes import special_prefix
+        from .texts import load_text, text_label
+
+        ids = tokenize_text(tokenizer, load_text(text)).tolist()[len(special_prefix(tokenizer)):]
+        for L in lengths:
+            for i in range(int(samples)):
+                start = i * L
+                if start + L > len(ids):
+                    raise ValueError(f"text has {len(ids)} tokens; cannot cut sample {i} of {L} tokens")
+                page = tokenizer.decode(ids[start : start + L])
+                docs.append({"page": page, "length": L, "index": i, "n_tokens": L, "text": text_label(text)})
+        return docs
+    from .probes import make_probe
+
+    if task not in PROBE_TASKS:
+        raise ValueError(f"unknown task {task!r}; expected one of {ALL_TASKS}")
+    if task in ("niah_multivalue", "vt"):
+        depths = [None]
+    else:
+        depths = list(depths) if depths is not None else DEFAULT_DEPTHS
+    for L in lengths:
+        for d in depths:
+            for i in range(int(samples)):
+                kw = {} if task == "passkey" else {"num_needles": int(num_needles)}
+                s = make_probe(tokenizer, task, L, 0.5 if d is None else float(d), index=i, seed=seed, **kw)
+                docs.append({
+                    "input": tokenizer.decode(s.input_ids, skip_special_tokens=True),
+                    "target": ", ".join(s.answers),
+                    "answers": s.answers,
+                    "task": task,
+                    "length": L,
+                    "depth": -1.0 if s.depth is None else float(s.depth),
+                    "index": i,
+                    "max_new_tokens": s.max_new_tokens,
+                })
+    return docs
+
+
+def write_task_data(
+    tokenizer,
+    out_dir: str | os.PathLike | None = None,
+    tasks=ALL_TASKS,
+    lengths=None,
+    depths=None,
+    samples: int = 1,
+    seed: int = 0,
+    num_needles: int = 4,
+) -> dict[str, Path]:
+    """Write ``<out_dir>/<task>.jsonl`` for each task; returns ``{task: path}``."""
+    out = Path(out_dir) if out_dir is not None else DEFAULT_DATA_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = _tokenizer(tokenizer)
+    paths = {}
+    for t in tasks:
+        docs = build_docs(tokenizer, t, lengths, depths, samples, seed, num_needles)
+        p = out / f"{t}.jsonl"
+        tmp = p.with_suffix(".jsonl.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for d in docs:
+                f.write(json.dumps(d) + "\n")
+        os.replace(tmp, p)
+        paths[t] = p
+    return paths
+
+
+def load_dataset(task: str, **metadata):
+    """``custom_dataset`` entry point used by the YAML configs in ``eval/tasks``."""
+    import datasets
+
+    tok = next((metadata.get(k) for k in ("tokenizer", "pretrained") if isinstance(metadata.get(k), str)), None)
+    data_dir = metadata.get("data_dir")
+    lengths = metadata.get("max_seq_lengths")
+    if isinstance(lengths, (int, str)):
+        lengths = [int(lengths)]
+    if tok and not data_dir:
+        docs = build_docs(
+            tok, task, lengths, metadata.get("depths"), int(metadata.get("samples", 1)),
+            int(metadata.get("seed", 0)), int(metadata.get("num_needles", 4)), metadata.get("text"),
+        )
+    else:
+        path = Path(data_dir or DEFAULT_DATA_DIR) / f"{task}.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} not found: pass a tokenizer (--model_args pretrained=... or --metadata "
+                f"'{{\"tokenizer\": ...}}') or run `python -m rope_extend.eval.lm_tasks --tokenizer PATH`"
+            )
+        docs = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        if lengths:
+            docs = [d for d in docs if d["length"] in {int(x) for x in lengths}]
+    return {"test": datasets.Dataset.from_list(docs)}
+
+
+def process_probe(doc: dict, results: list) -> dict:
+    from .probes import ProbeSample, score
+
+    sample = ProbeSample(doc["task"], doc["length"], None, doc["index"], [], list(doc["answers"]))
+    return {"score": score(sample, results[0])}
+
+
+def process_perplexity(doc: dict, results: list) -> dict:
+    import re
+
+    (ll,) = results
+    page = doc["page"]
+    n_bytes = len(page.encode("utf-8"))
+    return {
+        "token_perplexity": (ll, int(doc["n_tokens"])),
+        "word_perplexity": (ll, len(re.split(r"\s+", page))),
+        "byte_perplexity": (ll, n_bytes),
+        "bits_per_byte": (ll, n_bytes),
+    }
+
+
+def run_lm_eval(
+    model,
+    tokenizer,
+    tasks: list[str] | str,
+    *,
+    lengths: list[int] | None = None,
+    metadata: dict | None = None,
+    limit: int | float | None = None,
+    batch_size: int = 1,
+    max_length: int | None = None,
+    include_path: str | os.PathLike | None = None,
+    log_samples: bool = False,
+    **kwargs,
+) -> dict:
+    """Run lm-eval tasks on an already loaded (and possibly patched) in-memory model.
+
+    ``max_length`` defaults to the model's (patched) ``max_position_embeddings``.  Returns
+    lm-eval's results dict (``results[task]["score,none"]`` etc.).
+    """
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    tokenizer = _tokenizer(tokenizer)
+    if max_length is None:
+        max_length = int(model.config.max_position_embeddings)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
+    md = {"max_seq_lengths": list(lengths or DEFAULT_LENGTHS)}
+    name = getattr(tokenizer, "name_or_path", None)
+    if name and Path(str(name)).exists():
+        md["tokenizer"] = str(name)
+    md.update(metadata or {})
+    if "tokenizer" not in md and "data_dir" not in md:
+        raise ValueError("cannot locate the tokenizer on disk: pass metadata={'tokenizer': PATH} or a data_dir")
+    tm = TaskManager(include_path=str(include_path or TASKS_DIR), metadata=md)
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    return simple_evaluate(
+        model=lm, tasks=list(tasks), task_manager=tm, limit=limit, log_samples=log_samples, **kwargs
+    )
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="Write jsonl data for the lm-eval tasks in eval/tasks.")
+    ap.add_argument("--tokenizer", required=True, help="tokenizer path (the model you will evaluate)")
+    ap.add_argument("--out", default=str(DEFAULT_DATA_DIR))
+    ap.add_argument("--tasks", nargs="+", default=list(ALL_TASKS), choices=list(ALL_TASKS))
+    ap.add_argument("--lengths", nargs="+", type=int, default=DEFAULT_LENGTHS)
+    ap.add_argument("--depths", nargs="+", type=float, default=DEFAULT_DEPTHS)
+    ap.add_argument("--samples", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--num-needles", type=int, default=4)
+    a = ap.parse_args(argv)
+    paths = write_task_data(a.tokenizer, a.out, a.tasks, a.lengths, a.depths, a.samples, a.seed, a.num_needles)
+    for t, p in paths.items():
+        print(f"{t}: {p}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
