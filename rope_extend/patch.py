@@ -248,7 +248,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
     changed = not (
         int(max_pos) == int(new_max)
         and all(compat.params_close(slots[key], new_slots[key]) for key in slots)
-        and (marker or {}).get("spec") == new_marker["spec"]
+        and (marker is None or marker.get("spec") == new_marker["spec"])  # e.g. dynamic-yarn vs yarn
     )
     if changed and existing and not resolved.replace_existing:
         current = _describe(slots, targets, marker)

@@ -1,0 +1,3 @@
+"""Imports every command module so each registers itself on the app (one line per command)."""
+
+from . import spec_cmds  # noqa: F401  validate, methods

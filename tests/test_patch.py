@@ -1,0 +1,230 @@
+"""patch_model / unpatch_model behaviour on tiny random models."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import tiny
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rope_extend import AlreadyScaledError, SpecError, UnsupportedModelError, patch_model, unpatch_model
+from rope_extend.compat import TRANSFORMERS_V5, read_slots
+from rope_extend.patch import find_rotary_modules
+
+pytestmark = pytest.mark.portability
+
+
+def logits(model, ids=None):
+    with torch.no_grad():
+        return model(tiny.input_ids() if ids is None else ids).logits
+
+
+def stock_twin(model):
+    """A model freshly built by stock transformers from the (rewritten) config, with the same weights."""
+    config = AutoConfig.for_model(**{**model.config.to_dict()})
+    twin = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+@pytest.mark.parametrize("method", ["linear", "ntk", "dynamic", "yarn", "llama3"])
+def test_patch_changes_logits_beyond_original_and_equals_stock_twin(method):
+    model = tiny.make_model("llama")
+    before = logits(model)
+    report = patch_model(model, method=method, factor=4)
+    after = logits(model)
+    assert report.changed
+    assert (after[:, tiny.ORIGINAL :] - before[:, tiny.ORIGINAL :]).abs().max() > 1e-3
+    torch.testing.assert_close(after, logits(stock_twin(model)), atol=1e-5, rtol=0)
+
+
+def test_config_semantics_per_method():
+    original = tiny.ORIGINAL
+    cases = {
+        "linear": ("linear", 4 * original),
+        "ntk": ("default", 4 * original),
+        "dynamic": ("dynamic", original),  # threshold, never multiplied
+        "yarn": ("yarn", 4 * original),
+        "llama3": ("llama3", 4 * original),
+    }
+    for method, (rope_type, max_pos) in cases.items():
+        model = tiny.make_model("llama")
+        theta = read_slots(model.config)[None]["rope_theta"]
+        report = patch_model(model, method=method, factor=4)
+        params = read_slots(model.config)[None]
+        assert params["rope_type"] == rope_type, method
+        assert model.config.max_position_embeddings == max_pos == report.new_max_position_embeddings
+        if method == "ntk":
+            dim = 16
+            assert params["rope_theta"] == pytest.approx(theta * 4 ** (dim / (dim - 2)))
+        else:
+            assert params["rope_theta"] == theta
+        if method == "yarn":
+            assert params["attention_factor"] == pytest.approx(0.1 * torch.log(torch.tensor(4.0)).item() + 1)
+            assert params["original_max_position_embeddings"] == original
+
+
+def test_target_length_derives_factor():
+    model = tiny.make_model("llama")
+    report = patch_model(model, method="yarn", target_length=3 * tiny.ORIGINAL)
+    assert report.factor == 3.0 and report.new_max_position_embeddings == 3 * tiny.ORIGINAL
+
+
+def test_same_spec_twice_changes_nothing():
+    model = tiny.make_model("llama")
+    first = patch_model(model, method="yarn", factor=4)
+    config_after_first = model.config.to_dict()
+    out_first = logits(model)
+    second = patch_model(model, method="yarn", factor=4)
+    assert first.changed and not second.changed
+    assert model.config.to_dict() == config_after_first
+    torch.testing.assert_close(logits(model), out_first, atol=0, rtol=0)
+
+
+def test_unpatch_restores_modules_and_config_exactly():
+    for arch in ("llama", "gemma3_text", "gpt_neox"):
+        model = tiny.make_model(arch)
+        config_before = model.config.to_dict()
+        buffers_before = {n: b.clone() for n, b in model.named_buffers()}
+        out_before = logits(model)
+        patch_model(model, method="dynamic", factor=4)
+        logits(model)  # run the dynamic hook once
+        patch_model(model, method="yarn", factor=2, replace_existing=True)
+        assert unpatch_model(model)
+        assert model.config.to_dict() == config_before
+        for name, buffer in model.named_buffers():
+            torch.testing.assert_close(buffer, buffers_before[name], atol=0, rtol=0)
+        torch.testing.assert_close(logits(model), out_before, atol=0, rtol=0)
+        assert not unpatch_model(model)
+
+
+def test_existing_foreign_scheme_is_refused_then_rederived():
+    """A Llama-3.1-style llama3 scheme: never stacked silently."""
+    def llama31():
+        model = tiny.make_model("llama")
+        patch_model(model, method="llama3", factor=2)  # stands in for a checkpoint shipped with llama3
+        unpatched_state = model.__dict__.pop("_rope_extend_state")  # forget we did it: a foreign scheme
+        del unpatched_state
+        delattr(model.config, "rope_extend")
+        return model
+
+    model = llama31()
+    with pytest.raises(AlreadyScaledError, match="replace_existing"):
+        patch_model(model, method="yarn", factor=4)
+    # the same scheme again is not an error: nothing to change
+    assert not patch_model(model, method="llama3", factor=2).changed
+    report = patch_model(model, method="yarn", factor=4, replace_existing=True)
+    assert report.original_max_position_embeddings == tiny.ORIGINAL
+    # re-derived from the original: equal to yarn applied to the pristine model
+    pristine = tiny.make_model("llama")
+    patch_model(pristine, method="yarn", factor=4)
+    torch.testing.assert_close(logits(model), logits(pristine), atol=0, rtol=0)
+
+
+def test_our_own_scheme_needs_replace_existing_and_is_rederived_from_the_original():
+    model = tiny.make_model("llama")
+    patch_model(model, method="ntk", factor=4)
+    with pytest.raises(AlreadyScaledError, match="unpatch_model"):
+        patch_model(model, method="yarn", factor=2)
+    patch_model(model, method="yarn", factor=2, replace_existing=True)
+    direct = tiny.make_model("llama")
+    patch_model(direct, method="yarn", factor=2)
+    assert read_slots(model.config) == read_slots(direct.config)
+    torch.testing.assert_close(logits(model), logits(direct), atol=0, rtol=0)
+
+
+def test_checkpoint_marker_is_rederived_after_reload(tmp_path):
+    """An ntk checkpoint written by rope-extend (rope_theta changed) is not re-scaled on top when reloaded."""
+    model = tiny.make_model("llama")
+    patch_model(model, method="ntk", factor=4)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert not patch_model(reloaded, method="ntk", factor=4).changed
+    with pytest.raises(AlreadyScaledError):
+        patch_model(reloaded, method="ntk", factor=8)
+
+
+def test_meta_device_init_and_device_map_loading(tmp_path):
+    """Rotary buffers left uninitialised by meta-device init are rebuilt on the model's device."""
+    source = tiny.make_model("llama")
+    source.save_pretrained(tmp_path)
+    reference = tiny.make_model("llama")
+    patch_model(reference, method="yarn", factor=4)
+    want = logits(reference)
+
+    loaded = AutoModelForCausalLM.from_pretrained(
+        tmp_path, device_map="cpu", low_cpu_mem_usage=True, attn_implementation="eager"
+    ).eval()
+    patch_model(loaded, method="yarn", factor=4)
+    torch.testing.assert_close(logits(loaded), want, atol=1e-5, rtol=0)
+
+    with torch.device("meta"):
+        empty = AutoModelForCausalLM.from_config(tiny.make_config("llama"), attn_implementation="eager")
+    empty = empty.to_empty(device="cpu").eval()  # buffers hold garbage now
+    empty.load_state_dict(source.state_dict())
+    for _, module, prefixes in find_rotary_modules(empty):
+        for prefix in prefixes:
+            getattr(module, f"{prefix}inv_freq").fill_(float("nan"))
+    patch_model(empty, method="yarn", factor=4)
+    torch.testing.assert_close(logits(empty), want, atol=1e-5, rtol=0)
+
+
+def test_keeps_buffer_dtype_and_device():
+    model = tiny.make_model("llama").to(torch.bfloat16)
+    _, module, _ = find_rotary_modules(model)[0]
+    dtype = module.inv_freq.dtype
+    patch_model(model, method="yarn", factor=4)
+    assert module.inv_freq.dtype == dtype and module.inv_freq.device.type == "cpu"
+
+
+def test_dynamic_yarn_warns_and_restores_from_marker(tmp_path):
+    model = tiny.make_model("llama")
+    short = tiny.input_ids(tiny.ORIGINAL - 4)
+    original_short = logits(model, short)
+    with pytest.warns(UserWarning, match="not reproduced by stock loaders"):
+        patch_model(model, method="dynamic-yarn", factor=4)
+    # below the original length dynamic YaRN is exactly the original model
+    torch.testing.assert_close(logits(model, short), original_short, atol=0, rtol=0)
+    long_logits = logits(model)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert reloaded.config.rope_extend["method"] == "dynamic-yarn"
+    # stock loading = static YaRN: differs below the original length
+    assert (logits(reloaded, short) - original_short).abs().max() > 1e-4
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        patch_model(reloaded)  # no spec: re-apply the checkpoint's marker
+    torch.testing.assert_close(logits(reloaded, short), original_short, atol=1e-6, rtol=0)
+    torch.testing.assert_close(logits(reloaded), long_logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "model_type, why",
+    [("gpt2", "learned absolute position embeddings"), ("bloom", "ALiBi")],
+)
+def test_models_without_rope_are_refused(model_type, why):
+    config = AutoConfig.for_model(model_type, n_embd=64, n_layer=1, n_head=4, hidden_size=64, n_head_kv=4, vocab_size=64)
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(UnsupportedModelError, match=why):
+        patch_model(model, method="yarn", factor=2)
+
+
+def test_layer_types_that_match_nothing_are_a_spec_error():
+    model = tiny.make_model("gemma3_text")
+    with pytest.raises(SpecError, match="layer_types"):
+        patch_model(model, method="yarn", factor=2, layer_types=["chunked_attention"])
+
+
+def test_gemma3_can_scale_sliding_layers_when_asked():
+    model = tiny.make_model("gemma3_text")
+    if not TRANSFORMERS_V5:  # 4.x builds Gemma 3's local RoPE as plain RoPE whatever the config says
+        with pytest.raises(UnsupportedModelError, match="sliding_attention"):
+            patch_model(model, method="linear", factor=2, layer_types=["full_attention", "sliding_attention"])
+        return
+    report = patch_model(model, method="linear", factor=2, layer_types=["full_attention", "sliding_attention"])
+    slots = read_slots(model.config)
+    assert slots["full_attention"]["rope_type"] == slots["sliding_attention"]["rope_type"] == "linear"
+    assert len(report.modules) == 2
+    torch.testing.assert_close(logits(model), logits(stock_twin(model)), atol=1e-5, rtol=0)
