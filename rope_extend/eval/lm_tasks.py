@@ -185,7 +185,9 @@ def run_lm_eval(
 ) -> dict:
     """Run lm-eval tasks on an already loaded (and possibly patched) in-memory model.
 
-    ``max_length`` defaults to the model's (patched) ``max_position_embeddings``.  Returns
+    ``max_length`` defaults to the larger of the model's (patched) ``max_position_embeddings`` and
+    the longest prompt + 64 (lm-eval left-truncates prompts longer than ``max_length`` minus
+    the generation budget, which would silently cut the haystack).  Returns
     lm-eval's results dict (``results[task]["score,none"]`` etc.).
     """
     from lm_eval import simple_evaluate
@@ -194,7 +196,8 @@ def run_lm_eval(
 
     tokenizer = _tokenizer(tokenizer)
     if max_length is None:
-        max_length = int(model.config.max_position_embeddings)
+        # room for the longest prompt plus the answer: lm-eval would otherwise left-truncate prompts
+        max_length = max(int(model.config.max_position_embeddings), max(lengths or DEFAULT_LENGTHS) + 64)
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
     md = {"max_seq_lengths": list(lengths or DEFAULT_LENGTHS)}
     name = getattr(tokenizer, "name_or_path", None)
