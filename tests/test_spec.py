@@ -1,0 +1,148 @@
+"""Spec validation: every bad input is a SpecError naming the field, the value and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rope_extend import RopeSpec, SpecError, load_spec
+from rope_extend.spec import parse_set_option
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, words",
+    [
+        ({"method": "yarn", "factor": 2, "fator": 3}, "fator", ["unknown spec key", "did you mean 'factor'"]),
+        ({"method": "yarnn", "factor": 2}, "method", ["unknown RoPE method", "did you mean 'yarn'"]),
+        ({"method": "ntk_by_part", "factor": 2}, "method", ["did you mean 'ntk-by-parts'"]),
+        ({"method": "yarn", "factor": "abc"}, "factor", ["'abc'", "number"]),
+        ({"method": "yarn", "factor": float("nan")}, "factor", ["NaN"]),
+        ({"method": "yarn", "factor": float("inf")}, "factor", ["infinity"]),
+        ({"method": "yarn", "factor": 0.5}, "factor", [">= 1", "0.5"]),
+        ({"method": "yarn", "factor": -2}, "factor", [">= 1"]),
+        ({"method": "yarn", "factor": 0}, "factor", [">= 1"]),
+        ({"method": "yarn", "factor": 2, "beta_fast": 1, "beta_slow": 2}, None, ["beta_fast (1.0) must be greater"]),
+        ({"method": "yarn", "factor": 2, "beta_fast": 2, "beta_slow": 2}, None, ["beta_fast"]),
+        (
+            {"method": "yarn", "target_length": 1000, "original_max_position_embeddings": 4096},
+            None,
+            ["shorter than the original length 4096", "1000"],
+        ),
+        (
+            {"method": "yarn", "factor": 2, "target_length": 10000, "original_max_position_embeddings": 4096},
+            None,
+            ["disagree", "give only one"],
+        ),
+        ({"method": "yarn"}, None, ["needs 'factor' or 'target_length'"]),
+        ({"method": "linear", "factor": 2, "beta_fast": 64}, None, ["'beta_fast' does not apply to method 'linear'"]),
+        ({"method": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}, None, ["high_freq_factor"]),
+        ({"method": "yarn", "factor": 2, "rope_theta": -1}, "rope_theta", ["> 0"]),
+        ({"method": "yarn", "factor": 2, "original_max_position_embeddings": 0}, "original_max_position_embeddings", ["positive"]),
+        ({"method": "longrope", "factor": 2, "short_factor": []}, "short_factor", ["non-empty"]),
+        ({"method": "yarn", "factor": 2, "layer_types": []}, "layer_types", ["at least one"]),
+        ({"method": 7, "factor": 2}, "method", ["must be a string"]),
+        ({"factor": 2}, "method", ["missing 'method'"]),
+    ],
+)
+def test_bad_specs_raise_spec_error(kwargs, field, words):
+    with pytest.raises(SpecError) as info:
+        RopeSpec(**kwargs)
+    assert isinstance(info.value, ValueError)
+    assert info.value.field == field
+    message = str(info.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, message
+
+
+def test_factor_and_target_derive_each_other():
+    assert RopeSpec(method="yarn", factor=4).resolve(8192).target_length == 32768
+    spec = RopeSpec(method="yarn", target_length=12288).resolve(8192)
+    assert spec.factor == 1.5 and spec.original_max_position_embeddings == 8192
+    # an explicit original length in the spec wins over the model's
+    assert RopeSpec(method="yarn", factor=4, original_max_position_embeddings=32768).resolve(8192).target_length == 131072
+    # consistent factor + target are fine
+    RopeSpec(method="yarn", factor=2, target_length=16384).resolve(8192)
+    with pytest.raises(SpecError, match="disagree"):
+        RopeSpec(method="yarn", factor=2, target_length=10000).resolve(8192)
+    with pytest.raises(SpecError, match="shorter"):
+        RopeSpec(method="yarn", target_length=4096).resolve(8192)
+
+
+def test_aliases_and_normalisation():
+    assert RopeSpec(method="PI", factor=2).method == "linear"
+    assert RopeSpec(method="dynamic_ntk", factor=2).method == "dynamic"
+    assert RopeSpec(method="Dynamic_YaRN", factor=2).method == "dynamic-yarn"
+
+
+def test_yaml_roundtrip_and_overrides(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("method: yarn\nfactor: 8\nbeta_fast: 64\n")
+    spec = load_spec(path)
+    assert spec.factor == 8 and spec.beta_fast == 64
+    assert load_spec(path, factor=4).factor == 4  # CLI flags override YAML keys
+    # a target on the command line replaces the YAML factor instead of conflicting with it
+    overridden = load_spec(path, target_length=20000)
+    assert overridden.factor is None and overridden.target_length == 20000
+    again = load_spec(yaml.safe_load(spec.to_yaml()))
+    assert again == spec
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("method: yarn\nfactor: [2\n", ["not valid YAML", "line"]),
+        ("- method\n- yarn\n", ["must be a YAML mapping"]),
+        ("", ["must be a YAML mapping"]),
+        ("factor: 2\n", ["no 'method'"]),
+        ("method: yarn\nfactor: .nan\n", ["NaN"]),
+        ("method: yarn\nfactor: 2\nunknown: 1\n", ["unknown spec key 'unknown'"]),
+    ],
+)
+def test_bad_yaml_files(tmp_path, text, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_missing_file():
+    with pytest.raises(SpecError, match="does not exist"):
+        load_spec("/nonexistent/spec.yaml")
+
+
+def test_set_option_parsing():
+    assert parse_set_option("beta_fast=64") == ("beta_fast", 64)
+    assert parse_set_option("short-factor=[1, 2]") == ("short_factor", [1, 2])
+    assert parse_set_option("truncate=false") == ("truncate", False)
+    with pytest.raises(SpecError, match="key=value"):
+        parse_set_option("beta_fast")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_are_valid(path):
+    spec = load_spec(path).resolve(8192)
+    assert spec.factor >= 1
+
+
+def test_qwen_recipe_reproduces_published_setting():
+    spec = load_spec(Path(__file__).parent.parent / "configs" / "qwen2.5-yarn-x4.yaml").resolve(32768)
+    assert (spec.method, spec.factor, spec.original_max_position_embeddings, spec.target_length) == (
+        "yarn",
+        4.0,
+        32768,
+        131072,
+    )
+
+
+def test_expected_example_configs_exist():
+    names = {p.name for p in CONFIGS}
+    methods = {load_spec(p).method for p in CONFIGS}
+    assert {"yarn", "ntk", "dynamic", "dynamic-yarn", "linear", "llama3"} <= methods
+    assert "qwen2.5-yarn-x4.yaml" in names
