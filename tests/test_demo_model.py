@@ -1,0 +1,74 @@
+"""demo_model: cache location, reuse, and atomic (all-or-nothing) materialisation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rope_extend import demo_model
+
+
+def test_default_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("ROPE_EXTEND_CACHE", str(tmp_path))
+    assert demo_model.default_cache_dir() == tmp_path / "smollm2-135m-instruct"
+    monkeypatch.delenv("ROPE_EXTEND_CACHE")
+    assert demo_model.default_cache_dir() == Path.home() / ".cache" / "rope-extend" / "smollm2-135m-instruct"
+
+
+def _fake_convert(gguf_file, out_dir):
+    out = Path(out_dir)
+    out.mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"x")
+    (out / "tokenizer_config.json").write_text("{}")
+
+
+def test_build_is_atomic_and_reused(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_download(workdir):
+        calls.append(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        f = workdir / demo_model.GGUF_NAME
+        f.write_bytes(b"gguf")
+        return f
+
+    def failing_convert(gguf_file, out_dir):
+        Path(out_dir).mkdir(parents=True)
+        (Path(out_dir) / "config.json").write_text("{}")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(demo_model, "_download_gguf", fake_download)
+    monkeypatch.setattr(demo_model, "convert_gguf", failing_convert)
+    target = tmp_path / "cache" / "smol"
+    with pytest.raises(RuntimeError, match="disk full"):
+        demo_model.smollm2_path(target)
+    assert not target.exists()
+    assert list((tmp_path / "cache").iterdir()) == []  # temp dir cleaned up
+
+    monkeypatch.setattr(demo_model, "convert_gguf", _fake_convert)
+    assert demo_model.smollm2_path(target) == target
+    assert (target / ".complete").is_file()
+    n = len(calls)
+    assert demo_model.smollm2_path(target) == target  # reused, nothing downloaded
+    assert len(calls) == n
+
+
+def test_incomplete_cache_is_rebuilt(monkeypatch, tmp_path):
+    target = tmp_path / "smol"
+    target.mkdir()
+    (target / "config.json").write_text("{}")  # leftover without the .complete marker
+    monkeypatch.setattr(demo_model, "_download_gguf",
+                        lambda w: (w.mkdir(parents=True, exist_ok=True), w / "f.gguf")[1])
+    monkeypatch.setattr(demo_model, "convert_gguf", _fake_convert)
+    assert demo_model.smollm2_path(target) == target
+    assert (target / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_real_checkpoint(smollm2_path):
+    d = demo_model.describe(smollm2_path)
+    assert d["architectures"] == ["LlamaForCausalLM"]
+    assert (d["max_position_embeddings"], d["rope_theta"]) == (8192, 100000.0)
+    assert not list(Path(smollm2_path).glob("*.gguf"))
