@@ -20,7 +20,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 console = Console(stderr=True)
-out = Console()
+out = Console(soft_wrap=True)
 
 USER_ERRORS = (RopeExtendError, ValueError, OSError, KeyError)
 

@@ -1,0 +1,125 @@
+"""`rope-extend inspect`: the per-disk RoPE table of a model, a method comparison plot, and a recommendation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from ..inspect import inspect_rope, load_config, plot_methods, recommend
+from ..spec import RopeSpec
+from .app import app, fail, out
+
+
+def _spec(method, factor, target_length, config_file, recommended) -> RopeSpec | None:
+    overrides = {"method": method, "factor": factor, "target_length": target_length}
+    if config_file is not None:
+        return RopeSpec.from_sources(config_file, overrides)
+    if method is None:
+        if factor is not None:
+            fail(f"--factor {factor:g} needs --method (e.g. --method yarn); see `rope-extend methods`")
+        if target_length is not None and recommended is None:
+            fail("--target-length needs --method (e.g. --method yarn) or --recommend")
+        if recommended is not None:
+            return RopeSpec(method=recommended, target_length=target_length)
+        return None
+    if factor is None and target_length is None:
+        fail(f"--method {method} needs --factor or --target-length")
+    return RopeSpec.from_sources(None, overrides)
+
+
+@app.command(
+    epilog="Examples:\n\n  rope-extend inspect ./SmolLM2-135M\n\n"
+    "  rope-extend inspect ./SmolLM2-135M --method yarn --factor 4 --plot rope.png\n\n"
+    "  rope-extend inspect ./SmolLM2-135M --recommend --target-length 32768"
+)
+def inspect(
+    source: Annotated[str, typer.Argument(help="Model folder (or Hub id) with a config.json.")],
+    method: Annotated[str | None, typer.Option("--method", "-m", help="Scaling method to preview.")] = None,
+    factor: Annotated[float | None, typer.Option("--factor", "-f", help="Scale factor s (>= 1).")] = None,
+    target_length: Annotated[
+        int | None, typer.Option("--target-length", "-t", help="Target context length (factor = N / L).")
+    ] = None,
+    config_file: Annotated[Path | None, typer.Option("--config", "-c", help="YAML spec to preview.")] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write a PNG comparing linear/ntk/yarn/ntk-by-parts/llama3.")
+    ] = None,
+    recommend_: Annotated[
+        bool, typer.Option("--recommend", help="Recommend a factor and method for --target-length.")
+    ] = False,
+    revision: Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag, commit).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")] = False,
+) -> None:
+    """Show each rotary dimension (a disk turning θ_i per token): wavelength, turns within the original length,
+    and, with a method, its new frequency and regime (extrapolated / blended / interpolated)."""
+    if recommend_ and target_length is None:
+        fail("--recommend needs --target-length N (the context length you want to serve)")
+    if factor is not None and factor < 1:
+        fail(f"--factor must be >= 1 (it multiplies the context length), got {factor:g}")
+    if target_length is not None and target_length <= 0:
+        fail(f"--target-length must be a positive number of tokens, got {target_length}")
+    config = load_config(source, revision=revision)
+    advice = recommend(config, target_length) if recommend_ else None
+    spec = _spec(method, factor, target_length, config_file, advice.method if advice else None)
+    view = inspect_rope(config, spec)
+    plot_path = None
+    if plot is not None:
+        plot_factor = view.factor if view.factor > 1 else (advice.factor if advice and advice.factor > 1 else 4.0)
+        plot_path = plot_methods(config, plot_factor, plot)
+
+    if as_json:
+        data = {"inspection": view.to_dict()}
+        if advice is not None:
+            data["recommendation"] = advice.to_dict()
+        if plot_path is not None:
+            data["plot"] = str(plot_path)
+        out.print_json(json.dumps(data))
+        return
+    _print_table(view)
+    if advice is not None:
+        out.print()
+        verdict = advice.method or "no scaling needed"
+        out.print(f"[bold]recommendation[/bold] for {advice.target_length} tokens: factor {advice.factor:.4g}, "
+                  f"method {verdict}")
+        for line in advice.reasons:
+            out.print(f"  - {line}", highlight=False)
+        for name, why in advice.alternatives.items():
+            out.print(f"  alternative {name}: {why}", highlight=False)
+    if plot_path is not None:
+        out.print(f"plot written to {plot_path}")
+
+
+def _print_table(view) -> None:
+    scaled = view.method is not None or view.current_rope_type != "default"
+    what = f"{view.method} x{view.factor:g}" if view.method else f"current RoPE ({view.current_rope_type})"
+    title = (
+        f"{view.model_type}: rotary dim {view.rotary_dim}, base {view.base:g}, original length {view.original_length}"
+        f" -> {view.target_length}; {what}; attention factor {view.attention_factor:.4f}"
+    )
+    out.print(title, highlight=False)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    columns = ["i", "λ", "r = L/λ"]
+    if scaled:
+        columns += ["old θ", "new θ", "new/old", "r at N", "regime"]
+    else:
+        columns += ["θ"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "regime" else "right")
+    for row in view.rows:
+        cells = [str(row.index), f"{row.wavelength:.4g}", f"{row.rotations:.4g}"]
+        if scaled:
+            cells += [f"{row.old_inv_freq:.3g}", f"{row.new_inv_freq:.3g}", f"{row.ratio:.4f}",
+                      f"{row.rotations_at_target:.4g}", row.regime]
+        else:
+            cells += [f"{row.old_inv_freq:.4g}"]
+        table.add_row(*cells)
+    out.print(table)
+    out.print("λ = 2π/θ tokens per turn; r = turns within L (original) or N (target)", highlight=False)
+    counts = ", ".join(f"{n} {regime}" for regime, n in view.counts().items())
+    out.print(f"disks: {counts}; attention factor {view.attention_factor:.4f}", highlight=False)
+    for note in view.notes:
+        out.print(f"note: {note}", highlight=False)

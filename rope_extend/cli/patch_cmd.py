@@ -1,0 +1,154 @@
+"""`rope-extend patch` and `rope-extend show`: thin wrappers over rope_extend.checkpoint and rope_extend.hub."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..spec import RopeSpec, load_spec, parse_set_option
+from .app import app, console, fail, out
+
+EXAMPLES = """Examples:
+
+  rope-extend patch meta-llama/Llama-3.1-8B --method yarn --factor 8 -o out/llama-yarn8
+
+  rope-extend patch ./my-model --config configs/yarn-x8.yaml --set beta_fast=64 -o out/
+
+  rope-extend patch Qwen/Qwen2.5-7B-Instruct --config configs/qwen2.5-yarn-x4.yaml -o out/ --push-to-hub me/qwen-128k --private
+
+  rope-extend patch ./my-model --method linear --factor 2 --mode full --dtype bfloat16 -o out/
+"""
+
+
+def build_spec(
+    method: str | None, factor: float | None, target_length: int | None, config: Path | None, sets: list[str]
+) -> RopeSpec:
+    """The spec from --config (YAML) with --method/--factor/--target-length/--set layered on top."""
+    overrides: dict = dict(parse_set_option(item) for item in sets or [])
+    overrides.update({k: v for k, v in (("method", method), ("factor", factor), ("target_length", target_length)) if v is not None})
+    if config is None and "method" not in overrides:
+        fail("give --method (with --factor or --target-length) or --config spec.yaml")
+    return load_spec(config, **overrides) if config is not None else load_spec(None, **overrides)
+
+
+@app.command(epilog=EXAMPLES)
+def patch(
+    source: Annotated[str, typer.Argument(help="Local checkpoint folder or Hub repo id.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Output folder (created atomically).")],
+    method: Annotated[str | None, typer.Option("--method", "-m", help="Scaling method (see `rope-extend methods`).")] = None,
+    factor: Annotated[float | None, typer.Option("--factor", "-f", help="Scale factor s >= 1.")] = None,
+    target_length: Annotated[int | None, typer.Option("--target-length", "-t", help="New context length (derives the factor).")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML spec; flags override its keys.")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a spec key: --set beta_fast=64 (repeatable).")] = None,
+    mode: Annotated[str, typer.Option(help="auto | config-only (link weights, write config) | full (load + save).")] = "auto",
+    dtype: Annotated[str | None, typer.Option(help="Weights dtype for --mode full: float32, bfloat16, float16, auto.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty OUT.")] = False,
+    revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit) of SOURCE.")] = None,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip reloading OUT with stock transformers.")] = False,
+    push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", help="Upload OUT to this Hub repo id.")] = None,
+    private: Annotated[bool, typer.Option("--private", help="Create the Hub repo as private.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --push-to-hub: print the upload, send nothing.")] = False,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Accept pickle (.bin) weights. Only for trusted sources.")] = False,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow the checkpoint's own Python code.")] = False,
+) -> None:
+    """Rescale a checkpoint's RoPE and write a verified checkpoint to OUT."""
+    from ..checkpoint import patch_checkpoint
+
+    spec = build_spec(method, factor, target_length, config, sets or [])
+    with console.status("patching...") as status:
+        result = patch_checkpoint(
+            source,
+            spec,
+            output,
+            mode=mode,
+            dtype=dtype,
+            overwrite=overwrite,
+            revision=revision,
+            verify=not no_verify,
+            allow_pickle=allow_pickle,
+            trust_remote_code=trust_remote_code,
+            on_step=lambda message: status.update(message),
+        )
+    plan = result.plan
+    out.print(
+        f"[green]wrote[/green] {result.out} ({result.mode}: {result.linked} linked, {result.copied} copied, "
+        f"{len(result.written)} written) in {result.seconds:.2f} s; "
+        f"{'verified with stock transformers' if result.verified else 'NOT verified (--no-verify)'}"
+    )
+    out.print(
+        f"{plan.spec.method} x{plan.spec.factor:g}: {plan.spec.original_max_position_embeddings} -> "
+        f"{plan.spec.target_length} tokens, attention factor {plan.attention_factor:.4f}, "
+        f"max_position_embeddings {plan.old_max_position_embeddings} -> {plan.max_position_embeddings}"
+    )
+    out.print("\nServe it:\n" + result.serving, markup=False, highlight=False)
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    if push_to_hub:
+        from ..hub import plan_push, push
+
+        plan_ = plan_push(result.out, push_to_hub, private, plan.spec.to_yaml())
+        if dry_run:
+            out.print(f"\n[bold]dry run[/bold]: would push {len(plan_.files)} files to {push_to_hub} ({'private' if private else 'public'})")
+            for call, kwargs in plan_.calls:
+                out.print(f"  {call}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})", markup=False, highlight=False)
+            for name in plan_.files:
+                out.print(f"  + {name}", markup=False, highlight=False)
+        else:
+            with console.status(f"pushing to {push_to_hub}..."):
+                url = push(plan_, token=os.environ.get("HF_TOKEN"))
+            out.print(f"[green]pushed[/green] {url}")
+
+
+@app.command(epilog="Examples:\n\n  rope-extend show ./my-model\n\n  rope-extend show meta-llama/Llama-3.1-8B --revision main")
+def show(
+    source: Annotated[str, typer.Argument(help="Local checkpoint folder or Hub repo id.")],
+    revision: Annotated[str | None, typer.Option(help="Hub revision.")] = None,
+) -> None:
+    """Show the model's current RoPE setup: type, base, rotary dim, lengths, layer types, existing scheme."""
+    from .. import compat
+    from ..checkpoint import load_config
+    from ..hub import resolve_source
+    from ..patch import check_rope_model
+
+    folder = resolve_source(source, revision=revision, config_only=True)
+    config = load_config(folder)
+    check_rope_model(config)
+    slots = compat.read_slots(config)
+    marker = compat.read_marker(config)
+    table = Table(title=f"RoPE of {source} ({config.model_type})")
+    for column in ("layers", "rope_type", "rope_theta", "rotary dim", "factor", "original length", "other"):
+        table.add_column(column)
+    for key, params in slots.items():
+        other = {k: v for k, v in params.items() if k not in ("rope_type", "rope_theta", "factor", "original_max_position_embeddings")}
+        table.add_row(
+            key or "all",
+            params["rope_type"],
+            f"{params['rope_theta']:g}",
+            str(compat.rotary_dim(config, params)),
+            str(params.get("factor", "-")),
+            str(params.get("original_max_position_embeddings", config.max_position_embeddings)),
+            ", ".join(f"{k}={_brief(v)}" for k, v in other.items()) or "-",
+        )
+    out.print(table)
+    out.print(f"max_position_embeddings: {config.max_position_embeddings}")
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        counts = {t: layer_types.count(t) for t in dict.fromkeys(layer_types)}
+        out.print("layer types: " + ", ".join(f"{t} x{n}" for t, n in counts.items()))
+    scaled = [k for k, p in slots.items() if p["rope_type"] != "default"]
+    if marker:
+        out.print(f"existing scheme: rope-extend {marker.get('method')} ({marker.get('spec')})", markup=False)
+    elif scaled:
+        out.print(f"existing scheme: {slots[scaled[0]]['rope_type']} (patching needs --set replace_existing=true)")
+    else:
+        out.print("existing scheme: none (plain RoPE)")
+
+
+def _brief(value) -> str:
+    if isinstance(value, list):
+        return f"[{len(value)} values]"
+    return f"{value:g}" if isinstance(value, float) else str(value)

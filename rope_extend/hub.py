@@ -1,0 +1,204 @@
+"""The Hugging Face Hub: resolve a SOURCE (local folder or Hub id) to files, build the model card, push.
+
+Resolution goes through huggingface_hub's cache, so `HF_HUB_OFFLINE=1`, `HF_HUB_CACHE`, `--revision` and `HF_TOKEN`
+behave as everywhere else. The token is passed to huggingface_hub and never printed, logged or written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import CheckpointError
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    env = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return env or bool(getattr(constants, "HF_HUB_OFFLINE", False))
+
+
+def resolve_source(source: str | os.PathLike, revision: str | None = None, config_only: bool = False) -> Path:
+    """A local folder holding the checkpoint: SOURCE itself, or the Hub cache snapshot of the repo id SOURCE."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"{str(path)!r} has no config.json; point SOURCE at a Hugging Face checkpoint folder")
+        return path.resolve()
+    if path.exists():
+        raise CheckpointError(f"SOURCE {str(path)!r} is a file; give the checkpoint folder (with config.json)")
+    source = str(source)
+    if not REPO_ID.match(source):
+        raise CheckpointError(
+            f"SOURCE {source!r} is neither an existing folder nor a Hub repo id like 'meta-llama/Llama-3.1-8B'; "
+            "check the path"
+        )
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    offline = _offline()
+    cache_dir = os.environ.get("HF_HUB_CACHE") or None
+    try:
+        if config_only:
+            config = hf_hub_download(
+                source, "config.json", revision=revision, cache_dir=cache_dir, local_files_only=offline
+            )
+            return Path(config).parent
+        folder = snapshot_download(
+            source,
+            revision=revision,
+            cache_dir=cache_dir,
+            local_files_only=offline,
+            allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.py", "*.md", "*.tiktoken", "*.jinja"],
+        )
+    except (LocalEntryNotFoundError, FileNotFoundError):
+        where = "offline (HF_HUB_OFFLINE=1)" if offline else "and the Hub is unreachable"
+        raise CheckpointError(
+            f"{source!r}{'@' + revision if revision else ''} is not in the local Hub cache {where}; download it "
+            f"first (hf download {source}) or pass a local folder"
+        ) from None
+    except (RepositoryNotFoundError, GatedRepoError) as exc:
+        raise CheckpointError(
+            f"Hub repo {source!r} not found or not accessible ({type(exc).__name__}); check the id and set HF_TOKEN "
+            "for private or gated repos"
+        ) from None
+    except RevisionNotFoundError:
+        raise CheckpointError(f"revision {revision!r} of {source!r} does not exist; check --revision") from None
+    except HfHubHTTPError as exc:
+        raise CheckpointError(f"could not fetch {source!r} from the Hub: HTTP {_status(exc)}") from None
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{source!r} has no config.json in the Hub cache snapshot {folder}")
+    return folder
+
+
+def _status(exc) -> str:
+    response = getattr(exc, "response", None)
+    return str(getattr(response, "status_code", "error"))
+
+
+# --- model card ------------------------------------------------------------------------------------------------------
+PAPERS = {
+    "linear": "https://arxiv.org/abs/2306.15595",
+    "ntk": "https://www.reddit.com/r/LocalLLaMA/comments/14lz7j5/",
+    "dynamic": "https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/",
+    "ntk-by-parts": "https://arxiv.org/abs/2309.00071",
+    "yarn": "https://arxiv.org/abs/2309.00071",
+    "dynamic-yarn": "https://arxiv.org/abs/2309.00071",
+    "llama3": "https://ai.meta.com/blog/meta-llama-3-1/",
+    "longrope": "https://arxiv.org/abs/2402.13753",
+}
+
+
+def build_model_card(
+    base_model: str,
+    spec_yaml: str,
+    method: str,
+    config_diff: list[tuple[str, Any, Any]],
+    serving: str,
+    eval_summary: str | None = None,
+) -> str:
+    """The README.md text of a patched checkpoint (huggingface_hub ModelCard with metadata)."""
+    import transformers
+    from huggingface_hub import ModelCard, ModelCardData
+
+    from . import __version__
+
+    data = ModelCardData(
+        base_model=base_model if REPO_ID.match(base_model or "") else None,
+        library_name="transformers",
+        tags=["rope-extend", "long-context", f"rope-{method}"],
+    )
+    diff_rows = "\n".join(f"| `{key}` | `{_short(old)}` | `{_short(new)}` |" for key, old, new in config_diff)
+    body = f"""
+# {Path(base_model).name} with {method} RoPE scaling
+
+This checkpoint is [{base_model}]({'https://huggingface.co/' + base_model if REPO_ID.match(base_model) else base_model})
+with its rotary position embeddings rescaled by [rope-extend](https://pypi.org/project/rope-extend/) using
+**{method}** ([paper]({PAPERS.get(method, '')})). No weight was changed: only `config.json` (and length caps) differ.
+
+## Spec
+
+```yaml
+{spec_yaml.rstrip()}
+```
+
+## Config changes
+
+| key | before | after |
+|---|---|---|
+{diff_rows}
+
+## Serving
+
+{serving.rstrip()}
+
+## Evaluation
+
+{eval_summary.rstrip() if eval_summary else "No evaluation was run when this checkpoint was written (see `rope-extend eval`)."}
+
+## Provenance
+
+Written by rope-extend {__version__} with transformers {transformers.__version__}. `rope_extend.yaml` holds the
+fully resolved spec; `config.json` carries it under the `rope_extend` key.
+"""
+    return str(ModelCard.from_template(data, template_str="---\n{{ card_data }}\n---\n" + body))
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- push ------------------------------------------------------------------------------------------------------------
+@dataclass
+class PushPlan:
+    repo_id: str
+    private: bool
+    files: list[str]
+    commit_message: str
+    calls: list[tuple[str, dict]] = field(default_factory=list)
+    url: str = ""
+
+
+def plan_push(folder: Path, repo_id: str, private: bool, spec_yaml: str) -> PushPlan:
+    if not REPO_ID.match(repo_id):
+        raise CheckpointError(f"--push-to-hub expects a repo id like 'user/model-name', got {repo_id!r}")
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    message = "rope-extend: " + " ".join(spec_yaml.split())
+    plan = PushPlan(repo_id=repo_id, private=private, files=files, commit_message=message[:1000])
+    plan.calls = [
+        ("create_repo", {"repo_id": repo_id, "private": private, "exist_ok": True, "repo_type": "model"}),
+        ("upload_folder", {"repo_id": repo_id, "folder_path": str(folder), "commit_message": plan.commit_message}),
+    ]
+    return plan
+
+
+def push(plan: PushPlan, token: str | None = None, endpoint: str | None = None, api=None) -> str:
+    """Create the repo and upload the folder; returns the repo URL. `api` is injectable for tests."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = api or HfApi(token=token or os.environ.get("HF_TOKEN") or None, endpoint=endpoint)
+    try:
+        repo = api.create_repo(**plan.calls[0][1])
+        api.upload_folder(**plan.calls[1][1])
+    except HfHubHTTPError as exc:
+        raise CheckpointError(
+            f"pushing to {plan.repo_id!r} failed: HTTP {_status(exc)}; check HF_TOKEN has write access"
+        ) from None
+    url = str(getattr(repo, "url", None) or f"https://huggingface.co/{plan.repo_id}")
+    plan.url = url
+    return url
