@@ -1,0 +1,198 @@
+"""`inspect`: the per-disk table against its formulas, regimes at YaRN's ramp ends, recommend, plot, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from tiny import ORIGINAL, make_config
+from transformers import AutoConfig
+
+from rope_extend.cli import run
+from rope_extend.inspect import classify, inspect_rope, load_config, plot_methods, recommend
+from rope_extend.methods import RopeContext, compute, default_inv_freq
+from rope_extend.methods.yarn import correction_range
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    make_config("llama").save_pretrained(path)  # head_dim 16, rope_theta 10000, max_position_embeddings 32
+    return path
+
+
+def big_config(**kwargs):
+    """Config only (no weights): a Llama-2-like RoPE, head_dim 64, L = 2048."""
+    defaults = {"hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 1, "intermediate_size": 64,
+                "vocab_size": 32, "max_position_embeddings": 2048, "head_dim": 64}
+    return AutoConfig.for_model("llama", **{**defaults, **kwargs})
+
+
+def test_table_matches_formulas_without_spec(tiny_dir):
+    view = inspect_rope(load_config(tiny_dir))
+    assert (view.rotary_dim, view.base, view.original_length, view.method) == (16, 10000.0, ORIGINAL, None)
+    assert view.attention_factor == 1.0 and len(view.rows) == 8
+    for row in view.rows:
+        theta = 10000.0 ** (-2 * row.index / 16)
+        assert row.old_inv_freq == pytest.approx(theta, rel=1e-6)
+        assert row.new_inv_freq == row.old_inv_freq
+        assert row.wavelength == pytest.approx(2 * math.pi / theta, rel=1e-6)
+        assert row.rotations == pytest.approx(ORIGINAL * theta / (2 * math.pi), rel=1e-6)
+        assert row.regime == "unchanged"
+    assert any("less than one turn" in note for note in view.notes)
+
+
+def test_table_with_yarn_matches_method(tiny_dir):
+    config = load_config(tiny_dir)
+    view = inspect_rope(config, method="yarn", factor=4)
+    ctx = RopeContext(rotary_dim=16, base=10000.0, original_max_position_embeddings=ORIGINAL, factor=4.0)
+    inv_freq, attention = compute("yarn", ctx)
+    assert view.attention_factor == pytest.approx(0.1 * math.log(4) + 1)
+    assert view.attention_factor == pytest.approx(attention)
+    assert view.target_length == 4 * ORIGINAL and view.factor == 4.0
+    for row in view.rows:
+        assert row.new_inv_freq == pytest.approx(float(inv_freq[row.index]), rel=1e-7)
+        assert row.ratio == pytest.approx(row.new_inv_freq / row.old_inv_freq, rel=1e-6)
+        assert row.new_wavelength == pytest.approx(2 * math.pi / row.new_inv_freq, rel=1e-6)
+        assert row.rotations_at_target == pytest.approx(4 * ORIGINAL / row.new_wavelength, rel=1e-6)
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_yarn_regimes_at_ramp_boundaries(truncate):
+    config = big_config()
+    view = inspect_rope(config, method="yarn", factor=8, truncate=truncate)
+    low, high = correction_range(32.0, 1.0, 64, 10000.0, 2048, truncate)
+    regimes = [row.regime for row in view.rows]
+    for i, regime in enumerate(regimes):
+        if i <= low:
+            assert regime == "extrapolated", (i, low, high)
+        elif i >= high:
+            assert regime == "interpolated", (i, low, high)
+        else:
+            assert regime == "blended", (i, low, high)
+    assert {"extrapolated", "blended", "interpolated"} <= set(regimes)
+    if truncate:  # integer ramp ends: the last extrapolated and first interpolated disks are exactly the bounds
+        assert regimes[int(low)] == "extrapolated" and regimes[int(low) + 1] == "blended"
+        assert regimes[int(high)] == "interpolated" and regimes[int(high) - 1] == "blended"
+
+
+def test_regimes_of_other_methods():
+    config = big_config()
+    assert {r.regime for r in inspect_rope(config, method="linear", factor=4).rows} == {"interpolated"}
+    ntk = [r.regime for r in inspect_rope(config, method="ntk", factor=4).rows]
+    assert ntk[0] == "extrapolated" and ntk[-1] == "interpolated" and set(ntk[1:-1]) == {"blended"}
+    same = inspect_rope(config, method="yarn", factor=1)
+    assert {r.regime for r in same.rows} == {"unchanged"}
+    assert classify(1.5, 4) == "other" and classify(0.1, 4) == "other"
+    # dynamic methods are shown at the target length: dynamic-yarn there is static yarn
+    dyn = inspect_rope(config, method="dynamic-yarn", factor=4)
+    static = inspect_rope(config, method="yarn", factor=4)
+    assert [r.new_inv_freq for r in dyn.rows] == [r.new_inv_freq for r in static.rows]
+    assert any("dynamic" in note for note in dyn.notes)
+
+
+def llama3_config():
+    return big_config(
+        max_position_embeddings=16384,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 2048},
+    )
+
+
+def test_model_that_ships_llama3():
+    config = llama3_config()
+    view = inspect_rope(config)
+    assert view.current_rope_type == "llama3" and view.original_length == 2048 and view.factor == 8.0
+    expected = compute("llama3", RopeContext(64, 500000.0, 2048, 8.0))[0]
+    assert [r.new_inv_freq for r in view.rows] == pytest.approx(expected.tolist(), rel=1e-6)
+    assert [r.old_inv_freq for r in view.rows] == pytest.approx(default_inv_freq(64, 500000.0).tolist(), rel=1e-6)
+    assert {"extrapolated", "blended", "interpolated"} <= {r.regime for r in view.rows}
+    # a spec on it is re-derived from the original length rather than refused
+    again = inspect_rope(config, method="yarn", factor=16)
+    assert again.original_length == 2048 and any("re-derived" in n for n in again.notes)
+    advice = recommend(config, 65536)
+    assert advice.method == "llama3" and advice.factor == 65536 / 2048
+    assert recommend(config, 16384).method is None  # it already serves 16k
+
+
+def test_recommend_minimal_factor_and_method():
+    config = big_config()
+    advice = recommend(config, 12288)
+    assert advice.factor == 12288 / 2048 and advice.original_length == 2048
+    assert advice.method == "yarn"
+    assert {"dynamic-yarn", "dynamic"} <= set(advice.alternatives)
+    assert advice.reasons[0].startswith("minimal factor = target / original length = 12288 / 2048 = 6")
+    assert any("slowest disk" in line for line in advice.reasons)
+    costs = advice.costs
+    assert costs["linear"]["changed"] == 1.0 and costs["linear"]["high_shift"] == pytest.approx(math.log2(6))
+    assert costs["yarn"]["changed"] < 1.0 and costs["yarn"]["high_shift"] < costs["linear"]["high_shift"]
+    assert recommend(config, 1024).method is None
+    assert "ntk" in recommend(config, 3072).alternatives  # factor 1.5
+
+
+def test_plot_written(tmp_path):
+    path = plot_methods(big_config(), 4, tmp_path / "methods.png")
+    assert path.read_bytes()[:8] == PNG
+
+
+def test_cli_table_and_json(tiny_dir, capsys):
+    assert run(["inspect", str(tiny_dir)]) == 0
+    text = capsys.readouterr().out
+    assert "unchanged" in text and "rotary dim 16" in text
+    assert run(["inspect", str(tiny_dir), "--method", "yarn", "--factor", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = data["inspection"]["rows"]
+    assert [r["regime"] for r in rows] == ["extrapolated", "blended"] + ["interpolated"] * 6
+    assert data["inspection"]["counts"] == {"extrapolated": 1, "blended": 1, "interpolated": 6}
+
+
+def test_cli_recommend_and_plot(tiny_dir, tmp_path, capsys):
+    png = tmp_path / "rope.png"
+    rc = run(["inspect", str(tiny_dir), "--recommend", "--target-length", "96", "--plot", str(png), "--json"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["recommendation"]["factor"] == 96 / ORIGINAL and data["recommendation"]["method"] == "yarn"
+    assert data["inspection"]["method"] == "yarn" and data["inspection"]["target_length"] == 96
+    assert png.read_bytes()[:8] == PNG
+    assert run(["inspect", str(tiny_dir), "--recommend", "--target-length", "96"]) == 0
+    text = capsys.readouterr().out
+    assert "recommendation for 96 tokens: factor 3" in text and "minimal factor" in text
+
+
+def test_cli_config_file(tiny_dir, tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("method: linear\nfactor: 2\n")
+    assert run(["inspect", str(tiny_dir), "--config", str(spec), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["inspection"]
+    assert data["method"] == "linear" and data["counts"] == {"interpolated": 8}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--method", "yarn", "--factor", "0.5"],
+        ["--factor", "2"],
+        ["--method", "yarn"],
+        ["--method", "yarnn", "--factor", "2"],
+        ["--recommend"],
+        ["--target-length", "64"],
+        ["--method", "yarn", "--target-length", "16"],
+        ["--recommend", "--target-length", "0"],
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(tiny_dir, capsys, args):
+    assert run(["inspect", str(tiny_dir), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rope-extend: error:") and len(err.splitlines()) == 1, err
+
+
+def test_cli_missing_folder(tmp_path, capsys):
+    assert run(["inspect", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nope" in err
+    (tmp_path / "empty").mkdir()
+    assert run(["inspect", str(tmp_path / "empty")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
