@@ -289,6 +289,9 @@ def _full(source, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remo
     kwargs["dtype"] = torch_dtype if torch_dtype == "auto" else getattr(torch, torch_dtype)
     if not compat.TRANSFORMERS_V5:
         kwargs["torch_dtype"] = kwargs.pop("dtype")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the CLI shows its own status; keep stderr for errors
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import traceback
 
-import click
 import typer
 from rich.console import Console
 
@@ -40,14 +39,6 @@ def run(argv: list[str], debug: bool = False) -> int:
     command = typer.main.get_command(app)
     try:
         command.main(args=argv, prog_name="rope-extend", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.exceptions.Abort:
-        print("rope-extend: interrupted", file=sys.stderr)
-        return 130
-    except click.ClickException as exc:
-        print(f"rope-extend: error: {' '.join(exc.format_message().split())}", file=sys.stderr)
-        return 2
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except KeyboardInterrupt:
@@ -59,6 +50,16 @@ def run(argv: list[str], debug: bool = False) -> int:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"rope-extend: error: {' '.join(str(message).split())}", file=sys.stderr)
         return 2
+    except Exception as exc:  # click's own exceptions (typer >= 0.20 vendors click, so match by shape)
+        if hasattr(exc, "format_message"):  # usage errors: bad option, missing argument
+            print(f"rope-extend: error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+            return 2
+        if type(exc).__name__ == "Abort":
+            print("rope-extend: interrupted", file=sys.stderr)
+            return 130
+        if isinstance(getattr(exc, "exit_code", None), int):  # typer.Exit
+            return exc.exit_code
+        raise
     return 0
 
 
