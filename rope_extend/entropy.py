@@ -98,10 +98,9 @@ def attention_entropy(
                     f"{type(module).__name__} returned no attention weights; load the model with "
                     "attn_implementation='eager'"
                 )
-            rows = row_entropy(weights)  # [batch, heads, queries]
             if queries is not None:
-                rows = rows[..., -queries:]
-            sums[index] = float(rows.mean())
+                weights = weights[..., -queries:, :]
+            sums[index] = float(row_entropy(weights).mean())  # rows: [batch, heads, queries]
 
         return hook
 

@@ -162,6 +162,12 @@ def test_cli_recommend_and_plot(tiny_dir, tmp_path, capsys):
     assert "recommendation for 96 tokens: factor 3" in text and "minimal factor" in text
 
 
+def test_cli_recommend_no_scaling_needed(tiny_dir, capsys):
+    assert run(["inspect", str(tiny_dir), "--recommend", "--target-length", "32", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["recommendation"]["method"] is None and data["inspection"]["method"] is None
+
+
 def test_cli_config_file(tiny_dir, tmp_path, capsys):
     spec = tmp_path / "spec.yaml"
     spec.write_text("method: linear\nfactor: 2\n")

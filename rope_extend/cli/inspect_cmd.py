@@ -15,18 +15,20 @@ from ..spec import RopeSpec
 from .app import app, fail, out
 
 
-def _spec(method, factor, target_length, config_file, recommended) -> RopeSpec | None:
+def _spec(method, factor, target_length, config_file, advice) -> RopeSpec | None:
     overrides = {"method": method, "factor": factor, "target_length": target_length}
     if config_file is not None:
         return RopeSpec.from_sources(config_file, overrides)
     if method is None:
         if factor is not None:
             fail(f"--factor {factor:g} needs --method (e.g. --method yarn); see `rope-extend methods`")
-        if target_length is not None and recommended is None:
-            fail("--target-length needs --method (e.g. --method yarn) or --recommend")
-        if recommended is not None:
-            return RopeSpec(method=recommended, target_length=target_length)
-        return None
+        if advice is None:
+            if target_length is not None:
+                fail("--target-length needs --method (e.g. --method yarn) or --recommend")
+            return None
+        if advice.method is None:  # no scaling needed: show the model as it is
+            return None
+        return RopeSpec(method=advice.method, target_length=target_length)
     if factor is None and target_length is None:
         fail(f"--method {method} needs --factor or --target-length")
     return RopeSpec.from_sources(None, overrides)
@@ -46,7 +48,12 @@ def inspect(
     ] = None,
     config_file: Annotated[Path | None, typer.Option("--config", "-c", help="YAML spec to preview.")] = None,
     plot: Annotated[
-        Path | None, typer.Option("--plot", help="Write a PNG comparing linear/ntk/yarn/ntk-by-parts/llama3.")
+        Path | None,
+        typer.Option(
+            "--plot",
+            help="Write a PNG comparing linear/ntk/yarn/ntk-by-parts/llama3 at the spec's factor "
+            "(else the recommended one, else 4).",
+        ),
     ] = None,
     recommend_: Annotated[
         bool, typer.Option("--recommend", help="Recommend a factor and method for --target-length.")
@@ -64,7 +71,7 @@ def inspect(
         fail(f"--target-length must be a positive number of tokens, got {target_length}")
     config = load_config(source, revision=revision)
     advice = recommend(config, target_length) if recommend_ else None
-    spec = _spec(method, factor, target_length, config_file, advice.method if advice else None)
+    spec = _spec(method, factor, target_length, config_file, advice)
     view = inspect_rope(config, spec)
     plot_path = None
     if plot is not None:
