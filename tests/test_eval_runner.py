@@ -137,3 +137,15 @@ def test_resume_after_kill(ckpt, tmp_path):
     assert len(new) + len(before) == len(recs)
     assert _lines(results)[: len(before)] == before
     assert {r["variant"] for r in recs} == {"unpatched"}
+
+
+def test_module_cli(ckpt, tmp_path, capsys):
+    from rope_extend.eval.__main__ import main, parse_spec
+
+    assert parse_spec("method=yarn,factor=2") == {"method": "yarn", "factor": 2}
+    assert parse_spec("specs/a.yaml") == "specs/a.yaml"
+    assert main([str(ckpt), "--spec", "method=linear,factor=2", "--suite", "smoke", "--out", str(tmp_path),
+                 "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "linear-x2" in out and (tmp_path / "report.md").is_file()
+    assert not list(tmp_path.glob("*.png"))

@@ -31,7 +31,7 @@ def test_yarn_x2_far_better_beyond_window(setup):
     from rope_extend.eval.perplexity import token_losses
     from rope_extend.eval.variants import apply_spec, original_length
 
-    path, model, tok, ids = setup
+    _, model, _, ids = setup
     assert original_length(model) == 8192
     base = token_losses(model, ids[:L])
     apply_spec(model, {"method": "yarn", "factor": 2.0})  # rope_extend.patch_model, in place

@@ -6,16 +6,16 @@ Heavy modules are imported lazily; ``from rope_extend.eval import run_eval`` wor
 from __future__ import annotations
 
 __all__ = [
-    "run_eval",
-    "summary_markdown",
-    "read_results",
-    "load_suite",
     "Suite",
-    "token_losses",
-    "perplexity_at_length",
-    "make_passkey",
+    "load_suite",
     "make_needle",
+    "make_passkey",
+    "perplexity_at_length",
+    "read_results",
+    "run_eval",
     "run_lm_eval",
+    "summary_markdown",
+    "token_losses",
     "write_task_data",
 ]
 

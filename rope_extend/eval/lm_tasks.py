@@ -114,8 +114,7 @@ def write_task_data(
         p = out / f"{t}.jsonl"
         tmp = p.with_suffix(".jsonl.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
-            for d in docs:
-                f.write(json.dumps(d) + "\n")
+            f.writelines(json.dumps(d) + "\n" for d in docs)
         os.replace(tmp, p)
         paths[t] = p
     return paths
@@ -176,7 +175,7 @@ def run_lm_eval(
     *,
     lengths: list[int] | None = None,
     metadata: dict | None = None,
-    limit: int | float | None = None,
+    limit: float | None = None,
     batch_size: int = 1,
     max_length: int | None = None,
     include_path: str | os.PathLike | None = None,

@@ -7,6 +7,7 @@ materialises a ``L x vocab`` fp32 logits tensor.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -81,7 +82,7 @@ def bucket_losses(losses: torch.Tensor, bucket_size: int = 1024, original_length
         edges.append(n + 1)
     if original_length and 0 < original_length < n + 1 and original_length not in edges:
         edges = sorted(set(edges + [original_length]))
-    for a, b in zip(edges[:-1], edges[1:]):
+    for a, b in itertools.pairwise(edges):
         mask = (positions >= a) & (positions < b)
         if mask.any():
             buckets.append({"start": a, "end": b, "loss": float(losses[mask].mean()), "n": int(mask.sum())})

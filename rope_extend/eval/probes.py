@@ -53,13 +53,7 @@ _VT_QUESTION = (
 )
 
 # Small fixed vocabulary for needle keys (RULER uses random English words).
-_KEY_WORDS = (
-    "apple river candle marble falcon garden harbor island jungle kettle lantern meadow "
-    "needle orange pepper quartz rocket saddle timber umbrella valley walnut yellow zephyr "
-    "anchor bishop cactus dragon ember fossil glacier hammer igloo jasmine koala lemon "
-    "magnet nectar oyster pirate quiver raven sphinx tundra unicorn violet wizard xylophone "
-    "yogurt zebra amber breeze cobalt dune echo fable grove helium ivory jade karma lotus"
-).split()
+_KEY_WORDS = ["apple", "river", "candle", "marble", "falcon", "garden", "harbor", "island", "jungle", "kettle", "lantern", "meadow", "needle", "orange", "pepper", "quartz", "rocket", "saddle", "timber", "umbrella", "valley", "walnut", "yellow", "zephyr", "anchor", "bishop", "cactus", "dragon", "ember", "fossil", "glacier", "hammer", "igloo", "jasmine", "koala", "lemon", "magnet", "nectar", "oyster", "pirate", "quiver", "raven", "sphinx", "tundra", "unicorn", "violet", "wizard", "xylophone", "yogurt", "zebra", "amber", "breeze", "cobalt", "dune", "echo", "fable", "grove", "helium", "ivory", "jade", "karma", "lotus"]
 
 
 @dataclass

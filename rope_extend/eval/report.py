@@ -242,6 +242,9 @@ def make_plots(records: list[dict], out_dir) -> dict[str, str]:
         if orig:
             ax.axvline(orig, color="k", ls="--", lw=1)
         ax.set_xscale("log", base=2)
+        ticks = sorted({r["length"] for r in ppl})
+        ax.set_xticks(ticks, [_fmt_len(L) for L in ticks])
+        ax.minorticks_off()
         ax.set_yscale("log")
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("perplexity")
@@ -256,7 +259,7 @@ def make_plots(records: list[dict], out_dir) -> dict[str, str]:
         variants = _variants(pk)
         lengths = sorted({r["length"] for r in pk})
         depths = sorted({r["depth"] for r in pk})
-        fig, axes = plt.subplots(1, len(variants), figsize=(2.2 + 2.2 * len(variants), 0.6 + 0.45 * max(len(depths), 3)),
+        fig, axes = plt.subplots(1, len(variants), figsize=(2.2 + 2.6 * len(variants), 0.6 + 0.45 * max(len(depths), 3)),
                                  squeeze=False)
         im = None
         for ax, v in zip(axes[0], variants):
@@ -268,8 +271,11 @@ def make_plots(records: list[dict], out_dir) -> dict[str, str]:
             for (d, L), s in cell.items():
                 grid[depths.index(d)][lengths.index(L)] = sum(s) / len(s)
             im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
+            for (d, L), s in cell.items():
+                ax.text(lengths.index(L), depths.index(d), f"{sum(s) / len(s):.2g}", ha="center", va="center",
+                        fontsize=7)
             ax.set_xticks(range(len(lengths)), [_fmt_len(L) for L in lengths], rotation=45)
-            ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+            ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths] if ax is axes[0][0] else [])
             ax.set_title(v, fontsize=9)
             ax.set_xlabel("length")
         axes[0][0].set_ylabel("needle depth")
@@ -296,6 +302,9 @@ def make_plots(records: list[dict], out_dir) -> dict[str, str]:
                 ax.axvline(orig, color="k", ls="--", lw=1)
             ax.set_ylim(-0.05, 1.05)
             ax.set_xscale("log", base=2)
+            ticks = sorted({L for (k, _, L) in acc if k == t})
+            ax.set_xticks(ticks, [_fmt_len(L) for L in ticks])
+            ax.minorticks_off()
             ax.set_title(t)
             ax.set_xlabel("context length")
         axes[0][0].set_ylabel("accuracy")

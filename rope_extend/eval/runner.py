@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .suite import Case, Suite, load_suite
 from .variants import Variant, apply_spec, load_model, make_variants, original_length
@@ -81,7 +81,7 @@ def _config_original_length(model_path) -> int:
 class _Evaluator:
     """Runs cases on one loaded model variant (caches the tokenised text)."""
 
-    _text_cache: dict = {}
+    _text_cache: ClassVar[dict] = {}
 
     def __init__(self, model, tokenizer, original: int, seed: int):
         self.model, self.tok, self.original, self.seed = model, tokenizer, original, seed
@@ -154,6 +154,7 @@ def run_eval(
     dtype: str = "float32",
     device_map: str | None = None,
     device: str | None = None,
+    text: str | os.PathLike | None = None,
     include_baseline: bool = True,
     resume: bool = True,
     progress: bool = True,
@@ -172,6 +173,9 @@ def run_eval(
         out_dir: where ``results.jsonl``, ``report.md`` and the PNG plots go.
         dtype / device_map / device: model loading (``float32`` by default; ``device_map``
             e.g. ``"auto"`` needs accelerate).
+        text: perplexity text file overriding the suite's (default: the suite's, else the
+            stdlib docs prose).
+        include_baseline: also evaluate the unpatched model (the "before" column).
         resume: skip cases already in ``results.jsonl`` (``False`` starts a fresh file).
         loader: optional ``() -> (model, tokenizer)`` replacing ``load_model`` (tests, custom loading).
         on_record: called with every new record after it has been written.
@@ -183,6 +187,8 @@ def run_eval(
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / RESULTS_FILE
     suite_obj = load_suite(suite)
+    if text is not None and suite_obj.perplexity is not None:
+        suite_obj.perplexity = {**suite_obj.perplexity, "text": str(text)}
     variants = make_variants(specs, include_baseline=include_baseline)
 
     preflight_tok = None

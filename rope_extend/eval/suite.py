@@ -135,9 +135,9 @@ def resolve_length(x, original_length: int) -> int:
         return int(x)
     s = str(x).strip().lower()
     if s.endswith("x"):
-        return int(round(float(s[:-1]) * original_length))
+        return round(float(s[:-1]) * original_length)
     if s.endswith("k"):
-        return int(round(float(s[:-1]) * 1024))
+        return round(float(s[:-1]) * 1024)
     return int(s)
 
 

@@ -52,7 +52,13 @@ def spec_to_dict(spec) -> dict | None:
     if hasattr(spec, "model_dump"):
         return spec.model_dump(mode="json", exclude_none=True)
     if isinstance(spec, dict):
-        return dict(spec)
+        # Normalise (and validate, before any model work) through RopeSpec when available, so
+        # equivalent specs share a fingerprint.
+        try:
+            from rope_extend import load_spec  # type: ignore
+        except ImportError:
+            return dict(spec)
+        return spec_to_dict(load_spec(dict(spec)))
     raise TypeError(f"unsupported spec type {type(spec).__name__}")
 
 
@@ -60,7 +66,7 @@ def variant_name(spec, used: set[str]) -> str:
     d = spec_to_dict(spec) or {}
     if isinstance(spec, (str, os.PathLike)):
         base = Path(spec).stem
-    elif "name" in d and d["name"]:
+    elif d.get("name"):
         base = str(d["name"])
     elif "callable" in d:
         base = d["callable"].split(".")[-1]
