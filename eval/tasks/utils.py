@@ -18,4 +18,4 @@ niah_multivalue = _loader("niah_multivalue")
 vt = _loader("vt")
 perplexity = _loader("perplexity")
 
-__all__ = ["passkey", "niah_single", "niah_multikey", "niah_multivalue", "vt", "perplexity"]
+__all__ = ["niah_multikey", "niah_multivalue", "niah_single", "passkey", "perplexity", "vt"]
