@@ -117,6 +117,9 @@ def test_suite_expansion():
     assert {c.kind for c in cases} == {"perplexity", "passkey", "niah_single", "vt"}
     with pytest.raises(ValueError):
         Suite.from_dict({"perplexty": {}})
+    # the short-context check cannot be switched off
+    only_long = Suite.from_dict({"short_context": [], "perplexity": {"lengths": ["2x"]}}).cases(8192)
+    assert [c.length for c in only_long] == [2048, 16384]
 
 
 @pytest.mark.parametrize("name", ["quick", "full", "smoke"])
