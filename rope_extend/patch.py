@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import compat
+from . import compat, dynamic
 from .errors import AlreadyScaledError, SpecError, UnsupportedModelError, VerificationError
 from .methods import RopeContext, get_method
 from .methods.ntk import ntk_base
@@ -369,49 +369,6 @@ def _target_device(module: nn.Module, model: nn.Module, buffer: torch.Tensor | N
     return torch.device("cpu")
 
 
-class _DynamicRope:
-    """Forward pre-hook recomputing a dynamic method's frequencies from the current length.
-
-    Stock semantics (as transformers' `dynamic_rope_update`): the frequencies follow the longest length seen
-    and reset to the original ones when a sequence shorter than L arrives. LongRoPE switches lists at n > L.
-    """
-
-    def __init__(self, plan: PatchPlan, slot: str | None, prefix: str, per_layer_type: bool):
-        self.plan, self.slot, self.prefix, self.per_layer_type = plan, slot, prefix, per_layer_type
-        self.original = plan.spec.original_max_position_embeddings
-        self.longrope = plan.spec.method == "longrope"
-        self.current = None  # the length the buffers were computed for
-
-    def __call__(self, module, args, kwargs):
-        position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-        if position_ids is None:
-            return None
-        if self.per_layer_type:
-            layer_type = kwargs.get("layer_type", args[2] if len(args) > 2 else None)
-            if layer_type is not None and layer_type != self.slot:
-                return None
-        seq_len = int(position_ids.max()) + 1
-        if self.longrope:
-            key = self.original + 1 if seq_len > self.original else None
-        else:
-            current = self.current or self.original
-            if seq_len > current:
-                key = seq_len
-            elif seq_len < self.original and current > self.original:
-                key = None
-            else:
-                return None
-        if key == self.current:
-            return None
-        buffer = getattr(module, f"{self.prefix}inv_freq")
-        ctx = self.plan.context(self.slot, seq_len=key, device=buffer.device)
-        inv_freq, attention = get_method(self.plan.spec.method).compute(ctx)
-        buffer.copy_(inv_freq.to(buffer.dtype))
-        setattr(module, f"{self.prefix}attention_scaling", float(attention))
-        self.current = key
-        return None
-
-
 def _module_state(module: nn.Module, prefix: str) -> dict:
     state = {}
     for name in (f"{prefix}inv_freq", f"{prefix}original_inv_freq", f"{prefix}long_inv_freq"):
@@ -421,13 +378,24 @@ def _module_state(module: nn.Module, prefix: str) -> dict:
     return state
 
 
-def patch_model(model: nn.Module, spec: RopeSpec | dict | str | None = None, **kwargs: Any) -> PatchReport:
+def patch_model(
+    model: nn.Module,
+    spec: RopeSpec | dict | str | None = None,
+    *,
+    dynamic_mode: str = "consistent",
+    **kwargs: Any,
+) -> PatchReport:
     """Rescale an already-loaded model's RoPE in place and rewrite its config. Returns a `PatchReport`.
 
     `spec` is a `RopeSpec`, a dict, a YAML path, or keywords (`method="yarn", factor=4`). With no spec at all,
     the rope-extend marker of a checkpoint written by rope-extend is re-applied (restores dynamic methods that
     stock loaders load as static). Applying the same spec twice changes nothing; `unpatch_model` undoes it.
+
+    `dynamic_mode` (dynamic, dynamic-yarn, longrope): "consistent" fixes the scale per `generate` request so the
+    KV cache stays valid; "stock" reproduces transformers' behaviour exactly (see `rope_extend.dynamic`).
     """
+    if dynamic_mode not in dynamic.MODES:
+        raise SpecError(f"dynamic_mode {dynamic_mode!r} is not one of {', '.join(dynamic.MODES)}", field="dynamic_mode")
     config = _text_config(model)
     check_rope_model(config)
     if spec is None and not kwargs:
@@ -454,6 +422,7 @@ def patch_model(model: nn.Module, spec: RopeSpec | dict | str | None = None, **k
         plan = plan_patch(config, spec)
 
     new_state = state or {"config": compat.snapshot_rope_config(config), "modules": {}, "hooks": []}
+    new_state["dynamic_hooks"] = []
     method = get_method(plan.spec.method)
     touched, changed = [], plan.changed
     for name, module, prefixes in modules:
@@ -488,8 +457,9 @@ def patch_model(model: nn.Module, spec: RopeSpec | dict | str | None = None, **k
             stock_type = "default" if method.dynamic else (method.hf_rope_type or "default")
             compat.set_module_rope_type(module, prefix, slot, stock_type)
             if method.dynamic:
-                hook = _DynamicRope(plan, slot, prefix, per_layer_type=bool(prefix))
+                hook = dynamic.DynamicRopeHook(plan, slot, prefix, per_layer_type=bool(prefix), mode=dynamic_mode)
                 new_state["hooks"].append(module.register_forward_pre_hook(hook, with_kwargs=True))
+                new_state["dynamic_hooks"].append(hook)
             touched.append(f"{name}[{slot}]" if slot else name)
     if not touched:
         raise UnsupportedModelError(
@@ -499,6 +469,8 @@ def patch_model(model: nn.Module, spec: RopeSpec | dict | str | None = None, **k
     if config is not model.config and hasattr(model.config, "max_position_embeddings"):
         model.config.max_position_embeddings = plan.max_position_embeddings
     setattr(model, _STATE_ATTR, new_state)
+    if method.dynamic and dynamic_mode == "consistent" and hasattr(model, "generate"):
+        dynamic.wrap_generate(model)
     for note in plan.warnings:
         warnings.warn(note, UserWarning, stacklevel=2)
     return _report(plan, touched, changed)
@@ -534,6 +506,8 @@ def _restore_modules(model: nn.Module, state: dict) -> None:
     for hook in state["hooks"]:
         hook.remove()
     state["hooks"] = []
+    state["dynamic_hooks"] = []
+    dynamic.unwrap_generate(model)
     named = dict(model.named_modules())
     for entry in state["modules"].values():
         module, prefix = named[entry["name"]], entry["prefix"]
