@@ -182,7 +182,11 @@ def plot_entropy(
     if original_length:
         left.axvline(original_length, color="grey", linewidth=1, linestyle="--")
         left.text(original_length, left.get_ylim()[0], f" L = {original_length}", color="grey", va="bottom")
-    left.set(xscale="log", xlabel="context length (tokens)", ylabel="mean attention entropy (nats)",
+    ticks = sorted({n for per_length in results.values() for n in per_length} | ({original_length} - {None}))
+    left.set_xscale("log", base=2)
+    left.set_xticks(ticks, [str(n) for n in ticks])
+    left.minorticks_off()
+    left.set(xlabel="context length (tokens)", ylabel="mean attention entropy (nats)",
              title="entropy vs length (mean over layers)")
     right.set(xlabel="layer", ylabel="attention entropy (nats)", title="entropy per layer at the longest length")
     left.legend(fontsize=8)
