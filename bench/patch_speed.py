@@ -1,0 +1,85 @@
+"""Config-only fast path vs load + save_pretrained: time and peak RSS, measured side by side in one run.
+
+    python bench/patch_speed.py [--synthetic-gb 20]
+
+1. SmolLM2-135M: `rope-extend patch` config-only vs the full path (load, patch, save_pretrained), each in a fresh
+   child process (peak RSS of that child).
+2. A synthetic sharded checkpoint of N GB (sparse files: valid safetensors headers, holes for the data) with a
+   Llama-3-70B-like config: the config-only path only. Its full path would need N GB of RAM; the ratio reported is
+   against the SmolLM2 full path scaled by size, a lower bound.
+Goal: config-only >= 100x faster and < 300 MiB RSS whatever the size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+
+from common import demo_model, run_child
+
+PATCH = """
+import json, sys, time, warnings
+warnings.simplefilter("ignore")
+from rope_extend.checkpoint import patch_checkpoint
+t = time.perf_counter()
+r = patch_checkpoint(sys.argv[1], {"method": "yarn", "factor": 2}, sys.argv[2], mode=sys.argv[3], verify=True)
+print(json.dumps({"seconds": time.perf_counter() - t, "linked": r.linked, "copied": r.copied}))
+"""
+
+
+def synthetic_checkpoint(folder: Path, gigabytes: float, shards: int = 30) -> int:
+    """A sparse sharded safetensors checkpoint: real headers, data as holes. Returns its apparent size."""
+    folder.mkdir(parents=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 80, "vocab_size": 128256,
+        "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    per_shard = int(gigabytes * 2**30 / shards)
+    weight_map, total = {}, 0
+    for i in range(shards):
+        name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        n = per_shard // 2  # bf16 elements
+        header = json.dumps({f"layers.{i}.weight": {"dtype": "BF16", "shape": [n], "data_offsets": [0, 2 * n]}}).encode()
+        path = folder / name
+        with open(path, "wb") as handle:
+            handle.write(struct.pack("<Q", len(header)) + header)
+            handle.truncate(8 + len(header) + 2 * n)  # sparse: no data blocks allocated
+        weight_map[f"layers.{i}.weight"] = name
+        total += path.stat().st_size
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--synthetic-gb", type=float, default=20.0)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="rope-bench-"))
+    try:
+        smol = demo_model()
+        size = sum(p.stat().st_size for p in smol.iterdir() if p.is_file())
+        fast = run_child(PATCH, str(smol), str(work / "fast"), "config-only")
+        full = run_child(PATCH, str(smol), str(work / "full"), "full")
+        print(f"SmolLM2-135M ({size / 2**20:.0f} MiB): config-only {fast['seconds']:.2f} s / {fast['peak_rss_mib']:.0f} MiB RSS; "
+              f"full {full['seconds']:.2f} s / {full['peak_rss_mib']:.0f} MiB RSS")
+        print(f"  ratio full/config-only: time {full['seconds'] / fast['seconds']:.1f}x, "
+              f"RSS {full['peak_rss_mib'] / fast['peak_rss_mib']:.1f}x (child wall incl. imports: "
+              f"{full['wall_s']:.1f} s vs {fast['wall_s']:.1f} s)")
+        apparent = synthetic_checkpoint(work / "big", args.synthetic_gb)
+        big = run_child(PATCH, str(work / "big"), str(work / "big-out"), "config-only")
+        full_estimate = full["seconds"] * apparent / size
+        print(f"synthetic {apparent / 2**30:.1f} GiB sharded checkpoint: config-only {big['seconds']:.2f} s / "
+              f"{big['peak_rss_mib']:.0f} MiB RSS, {big['linked']} files linked; full path est. >= {full_estimate:.0f} s "
+              f"(SmolLM2 full-path rate) -> >= {full_estimate / big['seconds']:.0f}x")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+"""Run every benchmark in sequence (see each script's docstring; numbers are recorded in README.md)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+for script in ("patch_speed.py", "forward_overhead.py", "decode_step.py", "ppl_memory.py"):
+    print(f"== {script}", flush=True)
+    subprocess.run([sys.executable, str(HERE / script)], check=True, cwd=HERE)
