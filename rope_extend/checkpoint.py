@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from . import compat
-from .errors import CheckpointError, VerificationError
+from .errors import CheckpointError, SpecError, VerificationError
 from .hub import build_model_card, resolve_source
-from .patch import PatchPlan, expected_rope, plan_patch, verify_stock_config
+from .patch import PatchPlan, check_rope_model, expected_rope, plan_patch, verify_stock_config
 from .serving import serving_hints
 from .spec import RopeSpec, load_spec
 
@@ -139,6 +139,11 @@ def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
     return files
 
 
+def _text_part(raw: dict) -> dict:
+    """The text model's part of a config.json (multimodal configs nest it under text_config)."""
+    return raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+
+
 def read_json(path: Path, what: str) -> dict:
     try:
         data = json.loads(path.read_text())
@@ -225,7 +230,10 @@ def _atomic_dir(out: Path, overwrite: bool):
     """Yield a temp folder beside OUT; on success it replaces OUT, on any failure it disappears."""
     _clean_stale_tmp(out)
     tmp = out.parent / f".{out.name}{TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    try:
+        tmp.mkdir()
+    except OSError as exc:
+        raise CheckpointError(f"cannot write beside OUT in {str(out.parent)!r} ({exc.strerror}); choose another -o") from None
     previous = signal.getsignal(signal.SIGTERM)
 
     def _terminate(signum, frame):
@@ -377,6 +385,14 @@ def patch_checkpoint(
     out_path = check_output_path(src, Path(out), overwrite)
     raw = read_json(src / "config.json", "config.json")
     config = load_config(src, trust_remote_code)
+    check_rope_model(config)
+    if "max_position_embeddings" not in _text_part(raw) and spec.original_max_position_embeddings is None:
+        raise SpecError(
+            "config.json has no max_position_embeddings, so the original context length is unknown (transformers "
+            f"would assume its default {getattr(config, 'max_position_embeddings', '?')}); set "
+            "original_max_position_embeddings in the spec (--set original_max_position_embeddings=N)",
+            field="original_max_position_embeddings",
+        )
     plan = plan_patch(config, spec)
     files = scan_source(src, allow_pickle)
 

@@ -116,7 +116,7 @@ def write_slots(config, slots: dict[str | None, dict], max_position_embeddings: 
         else:
             rope_parameters = dict(config.rope_parameters or {})
             rope_parameters.update({key: _plain(value) for key, value in slots.items()})
-            config.rope_parameters = rope_parameters
+            config.rope_parameters = _nested_truncate(rope_parameters, full)
     else:
         config.rope_theta = full["rope_theta"]
         config.rope_scaling = scaling_dict(full, getattr(config, "model_type", ""))
@@ -149,6 +149,15 @@ def _top_level_original(current, full: dict) -> bool:
     return current is not None or full.get("rope_type") == "longrope"
 
 
+def _nested_truncate(rope_parameters: dict, full: dict) -> dict:
+    """transformers 5.x YaRN reads `truncate` from the top of `rope_parameters` even when it is nested per layer
+    type, so a nested config carries the full-attention value there too (otherwise truncate=false is lost)."""
+    rope_parameters.pop("truncate", None)
+    if "truncate" in full:
+        rope_parameters["truncate"] = full["truncate"]
+    return rope_parameters
+
+
 def scaling_dict(params: dict, model_type: str = "") -> dict | None:
     """The 4.x ``rope_scaling`` dict for one slot (None when the slot is plain RoPE)."""
     if params.get("rope_type", "default") == "default":
@@ -174,7 +183,7 @@ def portable_config_dict(
     if FLAT in slots:
         out["rope_parameters"] = _plain(slots[FLAT])
     else:
-        out["rope_parameters"] = {key: _plain(value) for key, value in slots.items()}
+        out["rope_parameters"] = _nested_truncate({key: _plain(value) for key, value in slots.items()}, full)
         if "sliding_attention" in slots and ("rope_local_base_freq" in out or out.get("model_type", "").startswith("gemma3")):
             out["rope_local_base_freq"] = slots["sliding_attention"]["rope_theta"]
     out["rope_theta"] = full["rope_theta"]

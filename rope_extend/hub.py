@@ -173,9 +173,14 @@ class PushPlan:
     url: str = ""
 
 
-def plan_push(folder: Path, repo_id: str, private: bool, spec_yaml: str) -> PushPlan:
-    if not REPO_ID.match(repo_id):
+def check_repo_id(repo_id: str) -> str:
+    if not REPO_ID.match(repo_id or ""):
         raise CheckpointError(f"--push-to-hub expects a repo id like 'user/model-name', got {repo_id!r}")
+    return repo_id
+
+
+def plan_push(folder: Path, repo_id: str, private: bool, spec_yaml: str) -> PushPlan:
+    check_repo_id(repo_id)
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
     message = "rope-extend: " + " ".join(spec_yaml.split())
     plan = PushPlan(repo_id=repo_id, private=private, files=files, commit_message=message[:1000])

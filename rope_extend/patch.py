@@ -146,6 +146,13 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         )
 
     if compat.FLAT in slots:
+        if "full_attention" not in spec.layer_types:
+            raise SpecError(
+                f"layer_types {spec.layer_types}: this model uses one RoPE for all its layers, so it can only be "
+                "scaled as a whole; remove layer_types (default [full_attention])",
+                field="layer_types",
+                value=spec.layer_types,
+            )
         targets: list[str | None] = [compat.FLAT]
     else:
         targets = [lt for lt in spec.layer_types if lt in slots]
@@ -220,9 +227,9 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
             original_max_position_embeddings=resolved.original_max_position_embeddings,
             factor=resolved.factor,
             params=plan_spec.method_params(),
-            seq_len=resolved.target_length if resolved.method == "dynamic-yarn" else None,
         )
-        _, attention_factor = method.compute(ctx)
+        # dynamic-yarn is written (and reported) as static YaRN at the full factor
+        _, attention_factor = get_method("yarn" if resolved.method == "dynamic-yarn" else resolved.method).compute(ctx)
         if resolved.method in ("yarn", "dynamic-yarn", "ntk-by-parts", "longrope"):
             new["attention_factor"] = float(attention_factor)  # always explicit: engines differ in defaults
         new_slots[target] = new
@@ -298,8 +305,8 @@ def _check_stock_accepts(config, plan: PatchPlan) -> None:
 
 def expected_rope(plan: PatchPlan, slot: str | None) -> tuple[torch.Tensor, float]:
     """What stock loaders must build at construction: dynamic-yarn is written as static YaRN at the target length."""
-    seq_len = plan.spec.target_length if plan.spec.method == "dynamic-yarn" else None
-    return get_method(plan.spec.method).compute(plan.context(slot, seq_len=seq_len))
+    method = "yarn" if plan.spec.method == "dynamic-yarn" else plan.spec.method
+    return get_method(method).compute(plan.context(slot))
 
 
 def verify_stock_config(stock_config, plan: PatchPlan, rtol: float = 1e-6) -> None:

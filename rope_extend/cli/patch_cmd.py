@@ -59,6 +59,12 @@ def patch(
     from ..checkpoint import patch_checkpoint
 
     spec = build_spec(method, factor, target_length, config, sets or [])
+    if push_to_hub:
+        from ..hub import check_repo_id
+
+        check_repo_id(push_to_hub)  # before writing anything
+    if dry_run and not push_to_hub:
+        fail("--dry-run only applies to --push-to-hub")
     with console.status("patching...") as status:
         result = patch_checkpoint(
             source,
