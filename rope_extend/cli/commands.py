@@ -3,3 +3,4 @@
 from . import spec_cmds  # noqa: F401  validate, methods
 from . import inspect_cmd  # noqa: F401  inspect
 from . import patch_cmd  # noqa: F401  patch, show
+from . import eval_cmd  # noqa: F401  eval

