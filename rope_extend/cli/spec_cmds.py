@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from ..methods import all_methods
 from ..spec import load_spec
@@ -34,19 +33,10 @@ def validate(
 @app.command(epilog="Example:\n\n  rope-extend methods")
 def methods() -> None:
     """List every scaling method: parameters and defaults, formula, and which stock loaders reproduce it."""
-    table = Table(title="RoPE scaling methods", show_lines=True)
-    for column in ("method", "parameters (defaults)", "formula", "transformers 4.x / 5.x", "vLLM", "llama.cpp", "use when"):
-        table.add_column(column, overflow="fold")
     for method in all_methods():
-        params = ", ".join(f"{k}={v}" for k, v in method.params.items()) or "-"
-        loaders = method.loaders
-        table.add_row(
-            method.name,
-            params,
-            method.formula,
-            f"{loaders.get('transformers-4')} / {loaders.get('transformers-5')}",
-            loaders.get("vllm", "?"),
-            loaders.get("llama.cpp", "?"),
-            method.use_when,
-        )
-    out.print(table)
+        params = ", ".join(f"{k}={v}" for k, v in method.params.items()) or "none"
+        loaders = "; ".join(f"{name}: {support}" for name, support in method.loaders.items())
+        out.print(f"[bold]{method.name}[/bold]{'  (dynamic)' if method.dynamic else ''}")
+        for label, value in (("formula", method.formula), ("parameters", params), ("stock loaders", loaders),
+                             ("use when", method.use_when), ("paper", method.paper)):
+            out.print(f"  {label}: {value}", highlight=False)

@@ -1,0 +1,67 @@
+"""The thin CLI commands: validate, methods, show, eval, patch --eval, --help examples, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rope_extend.cli import run
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from rope_extend.eval.tiny import tiny_checkpoint
+
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", max_position_embeddings=256)
+
+
+def test_validate_and_methods(capsys, tmp_path):
+    assert run(["validate", "configs/qwen2.5-yarn-x4.yaml"]) == 0
+    assert "original_max_position_embeddings: 32768" in capsys.readouterr().out
+    assert run(["validate", "configs/yarn-x8.yaml", "--original-length", "8192"]) == 0
+    assert "target_length: 65536" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("method: yarn\nfactor: -1\n")
+    assert run(["validate", str(bad)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert run(["methods"]) == 0
+    table = capsys.readouterr().out
+    for name in ("linear", "ntk", "dynamic", "ntk-by-parts", "yarn", "dynamic-yarn", "llama3", "longrope"):
+        assert name in table
+    assert "beta_fast=32.0" in table and "static only" in table
+
+
+def test_help_shows_examples():
+    for command in ("patch", "eval", "show", "validate", "inspect"):
+        done = subprocess.run([sys.executable, "-m", "rope_extend", command, "--help"], capture_output=True, text=True)
+        assert done.returncode == 0 and "Example" in done.stdout, command
+
+
+def test_unknown_option_is_one_line(capsys):
+    assert run(["patch", "x", "--bogus"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--bogus" in err[0]
+
+
+def test_show(ckpt, capsys):
+    assert run(["show", str(ckpt)]) == 0
+    out = capsys.readouterr().out
+    assert "default" in out and "10000" in out and "max_position_embeddings: 256" in out
+
+
+def test_eval_then_patch_with_eval_summary_in_card(ckpt, tmp_path, capsys):
+    report = tmp_path / "report"
+    assert run(["eval", str(ckpt), "--spec", "method=yarn,factor=2", "--suite", "smoke", "-o", str(report),
+                "--no-plots"]) == 0
+    lines = (report / "results.jsonl").read_text().splitlines()
+    variants = {json.loads(line)["variant"] for line in lines}
+    assert len(variants) == 2  # unpatched + yarn
+    assert (report / "report.md").exists()
+    out = tmp_path / "out"
+    assert run(["patch", str(ckpt), "--method", "yarn", "--factor", "2", "-o", str(out), "--eval", "smoke"]) == 0
+    card = (out / "README.md").read_text()
+    assert "No evaluation was run" not in card and "perplexity" in card.lower()
+    assert (tmp_path / "out-eval" / "results.jsonl").exists()
