@@ -6,7 +6,7 @@
 
 __version__ = "0.1.0"
 
-from .errors import (  # noqa: E402
+from .errors import (
     AlreadyScaledError,
     CheckpointError,
     RopeExtendError,
@@ -14,9 +14,9 @@ from .errors import (  # noqa: E402
     UnsupportedModelError,
     VerificationError,
 )
-from .methods import RopeContext, compute, get_method, method_names  # noqa: E402
-from .patch import PatchPlan, PatchReport, find_rotary_modules, patch_model, plan_patch, unpatch_model  # noqa: E402
-from .spec import RopeSpec, load_spec  # noqa: E402
+from .methods import RopeContext, compute, get_method, method_names
+from .patch import PatchPlan, PatchReport, find_rotary_modules, patch_model, plan_patch, unpatch_model
+from .spec import RopeSpec, load_spec
 
 __all__ = [
     "AlreadyScaledError",

@@ -16,12 +16,15 @@ and the key is ``None`` for a model with one RoPE for all layers, or a layer typ
 from __future__ import annotations
 
 import copy
-import warnings
 import math
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
 
 import transformers
 from packaging.version import Version
+
+if TYPE_CHECKING:
+    import torch
 
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 TRANSFORMERS_V5 = TRANSFORMERS_VERSION.major >= 5
@@ -233,7 +236,7 @@ def set_module_rope_type(module, prefix: str, slot: str | None, rope_type: str) 
         previous = current.get(slot)
         current[slot] = rope_type
         return previous
-    setattr(module, "rope_type", rope_type)
+    module.rope_type = rope_type
     return current
 
 
@@ -286,7 +289,7 @@ def stock_config(config, slots: dict[str | None, dict], max_position_embeddings:
         return type(config).from_dict(data)
 
 
-def stock_rope(config, slot: str | None, device=None) -> tuple["torch.Tensor", float]:
+def stock_rope(config, slot: str | None, device=None) -> tuple[torch.Tensor, float]:
     """(inv_freq, attention_factor) that stock transformers builds at construction for one slot of `config`."""
     import torch
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS

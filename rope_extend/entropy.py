@@ -48,7 +48,7 @@ def _set_eager(model: nn.Module) -> str | None:
         return None
     setter = getattr(model, "set_attn_implementation", None)
     if not callable(setter):
-        raise ValueError(  # noqa: TRY004  a configuration problem, reported like every other one
+        raise ValueError(
             f"attention entropy needs eager attention, the model uses {current!r}; load it with "
             "attn_implementation='eager'"
         )

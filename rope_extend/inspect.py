@@ -152,7 +152,7 @@ def _current_rope(config, slot, dim: int, params: dict) -> tuple[torch.Tensor, f
     try:
         inv_freq, attention = compat.stock_rope(config, slot)
         return inv_freq.float(), float(attention)
-    except Exception:  # noqa: BLE001  an exotic config the stock init functions refuse: show the bare RoPE
+    except Exception:
         return default_inv_freq(dim, params["rope_theta"]), 1.0
 
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import tiny
+import torch
 from transformers import AutoModelForCausalLM
 
 from rope_extend import patch_model

@@ -5,8 +5,8 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
 import tiny
+import torch
 
 from rope_extend import patch_model
 from rope_extend.dynamic import fixed_rope_length

@@ -9,8 +9,8 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
 import tiny
+import torch
 
 from rope_extend import UnsupportedModelError, patch_model
 

@@ -105,7 +105,7 @@ def test_every_method_is_covered():
 @pytest.mark.parametrize("method", sorted(method_names()))
 def test_matches_independent_reference_on_grid(method):
     checked = 0
-    for head_dim, base, factor, original, partial, dim in grid():
+    for _head_dim, base, factor, original, _partial, dim in grid():
         params = longrope_lists(dim, factor) if method == "longrope" else {}
         for seq_len in (None, 3 * original) if method in ("dynamic", "dynamic-yarn", "longrope") else (None,):
             ctx = RopeContext(dim, base, original, float(factor), params, seq_len=seq_len)

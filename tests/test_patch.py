@@ -5,8 +5,8 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
 import tiny
+import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rope_extend import AlreadyScaledError, SpecError, UnsupportedModelError, patch_model, unpatch_model

@@ -12,8 +12,8 @@ import os
 import warnings
 
 import pytest
-import torch
 import tiny
+import torch
 
 from rope_extend import patch_model
 from rope_extend.cli import run

@@ -18,12 +18,7 @@ import tiny
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-# CI runs a fixed sequence of examples (a red CI must mean a regression); locally hypothesis explores freely.
-settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
-
-from rope_extend import (  # noqa: E402
+from rope_extend import (
     AlreadyScaledError,
     CheckpointError,
     RopeSpec,
@@ -36,6 +31,11 @@ from rope_extend.checkpoint import patch_checkpoint, verify_output
 from rope_extend.cli import run
 from rope_extend.compat import portable_config_dict, read_slots
 from rope_extend.patch import verify_stock_config
+
+# CI runs a fixed sequence of examples (a red CI must mean a regression); locally hypothesis explores freely.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def checksums(folder: Path) -> dict[str, str]:
@@ -165,7 +165,7 @@ def test_bad_input_cli_and_api(pristine, tmp_path, capsys, case_id, args, mutate
 def _api_spec(extra):
     from rope_extend.cli.patch_cmd import build_spec
 
-    get = lambda flag: extra[extra.index(flag) + 1] if flag in extra else None  # noqa: E731
+    get = lambda flag: extra[extra.index(flag) + 1] if flag in extra else None
     sets = [extra[i + 1] for i, a in enumerate(extra) if a == "--set"]
     factor = get("--factor")
     target = get("--target-length")
