@@ -29,21 +29,6 @@ if TYPE_CHECKING:
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 TRANSFORMERS_V5 = TRANSFORMERS_VERSION.major >= 5
 
-# Keys of a scaling dict (besides rope_type/rope_theta) that transformers understands.
-SCALING_KEYS = (
-    "factor",
-    "original_max_position_embeddings",
-    "attention_factor",
-    "beta_fast",
-    "beta_slow",
-    "mscale",
-    "mscale_all_dim",
-    "truncate",
-    "low_freq_factor",
-    "high_freq_factor",
-    "short_factor",
-    "long_factor",
-)
 MARKER_KEY = "rope_extend"
 # Top-level legacy names some config classes read instead of rope_theta / partial_rotary_factor (both lines).
 LEGACY_ALIASES = {"gpt_neox": {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}}
