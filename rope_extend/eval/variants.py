@@ -183,7 +183,7 @@ def stock_patch(model, spec: dict) -> dict:
 
 
 def _rebuild_rotary(model) -> None:
-    for module_name, module in list(model.named_modules()):
+    for _, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if "RotaryEmbedding" in type(child).__name__:
                 device = child.inv_freq.device if hasattr(child, "inv_freq") else None
