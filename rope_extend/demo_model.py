@@ -110,6 +110,18 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> None:
             pass
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tok.save_pretrained(str(out_dir))
+    _write_portable_config(out_dir, model.config)
+
+
+def _write_portable_config(out_dir: Path, config) -> None:
+    """Both RoPE layouts in config.json, so the cached model loads the same in transformers 4.x and 5.x
+    (a 5.x `rope_parameters`-only config would load in 4.x with the default base 10000)."""
+    from .compat import portable_config_dict, read_slots
+
+    path = Path(out_dir) / "config.json"
+    data = json.loads(path.read_text())
+    data = portable_config_dict(data, read_slots(config), config.max_position_embeddings, None)
+    path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:

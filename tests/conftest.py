@@ -13,5 +13,5 @@ def smollm2_path():
 
     try:
         return _smollm2_path()
-    except DemoModelUnavailable as exc:  # no PyPI access and no cache: skip; any other error fails
-        pytest.skip(f"SmolLM2 demo model unavailable: {exc}")
+    except DemoModelUnavailable as exc:  # a core fixture: never skipped silently
+        pytest.fail(f"SmolLM2 demo model unavailable (needs PyPI once, then cached): {exc}")

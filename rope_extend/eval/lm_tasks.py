@@ -24,7 +24,7 @@ import json
 import os
 from pathlib import Path
 
-TASKS_DIR = Path(__file__).resolve().parents[2] / "eval" / "tasks"
+TASKS_DIR = Path(__file__).parent / "tasks"  # -> eval/tasks (symlink in the repo, copied into wheels)
 DEFAULT_DATA_DIR = TASKS_DIR / "data"
 PROBE_TASKS = ("passkey", "niah_single", "niah_multikey", "niah_multivalue", "vt")
 ALL_TASKS = PROBE_TASKS + ("perplexity",)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-SUITES_DIR = Path(__file__).resolve().parents[2] / "eval" / "suites"
+SUITES_DIR = Path(__file__).parent / "suites"  # -> eval/suites (symlink in the repo, copied into wheels)
 
 
 @dataclass
