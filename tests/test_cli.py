@@ -59,7 +59,11 @@ def test_eval_then_patch_with_eval_summary_in_card(ckpt, tmp_path, capsys):
     lines = (report / "results.jsonl").read_text().splitlines()
     variants = {json.loads(line)["variant"] for line in lines}
     assert len(variants) == 2  # unpatched + yarn
-    assert (report / "report.md").exists()
+    report_md = (report / "report.md").read_text()
+    assert "Attention entropy" in report_md  # the smoke suite measures it at 128 and 256 tokens
+    entropy = [json.loads(line) for line in lines if json.loads(line)["kind"] == "entropy"]
+    assert len(entropy) == 4 and all(0 < r["metrics"]["mean_entropy"] < 6 for r in entropy)
+    assert all(len(r["metrics"]["per_layer"]) == 2 for r in entropy)
     out = tmp_path / "out"
     assert run(["patch", str(ckpt), "--method", "yarn", "--factor", "2", "-o", str(out), "--eval", "smoke"]) == 0
     card = (out / "README.md").read_text()

@@ -42,7 +42,19 @@ def _ppl_records(records):
 
 
 def _probe_records(records):
-    return [r for r in records if r["kind"] != "perplexity"]
+    return [r for r in records if r["kind"] not in ("perplexity", "entropy")]
+
+
+def entropy_table(records: list[dict]) -> str:
+    """Mean attention entropy (nats, mean over layers) per length and variant."""
+    recs = [r for r in records if r["kind"] == "entropy"]
+    if not recs:
+        return ""
+    variants = _variants(recs)
+    by = {(r["variant"], r["length"]): r["metrics"]["mean_entropy"] for r in recs}
+    rows = [[_fmt_len(L)] + [f"{by[(v, L)]:.3f}" if (v, L) in by else "-" for v in variants]
+            for L in sorted({r["length"] for r in recs})]
+    return _table(["length"] + variants, rows)
 
 
 def perplexity_table(records: list[dict], max_length: int | None = None) -> str:
@@ -160,6 +172,9 @@ def summary_tables(records: list[dict]) -> str:
     t = probe_table(records)
     if t:
         out.append("**Retrieval accuracy (passkey / needle)**\n\n" + t)
+    t = entropy_table(records)
+    if t:
+        out.append("**Mean attention entropy (nats)**\n\n" + t)
     return "\n\n".join(out) + "\n"
 
 
@@ -186,6 +201,8 @@ def write_report(records: list[dict], out_dir, plots: bool = True, meta: dict | 
         ("Perplexity by context length", perplexity_table(records)),
         ("Loss by position", position_table(records)),
         ("Passkey and needle retrieval", probe_table(records)),
+        ("Attention entropy (nats, mean over layers; grows with length, YaRN's temperature lowers it)",
+         entropy_table(records)),
     ]
     for title, body in sections:
         if body:
@@ -285,7 +302,24 @@ def make_plots(records: list[dict], out_dir) -> dict[str, str]:
         plt.close(fig)
         images["Passkey accuracy (depth × length)"] = "passkey_heatmap.png"
 
-    nd = [r for r in records if r["kind"] not in ("perplexity", "passkey")]
+    ent = [r for r in records if r["kind"] == "entropy"]
+    if ent:
+        fig, ax = plt.subplots(figsize=(5.5, 3.6))
+        for v in _variants(ent):
+            pts = sorted((r["length"], r["metrics"]["mean_entropy"]) for r in ent if r["variant"] == v)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+        if orig:
+            ax.axvline(orig, color="k", ls="--", lw=1, label="original length")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context length")
+        ax.set_ylabel("mean attention entropy (nats)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "attention_entropy.png", dpi=110)
+        plt.close(fig)
+        images["Attention entropy vs length"] = "attention_entropy.png"
+
+    nd = [r for r in records if r["kind"] not in ("perplexity", "passkey", "entropy")]
     if nd:
         acc, _ = _probe_acc(nd)
         tasks = []

@@ -109,6 +109,14 @@ class _Evaluator:
                 chunk_size=int(p.get("chunk_size", 1024)),
                 start=int(p.get("start", 0)),
             )
+        if case.kind == "entropy":
+            from ..entropy import attention_entropy
+
+            p = case.params
+            per_layer = attention_entropy(
+                self.model, self.text_ids(p.get("text")), [case.length], queries=int(p.get("queries", 128))
+            )[case.length]
+            return {"mean_entropy": sum(per_layer) / len(per_layer), "per_layer": per_layer}
         from .probes import make_probe, run_probe
 
         sample = make_probe(
@@ -133,7 +141,7 @@ def _preflight(suite: Suite, cases: list[Case], model_path=None, tokenizer=None)
     from .probes import make_probe
 
     for c in cases:
-        if c.kind == "perplexity":
+        if c.kind in ("perplexity", "entropy"):
             n = ev.text_ids(c.params.get("text")).numel() - int(c.params.get("start", 0))
             if c.length > n:
                 raise ValueError(

@@ -20,6 +20,9 @@ Suite YAML (see ``eval/suites/*.yaml``)::
       depths: [0.5]
       samples: 1
       num_needles: 4
+    entropy:                       # mean attention entropy per layer (eager attention: n x n per layer)
+      lengths: [1024, 4096]
+      queries: 128                 # entropy of the last 128 query rows (they see ~n keys)
 
 Lengths given as ``"<k>x"`` are resolved against the unpatched model's original context
 window.  ``short_context`` lengths (clipped to the original window; never empty -- it falls
@@ -42,7 +45,7 @@ SUITES_DIR = Path(__file__).parent / "suites"  # -> eval/suites (symlink in the 
 class Case:
     """One unit of work; ``case_id`` is stable across runs (used for resuming)."""
 
-    kind: str  # "perplexity" | "passkey" | needle task name
+    kind: str  # "perplexity" | "passkey" | "entropy" | needle task name
     length: int
     depth: float | None = None
     index: int = 0
@@ -53,7 +56,7 @@ class Case:
         parts = [self.kind, f"L{self.length}"]
         if self.depth is not None:
             parts.append(f"d{self.depth:g}")
-        if self.kind != "perplexity":
+        if self.kind not in ("perplexity", "entropy"):
             parts.append(f"s{self.index}")
         return "/".join(parts)
 
@@ -66,11 +69,12 @@ class Suite:
     perplexity: dict | None = None
     passkey: dict | None = None
     needle: dict | None = None
+    entropy: dict | None = None
     source: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict, source: str | None = None) -> Suite:
-        known = {"name", "seed", "short_context", "perplexity", "passkey", "needle", "description"}
+        known = {"name", "seed", "short_context", "perplexity", "passkey", "needle", "entropy", "description"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown suite keys: {sorted(unknown)}")
@@ -81,6 +85,7 @@ class Suite:
             perplexity=d.get("perplexity"),
             passkey=d.get("passkey"),
             needle=d.get("needle"),
+            entropy=d.get("entropy"),
             source=source,
         )
 
@@ -92,6 +97,7 @@ class Suite:
             "perplexity": self.perplexity,
             "passkey": self.passkey,
             "needle": self.needle,
+            "entropy": self.entropy,
         }
 
     def cases(self, original_length: int) -> list[Case]:
@@ -129,6 +135,11 @@ class Suite:
                     for d in depths:
                         for i in range(int(p.get("samples", 1))):
                             out.append(Case(t, L, None if d is None else float(d), i, dict(params)))
+        if self.entropy:
+            p = self.entropy
+            lengths = _lengths(p.get("lengths", []), original_length, short)
+            params = {k: p[k] for k in ("text", "queries") if k in p}
+            out += [Case("entropy", L, params=params) for L in lengths]
         return out
 
 
