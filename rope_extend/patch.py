@@ -175,65 +175,26 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
 
     original = spec.original_max_position_embeddings or _original_length(first, pristine_max)
     resolved = spec.resolve(original)
-    method = get_method(resolved.method)
     base_theta = float(resolved.rope_theta or first["rope_theta"])
 
     new_slots = {key: dict(value) for key, value in pristine.items()}
     rotary_dims = {}
     attention_factor = 1.0
     for target in targets:
-        old = pristine[target]
-        dim = compat.rotary_dim(config, old)
+        dim = compat.rotary_dim(config, pristine[target])
         if dim < 4 or dim % 2:
             raise UnsupportedModelError(f"rotary dimension {dim} (slot {target}) must be even and >= 4")
         rotary_dims[target] = dim
-        new = {"rope_type": method.hf_rope_type or "default", "rope_theta": base_theta}
-        if "partial_rotary_factor" in old:
-            new["partial_rotary_factor"] = old["partial_rotary_factor"]
-        params = resolved.method_params()
-        if resolved.method == "ntk":
-            new["rope_theta"] = ntk_base(base_theta, resolved.factor, dim)
-        elif resolved.method in ("linear", "dynamic"):
-            new["factor"] = resolved.factor
-        else:
-            new["factor"] = resolved.factor
-            new["original_max_position_embeddings"] = resolved.original_max_position_embeddings
-        if resolved.method in ("yarn", "dynamic-yarn", "ntk-by-parts"):
-            new["rope_type"] = "yarn"
-            new["beta_fast"] = float(params.get("beta_fast", 32.0))
-            new["beta_slow"] = float(params.get("beta_slow", 1.0))
-            for key in ("mscale", "mscale_all_dim", "truncate"):
-                if key in params:
-                    new[key] = params[key]
-        if resolved.method == "llama3":
-            new["low_freq_factor"] = float(params.get("low_freq_factor", 1.0))
-            new["high_freq_factor"] = float(params.get("high_freq_factor", 4.0))
-        if resolved.method == "longrope":
-            for key in ("short_factor", "long_factor"):
-                values = params.get(key) or old.get(key) or slots[target].get(key)
-                if not values or len(values) != dim // 2:
-                    raise SpecError(
-                        f"longrope needs {key} with {dim // 2} values (rotary_dim / 2), got "
-                        f"{len(values) if values else 'none'}; copy the published lists (e.g. Phi-3's config.json)",
-                        field=key,
-                        value=values,
-                    )
-                new[key] = [float(v) for v in values]
-        rotary_dims[target] = dim
-        plan_spec = resolved.model_copy(update={k: new.get(k) for k in ("short_factor", "long_factor") if k in new})
-        ctx = RopeContext(
-            rotary_dim=dim,
-            base=base_theta,
-            original_max_position_embeddings=resolved.original_max_position_embeddings,
-            factor=resolved.factor,
-            params=plan_spec.method_params(),
-        )
+        new = _scaled_slot(resolved, pristine[target], slots[target], dim, base_theta)
+        # longrope lists may come from the model: the resolved spec carries what was used
+        resolved = resolved.model_copy(update={k: new[k] for k in ("short_factor", "long_factor") if k in new})
+        ctx = RopeContext(dim, base_theta, resolved.original_max_position_embeddings, resolved.factor,
+                          resolved.method_params())
         # dynamic-yarn is written (and reported) as static YaRN at the full factor
         _, attention_factor = get_method("yarn" if resolved.method == "dynamic-yarn" else resolved.method).compute(ctx)
         if resolved.method in ("yarn", "dynamic-yarn", "ntk-by-parts", "longrope"):
             new["attention_factor"] = float(attention_factor)  # always explicit: engines differ in defaults
         new_slots[target] = new
-        resolved = plan_spec
 
     new_max = resolved.original_max_position_embeddings if resolved.method == "dynamic" else resolved.target_length
     new_marker = {
@@ -282,6 +243,42 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
     if changed:
         _check_stock_accepts(config, plan)
     return plan
+
+
+def _scaled_slot(spec: RopeSpec, old: dict, current: dict, dim: int, base_theta: float) -> dict:
+    """The transformers-5-style RoPE parameters of one slot after applying a resolved spec."""
+    method = get_method(spec.method)
+    params = spec.method_params()
+    new: dict[str, Any] = {"rope_type": method.hf_rope_type or "default", "rope_theta": base_theta}
+    if "partial_rotary_factor" in old:
+        new["partial_rotary_factor"] = old["partial_rotary_factor"]
+    if spec.method == "ntk":  # a plain base change
+        new["rope_theta"] = ntk_base(base_theta, spec.factor, dim)
+        return new
+    new["factor"] = spec.factor
+    if spec.method in ("linear", "dynamic"):  # dynamic: max_position_embeddings is the threshold L
+        return new
+    new["original_max_position_embeddings"] = spec.original_max_position_embeddings
+    if spec.method in ("yarn", "dynamic-yarn", "ntk-by-parts"):
+        new["rope_type"] = "yarn"
+        new["beta_fast"] = float(params.get("beta_fast", 32.0))
+        new["beta_slow"] = float(params.get("beta_slow", 1.0))
+        new.update({key: params[key] for key in ("mscale", "mscale_all_dim", "truncate") if key in params})
+    elif spec.method == "llama3":
+        new["low_freq_factor"] = float(params.get("low_freq_factor", 1.0))
+        new["high_freq_factor"] = float(params.get("high_freq_factor", 4.0))
+    elif spec.method == "longrope":
+        for key in ("short_factor", "long_factor"):
+            values = params.get(key) or old.get(key) or current.get(key)
+            if not values or len(values) != dim // 2:
+                raise SpecError(
+                    f"longrope needs {key} with {dim // 2} values (rotary_dim / 2), got "
+                    f"{len(values) if values else 'none'}; copy the published lists (e.g. Phi-3's config.json)",
+                    field=key,
+                    value=values,
+                )
+            new[key] = [float(v) for v in values]
+    return new
 
 
 def _check_stock_accepts(config, plan: PatchPlan) -> None:
