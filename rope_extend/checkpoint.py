@@ -294,9 +294,7 @@ def _full(source, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remo
     torch_dtype = DTYPES.get((dtype or "auto").lower())
     if torch_dtype is None:
         raise CheckpointError(f"--dtype {dtype!r} is not one of {', '.join(sorted(set(DTYPES)))}")
-    kwargs["dtype"] = torch_dtype if torch_dtype == "auto" else getattr(torch, torch_dtype)
-    if not compat.TRANSFORMERS_V5:
-        kwargs["torch_dtype"] = kwargs.pop("dtype")
+    kwargs.update(compat.dtype_kwargs(torch_dtype if torch_dtype == "auto" else getattr(torch, torch_dtype)))
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the CLI shows its own status; keep stderr for errors

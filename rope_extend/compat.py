@@ -192,6 +192,19 @@ def portable_config_dict(
     return out
 
 
+def dtype_kwargs(dtype) -> dict:
+    """`from_pretrained`'s dtype keyword: `dtype` in 5.x, `torch_dtype` in 4.x."""
+    return {"dtype" if TRANSFORMERS_V5 else "torch_dtype": dtype}
+
+
+def original_length(config) -> int:
+    """The pretraining length behind a config's (full-attention) RoPE: its scheme's original length, else
+    max_position_embeddings."""
+    slots = read_slots(config)
+    full = slots.get("full_attention", slots.get(FLAT)) or {}
+    return int(full.get("original_max_position_embeddings") or config.max_position_embeddings)
+
+
 def read_marker(config) -> dict | None:
     marker = getattr(config, MARKER_KEY, None)
     return dict(marker) if isinstance(marker, dict) else None

@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ..compat import dtype_kwargs
+from ..compat import original_length as compat_original_length
 
 BASELINE = "unpatched"
 
@@ -115,10 +117,7 @@ def load_model(model_path, dtype: str = "float32", device_map: str | None = None
     kwargs: dict = {}
     if device_map:
         kwargs["device_map"] = device_map
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch_dtype, **kwargs)
-    except TypeError:  # transformers 4.x
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), torch_dtype=torch_dtype, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), **dtype_kwargs(torch_dtype), **kwargs)
     if device and not device_map:
         model.to(device)
     model.eval()
@@ -127,74 +126,16 @@ def load_model(model_path, dtype: str = "float32", device_map: str | None = None
 
 
 def original_length(model) -> int:
-    """The unpatched model's context window (``original_max_position_embeddings`` if recorded)."""
-    cfg = model.config
-    params = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if isinstance(params, dict) and params.get("original_max_position_embeddings"):
-        return int(params["original_max_position_embeddings"])
-    return int(cfg.max_position_embeddings)
+    """The unpatched model's context window (its scheme's ``original_max_position_embeddings`` if any)."""
+    return compat_original_length(model.config)
 
 
 def apply_spec(model, spec) -> Any:
-    """Patch *model* in place; uses ``rope_extend.patch_model`` (falls back to stock transformers
-    rope types when the core package is unavailable)."""
+    """Patch *model* in place with ``rope_extend.patch_model`` (a callable spec is called instead)."""
     if spec is None:
         return None
     if callable(spec) and not isinstance(spec, dict):
         return spec(model)
-    try:
-        from rope_extend import patch_model  # type: ignore
-    except ImportError:
-        patch_model = None
-    if patch_model is not None:
-        return patch_model(model, spec)
-    return stock_patch(model, spec_to_dict(spec))
+    from ..patch import patch_model
 
-
-_STOCK_TYPES = {"linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3"}
-
-
-def stock_patch(model, spec: dict) -> dict:
-    """Minimal in-place RoPE rescaling with transformers' own rope types (fallback/testing only)."""
-    method = spec.get("method")
-    if method not in _STOCK_TYPES:
-        raise NotImplementedError(f"stock fallback does not support method {method!r}; install the core package")
-    cfg = model.config
-    factor = float(spec.get("factor", 2.0))
-    orig = original_length(model)
-    params = getattr(cfg, "rope_parameters", None)
-    if isinstance(params, dict):  # transformers 5
-        theta = params.get("rope_theta")
-        new = {"rope_type": _STOCK_TYPES[method], "rope_theta": theta, "factor": factor}
-        if method in ("yarn", "llama3"):
-            new["original_max_position_embeddings"] = orig
-        if method == "llama3":
-            new.update(low_freq_factor=spec.get("low_freq_factor", 1.0), high_freq_factor=spec.get("high_freq_factor", 4.0))
-        cfg.rope_parameters = new
-    else:  # transformers 4.x
-        new = {"rope_type": _STOCK_TYPES[method], "factor": factor}
-        if method in ("yarn", "llama3"):
-            new["original_max_position_embeddings"] = orig
-        cfg.rope_scaling = new
-    if method != "dynamic":
-        cfg.max_position_embeddings = int(orig * factor)
-    _rebuild_rotary(model)
-    return {"method": method, "factor": factor, "fallback": "stock-transformers"}
-
-
-def _rebuild_rotary(model) -> None:
-    for _, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if "RotaryEmbedding" in type(child).__name__:
-                device = child.inv_freq.device if hasattr(child, "inv_freq") else None
-                new = type(child)(config=model.config)
-                if device is not None:
-                    new.to(device)
-                setattr(module, child_name, new)
-
-
-def loader_for(model_path, dtype="float32", device_map=None, device=None) -> Callable:
-    def _load():
-        return load_model(model_path, dtype=dtype, device_map=device_map, device=device)
-
-    return _load
+    return patch_model(model, spec)
