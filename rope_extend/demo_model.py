@@ -94,12 +94,9 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> None:
     gguf_file = Path(gguf_file)
     kwargs = {"gguf_file": gguf_file.name}
     tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), **kwargs)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), dtype=torch.float32, **kwargs)
-    except TypeError:  # transformers 4.x spelling
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf_file.parent), torch_dtype=torch.float32, **kwargs
-        )
+    from .compat import dtype_kwargs
+
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), **dtype_kwargs(torch.float32), **kwargs)
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None and hasattr(quantizer, "remove_quantization_config"):
         quantizer.remove_quantization_config(model)
