@@ -35,13 +35,27 @@ print(json.dumps({"seconds": end - t, "first_call_s": end - t0, "linked": r.link
 """
 
 
-def tiny_checkpoint(folder: Path) -> Path:
-    from transformers import AutoConfig, AutoModelForCausalLM
+# Checkpoints are built in child processes too: a child's peak RSS counts the parent's memory at fork time, so
+# the parent must stay small (no torch import) for the RSS numbers to mean anything.
+TINY = """
+import sys
+from transformers import AutoConfig, AutoModelForCausalLM
+config = AutoConfig.for_model("llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                              num_hidden_layers=2, intermediate_size=96, vocab_size=128, max_position_embeddings=64)
+AutoModelForCausalLM.from_config(config).save_pretrained(sys.argv[1])
+"""
 
-    config = AutoConfig.for_model("llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                  num_hidden_layers=2, intermediate_size=96, vocab_size=128, max_position_embeddings=64)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    return folder
+# A TinyLlama-1.1B-shaped model with random bf16 weights (2 GiB): large enough for the full path to matter, small
+# enough to load here.
+REAL = """
+import sys, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+config = AutoConfig.for_model("llama", hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                              num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                              max_position_embeddings=2048, rope_theta=10000.0)
+torch.manual_seed(0)
+AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(sys.argv[1], max_shard_size="1GB")
+"""
 
 
 def synthetic_checkpoint(folder: Path, gigabytes: float, shards: int = 30) -> int:
@@ -77,7 +91,8 @@ def main() -> None:
     try:
         smol = demo_model()
         size = sum(p.stat().st_size for p in smol.iterdir() if p.is_file())
-        tiny = str(tiny_checkpoint(work / "tiny"))
+        tiny = str(work / "tiny")
+        run_child(TINY, tiny)
         base = run_child("import torch, transformers, rope_extend.checkpoint; print('{}')")
         fast = run_child(PATCH, str(smol), str(work / "fast"), "config-only", tiny)
         full = run_child(PATCH, str(smol), str(work / "full"), "full", tiny)
@@ -86,6 +101,15 @@ def main() -> None:
               f"peak RSS; full {full['seconds']:.2f} s / {full['peak_rss_mib']:.0f} MiB")
         print(f"  ratio full/config-only: time {full['seconds'] / fast['seconds']:.0f}x, RSS {full['peak_rss_mib'] / fast['peak_rss_mib']:.1f}x; "
               f"whole command incl. Python start and imports: {full['wall_s']:.1f} s vs {fast['wall_s']:.1f} s")
+        real = work / "real"
+        run_child(REAL, str(real))
+        real_size = sum(p.stat().st_size for p in real.iterdir() if p.is_file())
+        rfast = run_child(PATCH, str(real), str(work / "real-fast"), "config-only", tiny)
+        rfull = run_child(PATCH, str(real), str(work / "real-full"), "full", tiny)
+        print(f"random TinyLlama-shaped 1.1B bf16 ({real_size / 2**30:.1f} GiB, 3 shards): config-only {rfast['seconds']:.3f} s / "
+              f"{rfast['peak_rss_mib']:.0f} MiB; full {rfull['seconds']:.1f} s / {rfull['peak_rss_mib']:.0f} MiB -> "
+              f"{rfull['seconds'] / rfast['seconds']:.0f}x time, {rfull['peak_rss_mib'] / rfast['peak_rss_mib']:.1f}x RSS; "
+              f"whole command {rfull['wall_s']:.1f} s vs {rfast['wall_s']:.1f} s")
         apparent = synthetic_checkpoint(work / "big", args.synthetic_gb)
         big = run_child(PATCH, str(work / "big"), str(work / "big-out"), "config-only", tiny)
         full_estimate = full["seconds"] * apparent / size
