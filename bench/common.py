@@ -51,7 +51,7 @@ def median(values):
 
 
 def demo_model() -> Path:
-    sys.path.insert(0, str(ROOT))
-    from rope_extend.demo_model import smollm2_path
-
-    return smollm2_path()
+    """The SmolLM2 checkpoint path, resolved in a child: importing rope_extend (torch, transformers) here would
+    inflate every later child's peak RSS, which counts the parent's memory at fork time."""
+    code = "import json; from rope_extend.demo_model import smollm2_path; print(json.dumps({'path': str(smollm2_path())}))"
+    return Path(run_child(code)["path"])
