@@ -157,12 +157,13 @@ def read_json(path: Path, what: str) -> dict:
 
 
 def load_config(source: Path, trust_remote_code: bool = False):
+    """A stock transformers config from a checkpoint folder; unreadable configs become one-line CheckpointErrors."""
     from transformers import AutoConfig
 
     read_json(source / "config.json", "config.json")
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except ValueError as exc:
+    except (OSError, ValueError, KeyError) as exc:
         reason = " ".join(str(exc).split())[:300]
         raise CheckpointError(f"transformers cannot read {str(source / 'config.json')!r}: {reason}") from None
 

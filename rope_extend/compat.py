@@ -205,6 +205,13 @@ def original_length(config) -> int:
     return int(full.get("original_max_position_embeddings") or config.max_position_embeddings)
 
 
+def text_config(config):
+    """The text model's config (multimodal configs nest it); the config itself otherwise."""
+    get_text = getattr(config, "get_text_config", None)
+    text = get_text() if callable(get_text) else None
+    return text if text is not None else config
+
+
 def read_marker(config) -> dict | None:
     marker = getattr(config, MARKER_KEY, None)
     return dict(marker) if isinstance(marker, dict) else None

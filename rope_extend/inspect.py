@@ -100,39 +100,12 @@ def classify(ratio: float, factor: float, rtol: float = REGIME_RTOL) -> str:
     return "other"
 
 
-def text_config(config):
-    get_text = getattr(config, "get_text_config", None)
-    text = get_text() if callable(get_text) else None
-    return text if text is not None else config
-
-
 def load_config(source: str | Path, revision: str | None = None):
-    """A transformers config from a local folder (or a Hub id when `rope_extend.hub` is available)."""
-    from transformers import AutoConfig
+    """The text config of a local folder or Hub id (resolved through the Hub cache, config.json only)."""
+    from .checkpoint import load_config as load_checkpoint_config
+    from .hub import resolve_source
 
-    path: Path | str = source
-    try:
-        from .hub import resolve_source  # type: ignore[attr-defined]
-    except ImportError:
-        resolve_source = None
-    if resolve_source is not None:
-        try:
-            path = resolve_source(str(source), revision=revision, config_only=True)
-        except TypeError:  # an older resolve_source without config_only
-            path = resolve_source(str(source), revision=revision)
-    else:
-        path = Path(source)
-        if not path.exists():
-            raise CheckpointError(f"model folder {str(source)!r} does not exist; give a local folder with config.json")
-        if path.is_file() and path.name == "config.json":
-            path = path.parent
-        if not (path / "config.json").is_file():
-            raise CheckpointError(f"{str(path)!r} has no config.json; give a Hugging Face model folder")
-    try:
-        return text_config(AutoConfig.from_pretrained(str(path)))
-    except (OSError, ValueError, KeyError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"cannot read the config of {str(source)!r}: {reason}") from None
+    return compat.text_config(load_checkpoint_config(resolve_source(str(source), revision=revision, config_only=True)))
 
 
 def _main_slot(slots: dict) -> str | None:
@@ -186,7 +159,7 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
     """
     from .patch import check_rope_model, plan_patch
 
-    config = text_config(config)
+    config = compat.text_config(config)
     check_rope_model(config)
     slots = compat.read_slots(config)
     slot = _main_slot(slots)
@@ -299,7 +272,7 @@ def recommend(config, target_length: int) -> Recommendation:
        or dynamic (stock transformers) are the original model below L. The reasons quote the slowest disk's turns at
        the target without scaling vs within L, and each method's short-context cost from the disk table.
     """
-    config = text_config(config)
+    config = compat.text_config(config)
     if not isinstance(target_length, int) or isinstance(target_length, bool) or target_length <= 0:
         raise SpecError(f"--target-length must be a positive number of tokens, got {target_length!r}",
                         field="target_length", value=target_length)

@@ -542,10 +542,7 @@ def _get_rope_type(module: nn.Module, slot: str | None):
 
 
 def _text_config(model: nn.Module):
-    config = model.config
-    get_text = getattr(config, "get_text_config", None)
-    text = get_text() if callable(get_text) else None
-    return text if text is not None else config
+    return compat.text_config(model.config)
 
 
 def is_patched(model: nn.Module) -> bool:

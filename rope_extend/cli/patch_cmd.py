@@ -73,9 +73,10 @@ def patch(
         from ..eval.runner import run_eval, summary_markdown
         from ..hub import resolve_source
 
-        check_output_path(resolve_source(source, revision=revision), output, overwrite)  # fail before a long eval
+        resolved = resolve_source(source, revision=revision)
+        check_output_path(resolved, output, overwrite)  # fail before a long eval
         report_dir = eval_dir or output.with_name(output.name + "-eval")
-        records = run_eval(str(resolve_source(source, revision=revision)), [spec], eval_suite, report_dir)
+        records = run_eval(str(resolved), [spec], eval_suite, report_dir)
         eval_summary = summary_markdown(records) + f"\n\nFull report: `{report_dir}/report.md` (suite `{eval_suite}`)."
     with console.status("patching...") as status:
         result = patch_checkpoint(
@@ -133,8 +134,7 @@ def show(
     from ..hub import resolve_source
     from ..patch import check_rope_model
 
-    folder = resolve_source(source, revision=revision, config_only=True)
-    config = load_config(folder)
+    config = compat.text_config(load_config(resolve_source(source, revision=revision, config_only=True)))
     check_rope_model(config)
     slots = compat.read_slots(config)
     marker = compat.read_marker(config)
