@@ -543,7 +543,3 @@ def _get_rope_type(module: nn.Module, slot: str | None):
 
 def _text_config(model: nn.Module):
     return compat.text_config(model.config)
-
-
-def is_patched(model: nn.Module) -> bool:
-    return getattr(model, _STATE_ATTR, None) is not None

@@ -184,10 +184,6 @@ class RopeSpec(BaseModel):
             update={"original_max_position_embeddings": int(original), "factor": float(factor), "target_length": target}
         )
 
-    @property
-    def is_resolved(self) -> bool:
-        return self.factor is not None and self.original_max_position_embeddings is not None
-
     def method_params(self) -> dict[str, Any]:
         """The method parameters that were set explicitly."""
         return {name: getattr(self, name) for name in METHOD_PARAMS if getattr(self, name) is not None}

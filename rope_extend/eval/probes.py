@@ -101,11 +101,6 @@ class Haystack:
         if not self.sentences:
             raise ValueError("haystack has no sentences")
 
-    @classmethod
-    def from_text(cls, tokenizer, text: str, max_sentences: int = 4000) -> Haystack:
-        parts = [p.strip() for p in re.split(r"(?<=[.!?])\s+", text) if p.strip()]
-        return cls(tokenizer, parts[:max_sentences])
-
     def tokens(self, n: int, offset: int = 0) -> tuple[list[int], list[int]]:
         """First *n* filler tokens (cycling) and the sentence-boundary offsets within them."""
         out: list[int] = []
