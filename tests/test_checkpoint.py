@@ -19,13 +19,7 @@ from rope_extend import patch_model
 from rope_extend.checkpoint import check_safetensors
 from rope_extend.cli import run
 
-
-def checksums(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
+checksums = tiny.checksums
 
 
 def cli(*args) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import multiprocessing
 import os
@@ -38,9 +37,7 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
-def checksums(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+checksums = tiny.checksums
 
 
 @pytest.fixture(scope="module")

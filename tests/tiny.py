@@ -7,6 +7,7 @@ rope_extend.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -153,3 +154,12 @@ def stock_logits(jobs: list[tuple[Path, torch.Tensor]], workdir: Path, python: s
     )
     assert result.returncode == 0 and "stock-ok" in result.stdout, result.stderr[-4000:]
     return [torch.load(job["out"]) for job in spec]
+
+
+def checksums(folder: Path) -> dict[str, str]:
+    """sha256 of every file under `folder` (to prove SOURCE is byte-identical after a run)."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
