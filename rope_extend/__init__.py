@@ -4,8 +4,6 @@
     report = patch_model(model, method="yarn", factor=4)   # in place; returns a PatchReport
 """
 
-__version__ = "0.1.0"
-
 from .errors import (
     AlreadyScaledError,
     CheckpointError,
@@ -15,8 +13,10 @@ from .errors import (
     VerificationError,
 )
 from .methods import RopeContext, compute, get_method, method_names
-from .patch import PatchPlan, PatchReport, find_rotary_modules, patch_model, plan_patch, unpatch_model
+from .patch import PatchReport, find_rotary_modules, patch_model, unpatch_model
+from .plan import PatchPlan, plan_patch
 from .spec import RopeSpec, load_spec
+from .version import __version__
 
 __all__ = [
     "AlreadyScaledError",

@@ -30,7 +30,7 @@ from typing import Any
 from . import compat
 from .errors import CheckpointError, SpecError, VerificationError
 from .hub import build_model_card, resolve_source
-from .patch import PatchPlan, check_rope_model, expected_rope, plan_patch, verify_stock_config
+from .plan import PatchPlan, check_rope_model, expected_rope, plan_patch, verify_stock_config
 from .serving import serving_hints
 from .spec import RopeSpec, load_spec
 
@@ -137,11 +137,6 @@ def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
     if safetensors and not allow_pickle:  # never propagate pickles next to safetensors by default
         files = [f for f in files if f.suffix not in PICKLE_SUFFIXES and not f.name.endswith(".bin.index.json")]
     return files
-
-
-def _text_part(raw: dict) -> dict:
-    """The text model's part of a config.json (multimodal configs nest it under text_config)."""
-    return raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -272,7 +267,7 @@ def _in_main_thread() -> bool:
 
 
 def _config_only(source: Path, tmp: Path, files: list[Path], plan: PatchPlan, raw: dict, result: PatchResult) -> dict:
-    new = compat.portable_config_dict(raw, plan.slots, plan.max_position_embeddings, plan.marker)
+    new = compat.portable_checkpoint_config(raw, plan.slots, plan.max_position_embeddings, plan.marker)
     for rel in files:
         if rel.as_posix() in WRITTEN - {"generation_config.json", "tokenizer_config.json"}:
             continue
@@ -321,7 +316,7 @@ def _full(source, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remo
         else:
             result.copied += 1
     saved_config = read_json(tmp / "config.json", "config.json")
-    new = compat.portable_config_dict(saved_config, plan.slots, plan.max_position_embeddings, plan.marker)
+    new = compat.portable_checkpoint_config(saved_config, plan.slots, plan.max_position_embeddings, plan.marker)
     _write_json(tmp / "config.json", new)
     return new
 
@@ -384,8 +379,8 @@ def patch_checkpoint(
     out_path = check_output_path(src, Path(out), overwrite)
     raw = read_json(src / "config.json", "config.json")
     config = load_config(src, trust_remote_code)
-    check_rope_model(config)
-    if "max_position_embeddings" not in _text_part(raw) and spec.original_max_position_embeddings is None:
+    check_rope_model(compat.text_config(config))
+    if "max_position_embeddings" not in compat.text_part(raw) and spec.original_max_position_embeddings is None:
         raise SpecError(
             "config.json has no max_position_embeddings, so the original context length is unknown (transformers "
             f"would assume its default {getattr(config, 'max_position_embeddings', '?')}); set "
@@ -412,7 +407,7 @@ def patch_checkpoint(
             base_model=str(source),
             spec_yaml=spec_yaml,
             method=plan.spec.method,
-            config_diff=config_diff(raw, new),
+            config_diff=config_diff(compat.text_part(raw), compat.text_part(new)),
             serving=serving,
             eval_summary=eval_summary,
         )

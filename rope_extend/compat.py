@@ -16,8 +16,11 @@ and the key is ``None`` for a model with one RoPE for all layers, or a layer typ
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import math
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import transformers
@@ -197,19 +200,56 @@ def dtype_kwargs(dtype) -> dict:
     return {"dtype" if TRANSFORMERS_V5 else "torch_dtype": dtype}
 
 
-def original_length(config) -> int:
-    """The pretraining length behind a config's (full-attention) RoPE: its scheme's original length, else
-    max_position_embeddings."""
-    slots = read_slots(config)
-    full = slots.get("full_attention", slots.get(FLAT)) or {}
-    return int(full.get("original_max_position_embeddings") or config.max_position_embeddings)
-
-
 def text_config(config):
     """The text model's config (multimodal configs nest it); the config itself otherwise."""
     get_text = getattr(config, "get_text_config", None)
     text = get_text() if callable(get_text) else None
     return text if text is not None else config
+
+
+def text_part(config_dict: dict) -> dict:
+    """The text model's part of a config.json dict (multimodal configs nest it under text_config)."""
+    nested = config_dict.get("text_config")
+    return nested if isinstance(nested, dict) else config_dict
+
+
+def portable_checkpoint_config(
+    config_dict: dict, slots: dict[str | None, dict], max_position_embeddings: int, marker: dict | None
+) -> dict:
+    """`portable_config_dict` applied to the text part of a whole config.json dict (nested or not)."""
+    part = text_part(config_dict)
+    portable = portable_config_dict(part, slots, max_position_embeddings, marker)
+    if part is config_dict:
+        return portable
+    return {**copy.deepcopy(config_dict), "text_config": portable}
+
+
+def enable_portable_saves() -> None:
+    """Make every config that carries the rope-extend marker save (`save_pretrained`, `push_to_hub`, Trainer
+    checkpoints: all go through `to_json_file`) the portable layout, so stock 4.x and 5.x reload the same RoPE.
+
+    Installed once by `patch_model`; configs without the marker (e.g. after `unpatch_model`) save as usual.
+    """
+    from transformers import PretrainedConfig
+
+    original = PretrainedConfig.to_json_file
+    if getattr(original, "_rope_extend_portable", False):
+        return
+
+    @functools.wraps(original)
+    def to_json_file(self, json_file_path, use_diff: bool = True):
+        original(self, json_file_path, use_diff=use_diff)
+        text = text_config(self)
+        marker = read_marker(text)
+        if marker is None:
+            return
+        path = Path(json_file_path)
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data = portable_checkpoint_config(data, read_slots(text), int(text.max_position_embeddings), marker)
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+    to_json_file._rope_extend_portable = True
+    PretrainedConfig.to_json_file = to_json_file
 
 
 def read_marker(config) -> dict | None:

@@ -20,25 +20,27 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
-from .methods import get_method
-
-if TYPE_CHECKING:
-    from .patch import PatchPlan
-
 MODES = ("consistent", "stock")
+
+# (sequence length or None for the original frequencies, device) -> (inv_freq, attention factor)
+ComputeFn = Callable[[int | None, torch.device], "tuple[torch.Tensor, float]"]
 
 
 class DynamicRopeHook:
-    """Forward pre-hook on a rotary module that sets its frequencies for the current request/sequence length."""
+    """Forward pre-hook on a rotary module that sets its frequencies for the current request/sequence length.
 
-    def __init__(self, plan: PatchPlan, slot: str | None, prefix: str, per_layer_type: bool, mode: str):
-        self.plan, self.slot, self.prefix, self.per_layer_type, self.mode = plan, slot, prefix, per_layer_type, mode
-        self.original = plan.spec.original_max_position_embeddings
-        self.longrope = plan.spec.method == "longrope"
+    compute: the method at a given length (None = original frequencies); original: the threshold L;
+    two_state: the method has only two states, up to L and beyond (LongRoPE), so any length > L is one key.
+    """
+
+    def __init__(self, compute: ComputeFn, original: int, slot: str | None, prefix: str, per_layer_type: bool,
+                 mode: str, two_state: bool = False):
+        self.compute, self.original, self.two_state = compute, int(original), two_state
+        self.slot, self.prefix, self.per_layer_type, self.mode = slot, prefix, per_layer_type, mode
         self.fixed: int | None = None  # request length held by generate / fixed_rope_length
         self.current: int | None = None  # the length the buffers hold (None = original frequencies)
 
@@ -46,7 +48,7 @@ class DynamicRopeHook:
         """The length to compute frequencies at (None = original); False = keep what the buffers hold."""
         if self.fixed is not None:
             seq_len = self.fixed
-        if self.longrope:
+        if self.two_state:
             return self.original + 1 if seq_len > self.original else None
         if self.mode == "stock" and self.fixed is None:
             current = self.current or self.original
@@ -69,8 +71,7 @@ class DynamicRopeHook:
         if key is False or key == self.current:
             return None
         buffer = getattr(module, f"{self.prefix}inv_freq")
-        ctx = self.plan.context(self.slot, seq_len=key, device=buffer.device)
-        inv_freq, attention = get_method(self.plan.spec.method).compute(ctx)
+        inv_freq, attention = self.compute(key, buffer.device)
         with torch.no_grad():
             buffer.copy_(inv_freq.to(buffer.dtype))
         setattr(module, f"{self.prefix}attention_scaling", float(attention))
@@ -79,8 +80,13 @@ class DynamicRopeHook:
 
 
 def hooks_of(model) -> list[DynamicRopeHook]:
-    state = getattr(model, "_rope_extend_state", None) or {}
-    return list(state.get("dynamic_hooks", []))
+    """The dynamic hooks installed on a model's rotary modules."""
+    return [
+        hook
+        for module in model.modules()
+        for hook in module._forward_pre_hooks.values()
+        if isinstance(hook, DynamicRopeHook)
+    ]
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError
+from .methods import get_method
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -90,16 +91,6 @@ def _status(exc) -> str:
 
 
 # --- model card ------------------------------------------------------------------------------------------------------
-PAPERS = {
-    "linear": "https://arxiv.org/abs/2306.15595",
-    "ntk": "https://www.reddit.com/r/LocalLLaMA/comments/14lz7j5/",
-    "dynamic": "https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/",
-    "ntk-by-parts": "https://arxiv.org/abs/2309.00071",
-    "yarn": "https://arxiv.org/abs/2309.00071",
-    "dynamic-yarn": "https://arxiv.org/abs/2309.00071",
-    "llama3": "https://ai.meta.com/blog/meta-llama-3-1/",
-    "longrope": "https://arxiv.org/abs/2402.13753",
-}
 
 
 def build_model_card(
@@ -127,7 +118,7 @@ def build_model_card(
 
 This checkpoint is [{base_model}]({'https://huggingface.co/' + base_model if REPO_ID.match(base_model) else base_model})
 with its rotary position embeddings rescaled by [rope-extend](https://pypi.org/project/rope-extend/) using
-**{method}** ([paper]({PAPERS.get(method, '')})). No weight was changed: only `config.json` (and length caps) differ.
+**{method}** ([paper]({get_method(method).paper})). No weight was changed: only `config.json` (and length caps) differ.
 
 ## Spec
 

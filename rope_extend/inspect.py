@@ -32,7 +32,9 @@ import torch
 from . import compat
 from .encodings import rope_kernel, rope_rotations, rope_wavelengths
 from .errors import CheckpointError, SpecError
-from .methods import RopeContext, compute, default_inv_freq, get_method
+from .facts import read_rope
+from .methods import RopeContext, compute, default_inv_freq
+from .plan import check_rope_model, plan_patch
 from .spec import RopeSpec, load_spec
 
 # Relative tolerance of the regime classification (ratios ≈ 1 and ≈ 1/s). YaRN's ramp ends are exact up to float32
@@ -108,16 +110,6 @@ def load_config(source: str | Path, revision: str | None = None):
     return compat.text_config(load_checkpoint_config(resolve_source(str(source), revision=revision, config_only=True)))
 
 
-def _main_slot(slots: dict) -> str | None:
-    return compat.FLAT if compat.FLAT in slots else ("full_attention" if "full_attention" in slots else next(iter(slots)))
-
-
-def _original_length(params: dict, config) -> int:
-    from .patch import _original_length as original_length
-
-    return original_length(params, int(config.max_position_embeddings))
-
-
 def _current_rope(config, slot, dim: int, params: dict) -> tuple[torch.Tensor, float]:
     """The frequencies the model builds now (its shipped scheme, e.g. llama3), falling back to plain RoPE."""
     if params.get("rope_type", "default") == "default":
@@ -157,19 +149,18 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
     With a spec on a model that already ships a scheme (llama3, yarn...), the spec is re-derived from the original
     length and base (as `replace_existing: true` would), and a note says so.
     """
-    from .patch import check_rope_model, plan_patch
-
-    config = compat.text_config(config)
+    facts = read_rope(config)
+    config = facts.config
     check_rope_model(config)
-    slots = compat.read_slots(config)
-    slot = _main_slot(slots)
+    slots = facts.slots
+    slot = facts.main_slot
     params = slots[slot]
     current_type = params.get("rope_type", "default")
     notes: list[str] = []
     if spec is None and not kwargs:
         dim = compat.rotary_dim(config, params)
         base = float(params["rope_theta"])
-        original = _original_length(params, config)
+        original = facts.original_length()
         old = default_inv_freq(dim, base)
         new, attention = _current_rope(config, slot, dim, params)
         factor = float(params.get("factor") or 1.0)
@@ -182,7 +173,7 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
         method = None
     else:
         spec = load_spec(spec, **kwargs)
-        if current_type != "default" or compat.read_marker(config):
+        if facts.is_scaled:
             if not spec.replace_existing:
                 notes.append(
                     f"the model already ships {current_type} scaling; shown: {spec.method} re-derived from the "
@@ -199,8 +190,8 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
         factor = float(resolved.factor)
         method = resolved.method
         old = default_inv_freq(dim, base)
-        dynamic = get_method(method).dynamic
-        new, attention = get_method(method).compute(plan.context(slot, seq_len=target if dynamic else None))
+        dynamic = plan.method.dynamic
+        new, attention = plan.compute(slot, seq_len=target if dynamic else None)
         if dynamic:
             notes.append(f"{method} is dynamic: frequencies shown at {target} tokens; below {original} it is the "
                          "original RoPE")
@@ -277,9 +268,8 @@ def recommend(config, target_length: int) -> Recommendation:
         raise SpecError(f"--target-length must be a positive number of tokens, got {target_length!r}",
                         field="target_length", value=target_length)
     base_view = inspect_rope(config)
-    slots = compat.read_slots(config)
-    params = slots[_main_slot(slots)]
-    current_type = params.get("rope_type", "default")
+    facts = read_rope(config)
+    current_type = facts.slots[facts.main_slot].get("rope_type", "default")
     original = base_view.original_length
     current_max = int(config.max_position_embeddings)
     factor = target_length / original

@@ -10,7 +10,7 @@ import json
 import math
 
 from .compat import scaling_dict
-from .patch import PatchPlan
+from .plan import PatchPlan
 
 
 def serving_hints(plan: PatchPlan, out: str) -> tuple[str, list[str]]:

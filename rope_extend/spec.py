@@ -10,35 +10,28 @@ defaults to the model's, so a spec is *resolved* against a model (`RopeSpec.reso
 from __future__ import annotations
 
 import difflib
-import math
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from .errors import SpecError
-from .methods import canonical_name, get_method
-
-# Parameters that belong to a method (checked against the method's own parameter list).
-METHOD_PARAMS = (
-    "beta_fast",
-    "beta_slow",
-    "attention_factor",
-    "mscale",
-    "mscale_all_dim",
-    "truncate",
-    "low_freq_factor",
-    "high_freq_factor",
-    "short_factor",
-    "long_factor",
-)
+from .methods import Param, all_params, canonical_name, get_method
 
 FiniteFloat = Field(default=None, allow_inf_nan=False)
 
 
-class RopeSpec(BaseModel):
-    """A RoPE scaling spec. Build with keywords, `load_spec(path)`, or `RopeSpec.from_sources`."""
+class _SpecCore(BaseModel):
+    """The method-independent part of a spec; `RopeSpec` adds every registered method parameter as a field."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -47,17 +40,6 @@ class RopeSpec(BaseModel):
     target_length: int | None = None
     original_max_position_embeddings: int | None = None
     rope_theta: float | None = FiniteFloat
-
-    beta_fast: float | None = FiniteFloat
-    beta_slow: float | None = FiniteFloat
-    attention_factor: float | None = FiniteFloat
-    mscale: float | None = FiniteFloat
-    mscale_all_dim: float | None = FiniteFloat
-    truncate: bool | None = None
-    low_freq_factor: float | None = FiniteFloat
-    high_freq_factor: float | None = FiniteFloat
-    short_factor: list[float] | None = None
-    long_factor: list[float] | None = None
 
     # Which layer types to scale; sliding-window layers keep their local RoPE by default.
     layer_types: list[str] = Field(default_factory=lambda: ["full_attention"])
@@ -94,22 +76,11 @@ class RopeSpec(BaseModel):
             raise ValueError(f"must be a positive number of tokens, got {value}")
         return value
 
-    @field_validator("rope_theta", "attention_factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow")
+    @field_validator("rope_theta")
     @classmethod
     def _positive(cls, value: float | None) -> float | None:
         if value is not None and value <= 0:
             raise ValueError(f"must be > 0, got {value}")
-        return value
-
-    @field_validator("short_factor", "long_factor")
-    @classmethod
-    def _factor_list(cls, value: list[float] | None) -> list[float] | None:
-        if value is not None:
-            if not value:
-                raise ValueError("must be a non-empty list with one factor per rotary frequency (rotary_dim / 2)")
-            bad = [v for v in value if not math.isfinite(v) or v <= 0]
-            if bad:
-                raise ValueError(f"every factor must be a finite number > 0, got {bad[0]}")
         return value
 
     @field_validator("layer_types")
@@ -132,20 +103,7 @@ class RopeSpec(BaseModel):
             )
         if self.factor is None and self.target_length is None and method.needs_factor:
             raise ValueError(f"method {self.method!r} needs 'factor' or 'target_length'; set one of them")
-        if self.beta_fast is not None or self.beta_slow is not None:
-            fast = self.beta_fast if self.beta_fast is not None else 32.0
-            slow = self.beta_slow if self.beta_slow is not None else 1.0
-            if fast <= slow:
-                raise ValueError(
-                    f"beta_fast ({fast}) must be greater than beta_slow ({slow}): beta_fast is the rotation count "
-                    "above which dimensions are kept, beta_slow the count below which they are interpolated"
-                )
-        if self.low_freq_factor is not None and self.high_freq_factor is not None:
-            if self.high_freq_factor <= self.low_freq_factor:
-                raise ValueError(
-                    f"high_freq_factor ({self.high_freq_factor}) must be greater than low_freq_factor "
-                    f"({self.low_freq_factor}); Llama 3.1 uses low=1, high=4"
-                )
+        method.validate(self)
         if self.original_max_position_embeddings is not None:
             self._check_lengths(self.original_max_position_embeddings)
         return self
@@ -185,8 +143,13 @@ class RopeSpec(BaseModel):
         )
 
     def method_params(self) -> dict[str, Any]:
-        """The method parameters that were set explicitly."""
+        """The method parameters that were set explicitly (defaults live with the method: `get_method(m).params`)."""
         return {name: getattr(self, name) for name in METHOD_PARAMS if getattr(self, name) is not None}
+
+    @property
+    def rope_method(self):
+        """The `RopeMethod` object of this spec's method."""
+        return get_method(self.method)
 
     # -- (de)serialisation -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -222,6 +185,27 @@ class RopeSpec(BaseModel):
         if overrides.get("target_length") is not None and overrides.get("factor") is None:
             data.pop("factor", None)
         return cls(**data)
+
+
+# Every registered method parameter is a spec field (None = the method's default).
+METHOD_PARAMS: dict[str, Param] = all_params()
+_FIELD_TYPES = {float: (float | None, FiniteFloat), bool: (bool | None, None), list: (list[float] | None, None)}
+
+
+def _check_method_param(cls, value: Any, info) -> Any:
+    if value is not None:
+        METHOD_PARAMS[info.field_name].check(value)
+    return value
+
+
+RopeSpec = create_model(
+    "RopeSpec",
+    __base__=_SpecCore,
+    __module__=__name__,
+    __doc__="A RoPE scaling spec. Build with keywords, `load_spec(path)`, or `RopeSpec.from_sources`.",
+    __validators__={"_method_param": field_validator(*METHOD_PARAMS)(_check_method_param)},
+    **{name: _FIELD_TYPES[param.kind] for name, param in METHOD_PARAMS.items()},
+)
 
 
 def load_spec(source: str | Path | dict | RopeSpec | None = None, **overrides: Any) -> RopeSpec:

@@ -9,7 +9,7 @@ import tiny
 import torch
 
 from rope_extend import patch_model
-from rope_extend.dynamic import fixed_rope_length
+from rope_extend.dynamic import fixed_rope_length, hooks_of
 
 L = tiny.ORIGINAL
 NEW = 64
@@ -90,7 +90,7 @@ def test_longrope_switch_at_original_length(final):
     sequences, incremental = generate_logits(model, ids, new=new)
     assert sequences.shape[1] == final
     torch.testing.assert_close(incremental, one_shot_logits(model, sequences, mask, final - new, new), atol=1e-4, rtol=0)
-    hook = model._rope_extend_state["dynamic_hooks"][0]
+    hook = hooks_of(model)[0]
     assert (hook.current is None) == (final <= L)  # short factors up to L, long factors beyond
 
     if final == L + 1:  # stock: the first steps ran with short factors, the last with long ones

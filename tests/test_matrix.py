@@ -6,6 +6,7 @@ FACTOR x the original length (for dynamic-yarn this is exactly where stock stati
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 from rope_extend import UnsupportedModelError, patch_model
 
 pytestmark = pytest.mark.portability
+OTHER = os.environ.get("ROPE_EXTEND_OTHER_PYTHON")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,16 @@ def matrix(tmp_path_factory):
             cases[(arch, method)] = (patched, unpatched, report, len(jobs))
             jobs.append((path, ids))
     stock = tiny.stock_logits(jobs, root / "stock")
-    return {key: (patched, unpatched, report, stock[i]) for key, (patched, unpatched, report, i) in cases.items()}
+    # The other transformers line (4.x when this is 5.x, and back): the same saved folders, its own stock loader.
+    other_line = {}
+    if OTHER:
+        both = [key for key in cases if key not in tiny.REFUSED_ANY_LINE]
+        logits = tiny.stock_logits([jobs[cases[key][3]] for key in both], root / "other", python=OTHER)
+        other_line = dict(zip(both, logits))
+    return {
+        key: (patched, unpatched, report, stock[i], other_line.get(key))
+        for key, (patched, unpatched, report, i) in cases.items()
+    }
 
 
 @pytest.mark.parametrize("arch", list(tiny.ARCHS))
@@ -54,12 +65,26 @@ def test_patched_in_memory_equals_stock_reload(matrix, arch, method):
             patch_model(model, **tiny.spec_kwargs(method, arch))
         assert model.config.to_dict() == before  # nothing half-applied
         return
-    patched, unpatched, report, stock = matrix[(arch, method)]
+    patched, unpatched, report, stock, _ = matrix[(arch, method)]
     assert report.changed and report.modules
     # the patch really changed the model beyond the original window...
     assert (patched[:, tiny.ORIGINAL :] - unpatched[:, tiny.ORIGINAL :]).abs().max() > 1e-4
     # ...and stock transformers rebuilds exactly the same model from the saved checkpoint
     torch.testing.assert_close(stock, patched, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(not OTHER, reason="set ROPE_EXTEND_OTHER_PYTHON to the other transformers line (make test does)")
+@pytest.mark.parametrize("arch", list(tiny.ARCHS))
+@pytest.mark.parametrize("method", tiny.METHODS)
+def test_in_memory_saves_reload_identically_in_the_other_line(matrix, arch, method):
+    """patch_model + the model's own save_pretrained, reloaded by the *other* transformers line's stock loader:
+    the same logits (configs one of the lines' config classes refuses are excluded)."""
+    if (arch, method) in tiny.REFUSED_ANY_LINE:
+        assert (arch, method) not in matrix or matrix[(arch, method)][4] is None
+        return
+    patched, _, _, _, other = matrix[(arch, method)]
+    assert other is not None
+    torch.testing.assert_close(other, patched, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("method", tiny.METHODS)

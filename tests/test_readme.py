@@ -34,3 +34,19 @@ def test_readme_mentions_every_method_and_command():
                     "rope-extend show", "rope-extend inspect", "rope-extend eval"):
         assert command in text
     assert "make test" in (Path(__file__).parent.parent / ".ci" / "run").read_text()
+
+
+def test_readme_method_table_is_generated_from_the_registry():
+    """The table between the markers is exactly what the registry renders (regenerate with
+    `python -m rope_extend.methods.docs README.md`)."""
+    from rope_extend.methods.docs import END, START, method_table
+
+    text = README.read_text()
+    assert text.split(START, 1)[1].split(END, 1)[0].strip() == method_table().strip()
+    # one row per registered method, each with its formula
+    from rope_extend.methods import all_methods
+
+    rows = method_table().splitlines()[2:]
+    assert len(rows) == len(all_methods())
+    for row, method in zip(rows, all_methods()):
+        assert row.startswith(f"| `{method.name}`") and method.formula.replace("|", "\\|") in row

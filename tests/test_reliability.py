@@ -29,7 +29,7 @@ from rope_extend import (
 from rope_extend.checkpoint import patch_checkpoint, verify_output
 from rope_extend.cli import run
 from rope_extend.compat import portable_config_dict, read_slots
-from rope_extend.patch import verify_stock_config
+from rope_extend.plan import verify_stock_config
 
 # CI runs a fixed sequence of examples (a red CI must mean a regression); locally hypothesis explores freely.
 settings.register_profile("ci", derandomize=True, print_blob=True)

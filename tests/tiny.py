@@ -62,9 +62,12 @@ METHODS = ["linear", "ntk", "dynamic", "ntk-by-parts", "yarn", "dynamic-yarn", "
 # Phi-3's config class accepts only rope_type longrope (both transformers lines validate it), so rope-extend must
 # refuse these methods on it with an UnsupportedModelError instead of writing a checkpoint that does not load.
 REFUSED = {("phi3", m) for m in ("linear", "dynamic", "ntk-by-parts", "yarn", "dynamic-yarn", "llama3")}
+# 4.x OLMo configs accept only {type: linear|dynamic, factor} in rope_scaling.
+REFUSED_4X_ONLY = {("olmo2", m) for m in ("ntk-by-parts", "yarn", "dynamic-yarn", "llama3", "longrope")}
 if not TRANSFORMERS_V5:
-    # 4.x OLMo configs accept only {type: linear|dynamic, factor} in rope_scaling.
-    REFUSED |= {("olmo2", m) for m in ("ntk-by-parts", "yarn", "dynamic-yarn", "llama3", "longrope")}
+    REFUSED |= REFUSED_4X_ONLY
+# What one of the two lines refuses: a checkpoint for both lines cannot carry these.
+REFUSED_ANY_LINE = REFUSED | REFUSED_4X_ONLY
 
 
 def make_config(arch: str):
@@ -163,3 +166,14 @@ def checksums(folder: Path) -> dict[str, str]:
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
+
+
+def make_multimodal_model(seed: int = 0):
+    """A tiny LLaVA (CLIP vision tower + the tiny llama as its nested text config): a multimodal-style config."""
+    from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=37, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=32, patch_size=16)
+    config = LlavaConfig(text_config=make_config("llama"), vision_config=vision, image_token_index=5)
+    torch.manual_seed(seed)
+    return LlavaForConditionalGeneration(config).eval().float()

@@ -132,7 +132,7 @@ def show(
     from .. import compat
     from ..checkpoint import load_config
     from ..hub import resolve_source
-    from ..patch import check_rope_model
+    from ..plan import check_rope_model
 
     config = compat.text_config(load_config(resolve_source(source, revision=revision, config_only=True)))
     check_rope_model(config)

@@ -34,9 +34,9 @@ def validate(
 def methods() -> None:
     """List every scaling method: parameters and defaults, formula, and which stock loaders reproduce it."""
     for method in all_methods():
-        params = ", ".join(f"{k}={v}" for k, v in method.params.items()) or "none"
-        loaders = "; ".join(f"{name}: {support}" for name, support in method.loaders.items())
+        loaders = "; ".join(f"{name}: {support}" for name, support in method.stock_loaders.items())
         out.print(f"[bold]{method.name}[/bold]{'  (dynamic)' if method.dynamic else ''}")
-        for label, value in (("formula", method.formula), ("parameters", params), ("stock loaders", loaders),
+        for label, value in (("formula", method.formula), ("attention factor", method.attention),
+                             ("parameters", method.param_doc()), ("stock loaders", loaders),
                              ("use when", method.use_when), ("paper", method.paper)):
             out.print(f"  {label}: {value}", highlight=False)

@@ -68,14 +68,10 @@ def _cost(case: Case) -> float:
 
 
 def _config_original_length(model_path) -> int:
-    from transformers import AutoConfig
+    from ..checkpoint import load_config
+    from ..facts import read_rope
 
-    cfg = AutoConfig.from_pretrained(str(model_path))
-
-    class _M:  # original_length() only needs .config
-        config = cfg
-
-    return original_length(_M)
+    return read_rope(load_config(Path(model_path))).original_length()
 
 
 class _Evaluator:

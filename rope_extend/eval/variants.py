@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compat import dtype_kwargs
-from ..compat import original_length as compat_original_length
+from ..facts import read_rope
 
 BASELINE = "unpatched"
 
@@ -127,7 +127,7 @@ def load_model(model_path, dtype: str = "float32", device_map: str | None = None
 
 def original_length(model) -> int:
     """The unpatched model's context window (its scheme's ``original_max_position_embeddings`` if any)."""
-    return compat_original_length(model.config)
+    return read_rope(model.config).original_length()
 
 
 def apply_spec(model, spec) -> Any:

@@ -3,9 +3,11 @@
 from . import dynamic, dynamic_yarn, linear, llama3, longrope, ntk, ntk_by_parts, yarn  # noqa: F401  (register)
 from .registry import (
     ALIASES,
+    Param,
     RopeContext,
     RopeMethod,
     all_methods,
+    all_params,
     canonical_name,
     compute,
     default_inv_freq,
@@ -16,9 +18,11 @@ from .registry import (
 
 __all__ = [
     "ALIASES",
+    "Param",
     "RopeContext",
     "RopeMethod",
     "all_methods",
+    "all_params",
     "canonical_name",
     "compute",
     "default_inv_freq",

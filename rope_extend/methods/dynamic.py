@@ -13,26 +13,27 @@ def dynamic_scale(factor: float, seq_len: int | None, original: int) -> float:
     return factor * n / original - (factor - 1)
 
 
-def compute_dynamic(ctx: RopeContext):
-    scale = dynamic_scale(ctx.factor, ctx.seq_len, ctx.original_max_position_embeddings)
-    return default_inv_freq(ctx.rotary_dim, ntk_base(ctx.base, scale, ctx.rotary_dim), ctx.device), 1.0
+class DynamicNtk(RopeMethod):
+    name = "dynamic"
+    aliases = ("dynamic-ntk",)
+    dynamic = True
+    hf_rope_type = "dynamic"
+    stock_loaders = {
+        "transformers-4": "yes",
+        "transformers-5": "yes",
+        "vllm": "static only (vLLM applies the full factor at every length)",
+        "llama.cpp": "no",
+    }
+    formula = "ntk with s' = s·n/L − (s−1) for n > L"
+    use_when = "Serving mixed lengths without fine-tuning: exact original model below L."
+    paper = "https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/"
+
+    def _compute(self, ctx: RopeContext):
+        scale = dynamic_scale(ctx.factor, ctx.seq_len, ctx.original_max_position_embeddings)
+        return default_inv_freq(ctx.rotary_dim, ntk_base(ctx.base, scale, ctx.rotary_dim), ctx.device), 1.0
+
+    def max_position_embeddings(self, spec) -> int:
+        return int(spec.original_max_position_embeddings)  # the threshold L, as transformers reads it
 
 
-DYNAMIC = register(
-    RopeMethod(
-        name="dynamic",
-        compute=compute_dynamic,
-        params={},
-        dynamic=True,
-        hf_rope_type="dynamic",
-        loaders={
-            "transformers-4": "yes",
-            "transformers-5": "yes",
-            "vllm": "static only (vLLM applies the full factor at every length)",
-            "llama.cpp": "no",
-        },
-        formula="ntk with s' = s·n/L − (s−1) for n > L",
-        use_when="Serving mixed lengths without fine-tuning: exact original model below L.",
-        paper="https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/",
-    )
-)
+DYNAMIC = register(DynamicNtk())

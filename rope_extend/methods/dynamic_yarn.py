@@ -5,36 +5,50 @@ implements it: config.json carries a `rope_extend` marker and, for stock loaders
 (which equals dynamic YaRN at n = s·L).
 """
 
-from .registry import RopeContext, RopeMethod, default_inv_freq, register
-from .yarn import YARN_DEFAULTS, yarn_attention_factor, yarn_inv_freq
+from .registry import RopeContext, default_inv_freq, register
+from .yarn import YARN, Yarn, yarn_attention_factor, yarn_inv_freq
 
 
 def dynamic_yarn_scale(seq_len: int | None, original: int) -> float:
     return max(1.0, (seq_len or 0) / original)
 
 
-def compute_dynamic_yarn(ctx: RopeContext):
-    scale = dynamic_yarn_scale(ctx.seq_len, ctx.original_max_position_embeddings)
-    if scale <= 1.0:
-        return default_inv_freq(ctx.rotary_dim, ctx.base, ctx.device), 1.0
-    return yarn_inv_freq(ctx, scale), yarn_attention_factor(ctx, scale)
+class DynamicYarn(Yarn):
+    name = "dynamic-yarn"
+    aliases = ("dynamicyarn",)
+    dynamic = True
+    stock_loaders = {
+        "transformers-4": "no (loads as static yarn)",
+        "transformers-5": "no (loads as static yarn)",
+        "vllm": "no (static yarn)",
+        "llama.cpp": "no (static yarn)",
+    }
+    formula = "yarn with s' = max(1, n/L)"
+    attention = "yarn's, from s'"
+    use_when = "In-process serving with rope_extend.patch_model: original quality below L, YaRN beyond."
+    paper = "https://arxiv.org/abs/2309.00071"
+
+    def _compute(self, ctx: RopeContext):
+        scale = dynamic_yarn_scale(ctx.seq_len, ctx.original_max_position_embeddings)
+        if scale <= 1.0:
+            return default_inv_freq(ctx.rotary_dim, ctx.base, ctx.device), 1.0
+        return yarn_inv_freq(ctx, scale), yarn_attention_factor(ctx, scale)
+
+    @property
+    def stock_method(self):
+        return YARN  # written (and loaded by stock loaders) as static YaRN at the full factor
+
+    def marker_note(self, spec) -> str | None:
+        return (
+            f"static yarn x{spec.factor:g} (equal to dynamic-yarn only at {spec.target_length} tokens); "
+            "call rope_extend.patch_model(model) after loading to restore dynamic YaRN"
+        )
+
+    def loader_notes(self, spec) -> list[str]:
+        return [
+            "dynamic-yarn is not reproduced by stock loaders (transformers, vLLM, llama.cpp): they load the "
+            f"checkpoint as static YaRN x{spec.factor:g}; call rope_extend.patch_model(model) after loading"
+        ]
 
 
-DYNAMIC_YARN = register(
-    RopeMethod(
-        name="dynamic-yarn",
-        compute=compute_dynamic_yarn,
-        params=YARN_DEFAULTS,
-        dynamic=True,
-        hf_rope_type=None,
-        loaders={
-            "transformers-4": "no (loads as static yarn)",
-            "transformers-5": "no (loads as static yarn)",
-            "vllm": "no (static yarn)",
-            "llama.cpp": "no (static yarn)",
-        },
-        formula="yarn with s' = max(1, n/L)",
-        use_when="In-process serving with rope_extend.patch_model: original quality below L, YaRN beyond.",
-        paper="https://arxiv.org/abs/2309.00071",
-    )
-)
+DYNAMIC_YARN = register(DynamicYarn())

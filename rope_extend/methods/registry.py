@@ -1,24 +1,34 @@
-"""The method registry: one `RopeMethod` per scaling method, registered once by name.
+"""The method registry: one `RopeMethod` object per scaling method, registered once by name.
 
-Every method is a pure function with one contract (like transformers' `ROPE_INIT_FUNCTIONS`)::
+A method object owns everything about its method, so nothing outside `methods/` branches on a method name:
 
-    compute(ctx: RopeContext) -> (inv_freq: torch.Tensor[float32, rotary_dim // 2], attention_factor: float)
+- `params`: the parameters it reads, with defaults, checks and docs (the spec's keys derive from these);
+- `compute(ctx) -> (inv_freq, attention_factor)`: the math, one contract like transformers' `ROPE_INIT_FUNCTIONS`;
+- `config_slot(...)`: how it is written into a config's `rope_parameters` slot, and `stock_method`: what stock
+  loaders build from that slot (dynamic-yarn is read as static YaRN);
+- `max_position_embeddings(spec)`: the length written to the config;
+- `loader_notes(spec)` / `stock_loaders`: what stock loaders and serving engines do with it;
+- `formula`, `use_when`, `paper`: the docs behind `rope-extend methods` and the README method table.
 
-`RopeContext` carries everything a method may read: the rotary dimension, the base, the original (pretraining)
-length, the factor, the method parameters, and, for dynamic methods, the current sequence length.
+`RopeContext` carries everything `compute` may read: rotary dimension, base, original (pretraining) length, factor,
+method parameters, and, for dynamic methods, the current sequence length. Absent parameters take the method's
+defaults. Adding a method = one file with a `RopeMethod` subclass registered here, plus rows in the test tables.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from ..errors import SpecError
+
+if TYPE_CHECKING:
+    from ..spec import RopeSpec
 
 
 @dataclass(frozen=True)
@@ -47,61 +57,138 @@ class RopeContext:
         return default if value is None else value
 
 
+@dataclass(frozen=True)
+class Param:
+    """A method parameter: its type, default (None = derived or required), a one-line doc and a range check."""
+
+    kind: type  # float, bool or list (of floats)
+    default: Any
+    doc: str
+    positive: bool = False  # numbers must be > 0; lists must hold finite numbers > 0
+
+    def check(self, value: Any) -> None:
+        """Raise ValueError (naming the value and the rule) if `value` breaks the rule."""
+        if self.kind is list:
+            if not value:
+                raise ValueError("must be a non-empty list with one factor per rotary frequency (rotary_dim / 2)")
+            bad = [v for v in value if not math.isfinite(v) or (self.positive and v <= 0)]
+            if bad:
+                raise ValueError(f"every factor must be a finite number > 0, got {bad[0]}")
+        elif self.positive and value is not None and value <= 0:
+            raise ValueError(f"must be > 0, got {value}")
+
+
 def default_inv_freq(dim: int, base: float, device=None) -> torch.Tensor:
     """theta_i = base^(-2i/d), computed with the same float32 op order as transformers."""
     exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
     return 1.0 / (base**exponent)
 
 
-ComputeFn = Callable[[RopeContext], "tuple[torch.Tensor, float]"]
-
-
-@dataclass(frozen=True)
 class RopeMethod:
-    """A registered scaling method.
+    """A scaling method. Subclass it in one file under `methods/` and `register()` an instance."""
 
-    name: the spec's `method` value.
-    compute: the pure function described in the module docstring.
-    params: the parameters it reads, with their defaults (None = derived).
-    dynamic: recomputed as the sequence grows (needs the current length at run time).
-    hf_rope_type: the transformers `rope_type` that reproduces it from config.json, if any.
-    loaders: which stock loaders reproduce it: {"transformers-4": "yes", "vllm": "static only", ...}.
-    formula / use_when / paper: documentation (README table and `rope-extend methods`).
-    """
+    name: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]] = ()  # other spellings users and tools use
+    params: ClassVar[Mapping[str, Param]] = {}
+    dynamic: ClassVar[bool] = False  # recomputed from the current length at run time
+    switches_at_original: ClassVar[bool] = False  # dynamic with two states only: up to L, and beyond L (longrope)
+    needs_factor: ClassVar[bool] = True
+    # The transformers `rope_type` written to the config slot; stock loaders build this method from it.
+    hf_rope_type: ClassVar[str] = "default"
+    # Slot keys (besides rope_type/rope_theta) this method writes; explicit attention factor where it has one.
+    slot_keys: ClassVar[tuple[str, ...]] = ()
+    writes_attention_factor: ClassVar[bool] = False
+    # What stock loaders do with the written config: {"transformers-4": ..., "vllm": ...} (docs only).
+    stock_loaders: ClassVar[Mapping[str, str]] = {}
+    formula: ClassVar[str]  # inverse frequencies
+    attention: ClassVar[str] = "1"  # the attention factor (multiplies cos and sin)
+    use_when: ClassVar[str]
+    paper: ClassVar[str]
 
-    name: str
-    compute: ComputeFn
-    params: Mapping[str, Any]
-    dynamic: bool
-    hf_rope_type: str | None
-    loaders: Mapping[str, str]
-    formula: str
-    use_when: str
-    paper: str
-    needs_factor: bool = True
+    # -- math -------------------------------------------------------------------------------------------------
+    def compute(self, ctx: RopeContext) -> tuple[torch.Tensor, float]:
+        """(inv_freq float32 [rotary_dim // 2], attention factor) with the method's defaults filled in."""
+        defaults = {key: p.default for key, p in self.params.items() if p.default is not None}
+        if any(ctx.params.get(key) is None for key in defaults):
+            ctx = replace(ctx, params={**defaults, **{k: v for k, v in ctx.params.items() if v is not None}})
+        inv_freq, attention_factor = self._compute(ctx)
+        return inv_freq, float(attention_factor)
+
+    def _compute(self, ctx: RopeContext) -> tuple[torch.Tensor, float]:
+        raise NotImplementedError
+
+    # -- spec -------------------------------------------------------------------------------------------------
+    def validate(self, spec: RopeSpec) -> None:
+        """Cross-parameter rules; raise ValueError naming the values and the fix."""
+
+    def defaults(self) -> dict[str, Any]:
+        return {key: p.default for key, p in self.params.items()}
+
+    # -- config -----------------------------------------------------------------------------------------------
+    @property
+    def stock_method(self) -> RopeMethod:
+        """The method stock loaders (transformers, vLLM...) build from this method's config slot at load time."""
+        return self
+
+    def config_slot(self, spec: RopeSpec, base_slot: dict, rotary_dim: int, base_theta: float) -> dict:
+        """The transformers-5-style RoPE parameters of one slot after applying a resolved spec.
+
+        `base_slot` is the pristine slot (its `partial_rotary_factor` and model-provided lists are kept).
+        """
+        slot: dict[str, Any] = {"rope_type": self.hf_rope_type, "rope_theta": base_theta}
+        if "partial_rotary_factor" in base_slot:
+            slot["partial_rotary_factor"] = base_slot["partial_rotary_factor"]
+        if self.hf_rope_type == "default":
+            return slot
+        slot["factor"] = spec.factor
+        values = {**self.defaults(), **spec.method_params()}
+        for key in self.slot_keys:
+            if key == "original_max_position_embeddings":
+                slot[key] = spec.original_max_position_embeddings
+            elif values.get(key) is not None:
+                slot[key] = values[key]
+        return slot
+
+    def context_params(self, spec: RopeSpec, slot: dict) -> dict[str, Any]:
+        """The parameters `compute` reads for one config slot (explicit spec values; lists may come from the slot)."""
+        return spec.method_params()
+
+    def max_position_embeddings(self, spec: RopeSpec) -> int:
+        """`max_position_embeddings` written to the config: the target length (dynamic methods: the threshold L)."""
+        return int(spec.target_length)
+
+    def loader_notes(self, spec: RopeSpec) -> list[str]:
+        """Warnings for users of stock loaders, printed when patching."""
+        return []
+
+    def marker_note(self, spec: RopeSpec) -> str | None:
+        """What stock loaders build from the written config, when it is not this method (kept in the marker)."""
+        return None
+
+    # -- docs -------------------------------------------------------------------------------------------------
+    def param_doc(self) -> str:
+        return ", ".join(k if p.default is None else f"{k}={p.default}" for k, p in self.params.items()) or "none"
+
+    def __repr__(self) -> str:
+        return f"<RopeMethod {self.name}>"
 
 
 _REGISTRY: dict[str, RopeMethod] = {}
-
-# Spellings users and other tools use for the same method.
-ALIASES = {
-    "pi": "linear",
-    "position-interpolation": "linear",
-    "ntk-aware": "ntk",
-    "static-ntk": "ntk",
-    "dynamic-ntk": "dynamic",
-    "ntk_by_parts": "ntk-by-parts",
-    "by-parts": "ntk-by-parts",
-    "dynamic_yarn": "dynamic-yarn",
-    "dynamicyarn": "dynamic-yarn",
-    "su": "longrope",
-}
+ALIASES: dict[str, str] = {}
 
 
 def register(method: RopeMethod) -> RopeMethod:
     if method.name in _REGISTRY:
         raise ValueError(f"RoPE method {method.name!r} is already registered; pick another name")
+    for alias in method.aliases:
+        if alias in ALIASES or alias in _REGISTRY:
+            raise ValueError(f"alias {alias!r} of {method.name!r} is already taken by {ALIASES.get(alias, alias)!r}")
+    shared = all_params()
+    for key, param in method.params.items():
+        if key in shared and shared[key].kind is not param.kind:
+            raise ValueError(f"parameter {key!r} of {method.name!r} has a different type in another method")
     _REGISTRY[method.name] = method
+    ALIASES.update(dict.fromkeys(method.aliases, method.name))
     return method
 
 
@@ -111,6 +198,15 @@ def method_names() -> list[str]:
 
 def all_methods() -> list[RopeMethod]:
     return [_REGISTRY[name] for name in method_names()]
+
+
+def all_params() -> dict[str, Param]:
+    """Every method parameter by name (the spec's method keys), in registration order."""
+    out: dict[str, Param] = {}
+    for method in _REGISTRY.values():
+        for key, param in method.params.items():
+            out.setdefault(key, param)
+    return out
 
 
 def canonical_name(name: str) -> str:
@@ -139,8 +235,7 @@ def get_method(name: str) -> RopeMethod:
 
 
 def compute(name: str, ctx: RopeContext) -> tuple[torch.Tensor, float]:
-    inv_freq, attention_factor = get_method(name).compute(ctx)
-    return inv_freq, float(attention_factor)
+    return get_method(name).compute(ctx)
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:

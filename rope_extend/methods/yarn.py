@@ -10,15 +10,17 @@ import math
 
 import torch
 
-from .registry import RopeContext, RopeMethod, default_inv_freq, register, yarn_get_mscale
+from .registry import Param, RopeContext, RopeMethod, default_inv_freq, register, yarn_get_mscale
 
-YARN_DEFAULTS = {
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "attention_factor": None,
-    "mscale": None,
-    "mscale_all_dim": None,
-    "truncate": True,
+RAMP_PARAMS = {
+    "beta_fast": Param(float, 32.0, "rotations within L above which a dimension is kept (extrapolated)", positive=True),
+    "beta_slow": Param(float, 1.0, "rotations within L below which a dimension is divided by s", positive=True),
+    "truncate": Param(bool, True, "floor/ceil the ramp bounds (false: gpt-oss)"),
+}
+TEMPERATURE_PARAMS = {
+    "attention_factor": Param(float, None, "explicit cos/sin magnitude (default 0.1·ln s + 1)", positive=True),
+    "mscale": Param(float, None, "DeepSeek: numerator m of 0.1·m·ln s + 1"),
+    "mscale_all_dim": Param(float, None, "DeepSeek: denominator m of 0.1·m·ln s + 1"),
 }
 
 
@@ -64,25 +66,49 @@ def yarn_attention_factor(ctx: RopeContext, factor: float) -> float:
     return yarn_get_mscale(factor)
 
 
-def compute_yarn(ctx: RopeContext):
-    return yarn_inv_freq(ctx, ctx.factor), yarn_attention_factor(ctx, ctx.factor)
+def check_betas(spec) -> None:
+    if spec.beta_fast is not None or spec.beta_slow is not None:
+        fast = spec.beta_fast if spec.beta_fast is not None else RAMP_PARAMS["beta_fast"].default
+        slow = spec.beta_slow if spec.beta_slow is not None else RAMP_PARAMS["beta_slow"].default
+        if fast <= slow:
+            raise ValueError(
+                f"beta_fast ({fast}) must be greater than beta_slow ({slow}): beta_fast is the rotation count "
+                "above which dimensions are kept, beta_slow the count below which they are interpolated"
+            )
 
 
-YARN = register(
-    RopeMethod(
-        name="yarn",
-        compute=compute_yarn,
-        params=YARN_DEFAULTS,
-        dynamic=False,
-        hf_rope_type="yarn",
-        loaders={
-            "transformers-4": "yes",
-            "transformers-5": "yes",
-            "vllm": "yes",
-            "llama.cpp": "yes (--rope-scaling yarn); truncate=false not reproduced",
-        },
-        formula="θ_i·(1−γ_i)/s + θ_i·γ_i, γ from the β_fast/β_slow ramp; cos,sin × (0.1·ln s + 1)",
-        use_when="Best training-free static extension (and the usual fine-tuning recipe). Costs a little at short lengths.",
-        paper="https://arxiv.org/abs/2309.00071",
+class Yarn(RopeMethod):
+    name = "yarn"
+    params = {**RAMP_PARAMS, **TEMPERATURE_PARAMS}
+    hf_rope_type = "yarn"
+    slot_keys = ("original_max_position_embeddings", "beta_fast", "beta_slow")
+    explicit_slot_keys = ("mscale", "mscale_all_dim", "truncate")  # written only when the spec sets them
+    writes_attention_factor = True  # always explicit: engines differ in defaults
+    stock_loaders = {
+        "transformers-4": "yes",
+        "transformers-5": "yes",
+        "vllm": "yes",
+        "llama.cpp": "yes (--rope-scaling yarn); truncate=false not reproduced",
+    }
+    formula = (
+        "θ_i·(1−γ_i)/s + θ_i·γ_i; γ_i = 1 − ramp between lo = ⌊dim(β_fast)⌋ and hi = ⌈dim(β_slow)⌉, "
+        "dim(r) = d·ln(L/(2πr))/(2 ln b)"
     )
-)
+    attention = "0.1·ln s + 1 (DeepSeek: mscale ratio; or explicit attention_factor)"
+    use_when = "Best training-free static extension (and the usual fine-tuning recipe). Costs a little at short lengths."
+    paper = "https://arxiv.org/abs/2309.00071"
+
+    def _compute(self, ctx: RopeContext):
+        return yarn_inv_freq(ctx, ctx.factor), yarn_attention_factor(ctx, ctx.factor)
+
+    def validate(self, spec) -> None:
+        check_betas(spec)
+
+    def config_slot(self, spec, base_slot, rotary_dim, base_theta):
+        slot = super().config_slot(spec, base_slot, rotary_dim, base_theta)
+        explicit = spec.method_params()
+        slot.update({key: explicit[key] for key in self.explicit_slot_keys if key in explicit})
+        return slot
+
+
+YARN = register(Yarn())

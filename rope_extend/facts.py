@@ -1,0 +1,99 @@
+"""One reader of a model's RoPE facts: slots, rotary dimensions, original length, marker.
+
+Planning, evaluation, `inspect` and the checkpoint writer all read a config through `read_rope`, so they agree on
+what the model is, in particular on the original (pretraining) length L:
+
+1. a config rope-extend patched carries a marker with the pristine RoPE and length: L comes from there;
+2. otherwise the (full-attention) slot's scheme says: `original_max_position_embeddings` (yarn, llama3,
+   longrope...), or `max_position_embeddings / factor` for a shipped `linear` scheme;
+3. otherwise `max_position_embeddings`.
+
+Multimodal configs nest the text model's config: `read_rope` always reads the text config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import compat
+
+FLAT_KEY = "_all"  # JSON name of the flat slot (None) in the marker
+
+
+def encode_slots(slots: dict[str | None, dict]) -> dict[str, dict]:
+    return {FLAT_KEY if key is None else key: dict(value) for key, value in slots.items()}
+
+
+def decode_slots(slots: dict[str, dict]) -> dict[str | None, dict]:
+    return {None if key == FLAT_KEY else key: dict(value) for key, value in slots.items()}
+
+
+def slot_original_length(params: dict, max_position_embeddings: int) -> int:
+    """The pretraining length behind one slot's scheme."""
+    if params.get("original_max_position_embeddings"):
+        return int(params["original_max_position_embeddings"])
+    if params.get("rope_type", "default") == "linear" and params.get("factor"):
+        return int(round(max_position_embeddings / float(params["factor"])))
+    return int(max_position_embeddings)
+
+
+@dataclass(frozen=True)
+class RopeFacts:
+    """What a (text) config says about its RoPE.
+
+    slots: the current slot table (see `compat`); pristine_slots / pristine_max_position_embeddings: before any
+    rope-extend patch (from the marker), else the current ones. max_position_embeddings is None when the config
+    has none.
+    """
+
+    config: Any
+    model_type: str
+    slots: dict[str | None, dict]
+    rotary_dims: dict[str | None, int]
+    max_position_embeddings: int | None
+    marker: dict | None
+    pristine_slots: dict[str | None, dict]
+    pristine_max_position_embeddings: int | None
+
+    @property
+    def main_slot(self) -> str | None:
+        """The slot that carries the model's length: full attention (or the flat slot)."""
+        return "full_attention" if "full_attention" in self.slots else next(iter(self.slots))
+
+    def original_length(self, slot: str | None = ...) -> int | None:
+        """The pretraining length L behind `slot` (default: the main slot), None if the config has no length."""
+        slot = self.main_slot if slot is ... else slot
+        if self.pristine_max_position_embeddings is None:
+            return None
+        params = self.pristine_slots.get(slot, self.pristine_slots[self.main_slot])
+        return slot_original_length(params, self.pristine_max_position_embeddings)
+
+    @property
+    def is_scaled(self) -> bool:
+        """True when the config already carries a scheme (its own or an earlier rope-extend patch)."""
+        return self.marker is not None or any(p.get("rope_type", "default") != "default" for p in self.slots.values())
+
+
+def read_rope(config) -> RopeFacts:
+    """Read a config (or a multimodal config's text part) once."""
+    config = compat.text_config(config)
+    slots = compat.read_slots(config)
+    marker = compat.read_marker(config)
+    max_pos = getattr(config, "max_position_embeddings", None)
+    max_pos = int(max_pos) if max_pos else None
+    if marker and isinstance(marker.get("original"), dict):
+        pristine = decode_slots(marker["original"]["rope_parameters"])
+        pristine_max = int(marker["original"]["max_position_embeddings"])
+    else:
+        pristine, pristine_max = slots, max_pos
+    return RopeFacts(
+        config=config,
+        model_type=getattr(config, "model_type", "?"),
+        slots=slots,
+        rotary_dims={key: compat.rotary_dim(config, params) for key, params in pristine.items()},
+        max_position_embeddings=max_pos,
+        marker=marker,
+        pristine_slots=pristine,
+        pristine_max_position_embeddings=pristine_max,
+    )

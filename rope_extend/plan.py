@@ -1,0 +1,255 @@
+"""Planning: what a spec does to a config, computed without touching any model (pure).
+
+`plan_patch(config, spec)` reads the config once (`facts.read_rope`), resolves the spec against the model's original
+length, asks the method object for each target slot's new parameters and the new `max_position_embeddings`, and
+checks that stock transformers rebuilds exactly the planned frequencies from the rewritten config (refusing before
+anything is written otherwise). The result is a frozen `PatchPlan`, shared by `patch_model` and the checkpoint
+writer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from . import compat
+from .errors import AlreadyScaledError, SpecError, UnsupportedModelError, VerificationError
+from .facts import encode_slots, read_rope
+from .methods import RopeContext, RopeMethod
+from .spec import RopeSpec, load_spec
+from .version import __version__
+
+# Models without RoPE, with what would work instead.
+NO_ROPE_MODELS = {
+    "gpt2": "it uses learned absolute position embeddings (wpe) limited to n_positions; RoPE scaling cannot extend "
+    "them. Fine-tune with a longer wpe, or use a RoPE model (llama, mistral, qwen2...)",
+    "bloom": "it uses ALiBi attention biases, which need no rescaling: ALiBi extrapolates by itself; just raise the "
+    "length you serve",
+    "mpt": "it uses ALiBi attention biases, which need no rescaling",
+    "opt": "it uses learned absolute position embeddings; RoPE scaling does not apply",
+    "bert": "it uses learned absolute position embeddings; RoPE scaling does not apply",
+    "gpt_bigcode": "it uses learned absolute position embeddings; RoPE scaling does not apply",
+}
+
+
+@dataclass(frozen=True)
+class PatchPlan:
+    """What a resolved spec does to a config: new slot parameters, new max length, the marker, and whether it
+    changes anything."""
+
+    spec: RopeSpec  # resolved
+    slots: dict[str | None, dict]  # all slots after the patch
+    targets: tuple[str | None, ...]  # slots the spec rescales
+    old_slots: dict[str | None, dict]
+    old_max_position_embeddings: int
+    max_position_embeddings: int
+    marker: dict
+    changed: bool
+    base_theta: float
+    rotary_dims: dict[str | None, int]
+    attention_factor: float
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def method(self) -> RopeMethod:
+        return self.spec.rope_method
+
+    def context(self, slot: str | None, seq_len: int | None = None, device=None) -> RopeContext:
+        """The `RopeContext` of one target slot (at `seq_len` for dynamic methods)."""
+        return RopeContext(
+            rotary_dim=self.rotary_dims[slot],
+            base=self.base_theta,
+            original_max_position_embeddings=self.spec.original_max_position_embeddings,
+            factor=self.spec.factor,
+            params=self.method.context_params(self.spec, self.slots[slot]),
+            seq_len=seq_len,
+            device=device,
+        )
+
+    def compute(self, slot: str | None, seq_len: int | None = None, device=None) -> tuple[torch.Tensor, float]:
+        """rope-extend's own (inv_freq, attention factor) for a target slot."""
+        return self.method.compute(self.context(slot, seq_len, device))
+
+    def expected_stock(self, slot: str | None) -> tuple[torch.Tensor, float]:
+        """What stock loaders build at construction from the written config (dynamic-yarn: static YaRN)."""
+        return self.method.stock_method.compute(self.context(slot))
+
+
+def check_rope_model(config) -> None:
+    model_type = getattr(config, "model_type", "?")
+    if model_type in NO_ROPE_MODELS:
+        raise UnsupportedModelError(
+            f"model type {model_type!r} has no rotary position embedding: {NO_ROPE_MODELS[model_type]}"
+        )
+    if not (getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None)) and not hasattr(
+        config, "rope_scaling"
+    ):
+        raise UnsupportedModelError(
+            f"model type {model_type!r} declares no RoPE (no rope_theta / rope_parameters in its config); "
+            "rope-extend only rescales rotary position embeddings (llama, mistral, qwen2/3, gemma, phi3, gpt_neox...)"
+        )
+
+
+def _targets(slots: dict, spec: RopeSpec) -> tuple[str | None, ...]:
+    if compat.FLAT in slots:
+        if "full_attention" not in spec.layer_types:
+            raise SpecError(
+                f"layer_types {spec.layer_types}: this model uses one RoPE for all its layers, so it can only be "
+                "scaled as a whole; remove layer_types (default [full_attention])",
+                field="layer_types",
+                value=spec.layer_types,
+            )
+        return (compat.FLAT,)
+    targets = tuple(lt for lt in spec.layer_types if lt in slots)
+    if not targets:
+        raise SpecError(
+            f"layer_types {spec.layer_types} match none of the model's RoPE layer types {sorted(slots)}; "
+            f"use e.g. layer_types: [{sorted(slots)[0]}]",
+            field="layer_types",
+            value=spec.layer_types,
+        )
+    return targets
+
+
+def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any) -> PatchPlan:
+    """Plan a patch from a config (the text part of a multimodal one) and a spec without touching any module."""
+    config = compat.text_config(config)
+    check_rope_model(config)
+    spec = load_spec(spec, **kwargs)
+    facts = read_rope(config)
+    if facts.max_position_embeddings is None:
+        raise SpecError(
+            "the model config has no max_position_embeddings; set original_max_position_embeddings in the spec",
+            field="original_max_position_embeddings",
+        )
+    targets = _targets(facts.slots, spec)
+    pristine = facts.pristine_slots
+    resolved = spec.resolve(spec.original_max_position_embeddings or facts.original_length(targets[0]))
+    method = resolved.rope_method
+    base_theta = float(resolved.rope_theta or pristine[targets[0]]["rope_theta"])
+
+    new_slots = {key: dict(value) for key, value in pristine.items()}
+    rotary_dims = {}
+    for target in targets:
+        dim = facts.rotary_dims[target]
+        if dim < 4 or dim % 2:
+            raise UnsupportedModelError(f"rotary dimension {dim} (slot {target}) must be even and >= 4")
+        rotary_dims[target] = dim
+        new_slots[target] = method.config_slot(resolved, pristine[target], dim, base_theta)
+
+    new_max = method.max_position_embeddings(resolved)
+    new_marker = {
+        "version": _version(),
+        "method": resolved.method,
+        "spec": resolved.to_dict(),
+        "original": {
+            "rope_parameters": encode_slots(pristine),
+            "max_position_embeddings": facts.pristine_max_position_embeddings,
+        },
+    }
+    if method.marker_note(resolved):
+        new_marker["stock_loaders"] = method.marker_note(resolved)
+    plan = PatchPlan(
+        spec=resolved,
+        slots=new_slots,
+        targets=targets,
+        old_slots=facts.slots,
+        old_max_position_embeddings=facts.max_position_embeddings,
+        max_position_embeddings=int(new_max),
+        marker=new_marker,
+        changed=False,
+        base_theta=base_theta,
+        rotary_dims=rotary_dims,
+        attention_factor=1.0,
+        warnings=tuple(method.loader_notes(resolved)),
+    )
+    # The attention factor stock loaders will build; methods that have one write it explicitly.
+    if method.writes_attention_factor:
+        for target in targets:
+            new_slots[target]["attention_factor"] = float(plan.expected_stock(target)[1])
+    marker = facts.marker
+    changed = not (
+        facts.max_position_embeddings == int(new_max)
+        and all(compat.params_close(facts.slots[key], new_slots[key]) for key in facts.slots)
+        and (marker is None or marker.get("spec") == new_marker["spec"])  # e.g. dynamic-yarn vs yarn
+    )
+    if changed and facts.is_scaled and not resolved.replace_existing:
+        raise AlreadyScaledError(
+            f"the model already carries RoPE scaling ({_describe(facts.slots, targets, marker)}); applying "
+            f"{resolved.method} on top would double-scale. Set replace_existing: true (CLI: --set "
+            f"replace_existing=true) to re-derive {resolved.method} from the original length "
+            f"{resolved.original_max_position_embeddings} and base {base_theta:g}, or unpatch_model() first"
+        )
+    plan = replace(plan, changed=changed, attention_factor=float(plan.expected_stock(targets[0])[1]))
+    if changed:
+        _check_stock_accepts(config, plan)
+    return plan
+
+
+def _check_stock_accepts(config, plan: PatchPlan) -> None:
+    """Stock transformers must load the rewritten config to the planned RoPE, or we refuse before writing."""
+    try:
+        rebuilt = compat.stock_config(config, plan.slots, plan.max_position_embeddings, plan.marker)
+    except Exception as exc:  # the config class's own validation, whatever it raises
+        reason = str(exc).strip().splitlines()[-1].strip()
+        raise UnsupportedModelError(
+            f"{getattr(config, 'model_type', '?')} configs reject method {plan.spec.method!r} in transformers "
+            f"{compat.TRANSFORMERS_VERSION}: {reason}; choose a method this model type accepts (e.g. ntk, which "
+            "is a plain rope_theta change)"
+        ) from None
+    try:
+        verify_stock_config(rebuilt, plan)
+    except VerificationError as exc:
+        raise UnsupportedModelError(
+            f"{getattr(config, 'model_type', '?')} cannot carry {plan.spec.method!r} in config.json: {exc}"
+        ) from None
+
+
+def expected_rope(plan: PatchPlan, slot: str | None) -> tuple[torch.Tensor, float]:
+    """What stock loaders must build at construction (kept for callers of the 0.1 API)."""
+    return plan.expected_stock(slot)
+
+
+def verify_stock_config(stock_config, plan: PatchPlan, rtol: float = 1e-6) -> None:
+    """Raise VerificationError unless `stock_config` builds the planned frequencies and attention factor."""
+    stock_config = compat.text_config(stock_config)
+    for slot in plan.slots:
+        got_freq, got_attn = compat.stock_rope(stock_config, slot)
+        if slot in plan.targets:
+            want_freq, want_attn = plan.expected_stock(slot)
+        else:
+            want_freq, want_attn = got_freq, got_attn
+            old = plan.old_slots.get(slot)
+            if old is not None and not compat.params_close(compat.read_slots(stock_config)[slot], old, rel=rtol):
+                raise VerificationError(f"layer type {slot!r} was not supposed to change but loads as {old}")
+        if got_freq.shape != want_freq.shape or not torch.allclose(got_freq.float(), want_freq.float(), rtol=rtol, atol=0):
+            diff = (got_freq.float() - want_freq.float()).abs().max().item() if got_freq.shape == want_freq.shape else None
+            raise VerificationError(
+                f"stock transformers builds different inv_freq for {slot or 'all layers'} "
+                f"(shape {tuple(got_freq.shape)} vs {tuple(want_freq.shape)}, max abs diff {diff})"
+            )
+        if not math.isclose(float(got_attn), float(want_attn), rel_tol=rtol):
+            raise VerificationError(
+                f"stock transformers builds attention factor {float(got_attn):.6f} for {slot or 'all layers'}, "
+                f"rope-extend computed {float(want_attn):.6f}"
+            )
+
+
+def _describe(slots, targets, marker) -> str:
+    if marker:
+        spec = marker.get("spec", {})
+        return f"rope-extend {spec.get('method')} x{spec.get('factor')} from {spec.get('original_max_position_embeddings')}"
+    params = slots[targets[0]]
+    parts = [f"{params.get('rope_type')}"]
+    if params.get("factor"):
+        parts.append(f"x{params['factor']:g}")
+    if params.get("original_max_position_embeddings"):
+        parts.append(f"from {params['original_max_position_embeddings']}")
+    return " ".join(parts)
+
+
+def _version() -> str:
+    return __version__
