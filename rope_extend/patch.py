@@ -387,6 +387,7 @@ def patch_model(
     spec: RopeSpec | dict | str | None = None,
     *,
     dynamic_mode: str = "consistent",
+    verify: bool = True,
     **kwargs: Any,
 ) -> PatchReport:
     """Rescale an already-loaded model's RoPE in place and rewrite its config. Returns a `PatchReport`.
@@ -397,6 +398,10 @@ def patch_model(
 
     `dynamic_mode` (dynamic, dynamic-yarn, longrope): "consistent" fixes the scale per `generate` request so the
     KV cache stays valid; "stock" reproduces transformers' behaviour exactly (see `rope_extend.dynamic`).
+
+    `verify` (default): before touching the model, check the plan with `rope_extend.verify.verify_plan` (stock
+    transformers rebuilds the same RoPE from the rewritten config, and a forward beyond the original length runs and
+    agrees on a small model of the same config); a plan that fails raises VerificationError and changes nothing.
     """
     if dynamic_mode not in dynamic.MODES:
         raise SpecError(f"dynamic_mode {dynamic_mode!r} is not one of {', '.join(dynamic.MODES)}", field="dynamic_mode")
@@ -424,6 +429,10 @@ def patch_model(
         _restore_modules(model, state)
         compat.restore_rope_config(config, state["config"])
         plan = plan_patch(config, spec)
+    if verify and plan.changed:
+        from .verify import verify_plan  # verify imports this module
+
+        verify_plan(plan, source_config=config)
 
     new_state = state or {"config": compat.snapshot_rope_config(config), "modules": {}, "hooks": []}
     new_state["dynamic_hooks"] = []
