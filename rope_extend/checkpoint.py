@@ -325,7 +325,11 @@ def _full(source, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remo
     kwargs.update(compat.dtype_kwargs(torch_dtype if torch_dtype == "auto" else getattr(torch, torch_dtype)))
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # the CLI shows its own status; keep stderr for errors
+    hf_logging.disable_progress_bar()  # the CLI shows its own progress; keep stderr for it and errors
+    with contextlib.suppress(ImportError):
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as exc:
