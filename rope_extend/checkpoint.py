@@ -400,7 +400,8 @@ def patch_checkpoint(
 
     Everything is validated (spec, SOURCE's files, OUT) before any path is created. `hub_id` (the repo OUT will be
     pushed to) names the model in the card's serving commands; otherwise OUT's folder name does: the card never
-    holds a local absolute path. `on_step(message)` is called at each of `patch_steps(verify)` steps.
+    holds a local absolute path. `on_step(message)` is called at each of `patch_steps(verify)` steps, all after
+    validation: a refused input prints no progress, only its one error line.
     """
     started = time.perf_counter()
     step = on_step or (lambda message: None)
@@ -413,7 +414,6 @@ def patch_checkpoint(
     mode = ("full" if dtype not in (None, "auto") else "config-only") if mode == "auto" else mode
     spec = spec if isinstance(spec, RopeSpec) else load_spec(spec)
 
-    step(f"reading and checking {source}")
     src = resolve_source(source, revision=revision)
     out_path = check_output_path(src, Path(out), overwrite)
     raw = files.read_config(src)
@@ -435,6 +435,8 @@ def patch_checkpoint(
             value=1,
         )
     carried = scan_source(src, allow_pickle)
+    if verify:  # before creating anything: a plan whose small-model forward fails is refused here
+        verify_plan(plan, source_config=config)
 
     result = PatchResult(out=out_path, source=src, mode=mode, plan=plan, warnings=list(plan.warnings))
     serving, serving_warnings = serving_hints(plan, str(out_path))
@@ -473,7 +475,7 @@ def patch_checkpoint(
 
 def patch_steps(verify: bool) -> int:
     """How many times `patch_checkpoint` calls `on_step` (for progress with an ETA)."""
-    return 3 if verify else 2
+    return 2 if verify else 1
 
 
 def _public_name(source: str | os.PathLike, resolved: Path) -> str:

@@ -91,7 +91,7 @@ def _check_int(path, field, value, low=1, high=MAX_TOKENS, fix="fix config.json 
     if not (isinstance(value, int) and not isinstance(value, bool)) and not (
         isinstance(value, float) and value.is_integer()
     ):
-        raise _bad(path, field, value, f"it must be a whole number, not a {_kind(value)}", fix)
+        raise _bad(path, field, value, f"it must be a whole number, not a JSON {_kind(value)}", fix)
     if not low <= value <= high:
         raise _bad(path, field, value, f"it must lie in [{low}, {high}]", fix)
 

@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 from rope_extend import (
     AlreadyScaledError,
     CheckpointError,
+    RopeExtendError,
     RopeSpec,
     SpecError,
     UnsupportedModelError,
+    VerificationError,
     load_spec,
     plan_patch,
 )
@@ -131,6 +133,118 @@ CASES = [
 ]
 
 
+# --- hostile and broken inputs (issue 12): every file read from SOURCE, every spec, every flag combination ----------
+def _st_header(src, header, length=None):
+    """Replace model.safetensors by a file with this header (an object, or raw bytes) and no tensor data."""
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    size = len(raw) if length is None else length
+    (src / "model.safetensors").write_bytes(size.to_bytes(8, "little") + raw)
+
+
+def _index(src, weight_map):
+    (src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def _nested_config(src, depth):
+    data = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(data)[:-1] + ', "x": ' + "[" * depth + "]" * depth + "}")
+
+
+def _link_outside(src, name, target):
+    outside = src.parent / "outside"
+    outside.mkdir(exist_ok=True)
+    real = outside / target
+    if name == "model.safetensors":
+        (src / name).rename(real)
+    else:
+        real.write_text("a file outside SOURCE")
+    (src / name).unlink(missing_ok=True)
+    (src / name).symlink_to(real)
+
+
+def _rope_parameters(src, **params):
+    _edit_config(src, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, **params}, rope_scaling=None)
+
+
+LAUGHS = "method: yarn\nfactor: 2\na: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n" + "".join(
+    f"{chr(99 + i)}: &{chr(99 + i)} [{', '.join(['*' + chr(98 + i)] * 9)}]\n" for i in range(8)
+)
+FIELD = ["config.json field"]
+CASES += [
+    # config.json: types and ranges at the boundary, each naming the file and the field
+    ("config-theta-one", lambda t: YARN, lambda s: _edit_config(s, rope_theta=1), FIELD + ["rope_theta", "> 1"], CheckpointError),
+    ("config-theta-negative", lambda t: YARN, lambda s: _edit_config(s, rope_theta=-5.0), FIELD + ["rope_theta"], CheckpointError),
+    ("config-theta-text", lambda t: YARN, lambda s: _edit_config(s, rope_theta="big"), FIELD + ["rope_theta"], CheckpointError),
+    ("config-theta-nan", lambda t: YARN, lambda s: _edit_config(s, rope_theta=float("nan")), FIELD + ["finite"], CheckpointError),
+    ("config-heads-zero", lambda t: YARN, lambda s: _edit_config(s, num_attention_heads=0), FIELD + ["num_attention_heads", "at least one head"], CheckpointError),
+    ("config-kv-heads-zero", lambda t: YARN, lambda s: _edit_config(s, num_key_value_heads=0), FIELD + ["num_key_value_heads"], CheckpointError),
+    ("config-hidden-zero", lambda t: YARN, lambda s: _edit_config(s, hidden_size=0), FIELD + ["hidden_size"], CheckpointError),
+    ("config-heads-text", lambda t: YARN, lambda s: _edit_config(s, num_attention_heads="4"), FIELD + ["num_attention_heads", "whole number"], CheckpointError),
+    ("config-length-zero", lambda t: YARN, lambda s: _edit_config(s, max_position_embeddings=0), FIELD + ["max_position_embeddings", "[1, 2147483647]"], CheckpointError),
+    ("config-length-beyond-int64", lambda t: YARN, lambda s: _edit_config(s, max_position_embeddings=2**70), FIELD + ["max_position_embeddings", "[1, 2147483647]"], CheckpointError),
+    ("config-length-fraction", lambda t: YARN, lambda s: _edit_config(s, max_position_embeddings=32.5), FIELD + ["whole number"], CheckpointError),
+    ("config-length-list", lambda t: YARN, lambda s: _edit_config(s, max_position_embeddings=[32]), FIELD + ["max_position_embeddings", "array"], CheckpointError),
+    ("config-rope-scaling-list", lambda t: YARN, lambda s: _edit_config(s, rope_scaling=[1, 2]), FIELD + ["rope_scaling", "object"], CheckpointError),
+    ("config-rope-scaling-text", lambda t: YARN, lambda s: _edit_config(s, rope_scaling="yarn"), FIELD + ["rope_scaling"], CheckpointError),
+    ("config-rope-parameters-text", lambda t: YARN, lambda s: _edit_config(s, rope_parameters="default"), FIELD + ["rope_parameters"], CheckpointError),
+    ("config-rope-parameters-theta-zero", lambda t: YARN, lambda s: _rope_parameters(s, rope_theta=0), FIELD + ["rope_parameters.rope_theta"], CheckpointError),
+    ("config-rope-parameters-factor-negative", lambda t: YARN, lambda s: _rope_parameters(s, factor=-2), FIELD + ["rope_parameters.factor", "> 0"], CheckpointError),
+    ("config-rope-type-number", lambda t: YARN, lambda s: _rope_parameters(s, rope_type=3), FIELD + ["rope_parameters.rope_type"], CheckpointError),
+    ("config-partial-rotary-two", lambda t: YARN, lambda s: _edit_config(s, partial_rotary_factor=2), FIELD + ["partial_rotary_factor", "(0, 1]"], CheckpointError),
+    ("config-model-type-number", lambda t: YARN, lambda s: _edit_config(s, model_type=5), FIELD + ["model_type"], CheckpointError),
+    ("config-layer-types-text", lambda t: YARN, lambda s: _edit_config(s, layer_types="full_attention"), FIELD + ["layer_types"], CheckpointError),
+    ("config-text-config-list", lambda t: YARN, lambda s: _edit_config(s, text_config=[1]), FIELD + ["text_config"], CheckpointError),
+    ("config-marker-text", lambda t: YARN, lambda s: _edit_config(s, rope_extend="yarn"), FIELD + ["rope_extend"], CheckpointError),
+    ("config-nested-recursion", lambda t: YARN, lambda s: _nested_config(s, 100_000), ["config.json", "nested too deeply"], CheckpointError),
+    ("config-nested-deep", lambda t: YARN, lambda s: _nested_config(s, 40), ["config.json", "levels deep"], CheckpointError),
+    # a stray partial_rotary_factor: stock RoPE numbers agree, but the model cannot run -> never "verified"
+    ("config-stray-partial-rotary", lambda t: YARN, lambda s: _edit_config(s, partial_rotary_factor=0.5), ["cannot run a forward pass", "partial_rotary_factor"], VerificationError),
+    # safetensors headers: right JSON syntax, wrong shape
+    ("safetensors-header-list", lambda t: YARN, lambda s: _st_header(s, [1, 2]), ["model.safetensors", "not an object"], CheckpointError),
+    ("safetensors-header-text", lambda t: YARN, lambda s: _st_header(s, "weights"), ["model.safetensors", "not an object"], CheckpointError),
+    ("safetensors-offsets-text", lambda t: YARN, lambda s: _st_header(s, {"w": {"dtype": "F32", "shape": [1], "data_offsets": "0-4"}}), ["data_offsets"], CheckpointError),
+    ("safetensors-entry-list", lambda t: YARN, lambda s: _st_header(s, {"w": [0, 4]}), ["tensor 'w'", "data_offsets"], CheckpointError),
+    ("safetensors-no-dtype", lambda t: YARN, lambda s: _st_header(s, {"w": {"data_offsets": [0, 0]}}), ["dtype"], CheckpointError),
+    ("safetensors-header-huge", lambda t: YARN, lambda s: _st_header(s, b"{}", length=2**63), ["header length"], CheckpointError),
+    ("safetensors-header-not-json", lambda t: YARN, lambda s: _st_header(s, b"\xff\xfe not json"), ["not JSON"], CheckpointError),
+    # index.json: wrong shapes, and entries pointing outside SOURCE
+    ("index-outside-source", lambda t: YARN, lambda s: _index(s, {"a": "../../etc/passwd.safetensors"}), ["inside SOURCE"], CheckpointError),
+    ("index-absolute-path", lambda t: YARN, lambda s: _index(s, {"a": "/etc/model.safetensors"}), ["inside SOURCE"], CheckpointError),
+    ("index-not-a-shard", lambda t: YARN, lambda s: _index(s, {"a": "../../etc/passwd"}), [".safetensors shard"], CheckpointError),
+    ("index-map-list", lambda t: YARN, lambda s: _index(s, ["model.safetensors"]), ["weight_map", "object"], CheckpointError),
+    ("index-map-empty", lambda t: YARN, lambda s: _index(s, {}), ["weight_map"], CheckpointError),
+    ("index-entry-number", lambda t: YARN, lambda s: _index(s, {"a": 5}), ["weight_map['a']"], CheckpointError),
+    ("index-not-object", lambda t: YARN, lambda s: (s / "model.safetensors.index.json").write_text('"x"'), ["JSON object"], CheckpointError),
+    # links out of SOURCE are never followed (only the Hub cache's snapshot -> blobs)
+    ("link-to-outside-file", lambda t: YARN, lambda s: _link_outside(s, "notes.txt", "secret.txt"), ["symbolic link", "Hub cache layout"], CheckpointError),
+    ("link-weights-outside", lambda t: YARN, lambda s: _link_outside(s, "model.safetensors", "w.safetensors"), ["symbolic link"], CheckpointError),
+    # specs: bounded YAML, sane ranges, no silent ambiguity
+    ("yaml-alias", lambda t: _yaml(t, "method: yarn\nfactor: &f 2\nbeta_fast: *f\n"), None, ["anchors"], SpecError),
+    ("yaml-billion-laughs", lambda t: _yaml(t, LAUGHS), None, ["not allowed"], SpecError),
+    ("yaml-duplicate-key", lambda t: _yaml(t, "method: yarn\nfactor: 2\nfactor: 4\n"), None, ["'factor' appears twice"], SpecError),
+    ("yaml-deep-nesting", lambda t: _yaml(t, "method: yarn\nfactor: 2\nlayer_types: " + "[" * 60 + "]" * 60 + "\n"), None, ["nests deeper"], SpecError),
+    ("yaml-huge-file", lambda t: _yaml(t, "method: yarn\nfactor: 2\n" + "# padding\n" * 200_000), None, ["byte limit"], SpecError),
+    ("yaml-hex-number", lambda t: _yaml(t, "method: yarn\nfactor: 0x10\n"), None, ["'factor'", "'0x10'"], SpecError),
+    ("yaml-null-key", lambda t: _yaml(t, "method: yarn\nfactor: 2\nnull: 3\n"), None, ["keys must be names"], SpecError),
+    ("yaml-is-a-folder", lambda t: ["--config", str(t)], None, ["is a folder"], SpecError),
+    ("factor-beyond-range", lambda t: ["--method", "yarn", "--factor", "5000"], None, ["[1, 1024]"], SpecError),
+    ("target-beyond-range", lambda t: ["--method", "yarn", "--target-length", "99999999999"], None, ["[1, 2147483647]"], SpecError),
+    ("target-beyond-int64", lambda t: ["--method", "yarn", "--set", "target_length=99999999999999999999999"], None, ["[1, 2147483647]"], SpecError),
+    ("spec-theta-one", lambda t: YARN + ["--set", "rope_theta=1"], None, ["rope_theta", "> 1"], SpecError),
+    ("spec-theta-negative", lambda t: YARN + ["--set", "rope_theta=-3"], None, ["rope_theta"], SpecError),
+    ("set-empty-value", lambda t: YARN + ["--set", "beta_fast="], None, ["empty value"], SpecError),
+    ("set-conflicts-with-flag", lambda t: YARN + ["--set", "factor=8"], None, ["--factor 2", "disagree"], SpecError),
+    ("set-twice", lambda t: YARN + ["--set", "beta_fast=64", "--set", "beta_fast=32"], None, ["given twice"], SpecError),
+    ("factor-one-is-a-no-op", lambda t: ["--method", "yarn", "--factor", "1"], None, ["changes nothing"], SpecError),
+    # flags that would be silently ignored or write where the user did not ask
+    ("revision-with-local-folder", lambda t: YARN + ["--revision", "main"], None, ["--revision 'main'", "local folder"], CheckpointError),
+    ("eval-dir-inside-source", lambda t: YARN + ["--eval", "smoke", "--eval-dir", str(t / "src" / "report")], None, ["inside SOURCE"], CheckpointError),
+    ("eval-unknown-suite", lambda t: YARN + ["--eval", "no-such-suite"], None, ["no-such-suite", "not found"], CheckpointError),
+    ("eval-dir-without-eval", lambda t: YARN + ["--eval-dir", str(t / "report")], None, ["only applies"], CheckpointError),
+]
+CLI_ONLY = ("--push-to-hub", "--eval", "--eval-dir")
+
+
 @pytest.mark.parametrize("case_id, args, mutate, words, api_error", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_cli_and_api(pristine, tmp_path, capsys, case_id, args, mutate, words, api_error):
     src = copy_tree(pristine, tmp_path / "src")
@@ -138,25 +252,26 @@ def test_bad_input_cli_and_api(pristine, tmp_path, capsys, case_id, args, mutate
         mutate(src)
     capsys.readouterr()
     before = checksums(src)
-    out = tmp_path / "out"
+    out = tmp_path / "new" / "out"  # its parent does not exist: a refused run must not leave it behind
     extra = args(tmp_path)
+    present = sorted(tmp_path.iterdir())
     assert run(["patch", str(src), "-o", str(out), *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rope-extend: error:"), err
     for word in words:
         assert word in err[0], err[0]
-    assert not out.exists() and not list(tmp_path.glob(".out.rope-extend-tmp-*"))
+    assert sorted(tmp_path.iterdir()) == present  # nothing written anywhere: no OUT, parents, temp or eval folders
     assert checksums(src) == before
-    # the Python API raises the documented exception (a ValueError subclass)
-    if "--push-to-hub" in extra:
-        return  # a CLI option
-    assert issubclass(api_error, ValueError)
+    # the Python API raises the documented exception (a RopeExtendError, and a builtin ValueError/RuntimeError)
+    if any(flag in extra for flag in CLI_ONLY):
+        return  # CLI options
+    assert issubclass(api_error, RopeExtendError) and issubclass(api_error, (ValueError, RuntimeError))
     with pytest.raises(api_error):
         spec = _api_spec(extra)
-        mode = extra[extra.index("--mode") + 1] if "--mode" in extra else "auto"
-        dtype = extra[extra.index("--dtype") + 1] if "--dtype" in extra else None
-        patch_checkpoint(src, spec, out, mode=mode, dtype=dtype)
-    assert not out.exists()
+        get = lambda flag: extra[extra.index(flag) + 1] if flag in extra else None
+        patch_checkpoint(src, spec, out, mode=get("--mode") or "auto", dtype=get("--dtype"), revision=get("--revision"))
+    assert sorted(tmp_path.iterdir()) == present
+    assert checksums(src) == before
 
 
 def _api_spec(extra):
@@ -168,10 +283,6 @@ def _api_spec(extra):
     target = get("--target-length")
     return build_spec(get("--method"), float(factor) if factor else None, int(target) if target else None,
                       Path(get("--config")) if get("--config") else None, sets)
-
-
-def test_table_has_at_least_30_cases():
-    assert len(CASES) >= 30
 
 
 def test_output_location_cases(pristine, tmp_path, capsys):

@@ -43,7 +43,10 @@ def build_spec(
         flag = "--" + key.replace("_", "-")
         if key in overrides and overrides[key] != value:
             raise SpecError(
-                f"{flag} {value} and --set {key}={overrides[key]} disagree; give {key} once", field=key, value=value
+                f"{flag} {value:g} and --set {key}={overrides[key]} disagree; give {key} once" if isinstance(value, float)
+                else f"{flag} {value} and --set {key}={overrides[key]} disagree; give {key} once",
+                field=key,
+                value=value,
             )
         overrides[key] = value
     if config is None and "method" not in overrides:
@@ -132,7 +135,7 @@ def patch(
     out.print(
         f"[green]wrote[/green] {result.out} ({result.mode}: {result.linked} linked, {result.copied} copied, "
         f"{len(result.written)} written) in {result.seconds:.2f} s; "
-        f"{'verified: stock transformers reload + forward beyond the original length' if result.verified else 'NOT verified (--no-verify)'}"
+        f"{'verified with stock transformers (reload + a forward beyond the original length)' if result.verified else 'NOT verified (--no-verify)'}"
     )
     out.print(
         f"{plan.spec.method} x{plan.spec.factor:g}: {plan.spec.original_max_position_embeddings} -> "
