@@ -8,6 +8,8 @@ import multiprocessing
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -353,7 +355,8 @@ def test_sigkill_during_write_leaves_out_absent_or_complete(pristine, tmp_path, 
     for trial in range(20):
         out = tmp_path / f"out{trial}"
         process = start(out)
-        time.sleep(rng.uniform(0, duration * 1.2))
+        # kill times spread from "at once" (before any write) to well past a whole run (after the rename)
+        time.sleep(trial / 19 * duration * 1.6 * rng.uniform(0.9, 1.1) if trial < 19 else duration * 4)
         try:
             os.kill(process.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -365,7 +368,8 @@ def test_sigkill_during_write_leaves_out_absent_or_complete(pristine, tmp_path, 
         else:
             outcomes["absent"] += 1
         assert checksums(source) == before
-    assert sum(outcomes.values()) == 20
+    # both outcomes must have happened, or the test did not exercise an interrupted write (nor a finished one)
+    assert outcomes["absent"] > 0 and outcomes["complete"] > 0, outcomes
     # temp folders of killed runs are cleaned by the next run beside the same OUT
     import shutil
 
@@ -414,11 +418,15 @@ def test_fuzz_spec_dicts_give_spec_or_spec_error(data):
     except SpecError as exc:
         assert str(exc) and "\n" not in str(exc)
         return
+    assert RopeSpec(**spec.to_dict()) == spec  # what validates also round-trips
     for original in (1, 4096):
         try:
-            spec.resolve(original)
-        except SpecError:
-            pass
+            resolved = spec.resolve(original)
+        except SpecError as exc:
+            assert str(exc) and "\n" not in str(exc)
+            continue
+        assert resolved.original_max_position_embeddings == (spec.original_max_position_embeddings or original)
+        assert abs(resolved.factor * resolved.original_max_position_embeddings - resolved.target_length) < 1
 
 
 @settings(max_examples=300, deadline=None)
@@ -427,9 +435,11 @@ def test_fuzz_yaml_text_gives_spec_or_spec_error(tmp_path_factory, text):
     path = tmp_path_factory.mktemp("fuzz") / "spec.yaml"
     path.write_text(text)
     try:
-        load_spec(path)
-    except SpecError:
-        pass
+        spec = load_spec(path)
+    except SpecError as exc:
+        assert str(exc) and "\n" not in str(exc) and "spec" in str(exc).lower()
+        return
+    assert isinstance(spec, RopeSpec) and load_spec(spec.to_dict()) == spec
 
 
 VALID_SPECS = st.one_of(
@@ -468,3 +478,195 @@ def test_remote_code_is_never_trusted_by_default(pristine, tmp_path, capsys):
     assert run(["patch", str(src), "-o", str(tmp_path / "out"), *YARN]) == 2
     err = capsys.readouterr().err
     assert "remote code ran" not in err and "rope-extend: error:" in err
+
+
+# --- signals: real SIGINT / SIGTERM on a real process ---------------------------------------------------------------
+def _cli_process(args, env_extra=None, **kwargs):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env_extra or {})})
+    return subprocess.Popen([sys.executable, "-m", "rope_extend", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, **kwargs)
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_exits_128_plus_signal_and_leaves_nothing(pristine, tmp_path, signum, code):
+    src = copy_tree(pristine, tmp_path / "src")
+    before = checksums(src)
+    out = tmp_path / "new" / "out"
+    process = _cli_process(["patch", src, "-o", out, "--method", "yarn", "--factor", "4", "--mode", "full"])
+    first = process.stderr.readline()  # progress starts once validation passed: the write is under way
+    assert first.startswith("rope-extend: [1/2] writing the full checkpoint"), first
+    time.sleep(0.2)
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == code, (stdout, stderr)
+    lines = [line for line in stderr.strip().splitlines() if not line.startswith("rope-extend: [")]
+    name = signal.Signals(signum).name
+    assert lines == [f"rope-extend: interrupted ({name}); nothing was left at {out}"], stderr
+    assert not (tmp_path / "new").exists() and checksums(src) == before
+    assert "wrote" not in stdout
+
+
+# --- what 'verified' promises --------------------------------------------------------------------------------------
+def test_patch_model_refuses_a_model_that_would_not_run_and_changes_nothing():
+    import torch
+
+    from rope_extend import patch_model
+
+    model = tiny.make_model("llama")
+    model.config.partial_rotary_factor = 0.5  # stray: llama's attention rotates the whole head
+    inv_freq = model.model.rotary_emb.inv_freq.clone()
+    ids = tiny.input_ids(8)
+    with torch.no_grad():
+        expected = model(ids).logits
+    with pytest.raises(VerificationError, match="cannot run a forward pass"):
+        patch_model(model, method="yarn", factor=2)
+    assert torch.equal(model.model.rotary_emb.inv_freq, inv_freq)
+    assert model.config.max_position_embeddings == tiny.ORIGINAL
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)  # still runs, unchanged
+
+
+def test_verification_compares_a_real_forward_beyond_the_original_length(pristine, tmp_path):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rope_extend.verify import probe_inputs, probe_outputs, verify_plan
+
+    out = tmp_path / "out"
+    patch_checkpoint(pristine, {"method": "yarn", "factor": 4}, out)
+    config = AutoConfig.from_pretrained(out)
+    plan = plan_patch(AutoConfig.from_pretrained(pristine), {"method": "yarn", "factor": 4})
+    _, positions = probe_inputs(plan, 128)
+    assert positions.max().item() == 4 * tiny.ORIGINAL - 1 > tiny.ORIGINAL  # beyond the original window
+    stock = AutoModelForCausalLM.from_pretrained(out).eval()
+    outputs = probe_outputs(stock, plan)
+    verify_plan(plan, source_config=config, stock_config=config, patched_outputs=outputs, stock_model=stock)
+    with pytest.raises(VerificationError, match="disagree beyond the original length"):
+        verify_plan(plan, source_config=config, stock_config=config, patched_outputs=outputs * 1.01, stock_model=stock)
+    with torch.no_grad():  # the probe really is the model's output at those positions
+        ids, positions = probe_inputs(plan, config.vocab_size)
+        torch.testing.assert_close(stock(input_ids=ids, position_ids=positions).logits, outputs)
+
+
+# --- nothing written where the user did not ask ----------------------------------------------------------------------
+def test_overwrite_only_replaces_model_folders(pristine, tmp_path, capsys, monkeypatch):
+    src = copy_tree(pristine, tmp_path / "src")
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "notes.md").write_text("mine")
+    (work / "config.json").write_text("{}")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    code_dir = tmp_path / "project"
+    (code_dir / ".git").mkdir(parents=True)
+    (code_dir / "train.py").write_text("print('mine')")
+    refused = [(".", "the current folder"), ("~", "your home folder"), ("/", "the filesystem root"),
+               (str(tmp_path), "inside OUT"), (str(code_dir), "not a model's")]
+    for out, words in refused:
+        assert run(["patch", str(src), "-o", out, *YARN, "--overwrite"]) == 2, out
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+    assert (home / "notes.md").read_text() == "mine" and (code_dir / "train.py").exists()
+    previous = tmp_path / "previous"
+    assert run(["patch", str(src), "-o", str(previous), *YARN]) == 0
+    assert run(["patch", str(src), "-o", str(previous), "--method", "ntk", "--factor", "2", "--overwrite"]) == 0
+    assert "method: ntk" in (previous / "rope_extend.yaml").read_text()  # a folder rope-extend wrote
+    models_only = copy_tree(pristine, tmp_path / "models-only")
+    assert run(["patch", str(src), "-o", str(models_only), *YARN, "--overwrite"]) == 0
+    assert (models_only / "rope_extend.yaml").exists()
+
+
+def test_card_and_out_hold_no_local_paths_or_cache_markers(pristine, tmp_path):
+    src = copy_tree(pristine, tmp_path / "src")
+    (src / ".complete").write_text('{"source": "demo cache marker"}')
+    out = tmp_path / "out"
+    patch_checkpoint(src, {"method": "yarn", "factor": 2}, out)
+    assert not (out / ".complete").exists()
+    for name in ("README.md", "config.json", "rope_extend.yaml"):
+        text = (out / name).read_text()
+        assert str(tmp_path) not in text, name
+    card = (out / "README.md").read_text()
+    assert "the local checkpoint `src`" in card and "vllm serve out " in card
+
+
+# --- the Hub unreachable: one behaviour everywhere -----------------------------------------------------------------
+def test_hub_unreachable_fails_fast_with_one_line(tmp_path):
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HOME": str(tmp_path)}
+    env.pop("HF_HUB_OFFLINE", None)
+    commands = [["show", "acme/model"], ["inspect", "acme/model"],
+                ["patch", "acme/model", "--method", "yarn", "--factor", "2", "-o", tmp_path / "out"]]
+    for args in commands:
+        started = time.perf_counter()
+        process = _cli_process(args, {**env, "HF_HUB_OFFLINE": "0"})
+        stdout, stderr = process.communicate(timeout=120)
+        seconds = time.perf_counter() - started
+        lines = stderr.strip().splitlines()
+        assert process.returncode == 2 and len(lines) == 1, (args, stderr)
+        assert "unreachable" in lines[0] and "not in the local Hub cache" in lines[0], lines[0]
+        assert seconds < 60, (args, seconds)  # no retry loop (the import of torch alone takes seconds here)
+    assert not (tmp_path / "out").exists()
+
+
+def test_push_with_the_hub_unreachable_says_out_is_complete(pristine, tmp_path, capsys, monkeypatch):
+    from rope_extend import hub
+
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: False)
+    out = tmp_path / "out"
+    assert run(["patch", str(pristine), "-o", str(out), *YARN, "--push-to-hub", "me/tiny"]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("rope-extend: [")]
+    assert len(err) == 1 and "unreachable" in err[0] and "is complete" in err[0], err
+    assert (out / "config.json").exists() and (out / "rope_extend.yaml").exists()
+
+    class Offline:
+        def create_repo(self, **kwargs):
+            raise ConnectionError("[Errno 101] Network is unreachable")
+
+    plan = hub.plan_push(out, "me/tiny", False, "method: yarn\n")
+    with pytest.raises(CheckpointError, match="ConnectionError.*is complete"):
+        hub.push(plan, api=Offline())
+
+
+# --- a newcomer's first hour ---------------------------------------------------------------------------------------
+def test_version_debug_and_progress_when_not_a_terminal(pristine, tmp_path, capsys):
+    from rope_extend import __version__
+
+    assert run(["--version"]) == 0
+    assert capsys.readouterr().out.startswith(f"rope-extend {__version__} (transformers ")
+    process = _cli_process(["--help"], {"COLUMNS": "100"})
+    stdout, _ = process.communicate(timeout=120)
+    assert "--debug" in stdout and "--version" in stdout
+    out = tmp_path / "out"
+    process = _cli_process(["patch", pristine, "-o", out, "--method", "yarn", "--factor", "2"])
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    progress = [line for line in stderr.splitlines() if line.startswith("rope-extend: [")]
+    assert [line.split("]")[0] for line in progress] == ["rope-extend: [1/2", "rope-extend: [2/2"], stderr
+    assert "elapsed" in progress[0] and "ETA" in progress[1]
+    assert "rope-extend: [" not in stdout and stdout.startswith("wrote ")
+
+
+def test_show_fits_80_columns_without_cut_cells_or_raw_dicts(pristine, tmp_path):
+    out = tmp_path / "out"
+    patch_checkpoint(pristine, {"method": "yarn", "factor": 4}, out)
+    process = _cli_process(["show", out], {"COLUMNS": "80"})
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    assert "…" not in stdout and "{'" not in stdout and "{\"" not in stdout, stdout
+    for key in ("rope_type:", "rope_theta:", "rotary dim:", "original length:", "attention_factor:"):
+        assert key in stdout
+    assert "yarn" in stdout and "factor=4" in stdout and "10000" in stdout
+
+
+def test_every_command_accepts_the_smollm2_alias(pristine, tmp_path, capsys, monkeypatch):
+    import rope_extend.demo_model as demo_model
+
+    monkeypatch.setattr(demo_model, "smollm2_path", lambda cache_dir=None: pristine)
+    monkeypatch.chdir(tmp_path)  # no folder named smollm2 here
+    assert run(["show", "smollm2"]) == 0
+    assert "max_position_embeddings: 32" in capsys.readouterr().out
+    assert run(["inspect", "smollm2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inspection"]["original_length"] == 32
+    assert run(["patch", "smollm2", "-o", str(tmp_path / "out"), *YARN]) == 0
+    assert "the local checkpoint `src`" in (tmp_path / "out" / "README.md").read_text()
