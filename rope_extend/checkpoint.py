@@ -78,18 +78,18 @@ def check_output_path(source: Path, out: Path, overwrite: bool) -> Path:
     out = Path(out).expanduser().absolute()
     resolved_out, resolved_src = out.resolve(), Path(source).resolve()
     home, cwd = Path.home().resolve(), Path.cwd().resolve()
-    if resolved_out == resolved_src:
-        raise CheckpointError(f"OUT {given!r} is SOURCE itself; choose a new folder with -o")
-    if resolved_src in resolved_out.parents:
-        raise CheckpointError(f"OUT {given!r} is inside SOURCE {str(source)!r}; write it elsewhere")
-    if resolved_out in resolved_src.parents:
-        raise CheckpointError(f"SOURCE {str(source)!r} is inside OUT {given!r}; OUT would replace it")
     if resolved_out in (Path(resolved_out.anchor), home, cwd):
         what = {Path(resolved_out.anchor): "the filesystem root", home: "your home folder", cwd: "the current folder"}
         raise CheckpointError(
             f"OUT {given!r} is {what[resolved_out]}; rope-extend writes a checkpoint into a folder of its own, "
             "e.g. -o out/model-yarn"
         )
+    if resolved_out == resolved_src:
+        raise CheckpointError(f"OUT {given!r} is SOURCE itself; choose a new folder with -o")
+    if resolved_src in resolved_out.parents:
+        raise CheckpointError(f"OUT {given!r} is inside SOURCE {str(source)!r}; write it elsewhere")
+    if resolved_out in resolved_src.parents:
+        raise CheckpointError(f"SOURCE {str(source)!r} is inside OUT {given!r}; OUT would replace it")
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"OUT {given!r} is an existing file; choose a folder path")
     if out.is_dir() and any(out.iterdir()):

@@ -166,10 +166,32 @@ def check_config(raw: dict, path: Path) -> None:
     layer_types = part.get("layer_types")
     if layer_types is not None and (not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types)):
         raise _bad(path, prefix + "layer_types", layer_types, "it must be a list of layer type names", "fix config.json")
-    marker = part.get("rope_extend")
-    if marker is not None and not isinstance(marker, dict):
-        raise _bad(path, prefix + "rope_extend", marker, "rope-extend's provenance marker must be an object",
-                   "remove the key or re-download the checkpoint")
+    _check_marker(path, prefix, part.get("rope_extend"))
+
+
+def _check_marker(path: Path, prefix: str, marker: Any) -> None:
+    """rope-extend's provenance marker (it restores the original RoPE from it, so it must be whole)."""
+    if marker is None:
+        return
+    fix = "restore config.json from the checkpoint rope-extend wrote, or remove the rope_extend key"
+    if not isinstance(marker, dict):
+        raise _bad(path, prefix + "rope_extend", marker, "rope-extend's provenance marker must be an object", fix)
+    if marker.get("spec") is not None and not isinstance(marker["spec"], dict):
+        raise _bad(path, prefix + "rope_extend.spec", marker["spec"], "it must be an object (the resolved spec)", fix)
+    original = marker.get("original")
+    if original is None:
+        return
+    slots = original.get("rope_parameters") if isinstance(original, dict) else None
+    if not isinstance(slots, dict) or not slots or not all(isinstance(v, dict) for v in slots.values()):
+        raise _bad(path, prefix + "rope_extend.original", original,
+                   "rope-extend's record of the original RoPE is damaged", fix)
+    _check_int(path, prefix + "rope_extend.original.max_position_embeddings", original.get("max_position_embeddings"),
+               fix=fix)
+    for key, params in slots.items():
+        _check_slot(path, f"{prefix}rope_extend.original.rope_parameters.{key}", params)
+        if params.get("rope_theta") is None:
+            raise _bad(path, f"{prefix}rope_extend.original.rope_parameters.{key}.rope_theta", None,
+                       "the original base is missing", fix)
 
 
 def read_config(source: Path) -> dict:

@@ -13,6 +13,7 @@ below), so splitting patch.py changes only these imports.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import warnings
@@ -48,11 +49,13 @@ HALF_RTOL = 3e-2
 
 
 def probe_inputs(plan: PatchPlan, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Four tokens at positions 0, L-1, L and N-1 (L original, N target): the last one is beyond the original
-    window, and N-1 makes dynamic methods compute their scale at the target length, where stock loaders' static
-    equivalent (dynamic-yarn -> yarn) must agree."""
+    """Six tokens at positions 0, 1, L-1, L, N-2 and N-1 (L original, N target length): relative distances from 1 to
+    N-1 go through every rotary frequency, the last tokens are beyond the original window, and N-1 makes dynamic
+    methods compute their scale at the target length, where stock loaders' static equivalent (dynamic-yarn ->
+    yarn) must agree. (The caller keeps the KV cache on: transformers 5 reads position jumps without a cache as
+    packed sequences and would mask the tokens from each other.)"""
     original, target = plan.spec.original_max_position_embeddings, plan.spec.target_length
-    positions = sorted({0, max(original - 1, 0), min(original, target - 1), target - 1})
+    positions = sorted({0, 1, max(original - 1, 0), min(original, target - 1), max(target - 2, 0), target - 1})
     low = min(3, vocab_size - 1)
     generator = torch.Generator().manual_seed(1234)
     ids = torch.randint(low, vocab_size, (1, len(positions)), generator=generator)
@@ -66,7 +69,7 @@ def probe_outputs(model, plan: PatchPlan) -> torch.Tensor:
     ids, positions = probe_inputs(plan, vocab)
     device = next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
     try:
-        output = model(input_ids=ids.to(device), position_ids=positions.to(device), use_cache=False)
+        output = model(input_ids=ids.to(device), position_ids=positions.to(device), use_cache=True)
     except Exception as exc:  # whatever the modeling code raises: the model cannot run
         raise VerificationError(_cannot_run(model.config, exc)) from None
     values = getattr(output, "logits", None)
@@ -86,6 +89,9 @@ def _cannot_run(config, exc: Exception) -> str:
     hint = ""
     text = compat.text_config(config)
     factor = getattr(text, "partial_rotary_factor", None)
+    with contextlib.suppress(Exception):  # best effort: this only words the hint
+        for params in compat.read_slots(text).values():  # 5.x moves it into rope_parameters
+            factor = params.get("partial_rotary_factor", factor)
     if factor not in (None, 1, 1.0):
         hint = (f"; the config sets partial_rotary_factor {factor}, which {text.model_type}'s attention does not "
                 "apply to every head dimension: remove the key from config.json if the model does not use it")

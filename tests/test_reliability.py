@@ -197,6 +197,7 @@ CASES += [
     ("config-layer-types-text", lambda t: YARN, lambda s: _edit_config(s, layer_types="full_attention"), FIELD + ["layer_types"], CheckpointError),
     ("config-text-config-list", lambda t: YARN, lambda s: _edit_config(s, text_config=[1]), FIELD + ["text_config"], CheckpointError),
     ("config-marker-text", lambda t: YARN, lambda s: _edit_config(s, rope_extend="yarn"), FIELD + ["rope_extend"], CheckpointError),
+    ("config-marker-damaged", lambda t: YARN, lambda s: _edit_config(s, rope_extend={"spec": {"method": "yarn"}, "original": {"max_position_embeddings": 32}}), FIELD + ["rope_extend.original", "damaged"], CheckpointError),
     ("config-nested-recursion", lambda t: YARN, lambda s: _nested_config(s, 100_000), ["config.json", "nested too deeply"], CheckpointError),
     ("config-nested-deep", lambda t: YARN, lambda s: _nested_config(s, 40), ["config.json", "levels deep"], CheckpointError),
     # a stray partial_rotary_factor: stock RoPE numbers agree, but the model cannot run -> never "verified"
@@ -237,7 +238,7 @@ CASES += [
     ("set-empty-value", lambda t: YARN + ["--set", "beta_fast="], None, ["empty value"], SpecError),
     ("set-conflicts-with-flag", lambda t: YARN + ["--set", "factor=8"], None, ["--factor 2", "disagree"], SpecError),
     ("set-twice", lambda t: YARN + ["--set", "beta_fast=64", "--set", "beta_fast=32"], None, ["given twice"], SpecError),
-    ("factor-one-is-a-no-op", lambda t: ["--method", "yarn", "--factor", "1"], None, ["changes nothing"], SpecError),
+    ("factor-one-is-a-no-op", lambda t: ["--method", "yarn", "--factor", "1"], None, ["change nothing"], SpecError),
     # flags that would be silently ignored or write where the user did not ask
     ("revision-with-local-folder", lambda t: YARN + ["--revision", "main"], None, ["--revision 'main'", "local folder"], CheckpointError),
     ("eval-dir-inside-source", lambda t: YARN + ["--eval", "smoke", "--eval-dir", str(t / "src" / "report")], None, ["inside SOURCE"], CheckpointError),
@@ -314,7 +315,7 @@ def test_disk_full_leaves_nothing(pristine, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(checkpoint, "_write_json", full_disk)
     out = tmp_path / "out"
     assert run(["patch", str(pristine), "-o", str(out), *YARN]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("rope-extend: [")]
     assert len(err) == 1 and "no space left" in err[0]
     assert not out.exists() and not list(tmp_path.glob(".out.rope-extend-tmp-*"))
 
@@ -544,9 +545,11 @@ def test_verification_compares_a_real_forward_beyond_the_original_length(pristin
     verify_plan(plan, source_config=config, stock_config=config, patched_outputs=outputs, stock_model=stock)
     with pytest.raises(VerificationError, match="disagree beyond the original length"):
         verify_plan(plan, source_config=config, stock_config=config, patched_outputs=outputs * 1.01, stock_model=stock)
-    with torch.no_grad():  # the probe really is the model's output at those positions
+    with torch.no_grad():  # the probe really is the model's output at those positions, and RoPE matters to it
         ids, positions = probe_inputs(plan, config.vocab_size)
         torch.testing.assert_close(stock(input_ids=ids, position_ids=positions).logits, outputs)
+        shifted = stock(input_ids=ids, position_ids=positions // 2).logits
+    assert (shifted - outputs).abs().max() > 1e-3  # other positions give other outputs: the probe sees rotations
 
 
 # --- nothing written where the user did not ask ----------------------------------------------------------------------

@@ -96,7 +96,10 @@ def run(argv: list[str], debug: bool = False) -> int:
     except USER_ERRORS as exc:
         if debug:
             traceback.print_exc()
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        message = exc
+        if isinstance(exc, KeyError) and not isinstance(exc, RopeExtendError):  # a bare key name says nothing
+            message = (f"an input lacks the entry {exc.args[0] if exc.args else '?'!r} that rope-extend needs; "
+                       "check the files you passed (--debug shows where it was read)")
         print(f"rope-extend: error: {' '.join(str(message).split())}", file=sys.stderr)
         return 2
     except RecursionError:  # a user file nested beyond reason that escaped the boundary checks
