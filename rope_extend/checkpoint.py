@@ -193,7 +193,7 @@ def _update_caps(out: Path, old_max: int, target: int) -> list[str]:
     if tok.exists():
         data = read_json(tok, "tokenizer_config.json")
         cap = data.get("model_max_length")
-        if isinstance(cap, (int, float)) and cap < 1e12 and cap < target:
+        if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap < 1e12 and cap < target:
             data["model_max_length"] = target
             _write_json(tok, data)
             changed.append("tokenizer_config.json")

@@ -129,7 +129,8 @@ def _small_model(config):
             reason = " ".join(str(exc).split())[:200]
             raise VerificationError(
                 f"stock transformers cannot build a {getattr(config, 'model_type', '?')} model from the patched "
-                f"config ({type(exc).__name__}: {reason})"
+                f"config ({type(exc).__name__}: {reason}), so the patch cannot be verified; --no-verify "
+                "(patch_model(..., verify=False)) skips the check"
             ) from None
 
 
