@@ -46,6 +46,9 @@ def hub_reachable(timeout: float = REACH_TIMEOUT_S) -> bool:
     from huggingface_hub import constants
 
     url = urlparse(getattr(constants, "ENDPOINT", None) or "https://huggingface.co")
+    proxies = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+    if any(os.environ.get(name) for name in proxies):
+        return True  # behind a proxy a direct connection says nothing; huggingface_hub's own errors answer
     try:
         with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):
             return True

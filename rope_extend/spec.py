@@ -337,8 +337,8 @@ def _load_yaml_text(text: str, what: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        kind = "valid YAML" if mark else "a valid spec"
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line, whatever PyYAML wrote
+        kind = "a valid spec" if type(exc) is yaml.YAMLError else "valid YAML"  # our bounds vs PyYAML's syntax
         raise SpecError(f"{what} is not {kind}{where}: {problem}", field="config") from None
     except RecursionError:
         raise SpecError(f"{what} nests too deeply; a spec is flat key: value", field="config") from None
