@@ -483,7 +483,7 @@ def test_remote_code_is_never_trusted_by_default(pristine, tmp_path, capsys):
 
 # --- signals: real SIGINT / SIGTERM on a real process ---------------------------------------------------------------
 def _cli_process(args, env_extra=None, **kwargs):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and not k.lower().endswith("_proxy")}
     env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env_extra or {})})
     return subprocess.Popen([sys.executable, "-m", "rope_extend", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, **kwargs)
@@ -597,7 +597,6 @@ def test_card_and_out_hold_no_local_paths_or_cache_markers(pristine, tmp_path):
 # --- the Hub unreachable: one behaviour everywhere -----------------------------------------------------------------
 def test_hub_unreachable_fails_fast_with_one_line(tmp_path):
     env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HOME": str(tmp_path)}
-    env.pop("HF_HUB_OFFLINE", None)
     commands = [["show", "acme/model"], ["inspect", "acme/model"],
                 ["patch", "acme/model", "--method", "yarn", "--factor", "2", "-o", tmp_path / "out"]]
     for args in commands:
