@@ -7,29 +7,38 @@ TORCH ?= torch==2.13.0
 TRANSFORMERS5 ?= transformers>=5,<6
 TRANSFORMERS4 ?= transformers>=4.45,<5
 PIP_FLAGS ?= -q --disable-pip-version-check
+# CI tests against pinned transformers/hub versions (dated, with the reason, in the files); test-latest does not.
+CONSTRAINTS5 ?= .ci/constraints-transformers5.txt
+CONSTRAINTS4 ?= .ci/constraints-transformers4.txt
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: install install4 test test5 test4 demo bench lint clean
+.PHONY: install install4 test test5 test4 test-latest demo bench lint clean
 
 install: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
-	$(VENV)/bin/pip install $(PIP_FLAGS) -e ".[dev,eval]" "$(TRANSFORMERS5)" "$(TORCH)"
+	$(VENV)/bin/pip install $(PIP_FLAGS) -c $(CONSTRAINTS5) -e ".[dev,eval]" "$(TRANSFORMERS5)" "$(TORCH)"
 	touch $@
 
 # A second environment on the latest transformers 4.x for the portability and parity tests.
 install4: $(VENV4)/.installed
-$(VENV4)/.installed: pyproject.toml
+$(VENV4)/.installed: pyproject.toml $(CONSTRAINTS4)
 	$(PYTHON) -m venv $(VENV4)
 	$(VENV4)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
-	$(VENV4)/bin/pip install $(PIP_FLAGS) -e ".[dev]" "$(TRANSFORMERS4)" "huggingface_hub<1.0" "$(TORCH)"
+	$(VENV4)/bin/pip install $(PIP_FLAGS) -c $(CONSTRAINTS4) -e ".[dev]" "$(TRANSFORMERS4)" "huggingface_hub<1.0" "$(TORCH)"
 	touch $@
 
 # The README's test command: the whole suite on transformers 5.x, then the portability/parity tests on 4.x.
 test: install install4
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV4)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_FLAGS)
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV)/bin/python $(VENV4)/bin/python -m pytest $(PYTEST_FLAGS) -m portability
+
+# The same two runs against the newest transformers 5.x / 4.x releases, in separate virtualenvs (no constraints).
+# A failure here and not in `make test` is an upstream change: adapt, then bump the pins in .ci/constraints-*.txt.
+test-latest:
+	$(MAKE) test VENV=.venv-latest VENV4=.venv4-latest CONSTRAINTS5=/dev/null CONSTRAINTS4=/dev/null \
+		PIP_FLAGS="$(PIP_FLAGS) --upgrade"
 
 demo: install
 	$(VENV)/bin/python -m rope_extend.demo
@@ -41,4 +50,4 @@ lint: install
 	$(VENV)/bin/ruff check rope_extend tests bench
 
 clean:
-	rm -rf $(VENV) $(VENV4) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VENV4) .venv-latest .venv4-latest build *.egg-info .pytest_cache

@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import struct
 import time
 import uuid
 from collections.abc import Callable
@@ -27,12 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import compat
-from .errors import CheckpointError, SpecError, VerificationError
+from . import compat, files
+from .errors import CheckpointError, SpecError
 from .hub import build_model_card, resolve_source
-from .plan import PatchPlan, check_rope_model, expected_rope, plan_patch, verify_stock_config
+from .plan import PatchPlan, check_rope_model, plan_patch
 from .serving import serving_hints
 from .spec import RopeSpec, load_spec
+from .verify import probe_outputs, verify_plan
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SKIP_NAMES = {".git", ".gitattributes", ".cache", ".huggingface"}
@@ -55,64 +55,78 @@ class PatchResult:
     seconds: float = 0.0
     serving: str = ""
     warnings: list[str] = field(default_factory=list)
+    patched_outputs: Any = field(default=None, repr=False)  # full path: the patched model's probe outputs
 
 
 # --- safety checks -------------------------------------------------------------------------------------------------
+# Files a model folder holds; --overwrite replaces a folder only if rope-extend wrote it or it holds nothing else.
+MODEL_FILE_SUFFIXES = {".json", ".safetensors", ".md", ".yaml", ".txt", ".model", ".jinja", ".tiktoken", ".gguf",
+                       ".gitattributes", ".png"} | set(PICKLE_SUFFIXES)
+
+
+def _is_model_folder(folder: Path) -> bool:
+    for path in folder.rglob("*"):
+        if path.is_dir() and not path.is_symlink():
+            continue
+        if path.is_symlink() or path.suffix not in MODEL_FILE_SUFFIXES:
+            return False
+    return True
+
+
 def check_output_path(source: Path, out: Path, overwrite: bool) -> Path:
+    """Validate OUT without creating anything (parents are created only when writing starts)."""
+    given = str(out)
     out = Path(out).expanduser().absolute()
-    resolved_out, resolved_src = out.resolve(), source.resolve()
+    resolved_out, resolved_src = out.resolve(), Path(source).resolve()
+    home, cwd = Path.home().resolve(), Path.cwd().resolve()
+    if resolved_out in (Path(resolved_out.anchor), home, cwd):
+        what = {Path(resolved_out.anchor): "the filesystem root", home: "your home folder", cwd: "the current folder"}
+        raise CheckpointError(
+            f"OUT {given!r} is {what[resolved_out]}; rope-extend writes a checkpoint into a folder of its own, "
+            "e.g. -o out/model-yarn"
+        )
     if resolved_out == resolved_src:
-        raise CheckpointError(f"OUT {str(out)!r} is SOURCE itself; choose a new folder with -o")
+        raise CheckpointError(f"OUT {given!r} is SOURCE itself; choose a new folder with -o")
     if resolved_src in resolved_out.parents:
-        raise CheckpointError(f"OUT {str(out)!r} is inside SOURCE {str(source)!r}; write it elsewhere")
+        raise CheckpointError(f"OUT {given!r} is inside SOURCE {str(source)!r}; write it elsewhere")
     if resolved_out in resolved_src.parents:
-        raise CheckpointError(f"SOURCE {str(source)!r} is inside OUT {str(out)!r}; OUT would replace it")
+        raise CheckpointError(f"SOURCE {str(source)!r} is inside OUT {given!r}; OUT would replace it")
     if out.exists() and not out.is_dir():
-        raise CheckpointError(f"OUT {str(out)!r} is an existing file; choose a folder path")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise CheckpointError(f"OUT {str(out)!r} exists and is not empty; pass --overwrite to replace it")
-    parent = out.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CheckpointError(f"cannot create the parent of OUT {str(out)!r}: {exc.strerror}") from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CheckpointError(f"cannot write to {str(parent)!r} (permission denied); choose another -o")
+        raise CheckpointError(f"OUT {given!r} is an existing file; choose a folder path")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise CheckpointError(f"OUT {given!r} exists and is not empty; pass --overwrite to replace it")
+        if not (out / "rope_extend.yaml").is_file() and not _is_model_folder(out):
+            raise CheckpointError(
+                f"OUT {given!r} holds files that are not a model's (--overwrite replaces only a folder rope-extend "
+                "wrote, with rope_extend.yaml, or one holding only model files); choose an empty or new folder"
+            )
+    existing = next((p for p in [out, *out.parents] if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        raise CheckpointError(f"cannot create OUT {given!r}: {str(existing)!r} is not a folder; choose another -o")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CheckpointError(f"cannot write to {str(existing)!r} (permission denied); choose another -o")
     return out
 
 
-def check_safetensors(path: Path) -> None:
-    """Header-only integrity check: the file must be exactly as long as its header says."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as handle:
-            head = handle.read(8)
-            if len(head) < 8:
-                raise ValueError("shorter than the 8-byte header length")
-            (header_len,) = struct.unpack("<Q", head)
-            if header_len > min(size, 100_000_000):
-                raise ValueError(f"header length {header_len} exceeds the file size {size}")
-            header = json.loads(handle.read(header_len))
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"weights file {path.name!r} is corrupt ({exc}); re-download the checkpoint") from None
-    expected = 8 + header_len + end
-    if size != expected:
-        raise CheckpointError(
-            f"weights file {path.name!r} is truncated or padded: {size} bytes, its header describes {expected}; "
-            "re-download the checkpoint"
-        )
+# Header, index and config checks live in the one boundary module (rope_extend.files); re-exported for callers.
+check_safetensors = files.check_safetensors
+read_json = files.read_json
 
 
 def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
-    """Files to carry over (relative paths), after checking weights are present, complete and safe."""
-    files = sorted(
+    """Files to carry over (relative paths), after checking weights are present, complete, safe and inside SOURCE."""
+    files_ = sorted(
         p.relative_to(source)
         for p in source.rglob("*")
-        if (p.is_file() or p.is_symlink()) and not (set(p.relative_to(source).parts) & SKIP_NAMES)
+        if (p.is_file() or p.is_symlink())
+        and not (set(p.relative_to(source).parts) & SKIP_NAMES)
+        and not any(part.startswith(".") for part in p.relative_to(source).parts)  # .complete, .cache, .git...
     )
-    safetensors = [f for f in files if f.suffix == ".safetensors"]
-    pickles = [f for f in files if f.suffix in PICKLE_SUFFIXES]
+    for rel in files_:
+        files.check_link(source, rel)
+    safetensors = [f for f in files_ if f.suffix == ".safetensors"]
+    pickles = [f for f in files_ if f.suffix in PICKLE_SUFFIXES]
     if not safetensors and not pickles:
         raise CheckpointError(f"SOURCE {str(source)!r} holds no weights (*.safetensors); is it a model checkpoint?")
     if pickles and not safetensors and not allow_pickle:
@@ -120,46 +134,34 @@ def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
             f"SOURCE has only pickle weights ({pickles[0].name}); pickles can run code when loaded. Convert to "
             "safetensors, or pass --allow-pickle if you trust the source"
         )
-    for name in ("model.safetensors.index.json",):
-        index = source / name
-        if index.exists():
-            try:
-                shards = set(json.loads(index.read_text())["weight_map"].values())
-            except (ValueError, KeyError) as exc:
-                raise CheckpointError(f"{name} is corrupt ({exc}); re-download the checkpoint") from None
-            missing = sorted(s for s in shards if not (source / s).exists())
-            if missing:
-                raise CheckpointError(f"shard {missing[0]!r} listed in {name} is missing from SOURCE; re-download it")
+    files.index_shards(source)
     for shard in safetensors:
         if not (source / shard).exists():
             raise CheckpointError(f"weights file {shard.name!r} is a broken link in SOURCE; re-download it")
         check_safetensors(source / shard)
     if safetensors and not allow_pickle:  # never propagate pickles next to safetensors by default
-        files = [f for f in files if f.suffix not in PICKLE_SUFFIXES and not f.name.endswith(".bin.index.json")]
-    return files
+        files_ = [f for f in files_ if f.suffix not in PICKLE_SUFFIXES and not f.name.endswith(".bin.index.json")]
+    return files_
 
 
-def read_json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{what} {str(path)!r} is missing") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{what} {str(path)!r} is not valid JSON ({exc}); fix or re-download it") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{what} {str(path)!r} must hold a JSON object")
-    return data
 
 
 def load_config(source: Path, trust_remote_code: bool = False):
-    """A stock transformers config from a checkpoint folder; unreadable configs become one-line CheckpointErrors."""
+    """A stock transformers config from a checkpoint folder; config.json passes the boundary checks first, and
+    whatever transformers' config classes raise becomes one CheckpointError naming the file."""
+    import warnings
+
     from transformers import AutoConfig
 
-    read_json(source / "config.json", "config.json")
+    files.read_config(source)
     try:
-        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as exc:
-        reason = " ".join(str(exc).split())[:300]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (KeyboardInterrupt, SystemExit, MemoryError):
+        raise
+    except Exception as exc:  # 5.x strict config classes raise their own exception types
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise CheckpointError(f"transformers cannot read {str(source / 'config.json')!r}: {reason}") from None
 
 
@@ -189,7 +191,7 @@ def _update_caps(out: Path, old_max: int, target: int) -> list[str]:
     if tok.exists():
         data = read_json(tok, "tokenizer_config.json")
         cap = data.get("model_max_length")
-        if isinstance(cap, (int, float)) and cap < 1e12 and cap < target:
+        if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap < 1e12 and cap < target:
             data["model_max_length"] = target
             _write_json(tok, data)
             changed.append("tokenizer_config.json")
@@ -221,14 +223,29 @@ def _clean_stale_tmp(out: Path) -> None:
             continue
 
 
+def _make_parents(out: Path) -> list[Path]:
+    """Create OUT's missing parents; returns those created (deepest first) so a failed run can remove them."""
+    missing = [p for p in out.parents if not p.exists()]
+    for folder in reversed(missing):
+        folder.mkdir()
+    return missing
+
+
 @contextlib.contextmanager
 def _atomic_dir(out: Path, overwrite: bool):
-    """Yield a temp folder beside OUT; on success it replaces OUT, on any failure it disappears."""
+    """Yield a temp folder beside OUT; on success it replaces OUT, on any failure it disappears (and so do the
+    parent folders this run created). OS errors name OUT, never the temporary folder."""
+    try:
+        created = _make_parents(out)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create the parent folders of OUT {str(out)!r}: {exc.strerror}; choose another -o") from None
     _clean_stale_tmp(out)
     tmp = out.parent / f".{out.name}{TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    done = False
     try:
         tmp.mkdir()
     except OSError as exc:
+        _remove_empty(created)
         raise CheckpointError(f"cannot write beside OUT in {str(out.parent)!r} ({exc.strerror}); choose another -o") from None
     previous = signal.getsignal(signal.SIGTERM)
 
@@ -236,7 +253,7 @@ def _atomic_dir(out: Path, overwrite: bool):
         raise KeyboardInterrupt
 
     in_main = _in_main_thread()
-    if in_main:
+    if in_main and previous in (signal.SIG_DFL, signal.SIG_IGN, None):  # keep a caller's handler (the CLI's)
         signal.signal(signal.SIGTERM, _terminate)
     try:
         yield tmp
@@ -249,15 +266,28 @@ def _atomic_dir(out: Path, overwrite: bool):
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
+        done = True
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise CheckpointError(f"no space left on the device while writing {str(out)!r}; free space or use another -o") from None
-        raise
+        raise CheckpointError(
+            f"writing OUT {str(out)!r} failed: {exc.strerror or type(exc).__name__}; nothing was left at OUT"
+        ) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if not done:
+            _remove_empty(created)
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def _in_main_thread() -> bool:
@@ -293,7 +323,11 @@ def _full(source, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remo
     kwargs.update(compat.dtype_kwargs(torch_dtype if torch_dtype == "auto" else getattr(torch, torch_dtype)))
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # the CLI shows its own status; keep stderr for errors
+    hf_logging.disable_progress_bar()  # the CLI shows its own progress; keep stderr for it and errors
+    with contextlib.suppress(ImportError):
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as exc:
@@ -303,7 +337,8 @@ def _full(source, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remo
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        patch_model(model, plan.spec)
+        patch_model(model, plan.spec, verify=False)  # verified below, against the saved model reloaded stock
+    result.patched_outputs = probe_outputs(model.eval(), plan)
     model.save_pretrained(tmp, safe_serialization=True)
     saved = {p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file()}
     for rel in files:
@@ -321,32 +356,26 @@ def _full(source, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remo
     return new
 
 
-def verify_output(folder: Path, plan: PatchPlan, mode: str) -> None:
-    """Load `folder` with stock transformers and check the RoPE it builds against rope-extend's own numbers."""
+def verify_output(
+    folder: Path, plan: PatchPlan, mode: str, source_config=None, patched_outputs: Any = None
+) -> None:
+    """Load `folder` with stock transformers and verify it (`rope_extend.verify.verify_plan`): the RoPE it builds
+    equals rope-extend's numbers and a forward beyond the original length runs and agrees with rope-extend's
+    patched model (the real one on the full path, a small random-weight one of the same config otherwise)."""
     import warnings
 
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = AutoConfig.from_pretrained(folder)
-    verify_stock_config(config, plan)
-    if mode != "full":
-        return
-    from .patch import find_rotary_modules
-
-    model = AutoModelForCausalLM.from_pretrained(folder, low_cpu_mem_usage=True)
-    for name, module, _ in find_rotary_modules(model):
-        for slot, prefix in compat.module_slots(name, module, plan.slots):
-            if slot not in plan.targets:
-                continue
-            want, attention = expected_rope(plan, slot)
-            got = getattr(module, f"{prefix}inv_freq").float()
-            if not torch.allclose(got, want.float(), rtol=1e-6, atol=0):
-                raise VerificationError(f"{name}: the saved model rebuilds different inv_freq for {slot or 'all layers'}")
-            if abs(float(getattr(module, f"{prefix}attention_scaling", 1.0)) - attention) > 1e-6 * attention:
-                raise VerificationError(f"{name}: the saved model rebuilds a different attention factor")
+        stock_model = None
+        if mode == "full":
+            stock_model = AutoModelForCausalLM.from_pretrained(
+                folder, low_cpu_mem_usage=True, **compat.dtype_kwargs("auto")
+            ).eval()
+    verify_plan(plan, source_config=source_config if source_config is not None else config, stock_config=config,
+                patched_outputs=patched_outputs, stock_model=stock_model)
 
 
 def patch_checkpoint(
@@ -362,25 +391,33 @@ def patch_checkpoint(
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
     eval_summary: str | None = None,
+    hub_id: str | None = None,
     on_step: Callable[[str], None] | None = None,
 ) -> PatchResult:
-    """Write SOURCE with rescaled RoPE to OUT (see the module docstring). Returns a `PatchResult`."""
+    """Write SOURCE with rescaled RoPE to OUT (see the module docstring). Returns a `PatchResult`.
+
+    Everything is validated (spec, SOURCE's files, OUT) before any path is created. `hub_id` (the repo OUT will be
+    pushed to) names the model in the card's serving commands; otherwise OUT's folder name does: the card never
+    holds a local absolute path. `on_step(message)` is called at each of `patch_steps(verify)` steps, all after
+    validation: a refused input prints no progress, only its one error line.
+    """
     started = time.perf_counter()
     step = on_step or (lambda message: None)
     if mode not in ("auto", "config-only", "full"):
         raise CheckpointError(f"--mode {mode!r} is not one of auto, config-only, full")
     if mode == "config-only" and dtype not in (None, "auto"):
         raise CheckpointError("--dtype changes the weights; it needs --mode full (or auto)")
+    if dtype is not None and (dtype or "").lower() not in DTYPES:
+        raise CheckpointError(f"--dtype {dtype!r} is not one of {', '.join(sorted(set(DTYPES)))}")
     mode = ("full" if dtype not in (None, "auto") else "config-only") if mode == "auto" else mode
     spec = spec if isinstance(spec, RopeSpec) else load_spec(spec)
 
-    step(f"resolving {source}")
     src = resolve_source(source, revision=revision)
     out_path = check_output_path(src, Path(out), overwrite)
-    raw = read_json(src / "config.json", "config.json")
+    raw = files.read_config(src)
     config = load_config(src, trust_remote_code)
     check_rope_model(compat.text_config(config))
-    if "max_position_embeddings" not in compat.text_part(raw) and spec.original_max_position_embeddings is None:
+    if compat.text_part(raw).get("max_position_embeddings") is None and spec.original_max_position_embeddings is None:
         raise SpecError(
             "config.json has no max_position_embeddings, so the original context length is unknown (transformers "
             f"would assume its default {getattr(config, 'max_position_embeddings', '?')}); set "
@@ -388,27 +425,37 @@ def patch_checkpoint(
             field="original_max_position_embeddings",
         )
     plan = plan_patch(config, spec)
-    files = scan_source(src, allow_pickle)
+    if plan.spec.factor == 1 and plan.spec.method != "longrope":
+        raise SpecError(
+            f"factor 1 (target length {plan.spec.target_length} = the original length) makes {plan.spec.method} "
+            "change nothing; choose a factor > 1 or a longer --target-length",
+            field="factor",
+            value=1,
+        )
+    carried = scan_source(src, allow_pickle)
+    if verify:  # before creating anything: a plan whose small-model forward fails is refused here
+        verify_plan(plan, source_config=config)
 
     result = PatchResult(out=out_path, source=src, mode=mode, plan=plan, warnings=list(plan.warnings))
     serving, serving_warnings = serving_hints(plan, str(out_path))
     result.serving = serving
     result.warnings += [w for w in serving_warnings if w not in result.warnings]
+    card_serving, _ = serving_hints(plan, hub_id or out_path.name)  # no local absolute path in what gets published
     with _atomic_dir(out_path, overwrite) as tmp:
-        step(f"writing {mode} checkpoint")
+        step(f"writing the {mode} checkpoint")
         if mode == "config-only":
-            new = _config_only(src, tmp, files, plan, raw, result)
+            new = _config_only(src, tmp, carried, plan, raw, result)
         else:
-            new = _full(src, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remote_code)
+            new = _full(src, tmp, carried, plan, raw, result, dtype, allow_pickle, trust_remote_code)
         result.written = ["config.json"] + _update_caps(tmp, plan.old_max_position_embeddings, plan.spec.target_length)
         spec_yaml = plan.spec.to_yaml()
         (tmp / "rope_extend.yaml").write_text(spec_yaml)
         card = build_model_card(
-            base_model=str(source),
+            base_model=_public_name(source, src),
             spec_yaml=spec_yaml,
             method=plan.spec.method,
             config_diff=config_diff(compat.text_part(raw), compat.text_part(new)),
-            serving=serving,
+            serving=card_serving,
             eval_summary=eval_summary,
         )
         if (tmp / "README.md").exists():
@@ -416,8 +463,24 @@ def patch_checkpoint(
         (tmp / "README.md").write_text(card)
         result.written += ["rope_extend.yaml", "README.md"]
         if verify:
-            step("verifying with stock transformers")
-            verify_output(tmp, plan, mode)
+            step("verifying: stock transformers reload and a forward beyond the original length")
+            verify_output(tmp, plan, mode, source_config=config, patched_outputs=result.patched_outputs)
             result.verified = True
+        result.patched_outputs = None
     result.seconds = time.perf_counter() - started
     return result
+
+
+def patch_steps(verify: bool) -> int:
+    """How many times `patch_checkpoint` calls `on_step` (for progress with an ETA)."""
+    return 2 if verify else 1
+
+
+def _public_name(source: str | os.PathLike, resolved: Path) -> str:
+    """What the model card calls the base model: the Hub id, or the local folder's name (never its path)."""
+    from .hub import REPO_ID, hub_repo_id
+
+    text = str(source)
+    if REPO_ID.match(text) and not Path(text).expanduser().exists():
+        return text
+    return hub_repo_id(resolved) or resolved.name

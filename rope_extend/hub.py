@@ -25,10 +25,60 @@ def _offline() -> bool:
     return env or bool(getattr(constants, "HF_HUB_OFFLINE", False))
 
 
+# Model aliases every command accepts as SOURCE (resolved before any path or Hub lookup).
+ALIASES = {"smollm2": "the demo model SmolLM2-135M-Instruct (built once under ~/.cache/rope-extend)"}
+REACH_TIMEOUT_S = 3.0
+
+
+def resolve_alias(source: str | os.PathLike) -> str | os.PathLike:
+    """`smollm2` -> the demo model's local folder (a folder named smollm2 in the working directory wins)."""
+    if str(source) in ALIASES and not Path(source).exists():
+        from .demo_model import smollm2_path
+
+        return str(smollm2_path())
+    return source
+
+
+def hub_reachable(timeout: float = REACH_TIMEOUT_S) -> bool:
+    """One TCP connection to the Hub endpoint: a quick yes/no instead of huggingface_hub's retries (~25 s)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(getattr(constants, "ENDPOINT", None) or "https://huggingface.co")
+    proxies = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+    if any(os.environ.get(name) for name in proxies):
+        return True  # behind a proxy a direct connection says nothing; huggingface_hub's own errors answer
+    try:
+        with socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout):
+            return True
+    except OSError:
+        return False
+
+
+def hub_repo_id(folder: Path) -> str | None:
+    """`org/name` when `folder` is a snapshot in the Hub cache layout (models--org--name/snapshots/<rev>)."""
+    from .files import hub_repo_root
+
+    root = hub_repo_root(folder)
+    if root is None:
+        return None
+    repo = root.name.removeprefix("models--").replace("--", "/", 1)
+    return repo if REPO_ID.match(repo) else None
+
+
 def resolve_source(source: str | os.PathLike, revision: str | None = None, config_only: bool = False) -> Path:
-    """A local folder holding the checkpoint: SOURCE itself, or the Hub cache snapshot of the repo id SOURCE."""
+    """A local folder holding the checkpoint: SOURCE itself, the demo model for the alias `smollm2`, or the Hub
+    cache snapshot of the repo id SOURCE. With the Hub unreachable, the cache answers or one error line does."""
+    source = resolve_alias(source)
     path = Path(source).expanduser()
     if path.is_dir():
+        if revision is not None:
+            raise CheckpointError(
+                f"--revision {revision!r} applies to Hub repo ids, but SOURCE {str(path)!r} is a local folder; "
+                "drop --revision (or check out that revision into the folder)"
+            )
         if not (path / "config.json").is_file():
             raise CheckpointError(f"{str(path)!r} has no config.json; point SOURCE at a Hugging Face checkpoint folder")
         return path.resolve()
@@ -37,8 +87,8 @@ def resolve_source(source: str | os.PathLike, revision: str | None = None, confi
     source = str(source)
     if not REPO_ID.match(source):
         raise CheckpointError(
-            f"SOURCE {source!r} is neither an existing folder nor a Hub repo id like 'meta-llama/Llama-3.1-8B'; "
-            "check the path"
+            f"SOURCE {source!r} is neither an existing folder, a Hub repo id like 'meta-llama/Llama-3.1-8B', nor an "
+            f"alias ({', '.join(ALIASES)}); check the path"
         )
     from huggingface_hub import hf_hub_download, snapshot_download
     from huggingface_hub.errors import (
@@ -50,6 +100,8 @@ def resolve_source(source: str | os.PathLike, revision: str | None = None, confi
     )
 
     offline = _offline()
+    unreachable = not offline and not hub_reachable()
+    offline = offline or unreachable  # the cache still answers; nothing waits on retries
     cache_dir = os.environ.get("HF_HUB_CACHE") or None
     try:
         if config_only:
@@ -65,7 +117,7 @@ def resolve_source(source: str | os.PathLike, revision: str | None = None, confi
             allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.py", "*.md", "*.tiktoken", "*.jinja"],
         )
     except (LocalEntryNotFoundError, FileNotFoundError):
-        where = "offline (HF_HUB_OFFLINE=1)" if offline else "and the Hub is unreachable"
+        where = f"and the Hub ({_endpoint()}) is unreachable" if unreachable else "offline (HF_HUB_OFFLINE=1)"
         raise CheckpointError(
             f"{source!r}{'@' + revision if revision else ''} is not in the local Hub cache {where}; download it "
             f"first (hf download {source}) or pass a local folder"
@@ -83,6 +135,12 @@ def resolve_source(source: str | os.PathLike, revision: str | None = None, confi
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{source!r} has no config.json in the Hub cache snapshot {folder}")
     return folder
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return str(getattr(constants, "ENDPOINT", None) or "https://huggingface.co")
 
 
 def _status(exc) -> str:
@@ -116,7 +174,7 @@ def build_model_card(
     body = f"""
 # {Path(base_model).name} with {method} RoPE scaling
 
-This checkpoint is [{base_model}]({'https://huggingface.co/' + base_model if REPO_ID.match(base_model) else base_model})
+This checkpoint is {f'[{base_model}](https://huggingface.co/{base_model})' if REPO_ID.match(base_model) else f'the local checkpoint `{base_model}`'}
 with its rotary position embeddings rescaled by [rope-extend](https://pypi.org/project/rope-extend/) using
 **{method}** ([paper]({get_method(method).paper})). No weight was changed: only `config.json` (and length caps) differ.
 
@@ -153,6 +211,10 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def folder_of(plan: PushPlan) -> Path:
+    return Path(plan.calls[1][1]["folder_path"])
+
+
 # --- push ------------------------------------------------------------------------------------------------------------
 @dataclass
 class PushPlan:
@@ -187,14 +249,21 @@ def push(plan: PushPlan, token: str | None = None, endpoint: str | None = None, 
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
+    where = f"; OUT {str(folder_of(plan))!r} is complete: push it later with `hf upload {plan.repo_id} <OUT>`"
+    if api is None and not hub_reachable():
+        raise CheckpointError(f"cannot push to {plan.repo_id!r}: the Hub ({_endpoint()}) is unreachable{where}")
     api = api or HfApi(token=token or os.environ.get("HF_TOKEN") or None, endpoint=endpoint)
     try:
         repo = api.create_repo(**plan.calls[0][1])
         api.upload_folder(**plan.calls[1][1])
     except HfHubHTTPError as exc:
         raise CheckpointError(
-            f"pushing to {plan.repo_id!r} failed: HTTP {_status(exc)}; check HF_TOKEN has write access"
+            f"pushing to {plan.repo_id!r} failed: HTTP {_status(exc)}; check HF_TOKEN has write access{where}"
         ) from None
+    except (KeyboardInterrupt, SystemExit, MemoryError):
+        raise
+    except Exception as exc:  # connection errors of whichever HTTP client huggingface_hub uses
+        raise CheckpointError(f"pushing to {plan.repo_id!r} failed ({type(exc).__name__}){where}") from None
     url = str(getattr(repo, "url", None) or f"https://huggingface.co/{plan.repo_id}")
     plan.url = url
     return url

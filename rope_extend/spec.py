@@ -10,6 +10,7 @@ defaults to the model's, so a spec is *resolved* against a model (`RopeSpec.reso
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,12 @@ from .errors import SpecError
 from .methods import Param, all_params, canonical_name, get_method
 
 FiniteFloat = Field(default=None, allow_inf_nan=False)
+
+# Sane ranges, checked before any work (a value outside is a typo or an attack, never a real model).
+MAX_FACTOR = 1024.0  # published long-context models use up to x64 (LongRoPE 2M tokens from 4k is x512)
+MAX_TOKENS = 2**31 - 1  # llama.cpp positions are int32; no model serves more
+MAX_SPEC_BYTES = 1024 * 1024  # a spec is a few hundred bytes; LongRoPE lists a few KB
+MAX_SPEC_DEPTH = 4  # spec -> list of factors is depth 2
 
 
 class _SpecCore(BaseModel):
@@ -67,6 +74,10 @@ class _SpecCore(BaseModel):
                 f"factor must be >= 1 (it multiplies the context length), got {value}; "
                 "to shorten a model's window, do not use RoPE scaling"
             )
+        if value is not None and value > MAX_FACTOR:
+            raise ValueError(
+                f"factor must lie in [1, {MAX_FACTOR:g}] (no model extends its window more than that), got {value:g}"
+            )
         return value
 
     @field_validator("target_length", "original_max_position_embeddings")
@@ -74,13 +85,18 @@ class _SpecCore(BaseModel):
     def _positive_int(cls, value: int | None) -> int | None:
         if value is not None and value <= 0:
             raise ValueError(f"must be a positive number of tokens, got {value}")
+        if value is not None and value > MAX_TOKENS:
+            raise ValueError(f"must lie in [1, {MAX_TOKENS}] tokens (positions are 32-bit in serving engines)")
         return value
 
     @field_validator("rope_theta")
     @classmethod
-    def _positive(cls, value: float | None) -> float | None:
-        if value is not None and value <= 0:
-            raise ValueError(f"must be > 0, got {value}")
+    def _base(cls, value: float | None) -> float | None:
+        if value is not None and value <= 1:
+            raise ValueError(
+                f"the RoPE base must be > 1 (not only > 0: θ_i = base^(-2i/d), so a base <= 1 makes no frequency "
+                f"ladder), got {value}"
+            )
         return value
 
     @field_validator("layer_types")
@@ -138,6 +154,13 @@ class _SpecCore(BaseModel):
             raise SpecError(str(exc), field="target_length", value=self.target_length) from None
         factor = self.factor if self.factor is not None else (self.target_length or original) / original
         target = self.target_length if self.target_length is not None else int(round(factor * original))
+        if target > MAX_TOKENS or factor > MAX_FACTOR:
+            raise SpecError(
+                f"factor {factor:g} x original length {original} = {factor * original:g} tokens is beyond the sane "
+                f"range (factor <= {MAX_FACTOR:g}, length <= {MAX_TOKENS}); choose a smaller factor or target",
+                field="factor",
+                value=factor,
+            )
         return self.model_copy(
             update={"original_max_position_embeddings": int(original), "factor": float(factor), "target_length": target}
         )
@@ -218,44 +241,116 @@ def load_spec(source: str | Path | dict | RopeSpec | None = None, **overrides: A
 
 
 def parse_set_option(item: str) -> tuple[str, Any]:
-    """`key=value` from `--set`; the value is parsed as YAML (numbers, lists, booleans)."""
+    """`key=value` from `--set`; the value is parsed as (strict) YAML: numbers, lists, booleans."""
     if "=" not in item:
         raise SpecError(f"--set expects key=value, got {item!r}; e.g. --set beta_fast=64", field=item)
     key, raw = item.split("=", 1)
     key = key.strip().replace("-", "_")
+    if not key:
+        raise SpecError(f"--set {item!r} has no key; e.g. --set beta_fast=64", field=item)
+    if not raw.strip():
+        raise SpecError(f"--set {key}= has an empty value; give one (--set {key}=VALUE) or drop the option",
+                        field=key)
     try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
+        value = _load_yaml_text(raw, f"--set {key}")
+    except SpecError:
         value = raw
     return key, value
+
+
+# --- bounded, strict YAML --------------------------------------------------------------------------------------------
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader with bounds: no anchors or aliases (no "billion laughs"), limited nesting, duplicate keys refused,
+    and YAML 1.2 numbers (`0x10`, `010`, `1_000` and `1:30` stay strings instead of YAML 1.1's 16, 8, 1000, 90)."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.YAMLError(f"aliases (*{event.anchor}) are not allowed in a spec; write the value out")
+        event = self.peek_event()
+        if getattr(event, "anchor", None):
+            raise yaml.YAMLError(f"anchors (&{event.anchor}) are not allowed in a spec; write the value out")
+        self.depth += 1
+        try:
+            if self.depth > MAX_SPEC_DEPTH:
+                raise yaml.YAMLError(f"the spec nests deeper than {MAX_SPEC_DEPTH} levels; a spec is flat key: value")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str):
+                raise yaml.YAMLError(f"spec keys must be names such as 'factor', got {key!r}")
+            if key in seen:
+                raise yaml.YAMLError(f"key {key!r} appears twice; keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT, _FLOAT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_SpecLoader.add_implicit_resolver(_INT, re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789"))
+_SpecLoader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(r"^[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+(?=[eE]))(?:[eE][-+]?[0-9]+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
+    list("-+0123456789."),
+)
+
+
+def _load_yaml_text(text: str, what: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_SpecLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line, whatever PyYAML wrote
+        kind = "a valid spec" if type(exc) is yaml.YAMLError else "valid YAML"  # our bounds vs PyYAML's syntax
+        raise SpecError(f"{what} is not {kind}{where}: {problem}", field="config") from None
+    except RecursionError:
+        raise SpecError(f"{what} nests too deeply; a spec is flat key: value", field="config") from None
 
 
 def _read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        text = path.read_text()
+        size = path.stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise SpecError(
+                f"spec file {str(path)!r} is {size} bytes, above the {MAX_SPEC_BYTES} byte limit (a spec is a few "
+                "lines); check the path",
+                field="config",
+                value=str(path),
+            )
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(f"spec file {str(path)!r} does not exist; check the path", field="config", value=str(path)) from None
+    except IsADirectoryError:
+        raise SpecError(f"spec file {str(path)!r} is a folder; give a YAML file", field="config", value=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read spec file {str(path)!r}: {exc}", field="config", value=str(path)) from None
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise SpecError(f"cannot read spec file {str(path)!r}: {reason}", field="config", value=str(path)) from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise SpecError(
-            f"spec file {str(path)!r} is not valid YAML{where}: {problem}; fix the syntax (key: value per line)",
-            field="config",
-            value=str(path),
-        ) from None
+        data = _load_yaml_text(text, f"spec file {str(path)!r}")
+    except SpecError as exc:
+        raise SpecError(f"{exc}; fix it (key: value per line)", field="config", value=str(path)) from None
     if not isinstance(data, dict):
         raise SpecError(
             f"spec file {str(path)!r} must be a YAML mapping such as 'method: yarn', got {type(data).__name__}",
             field="config",
             value=str(path),
         )
-    return {str(k): v for k, v in data.items()}
+    return data
 
 
 def _method_names() -> list[str]:

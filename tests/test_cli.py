@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from rope_extend.cli import run
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # not the working directory: pytest may run from anywhere
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +22,9 @@ def ckpt(tmp_path_factory):
 
 
 def test_validate_and_methods(capsys, tmp_path):
-    assert run(["validate", "configs/qwen2.5-yarn-x4.yaml"]) == 0
+    assert run(["validate", str(CONFIGS / "qwen2.5-yarn-x4.yaml")]) == 0
     assert "original_max_position_embeddings: 32768" in capsys.readouterr().out
-    assert run(["validate", "configs/yarn-x8.yaml", "--original-length", "8192"]) == 0
+    assert run(["validate", str(CONFIGS / "yarn-x8.yaml"), "--original-length", "8192"]) == 0
     assert "target_length: 65536" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text("method: yarn\nfactor: -1\n")
@@ -36,7 +39,8 @@ def test_validate_and_methods(capsys, tmp_path):
 
 def test_help_shows_examples():
     for command in ("patch", "eval", "show", "validate", "inspect"):
-        done = subprocess.run([sys.executable, "-m", "rope_extend", command, "--help"], capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "rope_extend", command, "--help"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
         assert done.returncode == 0 and "Example" in done.stdout, command
 
 
@@ -69,3 +73,23 @@ def test_eval_then_patch_with_eval_summary_in_card(ckpt, tmp_path, capsys):
     card = (out / "README.md").read_text()
     assert "No evaluation was run" not in card and "perplexity" in card.lower()
     assert (tmp_path / "out-eval" / "results.jsonl").exists()
+
+
+def test_cli_modules_import_without_a_cycle():
+    """app.py is the leaf (it imports no other CLI module) and the CLI's own imports form no cycle."""
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "rope_extend" / "cli"
+    edges = {}
+    for path in package.glob("*.py"):
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                targets |= {node.module} if node.module else {alias.name for alias in node.names}
+        edges[path.stem] = {t.split(".")[0] for t in targets if (package / f"{t.split('.')[0]}.py").exists()}
+    assert edges["app"] == set() and "commands" in edges["main"] and "patch_cmd" in edges["commands"]
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in edges.get(start, ()))
+
+    assert not [m for m in edges if m != "__init__" and reaches(m, m)]

@@ -1,14 +1,17 @@
-"""The typer application, shared option handling, and the one place where errors become exit code 2."""
+"""The CLI's leaf module: the typer app, the two consoles, the error helper and step progress.
+
+It imports no command module (commands import it; `commands.py` registers them; `main.py` runs the app), so the
+CLI has no import cycle.
+"""
 
 from __future__ import annotations
 
 import sys
-import traceback
+import time
+from typing import Annotated
 
 import typer
 from rich.console import Console
-
-from ..errors import RopeExtendError
 
 app = typer.Typer(
     name="rope-extend",
@@ -18,10 +21,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-console = Console(stderr=True)
-out = Console(soft_wrap=True)
-
-USER_ERRORS = (RopeExtendError, ValueError, OSError, KeyError)
+console = Console(stderr=True)  # progress, warnings, errors
+out = Console(soft_wrap=True)  # results only: what a script may parse or a user may paste
 
 
 def fail(message: str) -> None:
@@ -31,46 +32,58 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
-def run(argv: list[str], debug: bool = False) -> int:
-    if "--debug" in argv:
-        argv = [a for a in argv if a != "--debug"]
-        debug = True
-    _register_commands()
-    command = typer.main.get_command(app)
-    try:
-        command.main(args=argv, prog_name="rope-extend", standalone_mode=False)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    except KeyboardInterrupt:
-        print("rope-extend: interrupted; nothing was left at the output path", file=sys.stderr)
-        return 130
-    except USER_ERRORS as exc:
-        if debug:
-            traceback.print_exc()
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"rope-extend: error: {' '.join(str(message).split())}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # click's own exceptions (typer >= 0.20 vendors click, so match by shape)
-        if hasattr(exc, "format_message"):  # usage errors: bad option, missing argument
-            print(f"rope-extend: error: {' '.join(exc.format_message().split())}", file=sys.stderr)
-            return 2
-        if type(exc).__name__ == "Abort":
-            print("rope-extend: interrupted", file=sys.stderr)
-            return 130
-        if isinstance(getattr(exc, "exit_code", None), int):  # typer.Exit
-            return exc.exit_code
-        raise
-    return 0
+def _version(value: bool) -> None:
+    if value:
+        import transformers
+
+        from .. import __version__
+
+        print(f"rope-extend {__version__} (transformers {transformers.__version__})")
+        raise typer.Exit(0)
 
 
-_registered = False
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show the full traceback of an error (also ROPE_EXTEND_DEBUG=1).")
+    ] = False,
+) -> None:
+    """Extend the context window of Hugging Face LLaMA-family models by rescaling RoPE."""
+    # --debug is taken out of argv (wherever it appears) by main.run before parsing; it is declared here for --help.
 
 
-def _register_commands() -> None:
-    """Import the command modules (each registers itself on `app`)."""
-    global _registered
-    if _registered:
-        return
-    from . import commands  # noqa: F401
+class Progress:
+    """Progress of a multi-step job on stderr, never on stdout.
 
-    _registered = True
+    On a terminal: a spinner with the current step. Otherwise (a log file, CI, a pipe): one line per step with the
+    step number, the elapsed time and an ETA from the average step time so far, so a long run is visibly alive.
+    """
+
+    def __init__(self, what: str, steps: int):
+        self.what, self.steps, self.done = what, max(int(steps), 1), 0
+        self.started = time.perf_counter()
+        self._status = None
+
+    def __enter__(self) -> Progress:
+        if console.is_terminal:
+            self._status = console.status(f"{self.what}...")
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._status is not None:
+            self._status.__exit__(*exc)
+
+    def step(self, message: str) -> None:
+        self.done = min(self.done + 1, self.steps)
+        if self._status is not None:
+            self._status.update(f"[{self.done}/{self.steps}] {message}")
+            return
+        elapsed = time.perf_counter() - self.started
+        finished = self.done - 1  # the step that starts now is not finished
+        eta = f", ETA ~{elapsed / finished * (self.steps - finished):.0f} s" if finished else ""
+        print(f"rope-extend: [{self.done}/{self.steps}] {message} ({elapsed:.1f} s elapsed{eta})", file=sys.stderr,
+              flush=True)

@@ -1,4 +1,7 @@
-"""Imports every command module so each registers itself on the app (one line per command)."""
+"""The one place that registers CLI commands: importing a command module adds its command(s) to `app`.
+
+To add a command: write `<name>_cmd.py` (importing only from `.app` and the library) and add one line here.
+"""
 
 from . import (
     eval_cmd,  # noqa: F401  eval
@@ -6,3 +9,7 @@ from . import (
     patch_cmd,  # noqa: F401  patch, show
     spec_cmds,  # noqa: F401  validate, methods
 )
+
+# Slots for commands other branches add (one line each, inside the import list above):
+#     engines_cmd,  # engines
+#     tune_cmd,  # tune

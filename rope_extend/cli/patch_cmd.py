@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
+from ..errors import CheckpointError, SpecError
 from ..spec import RopeSpec, load_spec, parse_set_option
-from .app import app, console, fail, out
+from .app import Progress, app, console, fail, out
 
 EXAMPLES = """Examples:
 
@@ -27,12 +27,42 @@ EXAMPLES = """Examples:
 def build_spec(
     method: str | None, factor: float | None, target_length: int | None, config: Path | None, sets: list[str]
 ) -> RopeSpec:
-    """The spec from --config (YAML) with --method/--factor/--target-length/--set layered on top."""
-    overrides: dict = dict(parse_set_option(item) for item in sets or [])
-    overrides.update({k: v for k, v in (("method", method), ("factor", factor), ("target_length", target_length)) if v is not None})
+    """The spec from --config (YAML) with --method/--factor/--target-length/--set layered on top.
+
+    A key given twice on the command line with different values (e.g. --factor 2 --set factor=8, or --set twice)
+    is an error, never a silent choice."""
+    overrides: dict = {}
+    for item in sets or []:
+        key, value = parse_set_option(item)
+        if key in overrides and overrides[key] != value:
+            raise SpecError(f"--set {key} is given twice ({overrides[key]!r} and {value!r}); keep one", field=key)
+        overrides[key] = value
+    for key, value in (("method", method), ("factor", factor), ("target_length", target_length)):
+        if value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if key in overrides and overrides[key] != value:
+            raise SpecError(
+                f"{flag} {value:g} and --set {key}={overrides[key]} disagree; give {key} once" if isinstance(value, float)
+                else f"{flag} {value} and --set {key}={overrides[key]} disagree; give {key} once",
+                field=key,
+                value=value,
+            )
+        overrides[key] = value
     if config is None and "method" not in overrides:
         fail("give --method (with --factor or --target-length) or --config spec.yaml")
     return load_spec(config, **overrides) if config is not None else load_spec(None, **overrides)
+
+
+def _check_eval_dir(source: Path, output: Path, report_dir: Path) -> None:
+    """The eval report must not land in SOURCE or OUT (SOURCE is never written; OUT is replaced atomically)."""
+    report, src, out_ = report_dir.expanduser().resolve(), source.resolve(), output.expanduser().resolve()
+    if report == src or src in report.parents:
+        raise CheckpointError(f"--eval-dir {str(report_dir)!r} is inside SOURCE, which rope-extend never writes; "
+                              "choose a folder outside it")
+    if report == out_ or out_ in report.parents or report in src.parents:
+        raise CheckpointError(f"--eval-dir {str(report_dir)!r} overlaps OUT or contains SOURCE; choose a folder "
+                              "beside OUT (the default is OUT-eval)")
 
 
 @app.command(epilog=EXAMPLES)
@@ -58,7 +88,8 @@ def patch(
     eval_dir: Annotated[Path | None, typer.Option("--eval-dir", help="Where the eval report goes (default: OUT-eval beside OUT).")] = None,
 ) -> None:
     """Rescale a checkpoint's RoPE and write a verified checkpoint to OUT."""
-    from ..checkpoint import patch_checkpoint
+    from ..checkpoint import check_output_path, patch_checkpoint, patch_steps
+    from ..hub import resolve_source
 
     spec = build_spec(method, factor, target_length, config, sets or [])
     if push_to_hub:
@@ -67,18 +98,24 @@ def patch(
         check_repo_id(push_to_hub)  # before writing anything
     if dry_run and not push_to_hub:
         fail("--dry-run only applies to --push-to-hub")
+    if eval_dir is not None and not eval_suite:
+        fail("--eval-dir only applies with --eval SUITE")
     eval_summary = None
     if eval_suite:
-        from ..checkpoint import check_output_path
         from ..eval.runner import run_eval, summary_markdown
-        from ..hub import resolve_source
+        from ..eval.suite import load_suite
 
         resolved = resolve_source(source, revision=revision)
         check_output_path(resolved, output, overwrite)  # fail before a long eval
         report_dir = eval_dir or output.with_name(output.name + "-eval")
+        _check_eval_dir(resolved, output, report_dir)
+        try:
+            load_suite(eval_suite)  # an unknown suite fails here, before any folder exists
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"--eval {eval_suite!r}: {exc}") from None
         records = run_eval(str(resolved), [spec], eval_suite, report_dir)
-        eval_summary = summary_markdown(records) + f"\n\nFull report: `{report_dir}/report.md` (suite `{eval_suite}`)."
-    with console.status("patching...") as status:
+        eval_summary = summary_markdown(records) + f"\n\nFull report: `{report_dir.name}/report.md` (suite `{eval_suite}`)."
+    with Progress("patching", patch_steps(not no_verify)) as progress:
         result = patch_checkpoint(
             source,
             spec,
@@ -91,13 +128,14 @@ def patch(
             allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code,
             eval_summary=eval_summary,
-            on_step=lambda message: status.update(message),
+            hub_id=push_to_hub,
+            on_step=progress.step,
         )
     plan = result.plan
     out.print(
         f"[green]wrote[/green] {result.out} ({result.mode}: {result.linked} linked, {result.copied} copied, "
         f"{len(result.written)} written) in {result.seconds:.2f} s; "
-        f"{'verified with stock transformers' if result.verified else 'NOT verified (--no-verify)'}"
+        f"{'verified with stock transformers (reload + a forward beyond the original length)' if result.verified else 'NOT verified (--no-verify)'}"
     )
     out.print(
         f"{plan.spec.method} x{plan.spec.factor:g}: {plan.spec.original_max_position_embeddings} -> "
@@ -118,14 +156,18 @@ def patch(
             for name in plan_.files:
                 out.print(f"  + {name}", markup=False, highlight=False)
         else:
-            with console.status(f"pushing to {push_to_hub}..."):
+            with Progress("pushing", 1) as progress:
+                progress.step(f"uploading {len(plan_.files)} files to {push_to_hub}")
                 url = push(plan_, token=os.environ.get("HF_TOKEN"))
             out.print(f"[green]pushed[/green] {url}")
 
 
-@app.command(epilog="Examples:\n\n  rope-extend show ./my-model\n\n  rope-extend show meta-llama/Llama-3.1-8B --revision main")
+@app.command(
+    epilog="Examples:\n\n  rope-extend show smollm2\n\n  rope-extend show ./my-model\n\n"
+    "  rope-extend show meta-llama/Llama-3.1-8B --revision main"
+)
 def show(
-    source: Annotated[str, typer.Argument(help="Local checkpoint folder or Hub repo id.")],
+    source: Annotated[str, typer.Argument(help="Local checkpoint folder, Hub repo id, or 'smollm2' (the demo model).")],
     revision: Annotated[str | None, typer.Option(help="Hub revision.")] = None,
 ) -> None:
     """Show the model's current RoPE setup: type, base, rotary dim, lengths, layer types, existing scheme."""
@@ -138,36 +180,43 @@ def show(
     check_rope_model(config)
     slots = compat.read_slots(config)
     marker = compat.read_marker(config)
-    table = Table(title=f"RoPE of {source} ({config.model_type})")
-    for column in ("layers", "rope_type", "rope_theta", "rotary dim", "factor", "original length", "other"):
-        table.add_column(column)
+    out.print(f"RoPE of {source} ({config.model_type})", markup=False, highlight=False)
+    # One "key: value" line per fact: nothing to cut at 80 columns, and values wrap instead of being truncated.
     for key, params in slots.items():
         other = {k: v for k, v in params.items() if k not in ("rope_type", "rope_theta", "factor", "original_max_position_embeddings")}
-        table.add_row(
-            key or "all",
-            params["rope_type"],
-            f"{params['rope_theta']:g}",
-            str(compat.rotary_dim(config, params)),
-            str(params.get("factor", "-")),
-            str(params.get("original_max_position_embeddings", config.max_position_embeddings)),
-            ", ".join(f"{k}={_brief(v)}" for k, v in other.items()) or "-",
-        )
-    out.print(table)
-    out.print(f"max_position_embeddings: {config.max_position_embeddings}")
+        rows = [
+            ("rope_type", params["rope_type"]),
+            ("rope_theta", f"{params['rope_theta']:g}"),
+            ("rotary dim", str(compat.rotary_dim(config, params))),
+            ("factor", _brief(params.get("factor", "-"))),
+            ("original length", str(params.get("original_max_position_embeddings", config.max_position_embeddings))),
+        ] + [(name, _brief(value)) for name, value in other.items()]
+        out.print(f"layers {key or 'all'}:", markup=False, highlight=False)
+        for name, value in rows:
+            out.print(f"  {name + ':':<18} {value}", markup=False, highlight=False)
+    out.print(f"max_position_embeddings: {config.max_position_embeddings}", highlight=False)
     layer_types = getattr(config, "layer_types", None)
     if layer_types:
         counts = {t: layer_types.count(t) for t in dict.fromkeys(layer_types)}
-        out.print("layer types: " + ", ".join(f"{t} x{n}" for t, n in counts.items()))
+        out.print("layer types: " + ", ".join(f"{t} x{n}" for t, n in counts.items()), highlight=False)
     scaled = [k for k, p in slots.items() if p["rope_type"] != "default"]
     if marker:
-        out.print(f"existing scheme: rope-extend {marker.get('method')} ({marker.get('spec')})", markup=False)
+        spec = marker.get("spec") if isinstance(marker.get("spec"), dict) else {}
+        out.print(f"existing scheme: rope-extend {marker.get('method')} "
+                  f"({', '.join(f'{k}={_brief(v)}' for k, v in spec.items())})", markup=False, highlight=False)
     elif scaled:
-        out.print(f"existing scheme: {slots[scaled[0]]['rope_type']} (patching needs --set replace_existing=true)")
+        out.print(f"existing scheme: {slots[scaled[0]]['rope_type']} (patching needs --set replace_existing=true)",
+                  highlight=False)
     else:
-        out.print("existing scheme: none (plain RoPE)")
+        out.print("existing scheme: none (plain RoPE)", highlight=False)
 
 
 def _brief(value) -> str:
+    """A value for people: numbers with %g, lists by length, mappings as k=v (never a raw Python repr)."""
+    if isinstance(value, bool):
+        return str(value).lower()
     if isinstance(value, list):
         return f"[{len(value)} values]"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_brief(v)}" for k, v in value.items()) or "-"
     return f"{value:g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,122 @@
+"""Run the CLI: register the commands, parse, and turn every outcome into an exit code.
+
+Exit codes: 0 success; 2 a user error (one line on stderr: `rope-extend: error: ...`); 130 Ctrl-C (SIGINT) and
+143 SIGTERM, with one line saying what was left at the output path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+import typer
+
+from ..errors import RopeExtendError
+from . import commands  # noqa: F401  registers every command on `app`
+from .app import app
+
+USER_ERRORS = (RopeExtendError, ValueError, OSError, KeyError)
+OUTPUT_FLAGS = ("-o", "--output")
+
+
+class _Signals:
+    """SIGINT and SIGTERM both interrupt the work as KeyboardInterrupt (so every `finally` cleans up); which signal
+    it was decides the exit code (128 + signal number)."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self.previous: dict[int, object] = {}
+
+    def _handler(self, signum, frame):
+        self.received = signum
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self):
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self.previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handler)
+        try:
+            yield self
+        finally:
+            for signum, handler in self.previous.items():
+                signal.signal(signum, handler)
+
+
+def _output_of(argv: list[str]) -> Path | None:
+    for i, arg in enumerate(argv):
+        if arg in OUTPUT_FLAGS and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        for flag in OUTPUT_FLAGS:
+            if arg.startswith(flag + "=") and flag.startswith("--"):
+                return Path(arg.split("=", 1)[1])
+    return None
+
+
+def _interrupted(signals: _Signals, output: Path | None, existed: bool) -> int:
+    signum = signals.received or signal.SIGINT
+    name = signal.Signals(signum).name
+    if output is None:
+        left = "nothing was written"
+    elif not output.exists():
+        left = f"nothing was left at {output}"
+    elif existed:
+        left = f"{output} was left as it was before this run"
+    else:  # eval keeps the records it finished (results.jsonl) so that rerunning resumes
+        left = f"the finished part is kept in {output}; rerun the same command to resume"
+    print(f"rope-extend: interrupted ({name}); {left}", file=sys.stderr, flush=True)
+    return 128 + int(signum)
+
+
+def run(argv: list[str], debug: bool = False) -> int:
+    """Run one command line; returns the exit code (never raises for user errors or interrupts)."""
+    argv = list(argv)
+    if "--debug" in argv:
+        argv = [a for a in argv if a != "--debug"]
+        debug = True
+    command = typer.main.get_command(app)
+    output = _output_of(argv)
+    existed = output is not None and output.exists()
+    signals = _Signals()
+    try:
+        with signals.installed():
+            code = command.main(args=argv, prog_name="rope-extend", standalone_mode=False)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except KeyboardInterrupt:
+        return _interrupted(signals, output, existed)
+    except USER_ERRORS as exc:
+        if debug:
+            traceback.print_exc()
+        message = exc
+        if isinstance(exc, KeyError) and not isinstance(exc, RopeExtendError):  # a bare key name says nothing
+            message = (f"an input lacks the entry {exc.args[0] if exc.args else '?'!r} that rope-extend needs; "
+                       "check the files you passed (--debug shows where it was read)")
+        print(f"rope-extend: error: {' '.join(str(message).split())}", file=sys.stderr)
+        return 2
+    except RecursionError:  # a user file nested beyond reason that escaped the boundary checks
+        if debug:
+            traceback.print_exc()
+        print("rope-extend: error: an input file is nested too deeply to read; check the files you passed",
+              file=sys.stderr)
+        return 2
+    except Exception as exc:  # click's own exceptions (typer >= 0.20 vendors click, so match by shape)
+        if hasattr(exc, "format_message"):  # usage errors: bad option, missing argument
+            print(f"rope-extend: error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+            return 2
+        if type(exc).__name__ == "Abort":
+            return _interrupted(signals, output, existed)
+        if isinstance(getattr(exc, "exit_code", None), int):  # typer.Exit
+            return exc.exit_code
+        raise
+    if isinstance(code, int) and code == 130:  # typer turns KeyboardInterrupt into Exit(130) and returns it
+        return _interrupted(signals, output, existed)
+    return code if isinstance(code, int) else 0
