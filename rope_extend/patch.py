@@ -421,6 +421,10 @@ def patch_model(
             "rope-extend patches transformers' RoPE modules (transformers >= 4.45 layout)"
         )
     plan = plan_patch(config, spec)
+    if verify and plan.changed:  # before anything is touched (re-patching plans from the marker's pristine RoPE)
+        from .verify import verify_plan  # verify imports this module
+
+        verify_plan(plan, source_config=config)
     state = getattr(model, _STATE_ATTR, None)
     if state is not None:
         if not plan.changed:  # the same spec again: nothing to do
@@ -429,10 +433,6 @@ def patch_model(
         _restore_modules(model, state)
         compat.restore_rope_config(config, state["config"])
         plan = plan_patch(config, spec)
-    if verify and plan.changed:
-        from .verify import verify_plan  # verify imports this module
-
-        verify_plan(plan, source_config=config)
 
     new_state = state or {"config": compat.snapshot_rope_config(config), "modules": {}, "hooks": []}
     new_state["dynamic_hooks"] = []
