@@ -137,6 +137,8 @@ def patch_model(
             "rope-extend patches transformers' RoPE modules (transformers >= 4.45 layout)"
         )
     plan = plan_patch(config, spec)
+    if verify and plan.changed:  # before anything is touched (re-patching plans from the marker's pristine RoPE)
+        verify_plan(plan, source_config=config)
     state = _state(model)
     if state is not None:
         if not plan.changed:  # the same spec again: nothing to do
@@ -147,8 +149,6 @@ def patch_model(
         state = PatchState(plan, state.config_snapshot)
     else:
         state = PatchState(plan, compat.snapshot_rope_config(config))
-    if verify and plan.changed:
-        verify_plan(plan, source_config=config)
 
     applied = apply_plan(model, plan, dynamic_mode)
     state.modules, state.hooks, state.touched = applied.changes, applied.hooks, applied.touched

@@ -82,8 +82,11 @@ class Progress:
         if self._status is not None:
             self._status.update(f"[{self.done}/{self.steps}] {message}")
             return
-        elapsed = time.perf_counter() - self.started
+        now = time.perf_counter()
+        elapsed = now - self.started
+        self.first_step = getattr(self, "first_step", now)  # validation before the first step is not a step
         finished = self.done - 1  # the step that starts now is not finished
-        eta = f", ETA ~{elapsed / finished * (self.steps - finished):.0f} s" if finished else ""
+        per_step = (now - self.first_step) / finished if finished else 0.0
+        eta = f", ETA ~{per_step * (self.steps - finished):.1f} s" if finished else ""
         print(f"rope-extend: [{self.done}/{self.steps}] {message} ({elapsed:.1f} s elapsed{eta})", file=sys.stderr,
               flush=True)

@@ -20,6 +20,7 @@ from .app import app
 
 USER_ERRORS = (RopeExtendError, ValueError, OSError, KeyError)
 OUTPUT_FLAGS = ("-o", "--output")
+ATOMIC_COMMANDS = {"patch"}  # commands whose output appears whole or not at all
 
 
 class _Signals:
@@ -61,14 +62,14 @@ def _output_of(argv: list[str]) -> Path | None:
     return None
 
 
-def _interrupted(signals: _Signals, output: Path | None, existed: bool) -> int:
+def _interrupted(signals: _Signals, output: Path | None, atomic: bool) -> int:
     signum = signals.received or signal.SIGINT
     name = signal.Signals(signum).name
     if output is None:
         left = "nothing was written"
     elif not output.exists():
         left = f"nothing was left at {output}"
-    elif existed:
+    elif atomic:  # patch builds OUT beside it and renames it into place at the very end
         left = f"{output} was left as it was before this run"
     else:  # eval keeps the records it finished (results.jsonl) so that rerunning resumes
         left = f"the finished part is kept in {output}; rerun the same command to resume"
@@ -84,7 +85,7 @@ def run(argv: list[str], debug: bool = False) -> int:
         debug = True
     command = typer.main.get_command(app)
     output = _output_of(argv)
-    existed = output is not None and output.exists()
+    atomic = next((a for a in argv if not a.startswith("-")), None) in ATOMIC_COMMANDS
     signals = _Signals()
     try:
         with signals.installed():
@@ -92,7 +93,7 @@ def run(argv: list[str], debug: bool = False) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except KeyboardInterrupt:
-        return _interrupted(signals, output, existed)
+        return _interrupted(signals, output, atomic)
     except USER_ERRORS as exc:
         if debug:
             traceback.print_exc()
@@ -113,10 +114,10 @@ def run(argv: list[str], debug: bool = False) -> int:
             print(f"rope-extend: error: {' '.join(exc.format_message().split())}", file=sys.stderr)
             return 2
         if type(exc).__name__ == "Abort":
-            return _interrupted(signals, output, existed)
+            return _interrupted(signals, output, atomic)
         if isinstance(getattr(exc, "exit_code", None), int):  # typer.Exit
             return exc.exit_code
         raise
     if isinstance(code, int) and code == 130:  # typer turns KeyboardInterrupt into Exit(130) and returns it
-        return _interrupted(signals, output, existed)
+        return _interrupted(signals, output, atomic)
     return code if isinstance(code, int) else 0
