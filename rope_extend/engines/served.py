@@ -1,0 +1,114 @@
+"""What an engine applies to q and k: per-dimension angles and a magnitude, for one request of n tokens.
+
+Every engine port returns a `Served` (or a `NotServed` with the exact reason), so one comparison serves them all.
+cos/sin are evaluated in float64 from the engine's own float32 frequencies; the tolerance (`tolerance`) admits the
+float32 rounding every engine adds to its angles and nothing more.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Served:
+    """RoPE as served at positions 0..n-1 of one request.
+
+    inv_freq: angle per position of each rotary frequency (rotary_dim / 2 values, the engine's float32 values).
+    magnitude: the factor on cos and sin (YaRN's attention factor, LongRoPE's mscale; 1 for plain RoPE).
+    cos / sin: optional [n, rotary_dim / 2] tensors taken from a real library run; used instead of inv_freq.
+    note: what the engine did that a reader should know (e.g. "long factors: max_model_len > L").
+    """
+
+    inv_freq: torch.Tensor | None
+    magnitude: float = 1.0
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+    note: str = ""
+
+    def cos_sin(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cos is not None and self.sin is not None:
+            return self.cos[:n].double(), self.sin[:n].double()
+        angles = torch.arange(n, dtype=torch.float64)[:, None] * self.inv_freq.double()[None, :]
+        return angles.cos() * self.magnitude, angles.sin() * self.magnitude
+
+
+@dataclass(frozen=True)
+class NotServed:
+    """The engine cannot serve this request the way rope-extend does; `reason` says exactly why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Delta:
+    """max |Δcos|, |Δsin| of one engine against rope-extend for one request, and whether that is within tolerance."""
+
+    n: int
+    max_cos: float
+    max_sin: float
+    identical: bool
+    worst_dim: int
+
+
+# Within tolerance: magnitude within 1e-5 and every frequency within 2^-18 (3.8e-6) relative. Expressed on cos/sin
+# as 1e-5 + 2^-18 · p · θ_i per dimension: float32 rounding of θ_i and of the angle p·θ_i (what any engine adds,
+# llama.cpp's iterated θ_i included) stays below it; a wrong magnitude shows at p = 0, a wrong frequency at large p.
+ABS_TOL = 1e-5
+FREQ_RTOL = 2.0**-18
+
+
+def tolerance(reference_inv_freq: torch.Tensor, n: int) -> torch.Tensor:
+    """Per-dimension tolerance on |Δcos|, |Δsin| over positions 0..n-1."""
+    return ABS_TOL + FREQ_RTOL * (n - 1) * reference_inv_freq.double().abs()
+
+
+def compare(engine: Served, reference: Served, n: int) -> Delta:
+    """Compare an engine's cos/sin with rope-extend's over positions 0..n-1."""
+    cos_e, sin_e = engine.cos_sin(n)
+    cos_r, sin_r = reference.cos_sin(n)
+    if cos_e.shape != cos_r.shape:
+        return Delta(n, math.inf, math.inf, False, -1)
+    dcos = (cos_e - cos_r).abs().amax(dim=0)
+    dsin = (sin_e - sin_r).abs().amax(dim=0)
+    tol = tolerance(reference.inv_freq, n)
+    excess = torch.maximum(dcos, dsin) / tol
+    return Delta(
+        n=n,
+        max_cos=float(dcos.max()),
+        max_sin=float(dsin.max()),
+        identical=bool((excess <= 1.0).all()),
+        worst_dim=int(excess.argmax()),
+    )
+
+
+def default_inv_freq(dim: int, base: float) -> torch.Tensor:
+    """base^(-2i/d) with the float32 op order vLLM, SGLang and transformers share."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+
+
+@dataclass
+class EngineHint:
+    """How to serve a checkpoint in one engine, as the serving hints print it and the parity report checks it.
+
+    command: for the patched checkpoint OUT; original: the same scaling on the original model (None = impossible).
+    args: the structured values behind the commands, read back by the engine port (overrides, flags, lengths).
+    warnings: every way the engine differs from rope-extend, each naming the engine and the reason.
+    notes: facts a user needs that are not differences (conversion steps, environment variables).
+    """
+
+    engine: str
+    version: str
+    command: str | None
+    original: str | None
+    args: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def fmt_float(value: float) -> str:
+    """A number with at least 9 significant digits (bases, magnitudes), without noise for round values."""
+    return f"{float(value):.10g}"
