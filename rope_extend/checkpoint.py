@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import compat
+from .engines.parity import card_section
 from .errors import CheckpointError, SpecError, VerificationError
 from .hub import build_model_card, resolve_source
 from .patch import PatchPlan, check_rope_model, expected_rope, plan_patch, verify_stock_config
@@ -415,6 +416,7 @@ def patch_checkpoint(
             config_diff=config_diff(raw, new),
             serving=serving,
             eval_summary=eval_summary,
+            engines=card_section(tmp),  # issue 10: the parity report of what was just written
         )
         if (tmp / "README.md").exists():
             (tmp / "README.md").unlink()

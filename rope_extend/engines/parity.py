@@ -306,3 +306,74 @@ def _report(inputs: _Inputs, here, other) -> ParityReport:
 def compat_model_type(config: dict) -> str:
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     return str(text.get("model_type", ""))
+
+
+def card_section(checkpoint: str | os.PathLike, other_python: str | None = None) -> str:
+    """The model card's "where it serves identically" section for a checkpoint rope-extend just wrote.
+
+    A report that cannot be computed (an architecture the ports do not model, say) leaves a one-line explanation
+    instead of failing the write.
+    """
+    try:
+        return parity(checkpoint, other_python=other_python).markdown()
+    except (ValueError, OSError, KeyError) as exc:
+        return f"Not computed: {' '.join(str(exc).split())[:300]} (run `rope-extend engines` on this checkpoint)."
+
+
+# --- README table ------------------------------------------------------------------------------------------------------
+# A LLaMA config with the demo model's RoPE (head_dim 64, base 1e5, L = 8192), served at 4x.
+README_CONFIG = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 576,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "num_hidden_layers": 1,
+    "intermediate_size": 64,
+    "vocab_size": 64,
+    "max_position_embeddings": 8192,
+    "rope_theta": 100000.0,
+}
+README_FACTOR = 4.0
+
+
+def readme_variants(factor: float = README_FACTOR, half: int = 32) -> list[tuple[str, dict]]:
+    """(label, spec) for every registered method, plus the YaRN settings engines are known to disagree on."""
+    from ..methods import method_names
+
+    out = []
+    for name in method_names():
+        spec: dict = {"method": name, "factor": factor}
+        if name == "longrope":  # illustrative factors: 1 .. s across the frequencies, short ones milder
+            spec["long_factor"] = [1.0 + (factor - 1.0) * i / (half - 1) for i in range(half)]
+            spec["short_factor"] = [1.0 + 0.5 * i / (half - 1) for i in range(half)]
+        out.append((f"`{name}`", spec))
+    out.append(("`yarn`, `truncate: false`", {"method": "yarn", "factor": factor, "truncate": False}))
+    out.append(("`yarn`, `mscale` 0.707 / `mscale_all_dim` 1", {"method": "yarn", "factor": factor, "mscale": 0.707, "mscale_all_dim": 1.0}))
+    return out
+
+
+def _verdict(row: Row) -> str:
+    short, long = (isinstance(r, Delta) and r.identical for r in (row.short, row.long))
+    if short and long:
+        return "yes"
+    if short:
+        return "up to L"
+    if long:
+        return "at s·L only"
+    return "no"
+
+
+def readme_table() -> str:
+    """The README table "where each method serves identically", computed by running every route of every engine
+    (transformers: the installed line) on a LLaMA config with the demo model's RoPE at 4x."""
+    variants = readme_variants()
+    reports = parity_many([(README_CONFIG, spec) for _, spec in variants], other_python=None)
+    header = ["method", "transformers", "vLLM", "vLLM, original + `--hf-overrides`", "SGLang",
+              "SGLang, original + overrides", "llama.cpp, original GGUF + flags", "llama.cpp, converted GGUF"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (label, _), report in zip(variants, reports):
+        rows = [r for r in report.rows if not r.skipped]
+        lines.append("| " + " | ".join([label] + [_verdict(r) for r in rows]) + " |")
+    return "\n".join(lines)
