@@ -189,7 +189,8 @@ def reference(plan: PatchPlan, n: int) -> Served:
     """rope-extend's own RoPE for a request of n tokens (dynamic methods evaluated at n)."""
     ctx = plan.context(plan.targets[0], seq_len=n)
     inv_freq, attention = get_method(plan.spec.method).compute(ctx)
-    return Served(inv_freq=inv_freq, magnitude=float(attention))
+    cos, sin = Served(inv_freq=inv_freq, magnitude=float(attention)).cos_sin(n)  # once, shared by every row
+    return Served(inv_freq=inv_freq, magnitude=float(attention), cos=cos, sin=sin)
 
 
 def parity(
@@ -215,9 +216,10 @@ def parity(
 
 
 def parity_many(
-    items: list, other_python: str | None = None, transformers_lines: bool = True
+    items: list, other_python: str | None = None, transformers_lines: bool = True, other_line: bool = True
 ) -> list[ParityReport]:
-    """`parity` for many checkpoints (paths) or (source, spec) pairs, with one process for the other transformers."""
+    """`parity` for many checkpoints (paths) or (source, spec) pairs, with one process for the other transformers
+    line (other_line=False leaves that row out)."""
     with tempfile.TemporaryDirectory(prefix="rope-extend-engines-") as tmp:
         inputs = []
         for i, item in enumerate(items):
@@ -230,7 +232,7 @@ def parity_many(
                 inputs.append(_from_checkpoint(item))
         jobs = [(x.folder, _lengths(x.plan)) for x in inputs]
         here = transformers_engine.run_here(jobs) if transformers_lines else [None] * len(jobs)
-        other = transformers_engine.run_other(jobs, other_python) if transformers_lines else [None] * len(jobs)
+        other = transformers_engine.run_other(jobs, other_python) if transformers_lines and other_line else [None] * len(jobs)
         return [_report(x, h, o) for x, h, o in zip(inputs, here, other)]
 
 
@@ -369,7 +371,7 @@ def readme_table() -> str:
     """The README table "where each method serves identically", computed by running every route of every engine
     (transformers: the installed line) on a LLaMA config with the demo model's RoPE at 4x."""
     variants = readme_variants()
-    reports = parity_many([(README_CONFIG, spec) for _, spec in variants], other_python=None)
+    reports = parity_many([(README_CONFIG, spec) for _, spec in variants], other_line=False)
     header = ["method", "transformers", "vLLM", "vLLM, original + `--hf-overrides`", "SGLang",
               "SGLang, original + overrides", "llama.cpp, original GGUF + flags", "llama.cpp, converted GGUF"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
