@@ -235,6 +235,22 @@ def test_every_row_is_identical_or_warned_with_the_engine_and_the_reason(reports
         assert not bad, (name, bad)
 
 
+@pytest.mark.parametrize("arch", ["gemma3_text", "gpt_neox", "qwen3", "phi3", "llama_head_dim"])
+def test_every_row_on_the_architecture_matrix_is_identical_or_warned(arch):
+    config = tiny.make_config(arch).to_dict()
+    methods = [m for m in tiny.METHODS if (arch, m) not in tiny.REFUSED]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reports = parity_many([(config, tiny.spec_kwargs(m, arch)) for m in methods], other_line=False)
+    for method, report in zip(methods, reports):
+        for row in report.rows:
+            if method in ("linear", "ntk", "yarn", "ntk-by-parts") and not row.skipped:
+                assert row.identical, (arch, method, row.engine, row.route, row.reasons())
+            if not (row.identical or row.skipped):
+                word = next(w for key, w in ENGINE_WORDS.items() if row.engine.startswith(key))
+                assert row.warnings and all(word in w for w in row.warnings), (arch, method, row.engine, row.route)
+
+
 def test_rows_the_issue_names(reports):
     dynamic = reports["dynamic"]
     for route in ("this checkpoint", "original"):

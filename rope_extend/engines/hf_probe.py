@@ -2,9 +2,9 @@
 
 Standalone on purpose (no rope_extend import): `rope_extend.engines.transformers_engine` imports it in-process for
 the running transformers, and runs it as a script (`python -I hf_probe.py JOBS.json OUT.pt`) under another Python for
-the other transformers line. For each request length N it calls the model's own rotary module forward with
-position_ids 0..N-1 (so dynamic methods update as the library does) and saves the first rotary_dim/2 columns of
-cos and sin (attention scaling included).
+the other transformers line. For each request of N tokens it calls the model's own rotary module forward with
+position ids ending at N-1 (so dynamic methods update as the library does) and saves the first rotary_dim/2
+columns of cos and sin (attention scaling included).
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ def rotary_module(config):
     """The model's own rotary embedding module, built from `config` as the model builds it."""
     import torch
     from torch import nn
+    from transformers import AutoModelForCausalLM
 
+    model_class = AutoModelForCausalLM._model_mapping[type(config)]  # the class from_pretrained would build
+    module = importlib.import_module(model_class.__module__)
     model_type = config.model_type
-    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
     candidates = [
         cls
         for name, cls in vars(module).items()
@@ -34,7 +36,8 @@ def rotary_module(config):
         return cls(config=config)
 
 
-def probe(folder: str, lengths: list[int]) -> dict:
+def probe(folder: str, requests: dict) -> dict:
+    """{n: positions} -> cos/sin at those positions of a request of n tokens (the positions end at n - 1)."""
     import torch
     import transformers
     from transformers import AutoConfig
@@ -48,9 +51,9 @@ def probe(folder: str, lengths: list[int]) -> dict:
     if "layer_type" in inspect.signature(module.forward).parameters and getattr(config, "layer_types", None):
         kwargs["layer_type"] = "full_attention"
     out = {"version": transformers.__version__, "requests": {}}
-    for n in lengths:
+    for n, at in requests.items():
         x = torch.zeros(1, dtype=torch.float32)
-        position_ids = torch.arange(n)[None, :]
+        position_ids = torch.tensor(at, dtype=torch.long)[None, :]
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cos, sin = module(x, position_ids, **kwargs)
@@ -60,11 +63,12 @@ def probe(folder: str, lengths: list[int]) -> dict:
 
 
 def probe_many(jobs: list[dict]) -> list[dict]:
-    """probe() for each {"folder", "lengths"} job; a config the library refuses gives {"error": message}."""
+    """probe() for each {"folder", "requests": [[n, positions], ...]} job; a config the library refuses gives
+    {"error": message}."""
     results = []
     for job in jobs:
         try:
-            results.append(probe(job["folder"], job["lengths"]))
+            results.append(probe(job["folder"], {int(n): at for n, at in job["requests"]}))
         except Exception as exc:  # reported per job, like a loader error the user would see
             results.append({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"})
     return results

@@ -24,7 +24,7 @@ from ..methods import get_method
 from ..patch import PatchPlan, _decode_slots, plan_patch
 from ..spec import RopeSpec, load_spec
 from . import llama_cpp, sglang, transformers_engine, vllm
-from .served import Delta, EngineHint, NotServed, Served, compare
+from .served import Delta, EngineHint, NotServed, Served, compare, positions
 
 
 @dataclass
@@ -189,7 +189,7 @@ def reference(plan: PatchPlan, n: int) -> Served:
     """rope-extend's own RoPE for a request of n tokens (dynamic methods evaluated at n)."""
     ctx = plan.context(plan.targets[0], seq_len=n)
     inv_freq, attention = get_method(plan.spec.method).compute(ctx)
-    cos, sin = Served(inv_freq=inv_freq, magnitude=float(attention)).cos_sin(n)  # once, shared by every row
+    cos, sin = Served(inv_freq=inv_freq, magnitude=float(attention)).cos_sin(positions(n))  # once for every row
     return Served(inv_freq=inv_freq, magnitude=float(attention), cos=cos, sin=sin)
 
 
@@ -310,16 +310,20 @@ def compat_model_type(config: dict) -> str:
     return str(text.get("model_type", ""))
 
 
-def card_section(checkpoint: str | os.PathLike, other_python: str | None = None) -> str:
+def card_section(checkpoint: str | os.PathLike) -> str:
     """The model card's "where it serves identically" section for a checkpoint rope-extend just wrote.
 
-    A report that cannot be computed (an architecture the ports do not model, say) leaves a one-line explanation
-    instead of failing the write.
+    The running transformers line and the engine ports only (no second Python is started while writing; the
+    writer's verification covers the running line, `rope-extend engines OUT` with ROPE_EXTEND_OTHER_PYTHON adds
+    the other). A report that cannot be computed leaves a one-line explanation instead of failing the write.
     """
     try:
-        return parity(checkpoint, other_python=other_python).markdown()
+        report = parity_many([checkpoint], other_line=False)[0]
     except (ValueError, OSError, KeyError) as exc:
         return f"Not computed: {' '.join(str(exc).split())[:300]} (run `rope-extend engines` on this checkpoint)."
+    return report.markdown() + (
+        "\n\nThe other transformers line: `ROPE_EXTEND_OTHER_PYTHON=... rope-extend engines` on this checkpoint."
+    )
 
 
 # --- README table ------------------------------------------------------------------------------------------------------

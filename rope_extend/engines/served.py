@@ -2,7 +2,9 @@
 
 Every engine port returns a `Served` (or a `NotServed` with the exact reason), so one comparison serves them all.
 cos/sin are evaluated in float64 from the engine's own float32 frequencies; the tolerance (`tolerance`) admits the
-float32 rounding every engine adds to its angles and nothing more.
+float32 rounding every engine adds to its angles and nothing more. Requests longer than 4096 tokens are compared
+at the first 1024 positions and 3072 evenly spaced ones up to the last (`positions`): a wrong magnitude shows at
+position 0, a wrong frequency grows with the position, so both ends are always included.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ class Served:
     sin: torch.Tensor | None = None
     note: str = ""
 
-    def cos_sin(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.cos is not None and self.sin is not None:
-            return self.cos[:n].double(), self.sin[:n].double()
-        angles = torch.arange(n, dtype=torch.float64)[:, None] * self.inv_freq.double()[None, :]
+    def cos_sin(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at positions `at` ([len(at), rotary_dim / 2], float64)."""
+        if self.cos is not None and self.sin is not None:  # taken at exactly these positions
+            return self.cos.double(), self.sin.double()
+        angles = at.double()[:, None] * self.inv_freq.double()[None, :]
         return angles.cos() * self.magnitude, angles.sin() * self.magnitude
 
 
@@ -61,6 +64,13 @@ ABS_TOL = 1e-5
 FREQ_RTOL = 2.0**-18
 
 
+def positions(n: int) -> torch.Tensor:
+    """The positions a request of n tokens is compared at (all of them up to 4096 tokens)."""
+    if n <= 4096:
+        return torch.arange(n)
+    return torch.unique(torch.cat([torch.arange(1024), torch.linspace(0, n - 1, 3072).round().long()]))
+
+
 def tolerance(reference_inv_freq: torch.Tensor, n: int) -> torch.Tensor:
     """Per-dimension tolerance on |Δcos|, |Δsin| over positions 0..n-1."""
     return ABS_TOL + FREQ_RTOL * (n - 1) * reference_inv_freq.double().abs()
@@ -68,8 +78,9 @@ def tolerance(reference_inv_freq: torch.Tensor, n: int) -> torch.Tensor:
 
 def compare(engine: Served, reference: Served, n: int) -> Delta:
     """Compare an engine's cos/sin with rope-extend's over positions 0..n-1."""
-    cos_e, sin_e = engine.cos_sin(n)
-    cos_r, sin_r = reference.cos_sin(n)
+    at = positions(n)
+    cos_e, sin_e = engine.cos_sin(at)
+    cos_r, sin_r = reference.cos_sin(at)
     if cos_e.shape != cos_r.shape:
         return Delta(n, math.inf, math.inf, False, -1)
     dcos = (cos_e - cos_r).abs().amax(dim=0)

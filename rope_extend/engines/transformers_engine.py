@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from . import hf_probe
-from .served import EngineHint, NotServed, Served
+from .served import EngineHint, NotServed, Served, positions
 
 OTHER_PYTHON_ENV = "ROPE_EXTEND_OTHER_PYTHON"
 Results = tuple[str | None, dict[int, Served | NotServed]]
@@ -30,6 +30,10 @@ def _results(result: dict, lengths: list[int], version: str | None) -> Results:
     return result["version"], {n: Served(inv_freq=None, cos=c, sin=s) for n, (c, s) in result["requests"].items()}
 
 
+def _job(folder: Path, lengths: list[int]) -> dict:
+    return {"folder": str(folder), "requests": [[n, positions(n).tolist()] for n in lengths]}
+
+
 def here_version() -> str:
     import transformers
 
@@ -38,7 +42,7 @@ def here_version() -> str:
 
 def run_here(jobs: list[tuple[Path, list[int]]]) -> list[Results]:
     """The running transformers' served cos/sin for each (config folder, request lengths)."""
-    raw = hf_probe.probe_many([{"folder": str(folder), "lengths": lengths} for folder, lengths in jobs])
+    raw = hf_probe.probe_many([_job(folder, lengths) for folder, lengths in jobs])
     return [_results(result, lengths, here_version()) for result, (_, lengths) in zip(raw, jobs)]
 
 
@@ -52,7 +56,7 @@ def run_other(jobs: list[tuple[Path, list[int]]], python: str | None = None) -> 
     env["HF_HUB_OFFLINE"] = "1"
     with tempfile.TemporaryDirectory(prefix="rope-extend-probe-") as tmp:
         jobs_file, target = Path(tmp) / "jobs.json", Path(tmp) / "probe.pt"
-        jobs_file.write_text(json.dumps([{"folder": str(f), "lengths": lengths} for f, lengths in jobs]))
+        jobs_file.write_text(json.dumps([_job(folder, lengths) for folder, lengths in jobs]))
         proc = subprocess.run(
             [python, "-I", str(Path(hf_probe.__file__)), str(jobs_file), str(target)],
             capture_output=True,
