@@ -9,9 +9,11 @@ position 0, a wrong frequency grows with the position, so both ends are always i
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -21,7 +23,8 @@ class Served:
 
     inv_freq: angle per position of each rotary frequency (rotary_dim / 2 values, the engine's float32 values).
     magnitude: the factor on cos and sin (YaRN's attention factor, LongRoPE's mscale; 1 for plain RoPE).
-    cos / sin: optional [n, rotary_dim / 2] tensors taken from a real library run; used instead of inv_freq.
+    cos / sin: optional [positions, rotary_dim / 2] arrays from a real library run at `positions(n)`; used
+        instead of inv_freq.
     note: what the engine did that a reader should know (e.g. "long factors: max_model_len > L").
     """
 
@@ -31,12 +34,12 @@ class Served:
     sin: torch.Tensor | None = None
     note: str = ""
 
-    def cos_sin(self, at: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin at positions `at` ([len(at), rotary_dim / 2], float64)."""
+    def cos_sin(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin at positions `at` ([len(at), rotary_dim / 2], float64; numpy: small, single-threaded)."""
         if self.cos is not None and self.sin is not None:  # taken at exactly these positions
-            return self.cos.double(), self.sin.double()
-        angles = at.double()[:, None] * self.inv_freq.double()[None, :]
-        return angles.cos() * self.magnitude, angles.sin() * self.magnitude
+            return np.asarray(self.cos, dtype=np.float64), np.asarray(self.sin, dtype=np.float64)
+        angles = at.astype(np.float64)[:, None] * self.inv_freq.double().numpy()[None, :]
+        return np.cos(angles) * self.magnitude, np.sin(angles) * self.magnitude
 
 
 @dataclass(frozen=True)
@@ -64,16 +67,20 @@ ABS_TOL = 1e-5
 FREQ_RTOL = 2.0**-18
 
 
-def positions(n: int) -> torch.Tensor:
-    """The positions a request of n tokens is compared at (all of them up to 4096 tokens)."""
+@functools.lru_cache(maxsize=64)
+def positions(n: int) -> np.ndarray:
+    """The positions a request of n tokens is compared at (all of them up to 4096 tokens). Read-only."""
     if n <= 4096:
-        return torch.arange(n)
-    return torch.unique(torch.cat([torch.arange(1024), torch.linspace(0, n - 1, 3072).round().long()]))
+        at = np.arange(n)
+    else:
+        at = np.unique(np.concatenate([np.arange(1024), np.round(np.linspace(0, n - 1, 3072)).astype(np.int64)]))
+    at.setflags(write=False)
+    return at
 
 
-def tolerance(reference_inv_freq: torch.Tensor, n: int) -> torch.Tensor:
+def tolerance(reference_inv_freq: torch.Tensor, n: int) -> np.ndarray:
     """Per-dimension tolerance on |Δcos|, |Δsin| over positions 0..n-1."""
-    return ABS_TOL + FREQ_RTOL * (n - 1) * reference_inv_freq.double().abs()
+    return ABS_TOL + FREQ_RTOL * (n - 1) * np.abs(reference_inv_freq.double().numpy())
 
 
 def compare(engine: Served, reference: Served, n: int) -> Delta:
@@ -83,10 +90,9 @@ def compare(engine: Served, reference: Served, n: int) -> Delta:
     cos_r, sin_r = reference.cos_sin(at)
     if cos_e.shape != cos_r.shape:
         return Delta(n, math.inf, math.inf, False, -1)
-    dcos = (cos_e - cos_r).abs().amax(dim=0)
-    dsin = (sin_e - sin_r).abs().amax(dim=0)
-    tol = tolerance(reference.inv_freq, n)
-    excess = torch.maximum(dcos, dsin) / tol
+    dcos = np.abs(cos_e - cos_r).max(axis=0)
+    dsin = np.abs(sin_e - sin_r).max(axis=0)
+    excess = np.maximum(dcos, dsin) / tolerance(reference.inv_freq, n)
     return Delta(
         n=n,
         max_cos=float(dcos.max()),

@@ -27,7 +27,8 @@ def _results(result: dict, lengths: list[int], version: str | None) -> Results:
     if "error" in result:
         reason = f"transformers {version or ''} refuses the config: {result['error']}"
         return version, {n: NotServed(reason) for n in lengths}
-    return result["version"], {n: Served(inv_freq=None, cos=c, sin=s) for n, (c, s) in result["requests"].items()}
+    requests = result["requests"].items()
+    return result["version"], {n: Served(inv_freq=None, cos=c.numpy(), sin=s.numpy()) for n, (c, s) in requests}
 
 
 def _job(folder: Path, lengths: list[int]) -> dict:
