@@ -2,7 +2,8 @@
 published sources with stub infrastructure (no GPU, no engine install).
 
     pip download --no-deps vllm==0.33.0 sglang==0.5.23 -d /tmp/dl && unzip ... (see --help)
-    python tools/check_engine_ports.py --vllm /tmp/eng/vllm033 --sglang /tmp/eng/sgl0523
+    python tools/check_engine_ports.py --vllm /tmp/eng/vllm033 --sglang /tmp/eng/sgl0523 \
+        --llama-cpp /tmp/eng/llama_cpp_python-0.3.36/vendor/llama.cpp   # needs g++
 
 Each argument is a folder holding the unpacked wheel (the `vllm/` or `sglang/` package directory inside it). For
 every method the rope-extend config is fed through the real class (its cos/sin cache, magnitude included) and
@@ -229,12 +230,122 @@ def check_sglang(root: Path) -> list[tuple[str, float]]:
     return results
 
 
+LLAMA_CPP_HARNESS = r"""
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstdint>
+#include <cstring>
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define LLAMA_LOG_WARN(...) 0
+enum { LLAMA_ROPE_SCALING_TYPE_NONE = 0, LLAMA_ROPE_SCALING_TYPE_LINEAR = 1, LLAMA_ROPE_SCALING_TYPE_YARN = 2 };
+enum { LLM_ARCH_LLAMA = 0, LLM_ARCH_DEEPSEEK2 = 1 };
+struct { int arch = LLM_ARCH_LLAMA; } model;
+struct { float yarn_ext_factor, yarn_attn_factor, rope_freq_scale; int rope_scaling_type; } cparams;
+struct { float rope_yarn_log_mul = 0.0f, rope_attn_factor; } hparams;
+// ---- ggml/src/ggml.c ----
+%(corr)s
+// ---- ggml/src/ggml-cpu/ops.cpp ----
+%(kernel)s
+static void context_setup() {
+// ---- src/llama-context.cpp (llama_context constructor) ----
+%(context)s
+}
+int main(int argc, char ** argv) {
+    // type ext_factor freq_scale attn_factor_cli attn_factor_key freq_base n_dims n_ctx_orig beta_fast beta_slow n_pos
+    cparams.rope_scaling_type = atoi(argv[1]);
+    cparams.yarn_ext_factor = atof(argv[2]);
+    cparams.rope_freq_scale = atof(argv[3]);
+    cparams.yarn_attn_factor = atof(argv[4]);
+    hparams.rope_attn_factor = atof(argv[5]);
+    float freq_base = atof(argv[6]); int n_dims = atoi(argv[7]); int n_ctx_orig = atoi(argv[8]);
+    float beta_fast = atof(argv[9]), beta_slow = atof(argv[10]); int n_pos = atoi(argv[11]);
+    context_setup();
+    const float theta_scale = powf(freq_base, -2.0f/n_dims);
+    float corr_dims[2];
+    ggml_rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow, corr_dims);
+    float * cache = (float *) malloc(sizeof(float) * n_dims);
+    for (int p = 0; p < n_pos; p++) {
+        ggml_rope_cache_init(p, cparams.rope_freq_scale, NULL, corr_dims, n_dims, cparams.yarn_ext_factor,
+                             cparams.yarn_attn_factor, cache, 1.0f, theta_scale);
+        for (int i = 0; i < n_dims; i++) printf("%%.9g ", cache[i]);
+        printf("\n");
+    }
+    return 0;
+}
+"""
+
+
+def check_llama_cpp(root: Path) -> list[tuple[str, float, bool]]:
+    """Compile llama.cpp's own RoPE kernel (ops.cpp, ggml.c) and its context-setup block (llama-context.cpp),
+    cut verbatim from the sources, and compare with the port for the flags the hints print."""
+    import subprocess
+    import tempfile
+
+    import numpy as np
+    import tiny
+
+    from rope_extend.engines import llama_cpp as port
+    from rope_extend.engines.served import Served, compare
+    from rope_extend.patch import plan_patch
+    from rope_extend.serving import engine_hints
+
+    ggml = (root / "ggml" / "src" / "ggml.c").read_text()
+    ops = (root / "ggml" / "src" / "ggml-cpu" / "ops.cpp").read_text()
+    ctx = (root / "src" / "llama-context.cpp").read_text()
+    corr = ggml[ggml.index("static float ggml_rope_yarn_corr_dim(") : ggml.index("// ggml_rope_back")]
+    kernel = ops[ops.index("static float rope_yarn_ramp(") : ops.index("static void ggml_mrope_cache_init(")]
+    context = ctx[ctx.index("    if (cparams.yarn_ext_factor < 0.0f) {") : ctx.index("    if (cparams.pooling_type")]
+    source = LLAMA_CPP_HARNESS % {"corr": corr, "kernel": kernel, "context": context}
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "rope.cpp").write_text(source)
+        subprocess.run(["g++", "-O0", "-o", f"{tmp}/rope", f"{tmp}/rope.cpp"], check=True)
+        results = []
+        cases = {
+            "ntk-by-parts": {"method": "ntk-by-parts", "factor": 4},
+            "old-ntk-by-parts-hint": {"method": "ntk-by-parts", "factor": 4},
+            "yarn": {"method": "yarn", "factor": 4},
+            "yarn-betas-attention": {"method": "yarn", "factor": 4, "beta_fast": 64, "beta_slow": 2, "attention_factor": 1.3},
+            "linear": {"method": "linear", "factor": 4},
+            "ntk": {"method": "ntk", "factor": 4},
+        }
+        for name, spec in cases.items():
+            config = tiny.make_config("llama")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                plan = plan_patch(config, **spec)
+            original = config.to_dict()
+            flags = next(h for h in engine_hints(plan, "OUT") if h.engine == "llama.cpp").args["flags"]
+            if name == "old-ntk-by-parts-hint":  # what rope-extend printed before issue 10: the flag is ignored
+                flags = "-c 128 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 32 --yarn-attn-factor 0.878249"
+            meta = port.convert(original)
+            n = 128
+            served = port.served(meta, flags, n)
+            params = port.parse_flags(flags)
+            kv = params["override_kv"].get("llama.rope.scaling.attn_factor", 1.0)
+            scaling = {"none": 0, "linear": 1, "yarn": 2}[params.get("rope_scaling_type", "linear")]
+            args = [scaling, params.get("yarn_ext_factor", -1.0), params.get("rope_freq_scale", 1.0),
+                    params.get("yarn_attn_factor", 1.0), kv, params.get("rope_freq_base", meta["rope.freq_base"]),
+                    meta["rope.dimension_count"], params.get("yarn_orig_ctx", meta["context_length"]),
+                    params.get("yarn_beta_fast", 32.0), params.get("yarn_beta_slow", 1.0), n]
+            out = subprocess.run([f"{tmp}/rope", *map(str, args)], capture_output=True, text=True, check=True).stdout
+            cache = np.array([[float(v) for v in line.split()] for line in out.strip().splitlines()])
+            real = Served(inv_freq=None, cos=cache[:, 0::2], sin=cache[:, 1::2])  # interleaved (cos, sin) pairs
+            delta = compare(real, served, n)
+            label = f"llama.cpp {name}: {flags} (magnitude {served.magnitude:.6f})"
+            results.append((label, max(delta.max_cos, delta.max_sin), delta.identical))
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm", type=Path, help="folder with the unpacked vllm 0.33.0 wheel")
     parser.add_argument("--sglang", type=Path, help="folder with the unpacked sglang 0.5.23 wheel")
+    parser.add_argument("--llama-cpp", type=Path, help="vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist")
     args = parser.parse_args()
     results = (check_vllm(args.vllm) if args.vllm else []) + (check_sglang(args.sglang) if args.sglang else [])
+    results += check_llama_cpp(args.llama_cpp) if args.llama_cpp else []
     failed = 0
     for label, delta, identical in results:
         print(f"{'same' if identical else 'DIFF'}  {delta:10.2e}  {label}")
