@@ -25,18 +25,18 @@ def serving_hints(plan: PatchPlan, out: str) -> tuple[str, list[str]]:
     hints = {hint.engine: hint for hint in engine_hints(plan, out)}
     v, g, c = hints["vLLM"], hints["SGLang"], hints["llama.cpp"]
     lines = [
-        f"vLLM: `{v.command}`",
-        f"  (same scaling on the original model: `{v.original}`)",
-        f"SGLang: `{g.command}`",
-        f"  (same scaling on the original model: `{g.original}`)",
+        f"- vLLM: `{v.command}`",
+        f"  - same scaling on the original model: `{v.original}`",
+        f"- SGLang: `{g.command}`",
+        f"  - same scaling on the original model: `{g.original}`",
     ]
     if c.original is not None:
-        lines.append(f"llama.cpp, original GGUF: `{c.original}`")
+        lines.append(f"- llama.cpp, original GGUF: `{c.original}`")
     if c.command is not None:
-        lines.append(f"llama.cpp, GGUF converted from this checkpoint (convert_hf_to_gguf.py): `{c.command}`")
+        lines.append(f"- llama.cpp, GGUF converted from this checkpoint (convert_hf_to_gguf.py): `{c.command}`")
     warnings = [w for hint in hints.values() for w in hint.warnings]
     notes = [n for hint in hints.values() for n in hint.notes]
-    text = "\n".join(f"- {line}" for line in lines)
+    text = "\n".join(lines)
     text += f"\n\nChecked against {CHECKED_AGAINST}."
     if notes:
         text += "\n\n" + "\n".join(f"> Note: {n}" for n in notes)

@@ -319,7 +319,7 @@ def card_section(checkpoint: str | os.PathLike) -> str:
     """
     try:
         report = parity_many([checkpoint], other_line=False)[0]
-    except (ValueError, OSError, KeyError) as exc:
+    except (ValueError, OSError, KeyError, ImportError, RuntimeError) as exc:
         return f"Not computed: {' '.join(str(exc).split())[:300]} (run `rope-extend engines` on this checkpoint)."
     return report.markdown() + (
         "\n\nThe other transformers line: `ROPE_EXTEND_OTHER_PYTHON=... rope-extend engines` on this checkpoint."
