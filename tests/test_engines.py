@@ -204,6 +204,7 @@ VARIANTS = [(m, tiny.spec_kwargs(m, "llama")) for m in tiny.METHODS] + [
     ("yarn-truncate-false", STATIC_CASES["yarn-truncate-false"]),
     ("yarn-mscale", STATIC_CASES["yarn-mscale"]),
     ("yarn-betas-attention", {**STATIC_CASES["yarn-betas"], "attention_factor": 1.3}),
+    ("longrope-attention", {**tiny.spec_kwargs("longrope", "llama"), "attention_factor": 1.3}),
 ]
 ENGINE_WORDS = {"transformers": "transformers", "vLLM": "vLLM", "SGLang": "SGLang", "llama.cpp": "llama.cpp"}
 
@@ -262,6 +263,9 @@ def test_rows_the_issue_names(reports):
     assert not row.short.identical and row.long.identical
     assert not _row(longrope, "llama.cpp", "GGUF converted").identical
     assert _row(longrope, "SGLang", "this").identical
+    longrope_attention = reports["longrope-attention"]  # engines read short/long_mscale, not attention_factor
+    assert _row(longrope_attention, "vLLM", "this").long.identical
+    assert _row(longrope_attention, "SGLang", "this").identical and _row(longrope_attention, "SGLang", "original").identical
     llama3 = reports["llama3"]
     assert _row(llama3, "llama.cpp", "GGUF converted").identical
     assert isinstance(_row(llama3, "llama.cpp", "original").short, NotServed)
