@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import compat, files
+from .engines.parity import card_section
 from .errors import CheckpointError, SpecError
 from .hub import build_model_card, resolve_source
 from .plan import PatchPlan, check_rope_model, plan_patch
@@ -144,25 +145,6 @@ def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
     return files_
 
 
-
-
-def load_config(source: Path, trust_remote_code: bool = False):
-    """A stock transformers config from a checkpoint folder; config.json passes the boundary checks first, and
-    whatever transformers' config classes raise becomes one CheckpointError naming the file."""
-    import warnings
-
-    from transformers import AutoConfig
-
-    files.read_config(source)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except (KeyboardInterrupt, SystemExit, MemoryError):
-        raise
-    except Exception as exc:  # 5.x strict config classes raise their own exception types
-        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-        raise CheckpointError(f"transformers cannot read {str(source / 'config.json')!r}: {reason}") from None
 
 
 # --- writing -------------------------------------------------------------------------------------------------------
@@ -415,7 +397,7 @@ def patch_checkpoint(
     src = resolve_source(source, revision=revision)
     out_path = check_output_path(src, Path(out), overwrite)
     raw = files.read_config(src)
-    config = load_config(src, trust_remote_code)
+    config = files.load_config(src, trust_remote_code)
     check_rope_model(compat.text_config(config))
     if compat.text_part(raw).get("max_position_embeddings") is None and spec.original_max_position_embeddings is None:
         raise SpecError(
@@ -425,7 +407,7 @@ def patch_checkpoint(
             field="original_max_position_embeddings",
         )
     plan = plan_patch(config, spec)
-    if plan.spec.factor == 1 and plan.spec.method != "longrope":
+    if plan.spec.factor == 1 and plan.is_identity():
         raise SpecError(
             f"factor 1 (target length {plan.spec.target_length} = the original length) makes {plan.spec.method} "
             "change nothing; choose a factor > 1 or a longer --target-length",
@@ -457,6 +439,7 @@ def patch_checkpoint(
             config_diff=config_diff(compat.text_part(raw), compat.text_part(new)),
             serving=card_serving,
             eval_summary=eval_summary,
+            engines=card_section(tmp),  # issue 10: the parity report of what was just written
         )
         if (tmp / "README.md").exists():
             (tmp / "README.md").unlink()

@@ -203,6 +203,25 @@ def read_config(source: Path) -> dict:
 
 
 # --- weights ---------------------------------------------------------------------------------------------------------
+def load_config(source: Path, trust_remote_code: bool = False):
+    """A stock transformers config from a checkpoint folder; config.json passes the boundary checks first, and
+    whatever transformers' config classes raise becomes one CheckpointError naming the file."""
+    import warnings
+
+    from transformers import AutoConfig
+
+    read_config(source)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (KeyboardInterrupt, SystemExit, MemoryError):
+        raise
+    except Exception as exc:  # 5.x strict config classes raise their own exception types
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise CheckpointError(f"transformers cannot read {str(source / 'config.json')!r}: {reason}") from None
+
+
 def check_safetensors(path: Path) -> None:
     """Header-only integrity check: a well-formed header whose tensors end exactly at the end of the file."""
     name = path.name

@@ -158,6 +158,7 @@ def build_model_card(
     config_diff: list[tuple[str, Any, Any]],
     serving: str,
     eval_summary: str | None = None,
+    engines: str | None = None,
 ) -> str:
     """The README.md text of a patched checkpoint (huggingface_hub ModelCard with metadata)."""
     import transformers
@@ -193,7 +194,7 @@ with its rotary position embeddings rescaled by [rope-extend](https://pypi.org/p
 ## Serving
 
 {serving.rstrip()}
-
+{_engines_section(engines)}
 ## Evaluation
 
 {eval_summary.rstrip() if eval_summary else "No evaluation was run when this checkpoint was written (see `rope-extend eval`)."}
@@ -204,6 +205,13 @@ Written by rope-extend {__version__} with transformers {transformers.__version__
 fully resolved spec; `config.json` carries it under the `rope_extend` key.
 """
     return str(ModelCard.from_template(data, template_str="---\n{{ card_data }}\n---\n" + body))
+
+
+def _engines_section(engines: str | None) -> str:
+    """The parity report (rope_extend.engines.parity.card_section), when the writer computed one."""
+    if not engines:
+        return ""
+    return f"\n## Where it serves identically\n\n{engines.rstrip()}\n"
 
 
 def _short(value: Any, limit: int = 80) -> str:

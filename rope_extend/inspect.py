@@ -104,7 +104,7 @@ def classify(ratio: float, factor: float, rtol: float = REGIME_RTOL) -> str:
 
 def load_config(source: str | Path, revision: str | None = None):
     """The text config of a local folder or Hub id (resolved through the Hub cache, config.json only)."""
-    from .checkpoint import load_config as load_checkpoint_config
+    from .files import load_config as load_checkpoint_config
     from .hub import resolve_source
 
     return compat.text_config(load_checkpoint_config(resolve_source(str(source), revision=revision, config_only=True)))

@@ -18,7 +18,7 @@ import torch
 from . import compat
 from .errors import AlreadyScaledError, SpecError, UnsupportedModelError, VerificationError
 from .facts import encode_slots, read_rope
-from .methods import RopeContext, RopeMethod
+from .methods import RopeContext, RopeMethod, default_inv_freq
 from .spec import RopeSpec, load_spec
 from .version import __version__
 
@@ -72,6 +72,17 @@ class PatchPlan:
     def compute(self, slot: str | None, seq_len: int | None = None, device=None) -> tuple[torch.Tensor, float]:
         """rope-extend's own (inv_freq, attention factor) for a target slot."""
         return self.method.compute(self.context(slot, seq_len, device))
+
+    def is_identity(self) -> bool:
+        """True when the planned RoPE equals the unscaled one at every length up to the target (e.g. a factor of 1
+        for a method without per-dimension lists): patching would change nothing."""
+        for slot in self.targets:
+            for seq_len in (None, self.spec.target_length):
+                inv_freq, attention = self.compute(slot, seq_len=seq_len)
+                plain = default_inv_freq(self.rotary_dims[slot], self.base_theta)
+                if attention != 1.0 or not torch.allclose(inv_freq, plain, rtol=1e-7, atol=0):
+                    return False
+        return True
 
     def expected_stock(self, slot: str | None) -> tuple[torch.Tensor, float]:
         """What stock loaders build at construction from the written config (dynamic-yarn: static YaRN)."""

@@ -34,7 +34,7 @@ def test_validate_and_methods(capsys, tmp_path):
     table = capsys.readouterr().out
     for name in ("linear", "ntk", "dynamic", "ntk-by-parts", "yarn", "dynamic-yarn", "llama3", "longrope"):
         assert name in table
-    assert "beta_fast=32.0" in table and "static only" in table
+    assert "beta_fast=32.0" in table and "attention factor: 0.1·ln s + 1" in table
 
 
 def test_help_shows_examples():

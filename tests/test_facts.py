@@ -11,7 +11,7 @@ import pytest
 import tiny
 
 from rope_extend import patch_model
-from rope_extend.checkpoint import load_config
+from rope_extend.files import load_config
 from rope_extend.cli import run
 from rope_extend.eval.runner import _config_original_length
 from rope_extend.eval.variants import original_length as eval_original_length

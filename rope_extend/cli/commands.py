@@ -4,6 +4,7 @@ To add a command: write `<name>_cmd.py` (importing only from `.app` and the libr
 """
 
 from . import (
+    engines_cmd,  # noqa: F401  engines
     eval_cmd,  # noqa: F401  eval
     inspect_cmd,  # noqa: F401  inspect
     patch_cmd,  # noqa: F401  patch, show

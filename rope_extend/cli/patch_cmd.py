@@ -172,7 +172,7 @@ def show(
 ) -> None:
     """Show the model's current RoPE setup: type, base, rotary dim, lengths, layer types, existing scheme."""
     from .. import compat
-    from ..checkpoint import load_config
+    from ..files import load_config
     from ..hub import resolve_source
     from ..plan import check_rope_model
 

@@ -32,11 +32,11 @@ def validate(
 
 @app.command(epilog="Example:\n\n  rope-extend methods")
 def methods() -> None:
-    """List every scaling method: parameters and defaults, formula, and which stock loaders reproduce it."""
+    """List every scaling method: formula, attention factor, parameters and defaults (where each serves identically:
+    `rope-extend engines`)."""
     for method in all_methods():
-        loaders = "; ".join(f"{name}: {support}" for name, support in method.stock_loaders.items())
         out.print(f"[bold]{method.name}[/bold]{'  (dynamic)' if method.dynamic else ''}")
         for label, value in (("formula", method.formula), ("attention factor", method.attention),
-                             ("parameters", method.param_doc()), ("stock loaders", loaders),
+                             ("parameters", method.param_doc()),
                              ("use when", method.use_when), ("paper", method.paper)):
             out.print(f"  {label}: {value}", highlight=False)

@@ -68,8 +68,8 @@ def _cost(case: Case) -> float:
 
 
 def _config_original_length(model_path) -> int:
-    from ..checkpoint import load_config
     from ..facts import read_rope
+    from ..files import load_config
 
     return read_rope(load_config(Path(model_path))).original_length()
 

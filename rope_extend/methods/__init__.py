@@ -3,6 +3,8 @@
 from . import dynamic, dynamic_yarn, linear, llama3, longrope, ntk, ntk_by_parts, yarn  # noqa: F401  (register)
 from .registry import (
     ALIASES,
+    ENGINES,
+    EngineRule,
     Param,
     RopeContext,
     RopeMethod,
@@ -18,6 +20,8 @@ from .registry import (
 
 __all__ = [
     "ALIASES",
+    "ENGINES",
+    "EngineRule",
     "Param",
     "RopeContext",
     "RopeMethod",

@@ -17,12 +17,6 @@ class DynamicYarn(Yarn):
     name = "dynamic-yarn"
     aliases = ("dynamicyarn",)
     dynamic = True
-    stock_loaders = {
-        "transformers-4": "no (loads as static yarn)",
-        "transformers-5": "no (loads as static yarn)",
-        "vllm": "no (static yarn)",
-        "llama.cpp": "no (static yarn)",
-    }
     formula = "yarn with s' = max(1, n/L)"
     attention = "yarn's, from s'"
     use_when = "In-process serving with rope_extend.patch_model: original quality below L, YaRN beyond."
@@ -37,6 +31,23 @@ class DynamicYarn(Yarn):
     @property
     def stock_method(self):
         return YARN  # written (and loaded by stock loaders) as static YaRN at the full factor
+
+    def engine_rule(self, engine, plan, version):
+        rule = super().engine_rule(engine, plan, version)
+        s, target = plan.spec.factor, plan.spec.target_length
+        if engine == "transformers":
+            rule.warnings.append(
+                f"transformers 4.x and 5.x load dynamic-yarn as static YaRN x{s:g} (equal to it only at {target} "
+                "tokens): prompts shorter than that differ; call rope_extend.patch_model(model) after loading to "
+                "restore dynamic YaRN"
+            )
+        else:
+            rule.warnings.append(
+                f"{version} serves dynamic-yarn as static YaRN x{s:g} at every length: prompts shorter than {target} "
+                "tokens differ from rope-extend's dynamic YaRN (below the original length it keeps the original "
+                "RoPE); only rope_extend.patch_model reproduces it"
+            )
+        return rule
 
     def marker_note(self, spec) -> str | None:
         return (

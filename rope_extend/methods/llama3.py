@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from .registry import Param, RopeContext, RopeMethod, default_inv_freq, register
+from .registry import EngineRule, Param, RopeContext, RopeMethod, default_inv_freq, register
 
 
 class Llama3(RopeMethod):
@@ -19,8 +19,6 @@ class Llama3(RopeMethod):
     }
     hf_rope_type = "llama3"
     slot_keys = ("original_max_position_embeddings", "low_freq_factor", "high_freq_factor")
-    stock_loaders = {"transformers-4": "yes", "transformers-5": "yes", "vllm": "yes",
-                     "llama.cpp": "yes (rope_freqs tensor at conversion)"}
     formula = "λ<L/h: θ; λ>L/l: θ/s; else (1−a)·θ/s + a·θ, a=(L/λ−l)/(h−l)"
     use_when = "Llama 3.x checkpoints (ships with s=8, l=1, h=4, L=8192); a smooth PI/extrapolation split."
     paper = "https://ai.meta.com/blog/meta-llama-3-1/"
@@ -40,6 +38,15 @@ class Llama3(RopeMethod):
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
         return torch.where(is_medium, smoothed, scaled), 1.0
+
+    def engine_rule(self, engine, plan, version):
+        if engine == "llama.cpp":
+            return EngineRule(flags=None, warnings=[
+                "llama.cpp cannot serve llama3 on the original GGUF: no flag sets per-dimension factors; convert this "
+                "checkpoint with convert_hf_to_gguf.py, which writes the llama3 rope_freqs tensor (served "
+                "identically), or write the GGUF directly with `rope-extend patch model.gguf`"
+            ])
+        return EngineRule()
 
     def validate(self, spec) -> None:
         low = spec.low_freq_factor if spec.low_freq_factor is not None else self.params["low_freq_factor"].default

@@ -9,7 +9,7 @@ import math
 import torch
 
 from ..errors import SpecError
-from .registry import Param, RopeContext, RopeMethod, register
+from .registry import EngineRule, Param, RopeContext, RopeMethod, register
 
 LISTS = ("short_factor", "long_factor")
 
@@ -36,7 +36,6 @@ class LongRope(RopeMethod):
     hf_rope_type = "longrope"
     slot_keys = ("original_max_position_embeddings",)
     writes_attention_factor = True
-    stock_loaders = {"transformers-4": "yes", "transformers-5": "yes", "vllm": "yes", "llama.cpp": "yes (Phi-3 conversion)"}
     formula = "θ_i / f_i, f = short_factor (n ≤ L) or long_factor (n > L)"
     attention = "√(1 + ln s / ln L) (or explicit attention_factor)"
     use_when = "Models published with LongRoPE factors (Phi-3/3.5), or factors found by `rope-extend tune`."
@@ -48,6 +47,31 @@ class LongRope(RopeMethod):
         ext = torch.tensor(factors, dtype=torch.float32, device=ctx.device)
         shape = torch.arange(0, ctx.rotary_dim, 2, dtype=torch.int64, device=ctx.device).float() / ctx.rotary_dim
         return 1.0 / (ext * ctx.base**shape), longrope_attention_factor(ctx)
+
+    def engine_rule(self, engine, plan, version):
+        L, target = plan.spec.original_max_position_embeddings, plan.spec.target_length
+        if engine == "vllm":
+            return EngineRule(warnings=[
+                f"{version}: with --max-model-len {target} > {L}, LongRoPE uses the long factors at every position, "
+                f"so prompts shorter than {L} tokens are not protected (they run with the long factors); serve with "
+                f"--max-model-len {L} to keep the short factors"
+            ])
+        if engine == "sglang":
+            return EngineRule(warnings=[
+                f"{version} picks LongRoPE's short or long factors per forward batch (long once a position exceeds "
+                f"{L}): a prompt split by chunked prefill keeps the short factors in its first chunks, and a short "
+                f"prompt that generates past {L} tokens mixes both in its KV cache; disable chunked prefill "
+                "(--chunked-prefill-size -1) for prompts longer than the original length"
+            ])
+        if engine == "llama.cpp":
+            return EngineRule(flags=None, convertible=False, warnings=[
+                "llama.cpp cannot serve longrope for LLaMA-architecture models from this checkpoint: "
+                "convert_hf_to_gguf.py writes only rope.scaling.type=longrope and no factor tensors, so the GGUF runs "
+                "plain RoPE (no flag supplies the factors); write the GGUF with `rope-extend patch model.gguf` "
+                "(long factors as rope_freqs, valid beyond the original length) or serve with vLLM, SGLang or "
+                "transformers"
+            ])
+        return EngineRule()
 
     def config_slot(self, spec, base_slot, rotary_dim, base_theta):
         slot = super().config_slot(spec, base_slot, rotary_dim, base_theta)

@@ -4,7 +4,7 @@ b' = b * s^(d/(d-2)); the highest frequency (i=0) is unchanged. Written to confi
 `rope_theta` change, so every loader reproduces it.
 """
 
-from .registry import RopeContext, RopeMethod, default_inv_freq, register
+from .registry import EngineRule, RopeContext, RopeMethod, default_inv_freq, fmt, register
 
 
 def ntk_base(base: float, factor: float, dim: int) -> float:
@@ -15,13 +15,23 @@ class Ntk(RopeMethod):
     name = "ntk"
     aliases = ("ntk-aware", "static-ntk")
     hf_rope_type = "default"  # a plain rope_theta change
-    stock_loaders = {"transformers-4": "yes", "transformers-5": "yes", "vllm": "yes", "llama.cpp": "yes (--rope-freq-base)"}
     formula = "(b·s^(d/(d-2)))^(-2i/d)"
     use_when = "Quick training-free extension to ~2-4x; keeps high frequencies, so short contexts suffer little."
     paper = "https://www.reddit.com/r/LocalLLaMA/comments/14lz7j5/"
 
     def _compute(self, ctx: RopeContext):
         return default_inv_freq(ctx.rotary_dim, ntk_base(ctx.base, ctx.factor, ctx.rotary_dim), ctx.device), 1.0
+
+    def engine_rule(self, engine, plan, version):
+        if engine == "llama.cpp":
+            base = plan.slots[plan.targets[0]]["rope_theta"]
+            return EngineRule(flags=f"--rope-freq-base {fmt(base)}")
+        if engine == "vllm":
+            return EngineRule(notes=[
+                f"a top-level rope_theta override alone is ignored by {version} (it reads rope_parameters), so the "
+                "overrides carry both forms"
+            ])
+        return EngineRule()
 
     def config_slot(self, spec, base_slot, rotary_dim, base_theta):
         slot = super().config_slot(spec, base_slot, rotary_dim, base_theta)

@@ -11,12 +11,6 @@ class NtkByParts(Yarn):
     name = "ntk-by-parts"
     aliases = ("by-parts",)
     params = RAMP_PARAMS
-    stock_loaders = {
-        "transformers-4": "yes (yarn, attention_factor 1)",
-        "transformers-5": "yes (yarn, attention_factor 1)",
-        "vllm": "yes",
-        "llama.cpp": "yes (--yarn-attn-factor 1)",
-    }
     formula = "θ_i·(1−γ_i)/s + θ_i·γ_i (YaRN's blend)"
     attention = "1"
     use_when = "Ablation of YaRN's temperature; prefer yarn."

@@ -7,7 +7,8 @@ A method object owns everything about its method, so nothing outside `methods/` 
 - `config_slot(...)`: how it is written into a config's `rope_parameters` slot, and `stock_method`: what stock
   loaders build from that slot (dynamic-yarn is read as static YaRN);
 - `max_position_embeddings(spec)`: the length written to the config;
-- `loader_notes(spec)` / `stock_loaders`: what stock loaders and serving engines do with it;
+- `loader_notes(spec)`, `engine_rule(engine, plan, version)`: what stock loaders and each serving engine
+  (transformers, vLLM, SGLang, llama.cpp) need to reproduce it, or why they cannot;
 - `formula`, `use_when`, `paper`: the docs behind `rope-extend methods` and the README method table.
 
 `RopeContext` carries everything `compute` may read: rotary dimension, base, original (pretraining) length, factor,
@@ -78,6 +79,35 @@ class Param:
             raise ValueError(f"must be > 0, got {value}")
 
 
+ENGINES = ("transformers", "vllm", "sglang", "llama.cpp")
+
+
+@dataclass
+class EngineRule:
+    """What one serving engine needs to reproduce a method, or why it cannot (the engine modules in
+    `rope_extend.engines` apply it; each rule was checked against that engine's source at the version named there).
+
+    warnings: every way the engine differs from rope-extend for this method, naming the reason.
+    notes: facts a user needs that are not differences.
+    max_len: serve at most this many tokens (None = the target length).
+    flags: llama.cpp flags that reproduce the method on the original GGUF ("" = none needed; None = impossible).
+    converted_flags: llama.cpp flags a GGUF converted from the checkpoint still needs.
+    convertible: convert_hf_to_gguf.py keeps the method.
+    """
+
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    max_len: int | None = None
+    flags: str | None = ""
+    converted_flags: str = ""
+    convertible: bool = True
+
+
+def fmt(value: float) -> str:
+    """A number with at least 9 significant digits (bases, magnitudes), without noise for round values."""
+    return f"{float(value):.10g}"
+
+
 def default_inv_freq(dim: int, base: float, device=None) -> torch.Tensor:
     """theta_i = base^(-2i/d), computed with the same float32 op order as transformers."""
     exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
@@ -98,8 +128,6 @@ class RopeMethod:
     # Slot keys (besides rope_type/rope_theta) this method writes; explicit attention factor where it has one.
     slot_keys: ClassVar[tuple[str, ...]] = ()
     writes_attention_factor: ClassVar[bool] = False
-    # What stock loaders do with the written config: {"transformers-4": ..., "vllm": ...} (docs only).
-    stock_loaders: ClassVar[Mapping[str, str]] = {}
     formula: ClassVar[str]  # inverse frequencies
     attention: ClassVar[str] = "1"  # the attention factor (multiplies cos and sin)
     use_when: ClassVar[str]
@@ -160,6 +188,11 @@ class RopeMethod:
     def loader_notes(self, spec: RopeSpec) -> list[str]:
         """Warnings for users of stock loaders, printed when patching."""
         return []
+
+    def engine_rule(self, engine: str, plan, version: str) -> EngineRule:
+        """What `engine` (one of ENGINES) needs to serve this method as rope-extend computes it, or why it cannot.
+        Default: the engine reads the written config and reproduces the method."""
+        return EngineRule()
 
     def marker_note(self, spec: RopeSpec) -> str | None:
         """What stock loaders build from the written config, when it is not this method (kept in the marker)."""

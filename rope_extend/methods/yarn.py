@@ -10,7 +10,16 @@ import math
 
 import torch
 
-from .registry import Param, RopeContext, RopeMethod, default_inv_freq, register, yarn_get_mscale
+from .registry import (
+    EngineRule,
+    Param,
+    RopeContext,
+    RopeMethod,
+    default_inv_freq,
+    fmt,
+    register,
+    yarn_get_mscale,
+)
 
 RAMP_PARAMS = {
     "beta_fast": Param(float, 32.0, "rotations within L above which a dimension is kept (extrapolated)", positive=True),
@@ -84,12 +93,6 @@ class Yarn(RopeMethod):
     slot_keys = ("original_max_position_embeddings", "beta_fast", "beta_slow")
     explicit_slot_keys = ("mscale", "mscale_all_dim", "truncate")  # written only when the spec sets them
     writes_attention_factor = True  # always explicit: engines differ in defaults
-    stock_loaders = {
-        "transformers-4": "yes",
-        "transformers-5": "yes",
-        "vllm": "yes",
-        "llama.cpp": "yes (--rope-scaling yarn); truncate=false not reproduced",
-    }
     formula = (
         "θ_i·(1−γ_i)/s + θ_i·γ_i; γ_i = 1 − ramp between lo = ⌊dim(β_fast)⌋ and hi = ⌈dim(β_slow)⌉, "
         "dim(r) = d·ln(L/(2πr))/(2 ln b)"
@@ -103,6 +106,40 @@ class Yarn(RopeMethod):
 
     def validate(self, spec) -> None:
         check_betas(spec)
+
+    def engine_rule(self, engine, plan, version):
+        if engine != "llama.cpp":
+            return EngineRule()  # transformers, vLLM and SGLang read the yarn slot (SGLang's magnitude: see engines)
+        s, L = plan.spec.factor, plan.spec.original_max_position_embeddings
+        slot = plan.slots[plan.targets[0]]
+        rule = EngineRule()
+        betas = (float(slot.get("beta_fast", 32.0)), float(slot.get("beta_slow", 1.0)))
+        if betas != (32.0, 1.0):
+            # the LLaMA architecture reads no yarn_beta_* GGUF keys: only these flags set them
+            rule.converted_flags += f" --yarn-beta-fast {fmt(betas[0])} --yarn-beta-slow {fmt(betas[1])}"
+        own = yarn_get_mscale(s)  # llama.cpp always applies 1 + 0.1 ln s
+        if not math.isclose(plan.attention_factor, own, rel_tol=1e-9):
+            key = plan.attention_factor / own
+            rule.converted_flags += f" --override-kv {{arch}}.rope.scaling.attn_factor=float:{fmt(key)}"
+            rule.notes.append(
+                f"llama.cpp recomputes the YaRN magnitude as 1 + 0.1 ln s and ignores --yarn-attn-factor; the "
+                f"magnitude {fmt(plan.attention_factor)} is set through the GGUF key "
+                f"{{arch}}.rope.scaling.attn_factor = {fmt(key)} (served magnitude = key x (1 + 0.1 ln s)); "
+                "'{arch}' is the GGUF's general.architecture"
+            )
+        rule.flags = f"--rope-scaling yarn --rope-scale {fmt(s)} --yarn-orig-ctx {L}" + rule.converted_flags
+        if rule.converted_flags:
+            rule.notes.append(
+                "convert_hf_to_gguf.py writes rope.scaling.yarn_attn_factor / yarn_beta_* keys that the LLaMA "
+                "architecture does not read: run the converted GGUF with the flags shown"
+            )
+        if slot.get("truncate") is False:
+            rule.warnings.append(
+                "llama.cpp always floors/ceils the YaRN ramp bounds (ggml_rope_yarn_corr_dims): truncate=false is "
+                "not reproduced, so the frequencies next to the ramp differ, with the original GGUF and with GGUF "
+                "converted from this checkpoint alike"
+            )
+        return rule
 
     def config_slot(self, spec, base_slot, rotary_dim, base_theta):
         slot = super().config_slot(spec, base_slot, rotary_dim, base_theta)

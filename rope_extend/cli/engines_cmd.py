@@ -1,0 +1,68 @@
+"""`rope-extend engines`: the parity report -- does each serving engine reproduce rope-extend's RoPE?"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from .app import app, out
+from .patch_cmd import build_spec
+
+EXAMPLES = """Examples:
+
+  rope-extend engines out/llama-yarn8
+
+  rope-extend engines ./my-model --method ntk-by-parts --factor 4 --json
+
+  ROPE_EXTEND_OTHER_PYTHON=.venv4/bin/python rope-extend engines out/smollm2-yarn2
+"""
+
+
+@app.command(epilog=EXAMPLES)
+def engines(
+    checkpoint: Annotated[str, typer.Argument(help="A checkpoint written by rope-extend, or SOURCE with --method.")],
+    method: Annotated[str | None, typer.Option("--method", "-m", help="Plan this method on SOURCE in memory.")] = None,
+    factor: Annotated[float | None, typer.Option("--factor", "-f", help="Scale factor s >= 1.")] = None,
+    target_length: Annotated[int | None, typer.Option("--target-length", "-t", help="New context length.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML spec; flags override its keys.")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a spec key: --set beta_fast=64.")] = None,
+    other_python: Annotated[
+        str | None, typer.Option("--other-python", help="Python of the other transformers line ($ROPE_EXTEND_OTHER_PYTHON).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Per engine and route, max |Δcos|, |Δsin| against rope-extend for a short and a long request, or why not."""
+    from ..engines.parity import parity
+
+    if method is None and config is None and not sets and factor is None and target_length is None:
+        report = parity(checkpoint, other_python=other_python)
+    else:
+        spec = build_spec(method, factor, target_length, config, sets or [])
+        report = parity(source=checkpoint, spec=spec, other_python=other_python)
+    if as_json:
+        out.print_json(report.to_json())
+        return
+    table = Table(title=f"{report.method} x{report.factor:g}: {report.original} -> {report.target} tokens")
+    for column in ("engine", "route", f"short ({report.original})", f"long ({report.target})", "result"):
+        table.add_column(column)
+    for row in report.rows:
+        result = "[green]identical[/green]" if row.identical else ("not run" if row.skipped else "[red]differs[/red]")
+        table.add_row(row.engine, row.route, _cell(row.short), _cell(row.long), result)
+    out.print(table)
+    shown: set[str] = set()
+    for row in report.rows:
+        for warning in row.warnings if not row.identical else []:
+            if warning not in shown:
+                shown.add(warning)
+                out.print(f"[yellow]warning[/yellow]: {warning}", highlight=False)
+
+
+def _cell(result) -> str:
+    from ..engines.served import NotServed
+
+    if isinstance(result, NotServed):
+        return result.reason
+    return f"Δcos {result.max_cos:.2g}, Δsin {result.max_sin:.2g}"

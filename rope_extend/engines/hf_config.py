@@ -1,0 +1,47 @@
+"""How transformers 5.x turns a config.json into `rope_parameters` (vLLM >= 0.12 and SGLang >= 0.5 load configs
+through it), ported so the engine ports run without a second transformers install.
+
+Source: transformers 5.24 `PreTrainedConfig.__init__` / `standardize_rope_params` (configuration_utils.py,
+modeling_rope_utils.py): a `rope_scaling` key in config.json wins over `rope_parameters`; a top-level `rope_theta`
+and `partial_rotary_factor` fill in missing ones (setdefault, never overwrite); `type` becomes `rope_type`; yarn,
+llama3 and longrope get `original_max_position_embeddings` from the top level (Phi-3) or from
+`max_position_embeddings`. 5.x keeps no top-level `rope_theta` attribute after loading.
+"""
+
+from __future__ import annotations
+
+import copy
+
+ORIGINAL_LENGTH_TYPES = ("llama3", "yarn", "longrope")
+
+
+def text_part(config: dict) -> dict:
+    return config["text_config"] if isinstance(config.get("text_config"), dict) else config
+
+
+def standardize(config: dict, rope_parameters: dict | None, rope_theta=None) -> dict:
+    """transformers 5.x `standardize_rope_params` for a flat (or full-attention) slot."""
+    params = copy.deepcopy(rope_parameters or {})
+    if "full_attention" in params and isinstance(params["full_attention"], dict):
+        params = params["full_attention"]
+    params.setdefault("rope_type", params.get("type", "default"))
+    params.setdefault("rope_theta", rope_theta)
+    partial = config.get("partial_rotary_factor")
+    if partial is not None:
+        params.setdefault("partial_rotary_factor", partial)
+    if params["rope_type"] in ORIGINAL_LENGTH_TYPES:
+        if config.get("original_max_position_embeddings") is not None:
+            params["original_max_position_embeddings"] = config["original_max_position_embeddings"]
+        else:
+            params.setdefault("original_max_position_embeddings", config.get("max_position_embeddings"))
+    return params
+
+
+def load(config: dict) -> tuple[dict, dict]:
+    """(the config's other fields, its rope_parameters) as transformers 5.x loads a config.json dict."""
+    config = copy.deepcopy(text_part(config))
+    rope = config.pop("rope_scaling", None) or config.get("rope_parameters")
+    theta = config.pop("rope_theta", None)
+    if theta is None:
+        theta = config.get("rotary_emb_base")  # vLLM's patch_rope_parameters also reads this legacy name
+    return config, standardize(config, rope, theta)

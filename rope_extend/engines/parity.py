@@ -1,0 +1,384 @@
+"""The parity report: does each engine serve a checkpoint with exactly rope-extend's RoPE?
+
+For a checkpoint written by rope-extend (or SOURCE + spec, planned in memory), every route a user can take --
+transformers 4.x / 5.x loading config.json, vLLM and SGLang serving it (or the original model with the printed
+overrides), llama.cpp running the original GGUF with the printed flags or a GGUF converted from it -- is run through
+that engine's RoPE (the real library for transformers, a version-pinned port otherwise) for a short request (L
+tokens, all positions below the original length) and a long one (the target length). Each is compared with
+rope-extend's own cos/sin, magnitude included: max |Δcos|, |Δsin|, or the exact reason the engine cannot serve it.
+The commands checked are the ones `rope_extend.serving` prints, so the hints are tested by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import compat
+from ..errors import CheckpointError
+from ..facts import decode_slots
+from ..plan import PatchPlan, plan_patch
+from ..spec import RopeSpec, load_spec
+from . import llama_cpp, sglang, transformers_engine, vllm
+from .served import Delta, EngineHint, NotServed, Served, compare, positions
+
+
+@dataclass
+class Row:
+    """One serving route of one engine, compared for the short and the long request."""
+
+    engine: str  # the engine as a user names it, with its version
+    route: str  # how the checkpoint reaches it
+    short: Delta | NotServed
+    long: Delta | NotServed
+    warnings: list[str] = field(default_factory=list)  # the hint's warnings for this engine
+
+    @property
+    def identical(self) -> bool:
+        return all(isinstance(r, Delta) and r.identical for r in (self.short, self.long))
+
+    @property
+    def skipped(self) -> bool:
+        return any(isinstance(r, NotServed) and r.reason.startswith("not run") for r in (self.short, self.long))
+
+    def reasons(self) -> list[str]:
+        out = []
+        for label, result in (("short", self.short), ("long", self.long)):
+            if isinstance(result, NotServed):
+                out.append(f"{label} request: {result.reason}")
+            elif not result.identical:
+                out.append(
+                    f"{label} request ({result.n} tokens): max |Δcos| {result.max_cos:.3g}, |Δsin| "
+                    f"{result.max_sin:.3g} (worst at rotary frequency {result.worst_dim})"
+                )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        def one(result):
+            if isinstance(result, NotServed):
+                return {"served": False, "reason": result.reason}
+            return {
+                "served": True,
+                "tokens": result.n,
+                "max_abs_dcos": result.max_cos,
+                "max_abs_dsin": result.max_sin,
+                "identical": result.identical,
+            }
+
+        return {
+            "engine": self.engine,
+            "route": self.route,
+            "identical": self.identical,
+            "short": one(self.short),
+            "long": one(self.long),
+            "reasons": self.reasons(),
+            "warnings": self.warnings,
+        }
+
+
+@dataclass
+class ParityReport:
+    method: str
+    factor: float
+    original: int
+    target: int
+    rows: list[Row]
+    hints: list[EngineHint]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "factor": self.factor,
+            "original_max_position_embeddings": self.original,
+            "target_length": self.target,
+            "short_tokens": self.original,
+            "long_tokens": self.target,
+            "rows": [row.to_dict() for row in self.rows],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def markdown(self) -> str:
+        """The model-card section: "serves identically in: ..."; "differs in: ... because ..."; the table."""
+        same = [f"{r.engine} ({r.route})" for r in self.rows if r.identical]
+        differs = [r for r in self.rows if not r.identical and not r.skipped]
+        lines = [f"Serves identically (max |Δcos|, |Δsin| within float32 tolerance) in: {', '.join(same) or 'none'}."]
+        if differs:
+            lines.append("")
+            lines.append("Differs in:")
+            for row in differs:
+                because = "; ".join(row.warnings or row.reasons())
+                lines.append(f"- {row.engine} ({row.route}), because {because}")
+        lines += [
+            "",
+            f"| engine | route | short request ({self.original} tokens) | long request ({self.target} tokens) |",
+            "|---|---|---|---|",
+        ]
+        for row in self.rows:
+            lines.append(f"| {row.engine} | {row.route} | {_cell(row.short)} | {_cell(row.long)} |")
+        return "\n".join(lines)
+
+
+def _cell(result: Delta | NotServed) -> str:
+    if isinstance(result, NotServed):
+        text = result.reason.replace("|", "/")
+        return ("not run: " if text.startswith("not run") else "cannot: ") + text.removeprefix("not run: ")
+    mark = "identical" if result.identical else "DIFFERS"
+    return f"{mark} ({max(result.max_cos, result.max_sin):.2g})"
+
+
+# --- inputs ----------------------------------------------------------------------------------------------------------
+@dataclass
+class _Inputs:
+    plan: PatchPlan
+    out_config: dict  # config.json of the patched checkpoint
+    original_config: dict  # config.json of the original model
+    folder: Path  # a folder holding out_config as config.json (for the transformers probes)
+    out_name: str
+
+
+def _from_checkpoint(checkpoint: str | os.PathLike) -> _Inputs:
+    from ..files import load_config, read_json
+    from ..hub import resolve_source
+
+    folder = resolve_source(checkpoint, config_only=True)
+    raw = read_json(folder / "config.json", "config.json")
+    config = compat.text_config(load_config(folder))
+    marker = compat.read_marker(config)
+    if not marker or "spec" not in marker or "original" not in marker:
+        raise CheckpointError(
+            f"{str(checkpoint)!r} was not written by rope-extend (config.json has no complete rope_extend marker); "
+            "give the original model as SOURCE with --method and --factor instead"
+        )
+    plan = plan_patch(config, RopeSpec(**marker["spec"]))
+    original_slots = decode_slots(marker["original"]["rope_parameters"])
+    original = compat.portable_config_dict(raw, original_slots, int(marker["original"]["max_position_embeddings"]), None)
+    return _Inputs(plan, raw, original, folder, str(checkpoint))
+
+
+def _from_source(source: str | os.PathLike | dict, spec: RopeSpec, tmp: Path) -> _Inputs:
+    if isinstance(source, dict):  # an in-memory config.json (tests, README table)
+        from transformers import AutoConfig
+
+        raw = dict(source)
+        (tmp / "src").mkdir()
+        (tmp / "src" / "config.json").write_text(json.dumps(raw))
+        config = AutoConfig.from_pretrained(tmp / "src")
+    else:
+        from ..files import load_config, read_json
+        from ..hub import resolve_source
+
+        folder = resolve_source(source, config_only=True)
+        raw = read_json(folder / "config.json", "config.json")
+        config = load_config(folder)
+    config = compat.text_config(config)
+    plan = plan_patch(config, spec)
+    out = compat.portable_config_dict(raw, plan.slots, plan.max_position_embeddings, plan.marker)
+    (tmp / "out").mkdir()
+    (tmp / "out" / "config.json").write_text(json.dumps(out))
+    return _Inputs(plan, out, raw, tmp / "out", "OUT")
+
+
+# --- the report --------------------------------------------------------------------------------------------------------
+def reference(plan: PatchPlan, n: int) -> Served:
+    """rope-extend's own RoPE for a request of n tokens (dynamic methods evaluated at n)."""
+    inv_freq, attention = plan.compute(plan.targets[0], seq_len=n)
+    cos, sin = Served(inv_freq=inv_freq, magnitude=float(attention)).cos_sin(positions(n))  # once for every row
+    return Served(inv_freq=inv_freq, magnitude=float(attention), cos=cos, sin=sin)
+
+
+def parity(
+    checkpoint: str | os.PathLike | None = None,
+    *,
+    source: str | os.PathLike | dict | None = None,
+    spec: RopeSpec | dict | str | None = None,
+    other_python: str | None = None,
+    transformers_lines: bool = True,
+    **spec_overrides: Any,
+) -> ParityReport:
+    """Compare every engine route with rope-extend's RoPE, for a rope-extend checkpoint or SOURCE + spec.
+
+    other_python: the Python of the other transformers line (default: $ROPE_EXTEND_OTHER_PYTHON; without it that
+    row says "not run"). transformers_lines=False skips both transformers rows (the ports only).
+    """
+    if (checkpoint is None) == (source is None):
+        raise ValueError("give either a rope-extend checkpoint or source= with a spec, not both")
+    if checkpoint is not None:
+        return parity_many([checkpoint], other_python=other_python, transformers_lines=transformers_lines)[0]
+    spec = load_spec(spec, **spec_overrides)
+    return parity_many([(source, spec)], other_python=other_python, transformers_lines=transformers_lines)[0]
+
+
+def parity_many(
+    items: list, other_python: str | None = None, transformers_lines: bool = True, other_line: bool = True
+) -> list[ParityReport]:
+    """`parity` for many checkpoints (paths) or (source, spec) pairs, with one process for the other transformers
+    line (other_line=False leaves that row out)."""
+    with tempfile.TemporaryDirectory(prefix="rope-extend-engines-") as tmp:
+        inputs = []
+        for i, item in enumerate(items):
+            if isinstance(item, tuple):
+                source, spec = item
+                work = Path(tmp) / str(i)
+                work.mkdir()
+                inputs.append(_from_source(source, spec if isinstance(spec, RopeSpec) else load_spec(spec), work))
+            else:
+                inputs.append(_from_checkpoint(item))
+        jobs = [(x.folder, _lengths(x.plan)) for x in inputs]
+        here = transformers_engine.run_here(jobs) if transformers_lines else [None] * len(jobs)
+        other = transformers_engine.run_other(jobs, other_python) if transformers_lines and other_line else [None] * len(jobs)
+        return [_report(x, h, o) for x, h, o in zip(inputs, here, other)]
+
+
+def _lengths(plan: PatchPlan) -> list[int]:
+    return [plan.spec.original_max_position_embeddings, plan.spec.target_length]
+
+
+def _report(inputs: _Inputs, here, other) -> ParityReport:
+    from ..serving import engine_hints
+
+    plan = inputs.plan
+    spec = plan.spec
+    lengths = _lengths(plan)
+    refs = {n: reference(plan, n) for n in lengths}
+    hints = {hint.engine: hint for hint in engine_hints(plan, inputs.out_name)}
+    rows: list[Row] = []
+
+    def row(engine, route, results, hint_engine):
+        short, long = (r if isinstance(r, NotServed) else compare(r, refs[n], n) for n, r in zip(lengths, results))
+        rows.append(Row(engine, route, short, long, list(hints[hint_engine].warnings)))
+
+    for probed in (here, other):
+        if probed is not None:
+            version, served = probed
+            row(f"transformers {version or '(other line)'}", "config.json", [served[n] for n in lengths], "transformers")
+
+    v = hints["vLLM"].args
+    for route, config, overrides in (
+        ("this checkpoint", inputs.out_config, v["out_overrides"]),
+        ("original model + --hf-overrides", inputs.original_config, v["original_overrides"]),
+    ):
+        fields, rope = vllm.load_config(config, overrides)
+        results = [
+            NotServed(f"the command serves --max-model-len {v['max_model_len']}")
+            if n > v["max_model_len"]
+            else vllm.served(fields, rope, v["max_model_len"], n)
+            for n in lengths
+        ]
+        row(vllm.VERSION, route, results, "vLLM")
+
+    g = hints["SGLang"].args
+    for route, config, overrides in (
+        ("this checkpoint", inputs.out_config, g["out_overrides"]),
+        ("original model + --json-model-override-args", inputs.original_config, g["original_overrides"]),
+    ):
+        fields, rope = sglang.load_config(config, overrides)
+        row(sglang.VERSION, route, [sglang.served(fields, rope, n) for n in lengths], "SGLang")
+
+    c = hints["llama.cpp"].args
+    model_type = compat_model_type(inputs.out_config)
+    for route, config, flags in (
+        ("original GGUF + flags", inputs.original_config, c["flags"]),
+        ("GGUF converted from this checkpoint", inputs.out_config, c["converted_flags"]),
+    ):
+        if model_type not in llama_cpp.LLAMA_ARCH_MODEL_TYPES:
+            results = [NotServed(f"not run: llama.cpp is modelled for the LLaMA architecture, not {model_type!r}")] * 2
+        elif flags is None:
+            results = [NotServed(f"no llama.cpp flags reproduce {spec.method} on the original GGUF")] * 2
+        else:
+            meta = llama_cpp.convert(config)
+            results = [llama_cpp.served(meta, flags, n) for n in lengths]
+        row("llama.cpp (llama-cpp-python 0.3.36)", route, results, "llama.cpp")
+    return ParityReport(
+        method=spec.method,
+        factor=spec.factor,
+        original=spec.original_max_position_embeddings,
+        target=spec.target_length,
+        rows=rows,
+        hints=list(hints.values()),
+    )
+
+
+def compat_model_type(config: dict) -> str:
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    return str(text.get("model_type", ""))
+
+
+def card_section(checkpoint: str | os.PathLike) -> str:
+    """The model card's "where it serves identically" section for a checkpoint rope-extend just wrote.
+
+    The running transformers line and the engine ports only (no second Python is started while writing; the
+    writer's verification covers the running line, `rope-extend engines OUT` with ROPE_EXTEND_OTHER_PYTHON adds
+    the other). A report that cannot be computed leaves a one-line explanation instead of failing the write.
+    """
+    try:
+        report = parity_many([checkpoint], other_line=False)[0]
+    except (ValueError, OSError, KeyError, ImportError, RuntimeError) as exc:
+        return f"Not computed: {' '.join(str(exc).split())[:300]} (run `rope-extend engines` on this checkpoint)."
+    return report.markdown() + (
+        "\n\nThe other transformers line: `ROPE_EXTEND_OTHER_PYTHON=... rope-extend engines` on this checkpoint."
+    )
+
+
+# --- README table ------------------------------------------------------------------------------------------------------
+# A LLaMA config with the demo model's RoPE (head_dim 64, base 1e5, L = 8192), served at 4x.
+README_CONFIG = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 576,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "num_hidden_layers": 1,
+    "intermediate_size": 64,
+    "vocab_size": 64,
+    "max_position_embeddings": 8192,
+    "rope_theta": 100000.0,
+}
+README_FACTOR = 4.0
+
+
+def readme_variants(factor: float = README_FACTOR, half: int = 32) -> list[tuple[str, dict]]:
+    """(label, spec) for every registered method, plus the YaRN settings engines are known to disagree on."""
+    from ..methods import method_names
+
+    out = []
+    for name in method_names():
+        spec: dict = {"method": name, "factor": factor}
+        if name == "longrope":  # illustrative factors: 1 .. s across the frequencies, short ones milder
+            spec["long_factor"] = [1.0 + (factor - 1.0) * i / (half - 1) for i in range(half)]
+            spec["short_factor"] = [1.0 + 0.5 * i / (half - 1) for i in range(half)]
+        out.append((f"`{name}`", spec))
+    out.append(("`yarn`, `truncate: false`", {"method": "yarn", "factor": factor, "truncate": False}))
+    out.append(("`yarn`, `mscale` 0.707 / `mscale_all_dim` 1", {"method": "yarn", "factor": factor, "mscale": 0.707, "mscale_all_dim": 1.0}))
+    return out
+
+
+def _verdict(row: Row) -> str:
+    short, long = (isinstance(r, Delta) and r.identical for r in (row.short, row.long))
+    if short and long:
+        return "yes"
+    if short:
+        return "up to L"
+    if long:
+        return "at s·L only"
+    return "no"
+
+
+def readme_table() -> str:
+    """The README table "where each method serves identically", computed by running every route of every engine
+    (transformers: the installed line) on a LLaMA config with the demo model's RoPE at 4x."""
+    variants = readme_variants()
+    reports = parity_many([(README_CONFIG, spec) for _, spec in variants], other_line=False)
+    header = ["method", "transformers", "vLLM", "vLLM, original + `--hf-overrides`", "SGLang",
+              "SGLang, original + overrides", "llama.cpp, original GGUF + flags", "llama.cpp, converted GGUF"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (label, _), report in zip(variants, reports):
+        rows = [r for r in report.rows if not r.skipped]
+        lines.append("| " + " | ".join([label] + [_verdict(r) for r in rows]) + " |")
+    return "\n".join(lines)
