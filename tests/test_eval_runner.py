@@ -49,7 +49,7 @@ def test_outputs(ckpt, tmp_path):
     assert any("patch_report" in r for r in patched)
     report = (tmp_path / "report.md").read_text()
     assert "Short-context regression" in report and "yarn-x2" in report
-    for png in ("loss_vs_position.png", "passkey_heatmap.png", "needle_accuracy.png"):
+    for png in ("loss_vs_position.png", "passkey_heatmap.png", "retrieval_accuracy.png", "perplexity_vs_length.png"):
         assert (tmp_path / png).stat().st_size > 1000
     md = summary_markdown(tmp_path)
     assert "| 512 (beyond original)" in md and "passkey" in md
@@ -140,10 +140,16 @@ def test_resume_after_kill(ckpt, tmp_path):
 
 
 def test_module_cli(ckpt, tmp_path, capsys):
-    from rope_extend.eval.__main__ import main, parse_spec
+    """`python -m rope_extend.eval` is `rope-extend eval` (one parser): same options, same errors."""
+    from rope_extend.eval.__main__ import main
+    from rope_extend.eval.variants import parse_spec_arg
 
-    assert parse_spec("method=yarn,factor=2") == {"method": "yarn", "factor": 2}
-    assert parse_spec("specs/a.yaml") == "specs/a.yaml"
+    assert parse_spec_arg("method=yarn,factor=2,beta-fast=16") == {"method": "yarn", "factor": 2, "beta_fast": 16}
+    assert parse_spec_arg("specs/a.yaml") == "specs/a.yaml"
+    with pytest.raises(ValueError, match="'factor' is not key=value"):
+        parse_spec_arg("method=yarn,factor")
+    assert main([str(ckpt), "--suite", "nope", "--out", str(tmp_path)]) == 2
+    assert "suite 'nope' not found" in capsys.readouterr().err
     assert main([str(ckpt), "--spec", "method=linear,factor=2", "--suite", "smoke", "--out", str(tmp_path),
                  "--no-plots"]) == 0
     out = capsys.readouterr().out

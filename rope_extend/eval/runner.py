@@ -131,6 +131,7 @@ def run_eval(
     done = {_key(r): r for r in read_results(results_path)}
     jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave)
     meta = _run_meta(model_path, original, suite_obj, variants, dtype, device_map)
+    meta["expected_records"] = len(cases) * len(variants)
     (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
 
     if jobs:
