@@ -219,9 +219,13 @@ class Suite(_Model):
         if p := self.needle:
             lengths = _lengths(p.lengths, original_length, short)
             for t in p.tasks:
-                depths = [None] if t in ("niah_multivalue", "vt") else p.depths
+                # tasks whose needles sit at random depths get as many prompts per length as the others
+                if t in ("niah_multivalue", "vt"):
+                    depths, samples = [None], p.samples * len(p.depths)
+                else:
+                    depths, samples = p.depths, p.samples
                 for L in lengths:
-                    out += [Case(t, L, d, i, {"num_needles": p.num_needles}) for i in range(p.samples) for d in depths]
+                    out += [Case(t, L, d, i, {"num_needles": p.num_needles}) for i in range(samples) for d in depths]
         if p := self.entropy:
             params = {"queries": p.queries} | ({"text": p.text} if p.text else {})
             out += [Case("entropy", L, params=dict(params)) for L in _lengths(p.lengths, original_length, short)]
