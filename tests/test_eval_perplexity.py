@@ -58,7 +58,7 @@ def test_perplexity_at_length(model):
 
 
 def test_two_builtin_corpora_are_long_and_unrelated():
-    from rope_extend.eval.texts import LICENSE_FILES, debian_licenses_text, load_text, text_label
+    from rope_extend.eval.texts import LICENSE_FILES, load_text, text_label
 
     docs, licenses = load_text("pydoc_topics"), load_text("debian_licenses")
     assert len(licenses) > 150_000 and len(docs) > 400_000  # >= 16k tokens each for any BPE tokenizer
