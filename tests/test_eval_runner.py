@@ -160,20 +160,28 @@ def test_module_cli(ckpt, tmp_path, capsys):
 
 def test_shared_forward_gives_the_same_numbers(ckpt, tmp_path):
     """One forward at the longest length serves every shorter length for static variants (same numbers as one
-    forward per length); for a dynamic method the shorter length really differs, so it is never shared."""
-    suite = {"name": "share", "short_context": [128], "perplexity": {"lengths": [200, "2x"], "block_size": 32}}
+    forward per length), and probe prompts of one length prefill their common start once (same answers); for a
+    dynamic method the shorter length really differs, so it is never shared."""
+    suite = {"name": "share", "short_context": [128], "perplexity": {"lengths": [200, "2x"], "block_size": 32},
+             "passkey": {"lengths": [300], "depths": [0.0, 0.5, 1.0], "samples": 2}}
     specs = [{"method": "yarn", "factor": 2.0}, {"method": "dynamic-yarn", "factor": 2.0}]
     shared = run_eval(ckpt, specs, suite, tmp_path / "shared", progress=False, plots=False)
     separate = run_eval(ckpt, specs, suite, tmp_path / "separate", progress=False, plots=False, share=False)
     assert [r["case_id"] for r in shared] == [r["case_id"] for r in separate]
+    probes = [(a, b) for a, b in zip(shared, separate) if a["kind"] == "passkey"]
+    assert len(probes) == 3 * 2 * 6  # 3 variants, 128 and 300 tokens, 6 prompts each
+    for a, b in probes:  # prompts prefilled from a shared KV prefix answer exactly as when prefilled alone
+        assert a["metrics"]["output"] == b["metrics"]["output"] and a["metrics"]["score"] == b["metrics"]["score"]
     for a, b in zip(shared, separate):
+        if a["kind"] != "perplexity":
+            continue
         assert a["metrics"]["loss"] == pytest.approx(b["metrics"]["loss"], abs=1e-5)
         assert a["metrics"]["block_losses"] == pytest.approx(b["metrics"]["block_losses"], abs=1e-5)
         assert a["metrics"]["ppl_ci"] == pytest.approx(b["metrics"]["ppl_ci"], rel=1e-4)
         assert ("shared_forward" in a) == (a["variant"] != "dynamic-yarn-x2")
     # why dynamic methods need their own forwards: the first 128 tokens of its 512-token forward are scored
     # with the 2x-rescaled frequencies, unlike its own 128-token forward
-    dyn = {r["length"]: r["metrics"] for r in shared if r["variant"] == "dynamic-yarn-x2"}
+    dyn = {r["length"]: r["metrics"] for r in shared if r["variant"] == "dynamic-yarn-x2" and r["kind"] == "perplexity"}
     first_block_long, first_block_short = dyn[512]["block_losses"][:4], dyn[128]["block_losses"]
     assert max(abs(x - y) for x, y in zip(first_block_long, first_block_short)) > 1e-4
 

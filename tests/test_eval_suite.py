@@ -96,10 +96,12 @@ def test_plan_shares_one_forward_only_for_length_independent_variants():
     for name in ("unpatched", "yarn-x2"):
         ppl = [j for j in by_variant[name] if j.kind == "perplexity"]
         assert [(len(j.cases), j.length) for j in ppl] == [(3, 512), (3, 512)]  # one forward per text
+        probes = [j for j in by_variant[name] if j.kind == "passkey"]
+        assert sorted((j.length, len(j.cases)) for j in probes) == [(256, 4), (300, 4)]  # one KV prefix per length
     for name in ("dynamic-yarn-x2", "dynamic-x2"):
         ppl = [j for j in by_variant[name] if j.kind == "perplexity"]
         assert sorted(j.length for j in ppl) == [256, 256, 384, 384, 512, 512]  # one forward per length
-        assert all(len(j.cases) == 1 for j in ppl)
+        assert all(len(j.cases) == 1 for j in by_variant[name])
     unshared = plan_jobs(cases, variants, set(), share=False)
     assert sum(len(j.cases) for j in unshared) == sum(len(j.cases) for j in jobs) == len(cases) * 4
     assert all(len(j.cases) == 1 for j in unshared)
@@ -121,4 +123,6 @@ def test_interleaved_plan_goes_round_by_round():
     assert order == sorted(order, key=lambda x: (x[0], x[1] != "unpatched"))
     # after each round every variant has the same number of prompts per cell
     assert [j.variant.name for j in jobs[:4]] == ["unpatched"] * 3 + ["yarn-x2"]
-    assert max(j.round for j in jobs) == 5
+    # probe prompts of one sample index (all depths) form one job sharing a KV prefix: rounds 0 and 3
+    assert sorted({j.round for j in jobs}) == [0, 3]
+    assert {len(j.cases) for j in jobs if j.kind == "passkey"} == {3}

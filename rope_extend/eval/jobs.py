@@ -5,10 +5,15 @@ one piece of model work that produces one or more cases for one variant. Plannin
 cases, the variants and the already-finished records into an ordered job list. Executing runs one job on a
 loaded model and returns its metrics.
 
-Sharing that never changes a number: for a variant whose RoPE does not depend on the sequence length (the
-unpatched model and every static method), perplexity of the same text at 2k, 8k and 16k comes from ONE forward
-at 16k -- a causal model's loss at position ``i`` does not depend on what follows. Dynamic methods rescale with
-the current length, so each of their lengths gets its own forward.
+Sharing that does not change a number (up to float rounding; ``bench/eval_sharing.py`` checks it): for a variant
+whose RoPE does not depend on the sequence length (the unpatched model and every static method)
+
+* perplexity of the same text at 2k, 8k and 16k comes from ONE forward at 16k -- a causal model's loss at
+  position ``i`` does not depend on what follows;
+* probe prompts of one length (same instructions and filler, needle at different depths) prefill their common
+  start once: each prompt reuses the KV cache of the previous one up to where they differ.
+
+Dynamic methods rescale with the current length, so each of their lengths and prompts gets its own forward.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ SECTION_ORDER = {"perplexity": 0, "passkey": 1, "entropy": 3}  # needle tasks: 2
 
 @dataclass(frozen=True)
 class Job:
-    """Model work for one variant: ``cases`` share one forward (perplexity at several lengths) or are one case."""
+    """Model work for one variant: ``cases`` share one forward (perplexity at several lengths), share a KV prefix
+    (probe prompts of one length), or are one case."""
 
     variant: Variant
     cases: tuple[Case, ...]
@@ -42,7 +48,8 @@ class Job:
     def cost(self) -> float:
         """Rough relative cost (for the ETA): linear + quadratic attention term."""
         L = self.length
-        return L * (1.0 + L / 16384.0) * (1.3 if self.cases[0].is_probe else 1.0)
+        n = len(self.cases) if self.cases[0].is_probe else 1
+        return n * L * (1.0 + L / 16384.0) * (1.3 if self.cases[0].is_probe else 1.0)
 
 
 def length_independent(variant: Variant) -> bool:
@@ -96,10 +103,12 @@ def plan_jobs(
         for c in pending:
             if c.kind == "perplexity" and static:
                 key = ("perplexity", tuple(sorted(c.params.items())))
+            elif c.is_probe and static:  # prompts of one length share their start: one KV prefix
+                key = (c.kind, c.length) + ((c.index,) if interleave else ())
             else:
                 key = (c.case_id,)
             groups.setdefault(key, []).append(c)
-        jobs += [Job(v, tuple(g), rounds[g[0].case_id]) for g in groups.values()]
+        jobs += [Job(v, tuple(g), min(rounds[c.case_id] for c in g)) for g in groups.values()]
     if interleave:
         order = {v.name: i for i, v in enumerate(variants)}
         jobs.sort(key=lambda j: (j.round, order[j.variant.name], SECTION_ORDER.get(j.kind, 2), j.length))
@@ -137,6 +146,12 @@ class Evaluator:
                 start=int(p.get("start", 0)),
             )
             return [dict(by_length[c.length], text=p.get("text") or "pydoc_topics") for c in job.cases]
+        if len(job.cases) > 1 and first.is_probe:
+            from .probes import run_probes_sharing_prefix
+
+            samples = [self.probe(c) for c in job.cases]
+            results = run_probes_sharing_prefix(self.model, self.tok, samples)
+            return [dict(r, needle_positions=s.needle_positions) for r, s in zip(results, samples)]
         return [self.run_case(c) for c in job.cases]
 
     def run_case(self, case: Case) -> dict:

@@ -268,13 +268,17 @@ def score(sample: ProbeSample, output: str) -> float:
     return sum(a in found for a in sample.answers) / len(sample.answers)
 
 
-def generate(model, tokenizer, sample: ProbeSample) -> str:
-    """Greedy continuation of the probe prompt (new tokens only, decoded)."""
+def generate(model, tokenizer, sample: ProbeSample, cache=None) -> str:
+    """Greedy continuation of the probe prompt (new tokens only, decoded).
+
+    ``cache``: a ``DynamicCache`` already holding a prefix of the prompt; only the rest is prefilled.
+    """
     import torch
 
     device = next(model.parameters()).device
     ids = torch.tensor([sample.input_ids], device=device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    extra = {} if cache is None else {"past_key_values": cache, "use_cache": True}
     with torch.inference_mode():
         out = model.generate(
             input_ids=ids,
@@ -286,10 +290,46 @@ def generate(model, tokenizer, sample: ProbeSample) -> str:
             top_p=None,
             top_k=None,
             pad_token_id=pad,
+            **extra,
         )
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
-def run_probe(model, tokenizer, sample: ProbeSample) -> dict:
-    out = generate(model, tokenizer, sample)
+def run_probe(model, tokenizer, sample: ProbeSample, cache=None) -> dict:
+    out = generate(model, tokenizer, sample, cache)
     return {"score": score(sample, out), "output": out, "answers": sample.answers}
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def run_probes_sharing_prefix(model, tokenizer, samples: list[ProbeSample]) -> list[dict]:
+    """Results of :func:`run_probe` for each sample, prefilling what prompts share only once.
+
+    Prompts of one length share the instructions and the filler up to the first needle. They are run deepest
+    needle first, each reusing the previous prompt's KV cache cut back to the tokens both have in common, so
+    a prompt only prefills from its needle on. Only for models whose RoPE does not depend on the sequence
+    length (a cached prefix was computed at a shorter length): the caller decides.
+    """
+    from transformers import DynamicCache
+
+    order = sorted(range(len(samples)), key=lambda i: -min(samples[i].needle_positions or [0]))
+    results: list[dict | None] = [None] * len(samples)
+    cache, prev = None, None
+    for i in order:
+        sample = samples[i]
+        shared = _common_prefix(prev, sample.input_ids) if prev is not None else 0
+        if shared < 1:
+            cache = DynamicCache()
+        else:  # keep the common tokens (at least one prompt token is left to prefill)
+            remove = cache.get_seq_length() - min(shared, len(sample.input_ids) - 1)
+            if remove > 0:
+                cache.crop(-remove)  # a negative count removes tokens in transformers 4.x and 5.x alike
+        results[i] = run_probe(model, tokenizer, sample, cache)
+        prev = sample.input_ids
+    return results  # type: ignore[return-value]
