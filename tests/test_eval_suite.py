@@ -119,10 +119,14 @@ def test_interleaved_plan_goes_round_by_round():
                              "passkey": {"lengths": [300], "depths": [0.0, 0.5, 1.0], "samples": 2}})
     variants = make_variants([{"method": "yarn", "factor": 2}])
     jobs = plan_jobs(suite.cases(256), variants, set(), interleave=True)
-    order = [(j.round, j.variant.name, j.kind, j.length) for j in jobs]
-    assert order == sorted(order, key=lambda x: (x[0], x[1] != "unpatched"))
-    # after each round every variant has the same number of prompts per cell
-    assert [j.variant.name for j in jobs[:4]] == ["unpatched"] * 3 + ["yarn-x2"]
+    order = [(j.round, j.kind, j.length, j.variant.name) for j in jobs]
+    assert order == [
+        (0, "perplexity", 256, "unpatched"), (0, "perplexity", 256, "yarn-x2"),
+        (0, "passkey", 256, "unpatched"), (0, "passkey", 256, "yarn-x2"),
+        (0, "passkey", 300, "unpatched"), (0, "passkey", 300, "yarn-x2"),
+        (3, "passkey", 256, "unpatched"), (3, "passkey", 256, "yarn-x2"),
+        (3, "passkey", 300, "unpatched"), (3, "passkey", 300, "yarn-x2"),
+    ]  # after each round every variant has the same prompts
     # probe prompts of one sample index (all depths) form one job sharing a KV prefix: rounds 0 and 3
     assert sorted({j.round for j in jobs}) == [0, 3]
     assert {len(j.cases) for j in jobs if j.kind == "passkey"} == {3}

@@ -91,8 +91,9 @@ def plan_jobs(
     """Jobs for every (variant, case) not in ``done`` (keys ``(variant name, fingerprint, case_id)``).
 
     ``share``: one forward for all perplexity lengths of a text when the variant is length-independent.
-    ``interleave``: order by sample round, then variant, so a run stopped early has every variant with the same
-    number of samples per cell (the model is reloaded once per variant per round); otherwise variant by variant.
+    ``interleave``: order by sample round, section (perplexity first), length, then variant, so a run stopped
+    early has every variant with the same samples (the model is reloaded when the variant changes: cheap for
+    small models); otherwise variant by variant, one load each.
     """
     rounds = _rounds(cases)
     jobs: list[Job] = []
@@ -111,7 +112,7 @@ def plan_jobs(
         jobs += [Job(v, tuple(g), min(rounds[c.case_id] for c in g)) for g in groups.values()]
     if interleave:
         order = {v.name: i for i, v in enumerate(variants)}
-        jobs.sort(key=lambda j: (j.round, order[j.variant.name], SECTION_ORDER.get(j.kind, 2), j.length))
+        jobs.sort(key=lambda j: (j.round, SECTION_ORDER.get(j.kind, 2), j.length, order[j.variant.name]))
     return jobs
 
 
