@@ -8,6 +8,11 @@ common start once. Both runs write their own results.jsonl; the script compares 
     python bench/eval_sharing.py                       # the paper suite's shape at 1/8 of its lengths, 5 variants
     python bench/eval_sharing.py --scale 1             # the paper suite itself (hours on 2 CPU cores)
     python bench/eval_sharing.py --variants 2          # unpatched + PI only
+    python bench/eval_sharing.py --plan-only --scale 1 # no model run: modelled compute of the paper suite itself
+
+``--plan-only`` plans both ways with the real tokenizer and prompts and counts the work each job does: prefilled
+tokens, and FLOPs modelled per token at position p as 2 * (non-embedding params + lm_head) + 4 * p * d * layers
+(QK^T and AV); the decode steps (same in both) are left out. Seconds to run, so it covers the full suite.
 
 Goal: after <= 0.6x before, identical numbers (losses within 1e-4, every probe answer the same).
 """
@@ -44,12 +49,59 @@ def paper_shaped(scale: float) -> dict:
     return suite
 
 
+def modelled_work(model_path, suite: dict, n_variants: int) -> dict:
+    """Prefilled tokens and modelled FLOPs of the suite's jobs, without and with sharing."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from rope_extend.compat import original_length
+    from rope_extend.eval.jobs import Evaluator, plan_jobs
+    from rope_extend.eval.probes import prefix_plan
+    from rope_extend.eval.suite import Suite
+    from rope_extend.eval.variants import make_variants
+
+    cfg = AutoConfig.from_pretrained(str(model_path))
+    d, layers = cfg.hidden_size, cfg.num_hidden_layers
+    kv = cfg.num_key_value_heads * getattr(cfg, "head_dim", d // cfg.num_attention_heads)
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * cfg.intermediate_size
+    linear = 2 * (layers * per_layer + d * cfg.vocab_size)
+    attn = 4 * d * layers
+
+    def cost(start: int, end: int) -> float:  # tokens at positions start..end-1
+        return (end - start) * linear + attn * (end * end - start * start) / 2
+
+    original = original_length(cfg)
+    cases = Suite.from_dict(suite).cases(original)
+    variants = make_variants(SPECS[: n_variants - 1])
+    ev = Evaluator(None, AutoTokenizer.from_pretrained(str(model_path)), original, 0)
+    out = {}
+    for name, share in (("before", False), ("after", True)):
+        tokens = flops = 0.0
+        for job in plan_jobs(cases, variants, set(), share=share):
+            if job.cases[0].is_probe:
+                samples = [ev.probe(c) for c in job.cases]
+                for i, reused in prefix_plan(samples):
+                    n = len(samples[i].input_ids)
+                    tokens, flops = tokens + n - reused, flops + cost(reused, n)
+            else:
+                tokens, flops = tokens + job.length, flops + cost(0, job.length)
+        out[name] = {"prefilled_tokens": int(tokens), "tflops": round(flops / 1e12, 2)}
+    out["token_ratio"] = round(out["after"]["prefilled_tokens"] / out["before"]["prefilled_tokens"], 3)
+    out["flop_ratio"] = round(out["after"]["tflops"] / out["before"]["tflops"], 3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=0.125, help="length multiplier for the paper suite")
     ap.add_argument("--variants", type=int, default=5, help="unpatched + the first N-1 of PI, NTK, YaRN, dynamic YaRN")
     ap.add_argument("--out", default=None, help="keep both runs' outputs here")
+    ap.add_argument("--plan-only", action="store_true", help="modelled work only (no model run)")
     a = ap.parse_args()
+    if a.plan_only:
+        result = {"suite": paper_shaped(a.scale)["name"], "variants": a.variants,
+                  **modelled_work(demo_model(), paper_shaped(a.scale), a.variants)}
+        print(json.dumps(result, indent=2))
+        return
 
     from rope_extend.eval.runner import run_eval
 

@@ -10,8 +10,9 @@ whose RoPE does not depend on the sequence length (the unpatched model and every
 
 * perplexity of the same text at 2k, 8k and 16k comes from ONE forward at 16k -- a causal model's loss at
   position ``i`` does not depend on what follows;
-* probe prompts of one length (same instructions and filler, needle at different depths) prefill their common
-  start once: each prompt reuses the KV cache of the previous one up to where they differ.
+* probe prompts of one task (same instructions, the same filler stream, needles at different depths and
+  lengths) prefill their common start once: run deepest needle first, each prompt reuses the KV cache of the
+  previous one up to where they differ, so it only prefills from its needle on.
 
 Dynamic methods rescale with the current length, so each of their lengths and prompts gets its own forward.
 """
@@ -31,7 +32,7 @@ SECTION_ORDER = {"perplexity": 0, "passkey": 1, "entropy": 3}  # needle tasks: 2
 @dataclass(frozen=True)
 class Job:
     """Model work for one variant: ``cases`` share one forward (perplexity at several lengths), share a KV prefix
-    (probe prompts of one length), or are one case."""
+    (probe prompts of one task), or are one case."""
 
     variant: Variant
     cases: tuple[Case, ...]
@@ -104,8 +105,8 @@ def plan_jobs(
         for c in pending:
             if c.kind == "perplexity" and static:
                 key = ("perplexity", tuple(sorted(c.params.items())))
-            elif c.is_probe and static:  # prompts of one length share their start: one KV prefix
-                key = (c.kind, c.length) + ((c.index,) if interleave else ())
+            elif c.is_probe and static:  # prompts of one task share instructions and filler up to the needle
+                key = (c.kind,) + ((c.index,) if interleave else ())
             else:
                 key = (c.case_id,)
             groups.setdefault(key, []).append(c)

@@ -318,18 +318,27 @@ def run_probes_sharing_prefix(model, tokenizer, samples: list[ProbeSample]) -> l
     """
     from transformers import DynamicCache
 
-    order = sorted(range(len(samples)), key=lambda i: -min(samples[i].needle_positions or [0]))
     results: list[dict | None] = [None] * len(samples)
-    cache, prev = None, None
-    for i in order:
-        sample = samples[i]
-        shared = _common_prefix(prev, sample.input_ids) if prev is not None else 0
-        if shared < 1:
+    cache = None
+    for i, reused in prefix_plan(samples):
+        if reused == 0:
             cache = DynamicCache()
-        else:  # keep the common tokens (at least one prompt token is left to prefill)
-            remove = cache.get_seq_length() - min(shared, len(sample.input_ids) - 1)
+        else:  # keep the common tokens
+            remove = cache.get_seq_length() - reused
             if remove > 0:
                 cache.crop(-remove)  # a negative count removes tokens in transformers 4.x and 5.x alike
-        results[i] = run_probe(model, tokenizer, sample, cache)
-        prev = sample.input_ids
+        results[i] = run_probe(model, tokenizer, samples[i], cache)
     return results  # type: ignore[return-value]
+
+
+def prefix_plan(samples: list[ProbeSample]) -> list[tuple[int, int]]:
+    """``(sample index, prompt tokens reused from the previous prompt's cache)`` in run order: deepest needle
+    first; at least one prompt token is always left to prefill."""
+    order = sorted(range(len(samples)), key=lambda i: -min(samples[i].needle_positions or [0]))
+    plan, prev = [], None
+    for i in order:
+        ids = samples[i].input_ids
+        reused = 0 if prev is None else min(_common_prefix(prev, ids), len(ids) - 1)
+        plan.append((i, reused))
+        prev = ids
+    return plan
