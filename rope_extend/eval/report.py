@@ -28,9 +28,11 @@ def ci_note(records: list[dict]) -> str:
     """How the intervals in this report were computed (block size read from the records)."""
     sizes = sorted({r["metrics"]["block_size"] for r in _ppl_records(records) if "block_size" in r["metrics"]})
     blocks = "/".join(map(str, sizes)) or "128"
+    old = sum("block_losses" not in r["metrics"] for r in _ppl_records(records))
     return (f"95 % intervals: perplexity from a bootstrap over contiguous {blocks}-token blocks of the same text "
             "(passages, not other texts: each text is reported on its own); accuracy from the Wilson score "
-            "interval (k/n = prompts retrieved / prompts); differences are paired on the same blocks or prompts.")
+            "interval (k/n = prompts retrieved / prompts); differences are paired on the same blocks or prompts."
+            + (f" {old} perplexity records predate block losses and have no interval (rerun to get one)." if old else ""))
 
 
 def _variants(records: list[dict]) -> list[str]:
