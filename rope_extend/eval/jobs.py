@@ -124,6 +124,7 @@ class Evaluator:
 
     def __init__(self, model, tokenizer, original: int, seed: int):
         self.model, self.tok, self.original, self.seed = model, tokenizer, original, seed
+        self.patch_report = None  # what patching this variant reported (kept for the first record)
 
     def text_ids(self, source):
         from .perplexity import tokenize_text

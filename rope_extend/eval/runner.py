@@ -142,41 +142,52 @@ def run_eval(
         pending = {c.case_id: c for j in jobs for c in j.cases}
         Evaluator(None, preflight_tok, original, suite_obj.seed).preflight(list(pending.values()))
 
-    def load(v: Variant):
+    def load(v: Variant) -> Evaluator:
         model, tok = loader() if loader is not None else load_model(
             model_path, dtype=dtype, device_map=device_map, device=device
         )
-        return model, tok, apply_spec(model, v.spec)
+        ev = Evaluator(model, tok, original, suite_obj.seed)
+        ev.patch_report = apply_spec(model, v.spec)
+        return ev
 
-    prog = _progress(progress)
-    with prog:
-        task = prog.add_task("evaluating", total=sum(j.cost() for j in jobs) or 1.0)
-        current, model, ev, patch_report = None, None, None, None
-        for job in jobs:
-            v = job.variant
-            if current is not v:
-                prog.update(task, description=f"{v.name}: loading")
-                model = ev = None
-                gc.collect()
-                model, tok, patch_report = load(v)
-                ev, current = Evaluator(model, tok, original, suite_obj.seed), v
-            prog.update(task, description=f"{v.name}: {job.cases[-1].case_id}")
-            for rec in execute_job(ev, job, original, patch_report):
-                _append(results_path, rec)
-                done[_key(rec)] = rec
-                patch_report = None  # once per variant and run
-                if on_record is not None:
-                    on_record(rec)
-            prog.advance(task, job.cost())
-        model = ev = None
-        gc.collect()
-        prog.update(task, description="done")
+    def record(rec: dict) -> None:
+        _append(results_path, rec)
+        done[_key(rec)] = rec
+        if on_record is not None:
+            on_record(rec)
 
+    run_jobs(jobs, load, original, record, progress)
     records = [done[k] for v in variants for c in cases if (k := (v.name, v.fingerprint, c.case_id)) in done]
     from .report import write_report
 
     write_report(records, out, plots=plots, meta=meta)
     return records
+
+
+def run_jobs(jobs: list[Job], load: Callable[[Variant], Evaluator], original: int,
+             record: Callable[[dict], None], progress: bool = True) -> None:
+    """Execute *jobs* in order, loading a variant's model when the variant changes; every record goes to
+    ``record`` as soon as its job finishes (the patch report rides on a variant's first record of the run)."""
+    prog = _progress(progress)
+    with prog:
+        task = prog.add_task("evaluating", total=sum(j.cost() for j in jobs) or 1.0)
+        current, ev, reported = None, None, set()
+        for job in jobs:
+            v = job.variant
+            if current is not v:
+                prog.update(task, description=f"{v.name}: loading")
+                ev = None
+                gc.collect()
+                ev, current = load(v), v
+            prog.update(task, description=f"{v.name}: {job.cases[-1].case_id}")
+            report = None if v.name in reported else ev.patch_report
+            reported.add(v.name)
+            for rec in execute_job(ev, job, original, report):
+                record(rec)
+            prog.advance(task, job.cost())
+        ev = None
+        gc.collect()
+        prog.update(task, description="done")
 
 
 def execute_job(ev: Evaluator, job: Job, original: int, patch_report=None) -> list[dict]:
