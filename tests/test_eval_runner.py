@@ -204,3 +204,14 @@ def test_report_carries_intervals_and_sample_sizes(ckpt, tmp_path):
     assert "paired differences" in report and "| loss at 256 on debian_licenses | linear-x2 |" in report
     md = summary_markdown(tmp_path)
     assert "[" in md and "95 %" in md
+    # a stopped run's report can be rebuilt from its results: same report, plus how much is missing
+    from rope_extend.cli import run
+
+    (tmp_path / "report.md").unlink()
+    assert run(["eval-report", str(tmp_path)]) == 0
+    assert (tmp_path / "report.md").read_text() == report
+    lines = (tmp_path / "results.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "results.jsonl").write_text("".join(lines[:-3]))
+    assert run(["eval-report", str(tmp_path), "--no-plots"]) == 0
+    assert f"**partial run**: {len(recs) - 3} of {len(recs)} cases" in (tmp_path / "report.md").read_text()
+    assert run(["eval-report", str(tmp_path / "nothing")]) == 2

@@ -64,6 +64,19 @@ def eval_command(
     out.print(f"report: {output / 'report.md'}")
 
 
+@app.command(name="eval-report")
+def eval_report_command(
+    output: Annotated[Path, typer.Argument(help="An eval output folder (results.jsonl + run.json).")],
+    no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
+) -> None:
+    """Rewrite report.md and the plots from results.jsonl, e.g. of a run still in progress or stopped early."""
+    from ..eval.runner import rebuild_report, summary_markdown
+
+    path = rebuild_report(output, plots=not no_plots)
+    out.print(summary_markdown(output), markup=False, highlight=False)
+    out.print(f"report: {path}")
+
+
 @app.command(name="demo")
 def demo_command(
     output: Annotated[Path, typer.Option("-o", "--output", "--out", help="Folder for the report and the patched checkpoint.")] = Path("demo-out"),

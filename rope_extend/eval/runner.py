@@ -271,6 +271,20 @@ def _progress(enabled: bool):
     )
 
 
+def rebuild_report(out_dir: str | os.PathLike, plots: bool = True) -> Path:
+    """Rewrite ``report.md`` (and the plots) of *out_dir* from its ``results.jsonl`` and ``run.json``: for a run
+    still in progress or stopped early (the header then says how many cases are missing)."""
+    out = Path(out_dir)
+    if not (out / RUN_FILE).is_file():
+        raise FileNotFoundError(f"{out / RUN_FILE} not found: {out} is not a rope-extend eval output folder")
+    meta = json.loads((out / RUN_FILE).read_text())
+    keys = {(v["name"], v["fingerprint"]) for v in meta.get("variants", [])}
+    records = [r for r in read_results(out) if (r["variant"], r.get("fingerprint")) in keys]
+    from .report import write_report
+
+    return write_report(records, out, plots=plots, meta=meta)
+
+
 def summary_markdown(results) -> str:
     """Compact markdown tables (perplexity, passkey, needle) for model cards.
 
