@@ -146,3 +146,16 @@ def test_prefix_plan_reuses_exactly_the_tokens_before_each_needle(tok):
         assert cur[:reused] == prev[:reused]  # the cache holds exactly these tokens
         assert cur[reused] != prev[reused]  # and no more
         assert reused >= samples[i].needle_positions[0]  # nothing before the needle is recomputed
+
+
+def test_generate_fills_the_cache_it_is_given(tok):
+    """The shared-prefix path really hands generate the cache (in transformers 4.x and 5.x alike)."""
+    from transformers import DynamicCache
+
+    from rope_extend.eval.probes import run_probe
+    from rope_extend.eval.tiny import tiny_llama
+
+    sample = make_passkey(tok, 200, 0.5)
+    cache = DynamicCache()
+    run_probe(tiny_llama(max_position_embeddings=256), tok, sample, cache)
+    assert cache.get_seq_length() >= len(sample.input_ids)
