@@ -5,7 +5,7 @@ per probe prompt), which is what rope-extend did before; "after" is the default 
 variants get one forward per text for all perplexity lengths, and probe prompts of one length prefill their
 common start once. Both runs write their own results.jsonl; the script compares every number.
 
-    python bench/eval_sharing.py                       # the paper suite's shape at 1/8 of its lengths, 5 variants
+    python bench/eval_sharing.py                       # the paper suite's shape at 1/16 of its lengths, 5 variants
     python bench/eval_sharing.py --scale 1             # the paper suite itself (hours on 2 CPU cores)
     python bench/eval_sharing.py --variants 2          # unpatched + PI only
     python bench/eval_sharing.py --plan-only --scale 1 # no model run: modelled compute of the paper suite itself
@@ -92,7 +92,7 @@ def modelled_work(model_path, suite: dict, n_variants: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scale", type=float, default=0.125, help="length multiplier for the paper suite")
+    ap.add_argument("--scale", type=float, default=0.0625, help="length multiplier for the paper suite")
     ap.add_argument("--variants", type=int, default=5, help="unpatched + the first N-1 of PI, NTK, YaRN, dynamic YaRN")
     ap.add_argument("--out", default=None, help="keep both runs' outputs here")
     ap.add_argument("--plan-only", action="store_true", help="modelled work only (no model run)")
