@@ -275,4 +275,5 @@ def load_suite(suite: str | os.PathLike | dict | Suite) -> Suite:
                                     f"(bundled: {', '.join(avail)})")
     with open(path, encoding="utf-8") as f:
         data = yaml.safe_load(f) or {}
-    return Suite.from_dict(data, source=str(path))
+    bundled = path.parent.resolve() == SUITES_DIR.resolve()
+    return Suite.from_dict(data, source=f"eval/suites/{path.name}" if bundled else str(path))
