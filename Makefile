@@ -41,7 +41,7 @@ test-latest:
 		PIP_FLAGS="$(PIP_FLAGS) --upgrade"
 
 demo: install
-	$(VENV)/bin/python -m rope_extend.demo
+	$(VENV)/bin/rope-extend demo
 
 bench: install
 	$(VENV)/bin/python bench/run_all.py

@@ -5,6 +5,6 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-for script in ("patch_speed.py", "forward_overhead.py", "decode_step.py", "ppl_memory.py"):
+for script in ("patch_speed.py", "forward_overhead.py", "decode_step.py", "ppl_memory.py", "eval_sharing.py"):
     print(f"== {script}", flush=True)
     subprocess.run([sys.executable, str(HERE / script)], check=True, cwd=HERE)

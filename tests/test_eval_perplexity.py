@@ -55,3 +55,34 @@ def test_perplexity_at_length(model):
     assert n == 399
     with pytest.raises(ValueError, match="1000 tokens"):
         perplexity_at_length(model, ids, 2000)
+
+
+def test_two_builtin_corpora_are_long_and_unrelated():
+    from rope_extend.eval.texts import LICENSE_FILES, load_text, text_label
+
+    docs, licenses = load_text("pydoc_topics"), load_text("debian_licenses")
+    assert len(licenses) > 150_000 and len(docs) > 400_000  # >= 16k tokens each for any BPE tokenizer
+    assert "GNU GENERAL PUBLIC LICENSE" in licenses and "Apache License" in licenses
+    assert "GNU GENERAL PUBLIC LICENSE" not in docs
+    assert text_label("debian_licenses") == "debian_licenses" and text_label("/x/my.txt") == "my.txt"
+    assert len(set(LICENSE_FILES)) == len(LICENSE_FILES)
+
+
+def test_missing_license_texts_say_what_to_do(tmp_path):
+    from rope_extend.eval.texts import debian_licenses_text
+
+    with pytest.raises(FileNotFoundError, match="needs Apache-2.0, GPL-3.*base-files.*--text"):
+        debian_licenses_text(tmp_path)
+
+
+def test_block_interval_in_perplexity_metrics(model):
+    from rope_extend.eval.perplexity import perplexity_at_lengths
+
+    ids = torch.randint(0, 1000, (1000,), generator=torch.Generator().manual_seed(3))
+    res = perplexity_at_lengths(model, ids, [100, 400], block_size=64)
+    r = res[400]
+    assert len(r["block_losses"]) == 7  # 399 losses: 6 blocks of 64 + one of 15
+    assert r["loss_ci"][0] < r["loss"] < r["loss_ci"][1]
+    assert r["ppl_ci"] == pytest.approx([math.exp(x) for x in r["loss_ci"]])
+    own = perplexity_at_length(model, ids, 100, block_size=64)
+    assert res[100]["loss"] == pytest.approx(own["loss"], abs=1e-5)

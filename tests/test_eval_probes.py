@@ -128,3 +128,34 @@ def test_bundled_suites_load(name):
     assert s.name == name
     cases = s.cases(8192)
     assert any(c.length <= 8192 for c in cases)  # short-context regression always present
+
+
+def test_prefix_plan_reuses_exactly_the_tokens_before_each_needle(tok):
+    """Passkey prompts of several lengths share the instructions and the filler stream up to their needle: run
+    deepest needle first, each reuses everything before its own needle (the longest prefix it can share)."""
+    from rope_extend.eval.probes import prefix_plan
+
+    samples = [make_passkey(tok, L, d, index=i) for L in (300, 500) for d in (0.0, 0.5, 1.0) for i in range(2)]
+    plan = prefix_plan(samples)
+    assert sorted(i for i, _ in plan) == list(range(len(samples)))
+    positions = [samples[i].needle_positions[0] for i, _ in plan]
+    assert positions == sorted(positions, reverse=True)
+    assert plan[0][1] == 0
+    for (i, reused), (j, _) in zip(plan[1:], plan):
+        prev, cur = samples[j].input_ids, samples[i].input_ids
+        assert cur[:reused] == prev[:reused]  # the cache holds exactly these tokens
+        assert cur[reused] != prev[reused]  # and no more
+        assert reused >= samples[i].needle_positions[0]  # nothing before the needle is recomputed
+
+
+def test_generate_fills_the_cache_it_is_given(tok):
+    """The shared-prefix path really hands generate the cache (in transformers 4.x and 5.x alike)."""
+    from transformers import DynamicCache
+
+    from rope_extend.eval.probes import run_probe
+    from rope_extend.eval.tiny import tiny_llama
+
+    sample = make_passkey(tok, 200, 0.5)
+    cache = DynamicCache()
+    run_probe(tiny_llama(max_position_embeddings=256), tok, sample, cache)
+    assert cache.get_seq_length() >= len(sample.input_ids)

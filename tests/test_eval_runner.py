@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,7 +50,7 @@ def test_outputs(ckpt, tmp_path):
     assert any("patch_report" in r for r in patched)
     report = (tmp_path / "report.md").read_text()
     assert "Short-context regression" in report and "yarn-x2" in report
-    for png in ("loss_vs_position.png", "passkey_heatmap.png", "needle_accuracy.png"):
+    for png in ("loss_vs_position.png", "passkey_heatmap.png", "retrieval_accuracy.png", "perplexity_vs_length.png"):
         assert (tmp_path / png).stat().st_size > 1000
     md = summary_markdown(tmp_path)
     assert "| 512 (beyond original)" in md and "passkey" in md
@@ -140,12 +141,77 @@ def test_resume_after_kill(ckpt, tmp_path):
 
 
 def test_module_cli(ckpt, tmp_path, capsys):
-    from rope_extend.eval.__main__ import main, parse_spec
+    """`python -m rope_extend.eval` is `rope-extend eval` (one parser): same options, same errors."""
+    from rope_extend.eval.__main__ import main
+    from rope_extend.eval.variants import parse_spec_arg
 
-    assert parse_spec("method=yarn,factor=2") == {"method": "yarn", "factor": 2}
-    assert parse_spec("specs/a.yaml") == "specs/a.yaml"
+    assert parse_spec_arg("method=yarn,factor=2,beta-fast=16") == {"method": "yarn", "factor": 2, "beta_fast": 16}
+    assert parse_spec_arg("specs/a.yaml") == "specs/a.yaml"
+    with pytest.raises(ValueError, match="'factor' is not key=value"):
+        parse_spec_arg("method=yarn,factor")
+    assert main([str(ckpt), "--suite", "nope", "--out", str(tmp_path)]) == 2
+    assert "suite 'nope' not found" in capsys.readouterr().err
     assert main([str(ckpt), "--spec", "method=linear,factor=2", "--suite", "smoke", "--out", str(tmp_path),
                  "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert "linear-x2" in out and (tmp_path / "report.md").is_file()
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_shared_forward_gives_the_same_numbers(ckpt, tmp_path):
+    """One forward at the longest length serves every shorter length for static variants (same numbers as one
+    forward per length), and probe prompts of one length prefill their common start once (same answers); for a
+    dynamic method the shorter length really differs, so it is never shared."""
+    suite = {"name": "share", "short_context": [128], "perplexity": {"lengths": [200, "2x"], "block_size": 32},
+             "passkey": {"lengths": [300], "depths": [0.0, 0.5, 1.0], "samples": 2}}
+    specs = [{"method": "yarn", "factor": 2.0}, {"method": "dynamic-yarn", "factor": 2.0}]
+    shared = run_eval(ckpt, specs, suite, tmp_path / "shared", progress=False, plots=False)
+    separate = run_eval(ckpt, specs, suite, tmp_path / "separate", progress=False, plots=False, share=False)
+    assert [r["case_id"] for r in shared] == [r["case_id"] for r in separate]
+    probes = [(a, b) for a, b in zip(shared, separate) if a["kind"] == "passkey"]
+    assert len(probes) == 3 * 2 * 6  # 3 variants, 128 and 300 tokens, 6 prompts each
+    for a, b in probes:  # prompts prefilled from a shared KV prefix answer exactly as when prefilled alone
+        assert a["metrics"]["output"] == b["metrics"]["output"] and a["metrics"]["score"] == b["metrics"]["score"]
+    for a, b in zip(shared, separate):
+        if a["kind"] != "perplexity":
+            continue
+        assert a["metrics"]["loss"] == pytest.approx(b["metrics"]["loss"], abs=1e-5)
+        assert a["metrics"]["block_losses"] == pytest.approx(b["metrics"]["block_losses"], abs=1e-5)
+        assert a["metrics"]["ppl_ci"] == pytest.approx(b["metrics"]["ppl_ci"], rel=1e-4)
+        assert ("shared_forward" in a) == (a["variant"] != "dynamic-yarn-x2")
+    # why dynamic methods need their own forwards: the first 128 tokens of its 512-token forward are scored
+    # with the 2x-rescaled frequencies, unlike its own 128-token forward
+    dyn = {r["length"]: r["metrics"] for r in shared if r["variant"] == "dynamic-yarn-x2" and r["kind"] == "perplexity"}
+    first_block_long, first_block_short = dyn[512]["block_losses"][:4], dyn[128]["block_losses"]
+    assert max(abs(x - y) for x, y in zip(first_block_long, first_block_short)) > 1e-4
+
+
+def test_report_carries_intervals_and_sample_sizes(ckpt, tmp_path):
+    suite = {"name": "rep", "smoke": True, "short_context": [200],
+             "perplexity": {"texts": ["pydoc_topics", "debian_licenses"], "lengths": [256], "block_size": 32},
+             "passkey": {"lengths": [200], "depths": [0.0, 1.0], "samples": 2}}
+    recs = run_eval(ckpt, [{"method": "linear", "factor": 2.0}], suite, tmp_path, progress=False)
+    ppl = [r for r in recs if r["kind"] == "perplexity"]
+    assert {r["metrics"]["text"] for r in ppl} == {"pydoc_topics", "debian_licenses"}
+    for r in ppl:
+        m = r["metrics"]
+        assert m["ppl_ci"][0] < m["ppl"] < m["ppl_ci"][1]
+        assert len(m["block_losses"]) == -(-(r["length"] - 1) // 32)
+    report = (tmp_path / "report.md").read_text()
+    assert "**Smoke test.**" in report
+    assert "Text `debian_licenses`" in report and "Text `pydoc_topics`" in report
+    assert len(re.findall(r"\] \d/4 \|", report)) == 2 * 2  # k/n in every retrieval cell (2 tables x 2 variants)
+    assert "paired differences" in report and "| loss at 256 on debian_licenses | linear-x2 |" in report
+    md = summary_markdown(tmp_path)
+    assert "[" in md and "95 %" in md
+    # a stopped run's report can be rebuilt from its results: same report, plus how much is missing
+    from rope_extend.cli import run
+
+    (tmp_path / "report.md").unlink()
+    assert run(["eval-report", str(tmp_path)]) == 0
+    assert (tmp_path / "report.md").read_text() == report
+    lines = (tmp_path / "results.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "results.jsonl").write_text("".join(lines[:-3]))
+    assert run(["eval-report", str(tmp_path), "--no-plots"]) == 0
+    assert f"**partial run**: {len(recs) - 3} of {len(recs)} cases" in (tmp_path / "report.md").read_text()
+    assert run(["eval-report", str(tmp_path / "nothing")]) == 2

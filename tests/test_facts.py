@@ -11,11 +11,11 @@ import pytest
 import tiny
 
 from rope_extend import patch_model
-from rope_extend.files import load_config
 from rope_extend.cli import run
 from rope_extend.eval.runner import _config_original_length
 from rope_extend.eval.variants import original_length as eval_original_length
 from rope_extend.facts import read_rope
+from rope_extend.files import load_config
 from rope_extend.inspect import inspect_rope
 
 pytestmark = pytest.mark.portability

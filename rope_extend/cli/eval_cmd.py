@@ -1,4 +1,8 @@
-"""`rope-extend eval`: the unpatched model and each spec side by side on a benchmark suite."""
+"""`rope-extend eval` (before/after on a suite), `rope-extend demo` and `rope-extend eval-tasks` (lm-eval data).
+
+These are the only parsers for the evaluation front ends (``python -m rope_extend.eval`` calls `eval`; `make demo`
+calls `demo`).
+"""
 
 from __future__ import annotations
 
@@ -15,33 +19,28 @@ EXAMPLES = """Examples:
 
   rope-extend eval ./my-model --spec configs/yarn-x8.yaml --suite eval/suites/full.yaml --device-map auto -o report/
 
-  rope-extend eval ./my-model --spec method=ntk,factor=2 --spec method=linear,factor=2 -o report/
+  rope-extend eval smollm2 --suite paper --interleave -o report/ --spec method=yarn,factor=2 --spec method=ntk,factor=2
 """
-
-
-def parse_spec_arg(text: str):
-    """A YAML path, or an inline spec 'method=yarn,factor=2'."""
-    from ..eval.__main__ import parse_spec
-
-    return parse_spec(text)
 
 
 @app.command(name="eval", epilog=EXAMPLES)
 def eval_command(
     model: Annotated[str, typer.Argument(help="Unpatched checkpoint folder, Hub id, or 'smollm2' (the demo model).")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Report folder (results.jsonl, report.md, PNGs).")],
+    output: Annotated[Path, typer.Option("-o", "--output", "--out", help="Report folder (results.jsonl, report.md, PNGs).")],
     specs: Annotated[list[str] | None, typer.Option("--spec", help="Spec YAML or inline method=...,factor=... (repeatable).")] = None,
-    suite: Annotated[str, typer.Option(help="quick, full, smoke, or a suite YAML path.")] = "quick",
-    text: Annotated[Path | None, typer.Option(help="Text file for perplexity (default: stdlib docs prose).")] = None,
+    suite: Annotated[str, typer.Option(help="quick, paper, full, smoke, readme, or a suite YAML path.")] = "quick",
+    text: Annotated[list[str] | None, typer.Option(help="Perplexity text: a file, pydoc_topics or debian_licenses (repeatable; replaces the suite's).")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
     device_map: Annotated[str | None, typer.Option("--device-map", help="e.g. auto (accelerate) for models larger than one device.")] = None,
     device: Annotated[str | None, typer.Option(help="e.g. cuda (ignored with --device-map).")] = None,
     no_baseline: Annotated[bool, typer.Option("--no-baseline", help="Skip the unpatched model.")] = False,
     no_resume: Annotated[bool, typer.Option("--no-resume", help="Start a fresh results.jsonl instead of resuming.")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
+    interleave: Annotated[bool, typer.Option("--interleave", help="Sample round by round across variants, so a stopped run compares like with like.")] = False,
 ) -> None:
     """Evaluate before/after: perplexity by length, passkey, needles, short-context regression; resumable."""
     from ..eval.runner import run_eval, summary_markdown
+    from ..eval.variants import parse_spec_arg
 
     if model == "smollm2":
         from ..demo_model import smollm2_path
@@ -55,10 +54,58 @@ def eval_command(
         dtype=dtype,
         device_map=device_map,
         device=device,
-        text=text,
+        text=list(text) if text else None,
         include_baseline=not no_baseline,
         resume=not no_resume,
         plots=not no_plots,
+        interleave=interleave,
     )
     out.print(summary_markdown(records), markup=False, highlight=False)
     out.print(f"report: {output / 'report.md'}")
+
+
+@app.command(name="eval-report")
+def eval_report_command(
+    output: Annotated[Path, typer.Argument(help="An eval output folder (results.jsonl + run.json).")],
+    no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
+) -> None:
+    """Rewrite report.md and the plots from results.jsonl, e.g. of a run still in progress or stopped early."""
+    from ..eval.runner import rebuild_report, summary_markdown
+
+    path = rebuild_report(output, plots=not no_plots)
+    out.print(summary_markdown(output), markup=False, highlight=False)
+    out.print(f"report: {path}")
+
+
+@app.command(name="demo")
+def demo_command(
+    output: Annotated[Path, typer.Option("-o", "--output", "--out", help="Folder for the report and the patched checkpoint.")] = Path("demo-out"),
+    suite: Annotated[str, typer.Option(help="Eval suite for the comparison.")] = "quick",
+) -> None:
+    """`make demo`: SmolLM2-135M unpatched vs YaRN, dynamic YaRN and PI x2, then the patched checkpoint."""
+    from ..demo import run_demo
+
+    run_demo(output, suite)
+
+
+@app.command(name="eval-tasks")
+def eval_tasks_command(
+    tokenizer: Annotated[str, typer.Option(help="Tokenizer path (the model you will evaluate with lm-eval).")],
+    output: Annotated[Path | None, typer.Option("-o", "--output", "--out", help="Data folder (default: eval/tasks/data).")] = None,
+    tasks: Annotated[list[str] | None, typer.Option("--task", "--tasks", help="Task (repeatable; default: all).")] = None,
+    lengths: Annotated[list[int] | None, typer.Option("--length", "--lengths", help="Prompt length in tokens (repeatable).")] = None,
+    depths: Annotated[list[float] | None, typer.Option("--depth", "--depths", help="Needle depth 0..1 (repeatable).")] = None,
+    samples: Annotated[int, typer.Option(help="Samples per (length, depth).")] = 1,
+    seed: Annotated[int, typer.Option()] = 0,
+    num_needles: Annotated[int, typer.Option("--num-needles")] = 4,
+) -> None:
+    """Write the jsonl data for the lm-eval tasks in eval/tasks (rope_passkey, rope_niah_*, rope_vt, rope_perplexity)."""
+    from ..eval.lm_tasks import ALL_TASKS, write_task_data
+
+    unknown = [t for t in tasks or [] if t not in ALL_TASKS]
+    if unknown:
+        raise ValueError(f"unknown lm-eval task {unknown[0]!r}; expected one of {', '.join(ALL_TASKS)}")
+    paths = write_task_data(tokenizer, output, list(tasks or ALL_TASKS), lengths or None, depths or None,
+                            samples, seed, num_needles)
+    for task, path in paths.items():
+        out.print(f"{task}: {path}")

@@ -12,10 +12,12 @@ __all__ = [
     "make_passkey",
     "perplexity_at_length",
     "read_results",
+    "rebuild_report",
     "run_eval",
     "run_lm_eval",
     "summary_markdown",
     "token_losses",
+    "wilson_interval",
     "write_task_data",
 ]
 
@@ -23,6 +25,8 @@ _WHERE = {
     "run_eval": "runner",
     "summary_markdown": "runner",
     "read_results": "runner",
+    "rebuild_report": "runner",
+    "wilson_interval": "stats",
     "load_suite": "suite",
     "Suite": "suite",
     "token_losses": "perplexity",

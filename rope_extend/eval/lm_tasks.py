@@ -7,7 +7,7 @@ and ``rope_perplexity``).  Their data is synthesised locally, never downloaded:
 * with a tokenizer known (``--model_args pretrained=...`` or ``--metadata '{"tokenizer": ...}'``)
   the prompts are generated on the fly at *exact* token lengths for that tokenizer;
 * otherwise the task reads ``<data_dir>/<task>.jsonl`` written beforehand by
-  :func:`write_task_data` (``python -m rope_extend.eval.lm_tasks --tokenizer PATH``).
+  :func:`write_task_data` (``rope-extend eval-tasks --tokenizer PATH``).
 
 Metadata keys (``--metadata`` JSON): ``max_seq_lengths`` (list of ints, default ``[4096]``),
 ``depths``, ``samples``, ``seed``, ``num_needles``, ``data_dir``, ``tokenizer``.
@@ -19,7 +19,6 @@ token ids directly and is exact.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -139,7 +138,7 @@ def load_dataset(task: str, **metadata):
         if not path.is_file():
             raise FileNotFoundError(
                 f"{path} not found: pass a tokenizer (--model_args pretrained=... or --metadata "
-                f"'{{\"tokenizer\": ...}}') or run `python -m rope_extend.eval.lm_tasks --tokenizer PATH`"
+                f"'{{\"tokenizer\": ...}}') or run `rope-extend eval-tasks --tokenizer PATH`"
             )
         docs = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
         if lengths:
@@ -212,22 +211,3 @@ def run_lm_eval(
         model=lm, tasks=list(tasks), task_manager=tm, limit=limit, log_samples=log_samples, **kwargs
     )
 
-
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="Write jsonl data for the lm-eval tasks in eval/tasks.")
-    ap.add_argument("--tokenizer", required=True, help="tokenizer path (the model you will evaluate)")
-    ap.add_argument("--out", default=str(DEFAULT_DATA_DIR))
-    ap.add_argument("--tasks", nargs="+", default=list(ALL_TASKS), choices=list(ALL_TASKS))
-    ap.add_argument("--lengths", nargs="+", type=int, default=DEFAULT_LENGTHS)
-    ap.add_argument("--depths", nargs="+", type=float, default=DEFAULT_DEPTHS)
-    ap.add_argument("--samples", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--num-needles", type=int, default=4)
-    a = ap.parse_args(argv)
-    paths = write_task_data(a.tokenizer, a.out, a.tasks, a.lengths, a.depths, a.samples, a.seed, a.num_needles)
-    for t, p in paths.items():
-        print(f"{t}: {p}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -89,28 +89,34 @@ def bucket_losses(losses: torch.Tensor, bucket_size: int = 1024, original_length
     return buckets
 
 
-def perplexity_at_length(
-    model,
-    token_ids: torch.Tensor,
-    length: int,
+def perplexity_metrics(
+    losses: torch.Tensor,
     *,
     original_length: int | None = None,
     bucket_size: int = 1024,
-    chunk_size: int = 1024,
-    start: int = 0,
+    block_size: int = 128,
 ) -> dict:
-    """Perplexity of the first *length* tokens of ``token_ids[start:]`` as one sequence."""
-    token_ids = token_ids.reshape(-1)
-    if start + length > token_ids.numel():
-        raise ValueError(
-            f"text has {token_ids.numel()} tokens; cannot evaluate {length} tokens from offset {start}"
-        )
-    losses = token_losses(model, token_ids[start : start + length], chunk_size=chunk_size)
+    """Mean loss, perplexity with its 95 % block-bootstrap interval, and loss by position, from token losses.
+
+    ``losses`` are the ``L - 1`` next-token losses of an ``L``-token sequence. The interval resamples contiguous
+    blocks of ``block_size`` losses (see :mod:`rope_extend.eval.stats` for why); the block means are kept in
+    the record so paired differences between variants can be computed later.
+    """
+    from .stats import RESAMPLES, block_means, bootstrap_mean_interval
+
+    length = losses.numel() + 1
     mean = float(losses.mean())
+    means, sizes = block_means(losses.tolist(), block_size)
+    lo, hi = bootstrap_mean_interval(means, sizes)
     res = {
         "length": length,
         "loss": mean,
         "ppl": math.exp(min(mean, 50.0)),
+        "loss_ci": [lo, hi],
+        "ppl_ci": [math.exp(min(lo, 50.0)), math.exp(min(hi, 50.0))],
+        "ci": f"95% percentile bootstrap over {len(means)} contiguous {block_size}-token blocks, {RESAMPLES} resamples",
+        "block_size": block_size,
+        "block_losses": means,
         "buckets": bucket_losses(losses, bucket_size, original_length),
     }
     if original_length:
@@ -119,6 +125,55 @@ def perplexity_at_length(
         res["loss_within_original"] = float(inside.mean()) if inside.numel() else None
         res["loss_beyond_original"] = float(beyond.mean()) if beyond.numel() else None
     return res
+
+
+def perplexity_at_length(
+    model,
+    token_ids: torch.Tensor,
+    length: int,
+    *,
+    original_length: int | None = None,
+    bucket_size: int = 1024,
+    chunk_size: int = 1024,
+    block_size: int = 128,
+    start: int = 0,
+) -> dict:
+    """Perplexity of the first *length* tokens of ``token_ids[start:]`` as one sequence."""
+    return perplexity_at_lengths(
+        model, token_ids, [length], original_length=original_length, bucket_size=bucket_size,
+        chunk_size=chunk_size, block_size=block_size, start=start,
+    )[length]
+
+
+def perplexity_at_lengths(
+    model,
+    token_ids: torch.Tensor,
+    lengths: list[int],
+    *,
+    original_length: int | None = None,
+    bucket_size: int = 1024,
+    chunk_size: int = 1024,
+    block_size: int = 128,
+    start: int = 0,
+) -> dict[int, dict]:
+    """Perplexity of the first ``L`` tokens for every ``L`` in *lengths*, from ONE forward at the longest.
+
+    Exact for a causal model whose positional encoding does not depend on the sequence length (static RoPE
+    scaling): the loss at position ``i`` only sees tokens ``0..i``. Dynamic methods rescale with the length, so
+    they must call this once per length.
+    """
+    token_ids = token_ids.reshape(-1)
+    longest = max(lengths)
+    if start + longest > token_ids.numel():
+        raise ValueError(
+            f"text has {token_ids.numel()} tokens; cannot evaluate {longest} tokens from offset {start}"
+        )
+    losses = token_losses(model, token_ids[start : start + longest], chunk_size=chunk_size)
+    return {
+        L: perplexity_metrics(losses[: L - 1], original_length=original_length, bucket_size=bucket_size,
+                              block_size=block_size)
+        for L in lengths
+    }
 
 
 def tokenize_text(tokenizer, text: str) -> torch.Tensor:

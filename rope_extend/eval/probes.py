@@ -268,13 +268,17 @@ def score(sample: ProbeSample, output: str) -> float:
     return sum(a in found for a in sample.answers) / len(sample.answers)
 
 
-def generate(model, tokenizer, sample: ProbeSample) -> str:
-    """Greedy continuation of the probe prompt (new tokens only, decoded)."""
+def generate(model, tokenizer, sample: ProbeSample, cache=None) -> str:
+    """Greedy continuation of the probe prompt (new tokens only, decoded).
+
+    ``cache``: a ``DynamicCache`` already holding a prefix of the prompt; only the rest is prefilled.
+    """
     import torch
 
     device = next(model.parameters()).device
     ids = torch.tensor([sample.input_ids], device=device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    extra = {} if cache is None else {_cache_keyword(): cache, "use_cache": True}
     with torch.inference_mode():
         out = model.generate(
             input_ids=ids,
@@ -286,10 +290,63 @@ def generate(model, tokenizer, sample: ProbeSample) -> str:
             top_p=None,
             top_k=None,
             pad_token_id=pad,
+            **extra,
         )
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
-def run_probe(model, tokenizer, sample: ProbeSample) -> dict:
-    out = generate(model, tokenizer, sample)
+def _cache_keyword() -> str:
+    """``generate``'s keyword for a prefilled cache: ``cache`` from transformers 5 (``past_key_values`` is
+    deprecated there), ``past_key_values`` before. Version branch: belongs in compat.py."""
+    from ..compat import TRANSFORMERS_V5
+
+    return "cache" if TRANSFORMERS_V5 else "past_key_values"
+
+
+def run_probe(model, tokenizer, sample: ProbeSample, cache=None) -> dict:
+    out = generate(model, tokenizer, sample, cache)
     return {"score": score(sample, out), "output": out, "answers": sample.answers}
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def run_probes_sharing_prefix(model, tokenizer, samples: list[ProbeSample]) -> list[dict]:
+    """Results of :func:`run_probe` for each sample, prefilling what prompts share only once.
+
+    Prompts of one length share the instructions and the filler up to the first needle. They are run deepest
+    needle first, each reusing the previous prompt's KV cache cut back to the tokens both have in common, so
+    a prompt only prefills from its needle on. Only for models whose RoPE does not depend on the sequence
+    length (a cached prefix was computed at a shorter length): the caller decides.
+    """
+    from transformers import DynamicCache
+
+    results: list[dict | None] = [None] * len(samples)
+    cache = None
+    for i, reused in prefix_plan(samples):
+        if reused == 0:
+            cache = DynamicCache()
+        else:  # keep the common tokens
+            remove = cache.get_seq_length() - reused
+            if remove > 0:
+                cache.crop(-remove)  # a negative count removes tokens in transformers 4.x and 5.x alike
+        results[i] = run_probe(model, tokenizer, samples[i], cache)
+    return results  # type: ignore[return-value]
+
+
+def prefix_plan(samples: list[ProbeSample]) -> list[tuple[int, int]]:
+    """``(sample index, prompt tokens reused from the previous prompt's cache)`` in run order: deepest needle
+    first; at least one prompt token is always left to prefill."""
+    order = sorted(range(len(samples)), key=lambda i: -min(samples[i].needle_positions or [0]))
+    plan, prev = [], None
+    for i in order:
+        ids = samples[i].input_ids
+        reused = 0 if prev is None else min(_common_prefix(prev, ids), len(ids) - 1)
+        plan.append((i, reused))
+        prev = ids
+    return plan

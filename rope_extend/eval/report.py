@@ -1,4 +1,9 @@
-"""Markdown report and PNG plots from evaluation records."""
+"""Markdown report and PNG plots from evaluation records, every number with its uncertainty and sample size.
+
+Perplexity cells read ``ppl [lo, hi]`` (95 % block-bootstrap interval, computed when the record was written);
+retrieval cells read ``acc [lo, hi] k/n`` (95 % Wilson interval); differences against the unpatched model are
+paired (same text blocks, same prompts) and summarised in one generated sentence. See :mod:`.stats`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,28 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from .stats import (
+    Difference,
+    block_sizes,
+    bootstrap_mean_interval,
+    newcombe_paired_interval,
+    paired_bootstrap_interval,
+    significance_sentence,
+    wilson_interval,
+)
+from .texts import DEFAULT_TEXT
 from .variants import BASELINE
+
+
+def ci_note(records: list[dict]) -> str:
+    """How the intervals in this report were computed (block size read from the records)."""
+    sizes = sorted({r["metrics"]["block_size"] for r in _ppl_records(records) if "block_size" in r["metrics"]})
+    blocks = "/".join(map(str, sizes)) or "128"
+    old = sum("block_losses" not in r["metrics"] for r in _ppl_records(records))
+    return (f"95 % intervals: perplexity from a bootstrap over contiguous {blocks}-token blocks of the same text "
+            "(passages, not other texts: each text is reported on its own); accuracy from the Wilson score "
+            "interval (k/n = prompts retrieved / prompts); differences are paired on the same blocks or prompts."
+            + (f" {old} perplexity records predate block losses and have no interval (rerun to get one)." if old else ""))
 
 
 def _variants(records: list[dict]) -> list[str]:
@@ -31,6 +57,10 @@ def _fmt_len(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
+def _len_label(n: int, orig: int | None) -> str:
+    return _fmt_len(n) + (" (beyond original)" if orig and n > orig else "")
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -45,6 +75,102 @@ def _probe_records(records):
     return [r for r in records if r["kind"] not in ("perplexity", "entropy")]
 
 
+def _text(r: dict) -> str:
+    return r["metrics"].get("text") or DEFAULT_TEXT
+
+
+def _texts(records: list[dict]) -> list[str]:
+    out: list[str] = []
+    for r in _ppl_records(records):
+        if _text(r) not in out:
+            out.append(_text(r))
+    return out
+
+
+def _ppl_cell(m: dict | None) -> str:
+    if not m:
+        return "–"
+    ci = m.get("ppl_ci")
+    return f"{m['ppl']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{m['ppl']:.2f}"
+
+
+# ---------------------------------------------------------------- retrieval cells
+
+
+def probe_cells(records: list[dict]) -> dict[tuple, dict[str, float]]:
+    """``{(task, variant, length): {case_id: score}}``."""
+    cells: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for r in _probe_records(records):
+        cells[(r["kind"], r["variant"], r["length"])][r["case_id"]] = float(r["metrics"]["score"])
+    return cells
+
+
+def accuracy(scores) -> tuple[float, float, float, int]:
+    """(mean, Wilson lo, Wilson hi, n) of a cell's scores."""
+    scores = list(scores)
+    n = len(scores)
+    lo, hi = wilson_interval(sum(scores), n)
+    return (sum(scores) / n if n else float("nan")), lo, hi, n
+
+
+def _acc_cell(scores) -> str:
+    scores = list(scores)
+    if not scores:
+        return "–"
+    a, lo, hi, n = accuracy(scores)
+    k = sum(scores)
+    count = f"{k:g}/{n}" if all(s in (0.0, 1.0) for s in scores) else f"n={n}"
+    return f"{a:.2f} [{lo:.2f}, {hi:.2f}] {count}"
+
+
+# ---------------------------------------------------------------- paired differences
+
+
+def differences(records: list[dict], reference: str = BASELINE) -> list[Difference]:
+    """Every variant vs *reference* on the same samples: loss per (text, length), accuracy per (task, length)."""
+    out: list[Difference] = []
+    ppl = {(r["variant"], _text(r), r["length"]): r["metrics"] for r in _ppl_records(records)}
+    for (v, text, L), m in ppl.items():
+        ref = ppl.get((reference, text, L))
+        if v == reference or ref is None or "block_losses" not in m or "block_losses" not in ref:
+            continue
+        if len(m["block_losses"]) != len(ref["block_losses"]):
+            continue
+        w = block_sizes(L - 1, m["block_size"], len(m["block_losses"]))
+        est, lo, hi = paired_bootstrap_interval(m["block_losses"], ref["block_losses"], w)
+        out.append(Difference(f"loss at {_fmt_len(L)} on {text}", v, reference, est, lo, hi,
+                              len(m["block_losses"]), lower_is_better=True))
+    cells = probe_cells(records)
+    for (task, v, L), scores in cells.items():
+        ref = cells.get((task, reference, L))
+        if v == reference or not ref:
+            continue
+        shared = sorted(set(scores) & set(ref))
+        if not shared:
+            continue
+        a, b = [scores[c] for c in shared], [ref[c] for c in shared]
+        if all(x in (0.0, 1.0) for x in a + b):
+            est, lo, hi = newcombe_paired_interval(a, b)
+        else:
+            est, lo, hi = paired_bootstrap_interval(a, b)
+        out.append(Difference(f"{task} accuracy at {_fmt_len(L)}", v, reference, est, lo, hi, len(shared),
+                              lower_is_better=False))
+    return out
+
+
+def differences_table(diffs: list[Difference]) -> str:
+    if not diffs:
+        return ""
+    rows = [[d.what, d.variant, f"{d.estimate:+.3g} [{d.lo:+.3g}, {d.hi:+.3g}]", str(d.n),
+             ("**yes**, " + ("better" if d.better else "worse")) if d.significant else "no"]
+            for d in diffs]
+    return _table(["metric", "variant", "difference vs " + diffs[0].reference + " [95 % paired]", "pairs",
+                   "significant"], rows)
+
+
+# ---------------------------------------------------------------- tables
+
+
 def entropy_table(records: list[dict]) -> str:
     """Mean attention entropy (nats, mean over layers) per length and variant."""
     recs = [r for r in records if r["kind"] == "entropy"]
@@ -57,35 +183,32 @@ def entropy_table(records: list[dict]) -> str:
     return _table(["length"] + variants, rows)
 
 
-def perplexity_table(records: list[dict], max_length: int | None = None) -> str:
+def perplexity_table(records: list[dict], max_length: int | None = None, text: str | None = None) -> str:
+    """Perplexity [95 % interval] by length, one table per text (or only *text*)."""
     recs = _ppl_records(records)
     if not recs:
         return ""
     variants = _variants(recs)
     orig = _orig(recs)
-    by = {(r["variant"], r["length"]): r["metrics"] for r in recs}
-    lengths = sorted({r["length"] for r in recs if max_length is None or r["length"] <= max_length})
-    rows = []
-    for L in lengths:
-        label = _fmt_len(L) + (" (beyond original)" if orig and L > orig else "")
-        row = [label]
-        for v in variants:
-            m = by.get((v, L))
-            row.append(f"{m['ppl']:.2f} ({m['loss']:.3f})" if m else "–")
-        rows.append(row)
-    return _table(["length"] + [f"{v} ppl (loss)" for v in variants], rows)
+    by = {(r["variant"], _text(r), r["length"]): r["metrics"] for r in recs}
+    parts = []
+    for t in [text] if text else _texts(recs):
+        lengths = sorted({r["length"] for r in recs if _text(r) == t and (max_length is None or r["length"] <= max_length)})
+        rows = [[_len_label(L, orig)] + [_ppl_cell(by.get((v, t, L))) for v in variants] for L in lengths]
+        parts.append(f"Text `{t}`:\n\n" + _table(["length"] + variants, rows))
+    return "\n\n".join(parts)
 
 
 def position_table(records: list[dict]) -> str:
     recs = _ppl_records(records)
     if not recs:
         return ""
+    text = _texts(recs)[0]
+    recs = [r for r in recs if _text(r) == text]
     L = max(r["length"] for r in recs)
     variants = _variants(recs)
     by = {r["variant"]: r["metrics"]["buckets"] for r in recs if r["length"] == L}
-    spans = []
-    for b in by.get(variants[0]) or next(iter(by.values())):
-        spans.append((b["start"], b["end"]))
+    spans = [(b["start"], b["end"]) for b in by.get(variants[0]) or next(iter(by.values()))]
     rows = []
     for a, b in spans:
         row = [f"{a}–{b}"]
@@ -93,44 +216,31 @@ def position_table(records: list[dict]) -> str:
             hit = [x for x in by.get(v, []) if x["start"] == a and x["end"] == b]
             row.append(f"{hit[0]['loss']:.3f}" if hit else "–")
         rows.append(row)
-    return f"Mean next-token loss by position in the {_fmt_len(L)}-token sequence:\n\n" + _table(
+    return f"Mean next-token loss by position in the {_fmt_len(L)}-token sequence of `{text}`:\n\n" + _table(
         ["positions"] + variants, rows
     )
 
 
-def _probe_acc(records: list[dict]):
-    acc = defaultdict(list)
-    for r in _probe_records(records):
-        acc[(r["kind"], r["variant"], r["length"])].append(float(r["metrics"]["score"]))
-    return {k: sum(v) / len(v) for k, v in acc.items()}, {k: len(v) for k, v in acc.items()}
-
-
 def probe_table(records: list[dict], max_length: int | None = None) -> str:
+    """Accuracy [95 % Wilson interval] and k/n per task, length and variant."""
     recs = _probe_records(records)
     if not recs:
         return ""
-    acc, n = _probe_acc(recs)
+    cells = probe_cells(recs)
     variants = _variants(recs)
     orig = _orig(recs)
-    kinds = []
-    for r in recs:
-        if r["kind"] not in kinds:
-            kinds.append(r["kind"])
+    kinds = list(dict.fromkeys(r["kind"] for r in recs))
     rows = []
     for k in kinds:
         for L in sorted({r["length"] for r in recs if r["kind"] == k}):
             if max_length is not None and L > max_length:
                 continue
-            row = [k, _fmt_len(L) + (" (beyond original)" if orig and L > orig else "")]
-            for v in variants:
-                a = acc.get((k, v, L))
-                row.append(f"{a:.2f} (n={n[(k, v, L)]})" if a is not None else "–")
-            rows.append(row)
+            rows.append([k, _len_label(L, orig)] + [_acc_cell(cells.get((k, v, L), {}).values()) for v in variants])
     return _table(["task", "length"] + variants, rows)
 
 
 def short_context_section(records: list[dict]) -> str:
-    """Regression check inside the original window: metrics and delta vs the unpatched model."""
+    """Regression check inside the original window: metrics and change vs the unpatched model."""
     orig = _orig(records)
     if not orig:
         return ""
@@ -138,44 +248,69 @@ def short_context_section(records: list[dict]) -> str:
     ppl = [r for r in _ppl_records(records) if r["length"] <= orig]
     if ppl:
         variants = _variants(ppl)
-        by = {(r["variant"], r["length"]): r["metrics"] for r in ppl}
+        by = {(r["variant"], _text(r), r["length"]): r["metrics"] for r in ppl}
         rows = []
-        for L in sorted({r["length"] for r in ppl}):
-            base = by.get((BASELINE, L))
-            row = [_fmt_len(L)]
-            for v in variants:
-                m = by.get((v, L))
-                if not m:
-                    row.append("–")
-                elif base and v != BASELINE:
-                    row.append(f"{m['ppl']:.3f} ({100 * (m['ppl'] / base['ppl'] - 1):+.1f}%)")
-                else:
-                    row.append(f"{m['ppl']:.3f}")
-            rows.append(row)
-        parts.append("Perplexity (change vs unpatched):\n\n" + _table(["length"] + variants, rows))
+        for t in _texts(ppl):
+            for L in sorted({r["length"] for r in ppl if _text(r) == t}):
+                base = by.get((BASELINE, t, L))
+                row = [t, _fmt_len(L)]
+                for v in variants:
+                    m = by.get((v, t, L))
+                    cell = _ppl_cell(m)
+                    if m and base and v != BASELINE:
+                        cell += f" ({100 * (m['ppl'] / base['ppl'] - 1):+.1f}%)"
+                    row.append(cell)
+                rows.append(row)
+        parts.append("Perplexity [95 % interval] (change vs unpatched):\n\n" + _table(["text", "length"] + variants, rows))
     probes = probe_table(records, max_length=orig)
     if probes:
-        parts.append("Retrieval accuracy:\n\n" + probes)
+        parts.append("Retrieval accuracy [95 % Wilson interval]:\n\n" + probes)
     if not parts:
         return "_No cases inside the original window were evaluated._"
     return "\n\n".join(parts)
 
 
 def summary_tables(records: list[dict]) -> str:
+    """Compact markdown (perplexity, retrieval, differences) for model cards and the terminal."""
     orig = _orig(records)
     out = []
     if orig:
-        out.append(f"Original context window: {orig} tokens.")
+        out.append(f"Original context window: {orig} tokens. {ci_note(records)}")
     t = perplexity_table(records)
     if t:
-        out.append("**Perplexity by context length**\n\n" + t)
+        out.append("**Perplexity [95 % interval] by context length**\n\n" + t)
     t = probe_table(records)
     if t:
-        out.append("**Retrieval accuracy (passkey / needle)**\n\n" + t)
+        out.append("**Retrieval accuracy [95 % interval] k/n (passkey / needle)**\n\n" + t)
     t = entropy_table(records)
     if t:
         out.append("**Mean attention entropy (nats)**\n\n" + t)
+    diffs = differences(records)
+    if diffs:
+        out.append(significance_sentence(diffs))
     return "\n\n".join(out) + "\n"
+
+
+def _header(meta: dict, records: list[dict]) -> list[str]:
+    suite = meta.get("suite") or {}
+    lines = []
+    if suite.get("smoke"):
+        lines += [f"> **Smoke test.** The `{suite.get('name')}` suite checks that everything runs; its samples are "
+                  "too few to compare methods (see the intervals). Use the `paper` or `full` suite for evidence.", ""]
+    lines.append(f"- model: `{meta.get('model_path')}`")
+    lines.append(f"- original context window: {meta.get('original_length')} tokens")
+    lines.append(f"- suite: `{suite.get('name')}`" + (f" ({meta['suite_source']})" if meta.get("suite_source") else "")
+                 + (f": {suite['description']}" if suite.get("description") else ""))
+    lines.append(f"- dtype: {meta.get('dtype')}")
+    expected = meta.get("expected_records")
+    if expected and len(records) < expected:
+        lines.append(f"- **partial run**: {len(records)} of {expected} cases finished (rerun the same command to resume)")
+    lines += ["", "| variant | spec |", "|---|---|"]
+    for v in meta.get("variants", []):
+        spec = json.dumps(v["spec"], sort_keys=True) if v["spec"] else "(none)"
+        lines.append(f"| {v['name']} | `{spec}` |")
+    lines.append("")
+    return lines
 
 
 def write_report(records: list[dict], out_dir, plots: bool = True, meta: dict | None = None) -> Path:
@@ -184,23 +319,16 @@ def write_report(records: list[dict], out_dir, plots: bool = True, meta: dict | 
     meta = meta or {}
     lines = ["# RoPE context-extension evaluation", ""]
     if meta:
-        lines.append(f"- model: `{meta.get('model_path')}`")
-        lines.append(f"- original context window: {meta.get('original_length')} tokens")
-        suite = meta.get("suite") or {}
-        lines.append(f"- suite: `{suite.get('name')}`" + (f" ({meta['suite_source']})" if meta.get("suite_source") else ""))
-        lines.append(f"- dtype: {meta.get('dtype')}")
-        lines.append("")
-        lines.append("| variant | spec |")
-        lines.append("|---|---|")
-        for v in meta.get("variants", []):
-            spec = json.dumps(v["spec"], sort_keys=True) if v["spec"] else "(none)"
-            lines.append(f"| {v['name']} | `{spec}` |")
-        lines.append("")
+        lines += _header(meta, records)
+    lines += [ci_note(records), ""]
+    diffs = differences(records)
     sections = [
         ("Short-context regression (inside the original window)", short_context_section(records)),
-        ("Perplexity by context length", perplexity_table(records)),
+        ("Perplexity [95 % interval] by context length", perplexity_table(records)),
         ("Loss by position", position_table(records)),
-        ("Passkey and needle retrieval", probe_table(records)),
+        ("Passkey and needle retrieval: accuracy [95 % interval] k/n", probe_table(records)),
+        ("Differences vs the unpatched model (paired, same samples)",
+         (significance_sentence(diffs) + "\n\n" + differences_table(diffs)) if diffs else ""),
         ("Attention entropy (nats, mean over layers; grows with length, YaRN's temperature lowers it)",
          entropy_table(records)),
     ]
@@ -218,8 +346,178 @@ def write_report(records: list[dict], out_dir, plots: bool = True, meta: dict | 
     return path
 
 
+# ---------------------------------------------------------------- plots (one function each)
+
+
+def plot_loss_vs_position(plt, records: list[dict], path: Path) -> bool:
+    """Loss by position in the longest sequence of the first text, with a 95 % band per bucket."""
+    ppl = _ppl_records(records)
+    if not ppl:
+        return False
+    text = _texts(ppl)[0]
+    ppl = [r for r in ppl if _text(r) == text]
+    L = max(r["length"] for r in ppl)
+    orig = _orig(records)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for v in _variants(ppl):
+        rec = [r for r in ppl if r["variant"] == v and r["length"] == L]
+        if not rec:
+            continue
+        m = rec[0]["metrics"]
+        xs = [(b["start"] + b["end"]) / 2 for b in m["buckets"]]
+        line = ax.plot(xs, [b["loss"] for b in m["buckets"]], marker="o", ms=3, label=v)[0]
+        if "block_losses" in m:
+            bs, blocks = m["block_size"], m["block_losses"]
+            band = []
+            for b in m["buckets"]:
+                inside = [x for i, x in enumerate(blocks) if b["start"] <= i * bs + bs / 2 < b["end"]] or [b["loss"]]
+                band.append(bootstrap_mean_interval(inside))
+            ax.fill_between(xs, [lo for lo, _ in band], [hi for _, hi in band], color=line.get_color(), alpha=0.2)
+    if orig:
+        ax.axvline(orig, color="k", ls="--", lw=1, label=f"original window ({orig})")
+    ax.set_xlabel("token position")
+    ax.set_ylabel("mean next-token loss (95 % band)")
+    ax.set_title(f"Loss vs position ({L} tokens of {text})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_perplexity_vs_length(plt, records: list[dict], path: Path) -> bool:
+    """Perplexity by length with 95 % error bars, one panel per text."""
+    ppl = _ppl_records(records)
+    if not ppl:
+        return False
+    texts = _texts(ppl)
+    orig = _orig(records)
+    fig, axes = plt.subplots(1, len(texts), figsize=(1 + 6 * len(texts), 4.5), squeeze=False)
+    for ax, t in zip(axes[0], texts):
+        for v in _variants(ppl):
+            pts = sorted((r["length"], r["metrics"]) for r in ppl if r["variant"] == v and _text(r) == t)
+            ys = [m["ppl"] for _, m in pts]
+            err = None
+            if all("ppl_ci" in m for _, m in pts):
+                err = [[y - m["ppl_ci"][0] for y, (_, m) in zip(ys, pts)], [m["ppl_ci"][1] - y for y, (_, m) in zip(ys, pts)]]
+            ax.errorbar([p[0] for p in pts], ys, yerr=err, marker="o", capsize=3, label=v)
+        if orig:
+            ax.axvline(orig, color="k", ls="--", lw=1)
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r["length"] for r in ppl if _text(r) == t})
+        ax.set_xticks(ticks, [_fmt_len(L) for L in ticks])
+        ax.minorticks_off()
+        ax.set_yscale("log")
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("perplexity (95 % interval)")
+        ax.set_title(t)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_passkey_heatmap(plt, records: list[dict], path: Path) -> bool:
+    """Accuracy per depth x length, each cell labelled k/n."""
+    pk = [r for r in records if r["kind"] == "passkey"]
+    if not pk:
+        return False
+    variants = _variants(pk)
+    lengths = sorted({r["length"] for r in pk})
+    depths = sorted({r["depth"] for r in pk})
+    fig, axes = plt.subplots(1, len(variants), figsize=(2.2 + 2.6 * len(variants), 0.6 + 0.45 * max(len(depths), 3)),
+                             squeeze=False)
+    im = None
+    for ax, v in zip(axes[0], variants):
+        grid = [[float("nan")] * len(lengths) for _ in depths]
+        cell = defaultdict(list)
+        for r in pk:
+            if r["variant"] == v:
+                cell[(r["depth"], r["length"])].append(r["metrics"]["score"])
+        for (d, L), s in cell.items():
+            grid[depths.index(d)][lengths.index(L)] = sum(s) / len(s)
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
+        for (d, L), s in cell.items():
+            ax.text(lengths.index(L), depths.index(d), f"{sum(s):g}/{len(s)}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(lengths)), [_fmt_len(L) for L in lengths], rotation=45)
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths] if ax is axes[0][0] else [])
+        ax.set_title(v, fontsize=9)
+        ax.set_xlabel("length")
+    axes[0][0].set_ylabel("needle depth")
+    if im is not None:
+        fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy (cells: found/prompts)")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def plot_attention_entropy(plt, records: list[dict], path: Path) -> bool:
+    ent = [r for r in records if r["kind"] == "entropy"]
+    if not ent:
+        return False
+    orig = _orig(records)
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for v in _variants(ent):
+        pts = sorted((r["length"], r["metrics"]["mean_entropy"]) for r in ent if r["variant"] == v)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
+    if orig:
+        ax.axvline(orig, color="k", ls="--", lw=1, label="original length")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length")
+    ax.set_ylabel("mean attention entropy (nats)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_retrieval_accuracy(plt, records: list[dict], path: Path) -> bool:
+    """Accuracy vs length per retrieval task with 95 % Wilson error bars."""
+    recs = _probe_records(records)
+    if not recs:
+        return False
+    cells = probe_cells(recs)
+    orig = _orig(records)
+    tasks = list(dict.fromkeys(r["kind"] for r in recs))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(1 + 3.6 * len(tasks), 3.6), squeeze=False)
+    for ax, t in zip(axes[0], tasks):
+        for v in _variants(recs):
+            pts = sorted((L, accuracy(s.values())) for (k, vv, L), s in cells.items() if k == t and vv == v)
+            if pts:
+                ys = [a for _, (a, _, _, _) in pts]
+                err = [[a - lo for _, (a, lo, _, _) in pts], [hi - a for _, (a, _, hi, _) in pts]]
+                ax.errorbar([p[0] for p in pts], ys, yerr=err, marker="o", capsize=3, label=v)
+        if orig:
+            ax.axvline(orig, color="k", ls="--", lw=1)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xscale("log", base=2)
+        ticks = sorted({L for (k, _, L) in cells if k == t})
+        ax.set_xticks(ticks, [_fmt_len(L) for L in ticks])
+        ax.minorticks_off()
+        n = sorted({len(s) for (k, _, _), s in cells.items() if k == t})
+        ax.set_title(f"{t} (n={'/'.join(map(str, n))} per point)", fontsize=9)
+        ax.set_xlabel("context length")
+    axes[0][0].set_ylabel("accuracy (95 % Wilson)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+PLOTS = (  # (title, file, function)
+    ("Loss vs position", "loss_vs_position.png", plot_loss_vs_position),
+    ("Perplexity vs context length", "perplexity_vs_length.png", plot_perplexity_vs_length),
+    ("Passkey accuracy (depth × length)", "passkey_heatmap.png", plot_passkey_heatmap),
+    ("Attention entropy vs length", "attention_entropy.png", plot_attention_entropy),
+    ("Retrieval accuracy vs length", "retrieval_accuracy.png", plot_retrieval_accuracy),
+)
+
+
 def make_plots(records: list[dict], out_dir) -> dict[str, str]:
-    """Write PNGs into *out_dir*; returns ``{title: filename}``."""
+    """Write PNGs into *out_dir*; returns ``{title: filename}`` for the plots that had data."""
     try:
         import matplotlib
 
@@ -228,123 +526,4 @@ def make_plots(records: list[dict], out_dir) -> dict[str, str]:
     except ImportError:  # matplotlib is an optional extra
         return {}
     out = Path(out_dir)
-    orig = _orig(records)
-    images: dict[str, str] = {}
-
-    ppl = _ppl_records(records)
-    if ppl:
-        L = max(r["length"] for r in ppl)
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for v in _variants(ppl):
-            rec = [r for r in ppl if r["variant"] == v and r["length"] == L]
-            if not rec:
-                continue
-            b = rec[0]["metrics"]["buckets"]
-            ax.plot([(x["start"] + x["end"]) / 2 for x in b], [x["loss"] for x in b], marker="o", ms=3, label=v)
-        if orig:
-            ax.axvline(orig, color="k", ls="--", lw=1, label=f"original window ({orig})")
-        ax.set_xlabel("token position")
-        ax.set_ylabel("mean next-token loss")
-        ax.set_title(f"Loss vs position ({L} tokens)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "loss_vs_position.png", dpi=110)
-        plt.close(fig)
-        images["Loss vs position"] = "loss_vs_position.png"
-
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for v in _variants(ppl):
-            pts = sorted((r["length"], r["metrics"]["ppl"]) for r in ppl if r["variant"] == v)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
-        if orig:
-            ax.axvline(orig, color="k", ls="--", lw=1)
-        ax.set_xscale("log", base=2)
-        ticks = sorted({r["length"] for r in ppl})
-        ax.set_xticks(ticks, [_fmt_len(L) for L in ticks])
-        ax.minorticks_off()
-        ax.set_yscale("log")
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("perplexity")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "perplexity_vs_length.png", dpi=110)
-        plt.close(fig)
-        images["Perplexity vs context length"] = "perplexity_vs_length.png"
-
-    pk = [r for r in records if r["kind"] == "passkey"]
-    if pk:
-        variants = _variants(pk)
-        lengths = sorted({r["length"] for r in pk})
-        depths = sorted({r["depth"] for r in pk})
-        fig, axes = plt.subplots(1, len(variants), figsize=(2.2 + 2.6 * len(variants), 0.6 + 0.45 * max(len(depths), 3)),
-                                 squeeze=False)
-        im = None
-        for ax, v in zip(axes[0], variants):
-            grid = [[float("nan")] * len(lengths) for _ in depths]
-            cell = defaultdict(list)
-            for r in pk:
-                if r["variant"] == v:
-                    cell[(r["depth"], r["length"])].append(r["metrics"]["score"])
-            for (d, L), s in cell.items():
-                grid[depths.index(d)][lengths.index(L)] = sum(s) / len(s)
-            im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
-            for (d, L), s in cell.items():
-                ax.text(lengths.index(L), depths.index(d), f"{sum(s) / len(s):.2g}", ha="center", va="center",
-                        fontsize=7)
-            ax.set_xticks(range(len(lengths)), [_fmt_len(L) for L in lengths], rotation=45)
-            ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths] if ax is axes[0][0] else [])
-            ax.set_title(v, fontsize=9)
-            ax.set_xlabel("length")
-        axes[0][0].set_ylabel("needle depth")
-        if im is not None:
-            fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy")
-        fig.savefig(out / "passkey_heatmap.png", dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        images["Passkey accuracy (depth × length)"] = "passkey_heatmap.png"
-
-    ent = [r for r in records if r["kind"] == "entropy"]
-    if ent:
-        fig, ax = plt.subplots(figsize=(5.5, 3.6))
-        for v in _variants(ent):
-            pts = sorted((r["length"], r["metrics"]["mean_entropy"]) for r in ent if r["variant"] == v)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
-        if orig:
-            ax.axvline(orig, color="k", ls="--", lw=1, label="original length")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context length")
-        ax.set_ylabel("mean attention entropy (nats)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "attention_entropy.png", dpi=110)
-        plt.close(fig)
-        images["Attention entropy vs length"] = "attention_entropy.png"
-
-    nd = [r for r in records if r["kind"] not in ("perplexity", "passkey", "entropy")]
-    if nd:
-        acc, _ = _probe_acc(nd)
-        tasks = []
-        for r in nd:
-            if r["kind"] not in tasks:
-                tasks.append(r["kind"])
-        fig, axes = plt.subplots(1, len(tasks), figsize=(1 + 3.6 * len(tasks), 3.6), squeeze=False)
-        for ax, t in zip(axes[0], tasks):
-            for v in _variants(nd):
-                pts = sorted((L, a) for (k, vv, L), a in acc.items() if k == t and vv == v)
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
-            if orig:
-                ax.axvline(orig, color="k", ls="--", lw=1)
-            ax.set_ylim(-0.05, 1.05)
-            ax.set_xscale("log", base=2)
-            ticks = sorted({L for (k, _, L) in acc if k == t})
-            ax.set_xticks(ticks, [_fmt_len(L) for L in ticks])
-            ax.minorticks_off()
-            ax.set_title(t)
-            ax.set_xlabel("context length")
-        axes[0][0].set_ylabel("accuracy")
-        axes[0][-1].legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "needle_accuracy.png", dpi=110)
-        plt.close(fig)
-        images["Needle accuracy vs length"] = "needle_accuracy.png"
-    return images
+    return {title: name for title, name, plot in PLOTS if plot(plt, records, out / name)}

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from .suite import Case, Suite, load_suite
+from .jobs import Evaluator, Job, plan_jobs
+from .suite import Suite, load_suite
 from .variants import Variant, apply_spec, load_model, make_variants, original_length
 
 RESULTS_FILE = "results.jsonl"
@@ -60,93 +61,11 @@ def _append(path: Path, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
-def _cost(case: Case) -> float:
-    """Rough relative cost (for the ETA): linear + quadratic attention term."""
-    L = case.length
-    c = L * (1.0 + L / 16384.0)
-    return c * (1.3 if case.kind != "perplexity" else 1.0)
-
-
 def _config_original_length(model_path) -> int:
     from ..facts import read_rope
     from ..files import load_config
 
     return read_rope(load_config(Path(model_path))).original_length()
-
-
-class _Evaluator:
-    """Runs cases on one loaded model variant (caches the tokenised text)."""
-
-    _text_cache: ClassVar[dict] = {}
-
-    def __init__(self, model, tokenizer, original: int, seed: int):
-        self.model, self.tok, self.original, self.seed = model, tokenizer, original, seed
-
-    def text_ids(self, source):
-        from .perplexity import tokenize_text
-        from .texts import load_text
-
-        key = (id(type(self.tok)), getattr(self.tok, "name_or_path", ""), len(self.tok), str(source))
-        if key not in self._text_cache:
-            self._text_cache[key] = tokenize_text(self.tok, load_text(source))
-        return self._text_cache[key]
-
-    def run(self, case: Case) -> dict:
-        if case.kind == "perplexity":
-            from .perplexity import perplexity_at_length
-
-            p = case.params
-            return perplexity_at_length(
-                self.model,
-                self.text_ids(p.get("text")),
-                case.length,
-                original_length=self.original,
-                bucket_size=int(p.get("bucket_size", 1024)),
-                chunk_size=int(p.get("chunk_size", 1024)),
-                start=int(p.get("start", 0)),
-            )
-        if case.kind == "entropy":
-            from ..entropy import attention_entropy
-
-            p = case.params
-            per_layer = attention_entropy(
-                self.model, self.text_ids(p.get("text")), [case.length], queries=int(p.get("queries", 128))
-            )[case.length]
-            return {"mean_entropy": sum(per_layer) / len(per_layer), "per_layer": per_layer}
-        from .probes import make_probe, run_probe
-
-        sample = make_probe(
-            self.tok, case.kind, case.length, 0.5 if case.depth is None else case.depth,
-            index=case.index, seed=self.seed, **case.params,
-        )
-        res = run_probe(self.model, self.tok, sample)
-        res["needle_positions"] = sample.needle_positions
-        return res
-
-
-def _preflight(suite: Suite, cases: list[Case], model_path=None, tokenizer=None) -> None:
-    """Fail fast, before any model work: the perplexity text must be long enough and every
-    probe prompt must fit its length (a prompt is never truncated)."""
-    if not cases:
-        return
-    if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-    ev = _Evaluator(None, tokenizer, 0, suite.seed)
-    from .probes import make_probe
-
-    for c in cases:
-        if c.kind in ("perplexity", "entropy"):
-            n = ev.text_ids(c.params.get("text")).numel() - int(c.params.get("start", 0))
-            if c.length > n:
-                raise ValueError(
-                    f"perplexity text {c.params.get('text') or 'pydoc_topics'!r} has only {n} tokens; "
-                    f"the suite asks for {c.length}"
-                )
-        else:
-            make_probe(tokenizer, c.kind, c.length, 0.5 if c.depth is None else c.depth,
-                       index=c.index, seed=suite.seed, **c.params)
 
 
 def run_eval(
@@ -158,11 +77,13 @@ def run_eval(
     dtype: str = "float32",
     device_map: str | None = None,
     device: str | None = None,
-    text: str | os.PathLike | None = None,
+    text: str | os.PathLike | list | None = None,
     include_baseline: bool = True,
     resume: bool = True,
     progress: bool = True,
     plots: bool = True,
+    share: bool = True,
+    interleave: bool = False,
     loader: Callable[[], tuple[Any, Any]] | None = None,
     on_record: Callable[[dict], None] | None = None,
 ) -> list[dict]:
@@ -173,14 +94,15 @@ def run_eval(
         specs: RoPE specs (``RopeSpec``, dict, YAML path, or ``f(model)`` callable), or a
             ``{name: spec}`` dict.  Each is applied with ``rope_extend.patch_model`` to a
             freshly loaded copy of the model.
-        suite: bundled suite name (``quick``, ``full``), YAML path, dict or ``Suite``.
+        suite: bundled suite name (``quick``, ``full``, ``paper``), YAML path, dict or ``Suite``.
         out_dir: where ``results.jsonl``, ``report.md`` and the PNG plots go.
         dtype / device_map / device: model loading (``float32`` by default; ``device_map``
             e.g. ``"auto"`` needs accelerate).
-        text: perplexity text file overriding the suite's (default: the suite's, else the
-            stdlib docs prose).
+        text: perplexity text file(s) replacing the suite's texts.
         include_baseline: also evaluate the unpatched model (the "before" column).
         resume: skip cases already in ``results.jsonl`` (``False`` starts a fresh file).
+        share: one forward for all perplexity lengths of a text on length-independent variants (same numbers).
+        interleave: evaluate round by round across variants (see :func:`~rope_extend.eval.jobs.plan_jobs`).
         loader: optional ``() -> (model, tokenizer)`` replacing ``load_model`` (tests, custom loading).
         on_record: called with every new record after it has been written.
 
@@ -191,13 +113,12 @@ def run_eval(
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / RESULTS_FILE
     suite_obj = load_suite(suite)
-    if text is not None and suite_obj.perplexity is not None:
-        suite_obj.perplexity = {**suite_obj.perplexity, "text": str(text)}
+    if text is not None:
+        suite_obj = suite_obj.with_texts([str(t) for t in (text if isinstance(text, list | tuple) else [text])])
     variants = make_variants(specs, include_baseline=include_baseline)
 
-    preflight_tok = None
     if loader is None:
-        original = _config_original_length(model_path)
+        original, preflight_tok = _config_original_length(model_path), None
     else:
         m, preflight_tok = loader()
         original = original_length(m)
@@ -207,84 +128,108 @@ def run_eval(
     if not resume and results_path.exists():
         results_path.rename(out / f"results.{int(time.time())}.jsonl.bak")
     done = {_key(r): r for r in read_results(results_path)}
+    jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave)
+    meta = _run_meta(model_path, original, suite_obj, variants, dtype, device_map)
+    meta["expected_records"] = len(cases) * len(variants)
+    (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
 
-    todo: list[tuple[Variant, list[Case]]] = []
-    for v in variants:
-        pending = [c for c in cases if (v.name, v.fingerprint, c.case_id) not in done]
-        todo.append((v, pending))
+    if jobs:
+        if preflight_tok is None:
+            from transformers import AutoTokenizer
 
-    (out / RUN_FILE).write_text(
-        json.dumps(
-            {
-                "model_path": str(model_path),
-                "original_length": original,
-                "suite": suite_obj.to_dict(),
-                "suite_source": suite_obj.source,
-                "variants": [{"name": v.name, "spec": v.spec_dict(), "fingerprint": v.fingerprint} for v in variants],
-                "dtype": dtype,
-                "device_map": device_map,
-            },
-            indent=2,
-            default=str,
+            preflight_tok = AutoTokenizer.from_pretrained(str(model_path))
+        pending = {c.case_id: c for j in jobs for c in j.cases}
+        Evaluator(None, preflight_tok, original, suite_obj.seed).preflight(list(pending.values()))
+
+    def load(v: Variant) -> Evaluator:
+        model, tok = loader() if loader is not None else load_model(
+            model_path, dtype=dtype, device_map=device_map, device=device
         )
-    )
+        ev = Evaluator(model, tok, original, suite_obj.seed)
+        ev.patch_report = apply_spec(model, v.spec)
+        return ev
 
-    if any(p for _, p in todo):
-        _preflight(suite_obj, [c for c in cases if any(c in p for _, p in todo)], model_path, preflight_tok)
+    def record(rec: dict) -> None:
+        _append(results_path, rec)
+        done[_key(rec)] = rec
+        if on_record is not None:
+            on_record(rec)
 
-    total_cost = sum(_cost(c) for _, p in todo for c in p)
-    prog = _progress(progress)
-    with prog:
-        task = prog.add_task("evaluating", total=total_cost or 1.0)
-        for v, pending in todo:
-            if not pending:
-                continue
-            prog.update(task, description=f"{v.name}: loading")
-            model, tok = loader() if loader is not None else load_model(
-                model_path, dtype=dtype, device_map=device_map, device=device
-            )
-            report = apply_spec(model, v.spec)
-            ev = _Evaluator(model, tok, original, suite_obj.seed)
-            for case in pending:
-                prog.update(task, description=f"{v.name}: {case.case_id}")
-                t0 = time.perf_counter()
-                metrics = ev.run(case)
-                rec = {
-                    "variant": v.name,
-                    "fingerprint": v.fingerprint,
-                    "spec": v.spec_dict(),
-                    "case_id": case.case_id,
-                    "kind": case.kind,
-                    "length": case.length,
-                    "depth": case.depth,
-                    "index": case.index,
-                    "original_length": original,
-                    "metrics": metrics,
-                    "seconds": round(time.perf_counter() - t0, 3),
-                    "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                }
-                if report is not None and case is pending[0]:
-                    rec["patch_report"] = _jsonable(report)
-                _append(results_path, rec)
-                done[_key(rec)] = rec
-                if on_record is not None:
-                    on_record(rec)
-                prog.advance(task, _cost(case))
-            del model, ev
-            gc.collect()
-        prog.update(task, description="done")
-
-    records = []
-    for v in variants:
-        for c in cases:
-            r = done.get((v.name, v.fingerprint, c.case_id))
-            if r is not None:
-                records.append(r)
-
+    run_jobs(jobs, load, original, record, progress)
+    records = [done[k] for v in variants for c in cases if (k := (v.name, v.fingerprint, c.case_id)) in done]
     from .report import write_report
 
-    write_report(records, out, plots=plots, meta=json.loads((out / RUN_FILE).read_text()))
+    write_report(records, out, plots=plots, meta=meta)
     return records
+
+
+def run_jobs(jobs: list[Job], load: Callable[[Variant], Evaluator], original: int,
+             record: Callable[[dict], None], progress: bool = True) -> None:
+    """Execute *jobs* in order, loading a variant's model when the variant changes; every record goes to
+    ``record`` as soon as its job finishes (the patch report rides on a variant's first record of the run)."""
+    prog = _progress(progress)
+    with prog:
+        task = prog.add_task("evaluating", total=sum(j.cost() for j in jobs) or 1.0)
+        current, ev, reported = None, None, set()
+        for job in jobs:
+            v = job.variant
+            if current is not v:
+                prog.update(task, description=f"{v.name}: loading")
+                ev = None
+                gc.collect()
+                ev, current = load(v), v
+            prog.update(task, description=f"{v.name}: {job.cases[-1].case_id}")
+            report = None if v.name in reported else ev.patch_report
+            reported.add(v.name)
+            for rec in execute_job(ev, job, original, report):
+                record(rec)
+            prog.advance(task, job.cost())
+        ev = None
+        gc.collect()
+        prog.update(task, description="done")
+
+
+def execute_job(ev: Evaluator, job: Job, original: int, patch_report=None) -> list[dict]:
+    """Run one job and return its records (one per case; a shared forward's time is split evenly)."""
+    t0 = time.perf_counter()
+    metrics = ev.run(job)
+    seconds = round((time.perf_counter() - t0) / len(job.cases), 3)
+    finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    v = job.variant
+    records = []
+    for case, m in zip(job.cases, metrics):
+        rec = {
+            "variant": v.name,
+            "fingerprint": v.fingerprint,
+            "spec": v.spec_dict(),
+            "case_id": case.case_id,
+            "kind": case.kind,
+            "length": case.length,
+            "depth": case.depth,
+            "index": case.index,
+            "original_length": original,
+            "metrics": m,
+            "seconds": seconds,
+            "finished_at": finished,
+        }
+        if len(job.cases) > 1:
+            rec["shared_forward"] = job.length
+        if patch_report is not None and not records:
+            rec["patch_report"] = _jsonable(patch_report)
+        records.append(rec)
+    return records
+
+
+def _run_meta(model_path, original: int, suite: Suite, variants: list[Variant], dtype, device_map) -> dict:
+    return {
+        "model_path": str(model_path),
+        "original_length": original,
+        "suite": suite.to_dict(),
+        "suite_source": suite.source,
+        "variants": [{"name": v.name, "spec": v.spec_dict(), "fingerprint": v.fingerprint} for v in variants],
+        "dtype": dtype,
+        "device_map": device_map,
+    }
 
 
 def _jsonable(obj):
@@ -323,6 +268,20 @@ def _progress(enabled: bool):
         TimeRemainingColumn(),
         disable=not enabled,
     )
+
+
+def rebuild_report(out_dir: str | os.PathLike, plots: bool = True) -> Path:
+    """Rewrite ``report.md`` (and the plots) of *out_dir* from its ``results.jsonl`` and ``run.json``: for a run
+    still in progress or stopped early (the header then says how many cases are missing)."""
+    out = Path(out_dir)
+    if not (out / RUN_FILE).is_file():
+        raise FileNotFoundError(f"{out / RUN_FILE} not found: {out} is not a rope-extend eval output folder")
+    meta = json.loads((out / RUN_FILE).read_text())
+    keys = {(v["name"], v["fingerprint"]) for v in meta.get("variants", [])}
+    records = [r for r in read_results(out) if (r["variant"], r.get("fingerprint")) in keys]
+    from .report import write_report
+
+    return write_report(records, out, plots=plots, meta=meta)
 
 
 def summary_markdown(results) -> str:

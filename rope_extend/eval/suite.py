@@ -1,19 +1,22 @@
-"""Evaluation suites (YAML) and their expansion into individual, resumable cases.
+"""Evaluation suites: a validated model of the suite YAML and its expansion into resumable cases.
 
 Suite YAML (see ``eval/suites/*.yaml``)::
 
     name: quick
+    description: what the suite is for
+    smoke: true                    # a plumbing/smoke test: the report header says its numbers are not evidence
     seed: 0
     short_context: [2048]          # always evaluated: lengths inside the original window
     perplexity:
-      text: pydoc_topics           # or a path to any UTF-8 text file
-      lengths: [2048, 8192, "2x"]  # ints, or "<k>x" = k * original window
-      bucket_size: 1024
-      chunk_size: 1024
+      texts: [pydoc_topics, debian_licenses]   # built-in corpora or UTF-8 file paths; each reported separately
+      lengths: [2048, 8192, "2x"]  # ints, "<k>x" = k * original window, "<k>k" = k * 1024
+      bucket_size: 1024            # loss-by-position buckets
+      chunk_size: 1024             # positions per lm_head call (memory only)
+      block_size: 128              # contiguous token blocks for the bootstrap interval
     passkey:
-      lengths: [4096, "1.5x"]
-      depths: [0.1, 0.5, 0.9]
-      samples: 1                   # samples per (length, depth)
+      lengths: ["1.5x", "2x"]
+      depths: [0.0, 0.25, 0.5, 0.75, 1.0]
+      samples: 2                   # samples per (length, depth): here 10 per length
     needle:
       tasks: [niah_single, niah_multikey, niah_multivalue, vt]
       lengths: [4096, 12288]
@@ -22,125 +25,40 @@ Suite YAML (see ``eval/suites/*.yaml``)::
       num_needles: 4
     entropy:                       # mean attention entropy per layer (eager attention: n x n per layer)
       lengths: [1024, 4096]
-      queries: 128                 # entropy of the last 128 query rows (they see ~n keys)
+      queries: 128
 
-Lengths given as ``"<k>x"`` are resolved against the unpatched model's original context
-window.  ``short_context`` lengths (clipped to the original window; never empty -- it falls
-back to ``min(2048, window)``) are merged into every section so short-context regressions
-always show up in the report.
+An unknown or misspelled key is an error that names it. ``short_context`` lengths (clipped to the original
+window; never empty -- it falls back to ``min(2048, window)``) are merged into every section so short-context
+regressions always show up in the report.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from ..errors import RopeExtendError
+from .texts import DEFAULT_TEXT, text_label
 
 SUITES_DIR = Path(__file__).parent / "suites"  # -> eval/suites (symlink in the repo, copied into wheels)
 
 
-@dataclass
-class Case:
-    """One unit of work; ``case_id`` is stable across runs (used for resuming)."""
-
-    kind: str  # "perplexity" | "passkey" | "entropy" | needle task name
-    length: int
-    depth: float | None = None
-    index: int = 0
-    params: dict = field(default_factory=dict)
-
-    @property
-    def case_id(self) -> str:
-        parts = [self.kind, f"L{self.length}"]
-        if self.depth is not None:
-            parts.append(f"d{self.depth:g}")
-        if self.kind not in ("perplexity", "entropy"):
-            parts.append(f"s{self.index}")
-        return "/".join(parts)
-
-
-@dataclass
-class Suite:
-    name: str = "custom"
-    seed: int = 0
-    short_context: list = field(default_factory=lambda: [2048])
-    perplexity: dict | None = None
-    passkey: dict | None = None
-    needle: dict | None = None
-    entropy: dict | None = None
-    source: str | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict, source: str | None = None) -> Suite:
-        known = {"name", "seed", "short_context", "perplexity", "passkey", "needle", "entropy", "description"}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown suite keys: {sorted(unknown)}")
-        return cls(
-            name=str(d.get("name", "custom")),
-            seed=int(d.get("seed", 0)),
-            short_context=list(d.get("short_context", [2048]) or []),
-            perplexity=d.get("perplexity"),
-            passkey=d.get("passkey"),
-            needle=d.get("needle"),
-            entropy=d.get("entropy"),
-            source=source,
-        )
-
-    def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "seed": self.seed,
-            "short_context": self.short_context,
-            "perplexity": self.perplexity,
-            "passkey": self.passkey,
-            "needle": self.needle,
-            "entropy": self.entropy,
-        }
-
-    def cases(self, original_length: int) -> list[Case]:
-        """All cases, cheapest first within each section (short lengths first)."""
-        short = sorted({resolve_length(x, original_length) for x in self.short_context})
-        short = [s for s in short if s <= original_length]
-        if not short:  # the short-context regression check is always part of a report
-            short = [min(2048, original_length)]
-        out: list[Case] = []
-        if self.perplexity:
-            p = self.perplexity
-            lengths = _lengths(p.get("lengths", []), original_length, short)
-            params = {k: p[k] for k in ("text", "bucket_size", "chunk_size", "start") if k in p}
-            out += [Case("perplexity", L, params=params) for L in lengths]
-        if self.passkey:
-            p = self.passkey
-            lengths = _lengths(p.get("lengths", []), original_length, short)
-            for L in lengths:
-                for d in p.get("depths", [0.5]):
-                    for i in range(int(p.get("samples", 1))):
-                        out.append(Case("passkey", L, float(d), i))
-        if self.needle:
-            p = self.needle
-            from .probes import NEEDLE_TASKS
-
-            tasks = p.get("tasks", ["niah_single"])
-            for t in tasks:
-                if t not in NEEDLE_TASKS:
-                    raise ValueError(f"unknown needle task {t!r}; expected one of {NEEDLE_TASKS}")
-            lengths = _lengths(p.get("lengths", []), original_length, short)
-            params = {k: p[k] for k in ("num_needles",) if k in p}
-            for t in tasks:
-                depths = [None] if t in ("niah_multivalue", "vt") else p.get("depths", [0.5])
-                for L in lengths:
-                    for d in depths:
-                        for i in range(int(p.get("samples", 1))):
-                            out.append(Case(t, L, None if d is None else float(d), i, dict(params)))
-        if self.entropy:
-            p = self.entropy
-            lengths = _lengths(p.get("lengths", []), original_length, short)
-            params = {k: p[k] for k in ("text", "queries") if k in p}
-            out += [Case("entropy", L, params=params) for L in lengths]
-        return out
+class SuiteError(RopeExtendError, ValueError):
+    """A suite file or dict is invalid (unknown key, bad length or depth, unknown task)."""
 
 
 def resolve_length(x, original_length: int) -> int:
@@ -155,13 +73,193 @@ def resolve_length(x, original_length: int) -> int:
     return int(s)
 
 
+def _check_length(x):
+    try:
+        value = resolve_length(x, 1)
+    except (TypeError, ValueError):
+        raise ValueError(f"length {x!r} is not an int, '<k>x' (times the original window) or '<k>k'") from None
+    if value <= 0 and not (isinstance(x, str) and x.strip().lower().endswith("x")):
+        raise ValueError(f"length {x!r} must be positive")
+    return x
+
+
+Length = Annotated[int | str, BeforeValidator(_check_length)]
+Depth = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PerplexitySection(_Model):
+    texts: list[str] = Field(default_factory=lambda: [DEFAULT_TEXT], min_length=1)
+    lengths: list[Length] = Field(default_factory=list)
+    bucket_size: int = Field(1024, gt=0)
+    chunk_size: int = Field(1024, gt=0)
+    block_size: int = Field(128, gt=0)
+    start: int = Field(0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_text(cls, data):
+        """``text: X`` (one corpus) is shorthand for ``texts: [X]``."""
+        if isinstance(data, dict) and "text" in data:
+            if "texts" in data:
+                raise ValueError("give either 'text' or 'texts', not both")
+            data = {k: v for k, v in data.items() if k != "text"} | {"texts": [data["text"]]}
+        return data
+
+
+class PasskeySection(_Model):
+    lengths: list[Length] = Field(default_factory=list)
+    depths: list[Depth] = Field(default_factory=lambda: [0.5], min_length=1)
+    samples: int = Field(1, ge=1)
+
+
+class NeedleSection(_Model):
+    tasks: list[str] = Field(default_factory=lambda: ["niah_single"], min_length=1)
+    lengths: list[Length] = Field(default_factory=list)
+    depths: list[Depth] = Field(default_factory=lambda: [0.5], min_length=1)
+    samples: int = Field(1, ge=1)
+    num_needles: int = Field(4, ge=1)
+
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, tasks):
+        from .probes import NEEDLE_TASKS
+
+        for t in tasks:
+            if t not in NEEDLE_TASKS:
+                raise ValueError(f"unknown needle task {t!r}; expected one of {', '.join(NEEDLE_TASKS)}")
+        return tasks
+
+
+class EntropySection(_Model):
+    lengths: list[Length] = Field(default_factory=list)
+    queries: int = Field(128, gt=0)
+    text: str | None = None
+
+
+@dataclass
+class Case:
+    """One unit of work; ``case_id`` is stable across runs (used for resuming)."""
+
+    kind: str  # "perplexity" | "passkey" | "entropy" | needle task name
+    length: int
+    depth: float | None = None
+    index: int = 0
+    params: dict = field(default_factory=dict)
+
+    @property
+    def case_id(self) -> str:
+        parts = [self.kind]
+        if self.kind == "perplexity":
+            parts.append(text_label(self.params.get("text")))
+        parts.append(f"L{self.length}")
+        if self.depth is not None:
+            parts.append(f"d{self.depth:g}")
+        if self.kind not in ("perplexity", "entropy"):
+            parts.append(f"s{self.index}")
+        return "/".join(parts)
+
+    @property
+    def is_probe(self) -> bool:
+        return self.kind not in ("perplexity", "entropy")
+
+
+class Suite(_Model):
+    name: str = "custom"
+    description: str = ""
+    smoke: bool = False
+    seed: int = 0
+    short_context: list[Length] = Field(default_factory=lambda: [2048])
+    perplexity: PerplexitySection | None = None
+    passkey: PasskeySection | None = None
+    needle: NeedleSection | None = None
+    entropy: EntropySection | None = None
+    source: str | None = Field(None, exclude=True)  # where it was loaded from (not part of the suite)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str | None = None) -> Suite:
+        if not isinstance(d, dict):
+            raise SuiteError(f"suite {source or ''} must be a mapping of keys, got {type(d).__name__}")
+        try:
+            return cls.model_validate({**d, "source": source})
+        except ValidationError as exc:
+            raise SuiteError(_explain(exc, source)) from None
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json")
+
+    def with_texts(self, texts: list[str]) -> Suite:
+        """The same suite with its perplexity (and entropy) texts replaced, e.g. by ``--text FILE``."""
+        update = {}
+        if self.perplexity is not None:
+            update["perplexity"] = self.perplexity.model_copy(update={"texts": list(texts)})
+        if self.entropy is not None:
+            update["entropy"] = self.entropy.model_copy(update={"text": texts[0]})
+        return self.model_copy(update=update)
+
+    def cases(self, original_length: int) -> list[Case]:
+        """All cases, cheapest first within each section (short lengths first)."""
+        short = sorted({resolve_length(x, original_length) for x in self.short_context})
+        short = [s for s in short if s <= original_length]
+        if not short:  # the short-context regression check is always part of a report
+            short = [min(2048, original_length)]
+        out: list[Case] = []
+        if p := self.perplexity:
+            params = {"bucket_size": p.bucket_size, "chunk_size": p.chunk_size, "block_size": p.block_size,
+                      "start": p.start}
+            for text in p.texts:
+                out += [Case("perplexity", L, params={"text": text, **params})
+                        for L in _lengths(p.lengths, original_length, short)]
+        if p := self.passkey:
+            for L in _lengths(p.lengths, original_length, short):
+                out += [Case("passkey", L, d, i) for i in range(p.samples) for d in p.depths]
+        if p := self.needle:
+            lengths = _lengths(p.lengths, original_length, short)
+            for t in p.tasks:
+                # tasks whose needles sit at random depths get as many prompts per length as the others
+                if t in ("niah_multivalue", "vt"):
+                    depths, samples = [None], p.samples * len(p.depths)
+                else:
+                    depths, samples = p.depths, p.samples
+                for L in lengths:
+                    out += [Case(t, L, d, i, {"num_needles": p.num_needles}) for i in range(samples) for d in depths]
+        if p := self.entropy:
+            params = {"queries": p.queries} | ({"text": p.text} if p.text else {})
+            out += [Case("entropy", L, params=dict(params)) for L in _lengths(p.lengths, original_length, short)]
+        return out
+
+
 def _lengths(raw, original_length: int, short: list[int]) -> list[int]:
     vals = {resolve_length(x, original_length) for x in raw} | set(short)
     return sorted(v for v in vals if v > 0)
 
 
+def _explain(exc: ValidationError, source: str | None) -> str:
+    """One readable line per problem; an unknown key names itself and the closest allowed key."""
+    where = f"suite {source}" if source else "suite"
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "extra_forbidden":
+            model: type[BaseModel] = Suite
+            for part in err["loc"][:-1]:
+                ann = model.model_fields[str(part)].annotation
+                model = next(a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel))
+            allowed = [k for k in model.model_fields if k != "source"]
+            close = difflib.get_close_matches(str(err["loc"][-1]), allowed, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problems.append(f"unknown key {loc!r} ({hint}allowed: {', '.join(allowed)})")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            problems.append(f"{loc}: {msg} (got {err.get('input')!r})")
+    return f"{where} is invalid: " + "; ".join(problems)
+
+
 def load_suite(suite: str | os.PathLike | dict | Suite) -> Suite:
-    """A ``Suite`` from a Suite, a dict, a YAML path, or a bundled suite name (``quick``, ``full``)."""
+    """A ``Suite`` from a Suite, a dict, a YAML path, or a bundled suite name (``quick``, ``full``, ``paper``)."""
     if isinstance(suite, Suite):
         return suite
     if isinstance(suite, dict):
@@ -173,7 +271,9 @@ def load_suite(suite: str | os.PathLike | dict | Suite) -> Suite:
             path = cand
         else:
             avail = sorted(p.stem for p in SUITES_DIR.glob("*.yaml")) if SUITES_DIR.is_dir() else []
-            raise FileNotFoundError(f"suite {suite!r} not found (bundled suites: {avail})")
+            raise FileNotFoundError(f"suite {str(suite)!r} not found: not a file and not a bundled suite "
+                                    f"(bundled: {', '.join(avail)})")
     with open(path, encoding="utf-8") as f:
         data = yaml.safe_load(f) or {}
-    return Suite.from_dict(data, source=str(path))
+    bundled = path.parent.resolve() == SUITES_DIR.resolve()
+    return Suite.from_dict(data, source=f"eval/suites/{path.name}" if bundled else str(path))

@@ -1,4 +1,15 @@
-"""Long local texts for perplexity evaluation (no downloads needed)."""
+"""Long local texts for perplexity evaluation (no downloads needed).
+
+Two unrelated built-in corpora, reported separately:
+
+* ``pydoc_topics``: the prose of the Python docs that ships with the stdlib (``pydoc_data/topics.py``,
+  ~100k tokens): technical English about a programming language.
+* ``debian_licenses``: the license texts every Debian/Ubuntu system carries in ``/usr/share/common-licenses``
+  (package ``base-files``; ~45k tokens): legal English. Older versions of a license that is already included
+  (GFDL-1.2, LGPL-2) are left out so the text repeats itself as little as possible.
+
+Any other name is read as the path of a UTF-8 text file (``--text``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +18,12 @@ import os
 from pathlib import Path
 
 DEFAULT_TEXT = "pydoc_topics"
+LICENSES_TEXT = "debian_licenses"
+LICENSES_DIR = Path("/usr/share/common-licenses")
+# Most distinct first (short lengths see the least self-repetition); symlinks (GPL -> GPL-3 ...) excluded.
+LICENSE_FILES = ("Apache-2.0", "GPL-3", "MPL-2.0", "GFDL-1.3", "Artistic", "CC0-1.0", "BSD", "MPL-1.1",
+                 "GPL-2", "LGPL-2.1", "GPL-1", "LGPL-3")
+BUILTIN_TEXTS = (DEFAULT_TEXT, LICENSES_TEXT)
 
 
 def pydoc_topics_text() -> str:
@@ -36,17 +53,37 @@ def pydoc_topics_text() -> str:
     return "\n\n".join(strings)
 
 
+def debian_licenses_text(directory: str | os.PathLike = LICENSES_DIR) -> str:
+    """The Debian common license texts in a fixed order, joined by blank lines (~190k characters)."""
+    directory = Path(directory)
+    missing = [name for name in LICENSE_FILES if not (directory / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"evaluation text {LICENSES_TEXT!r} needs {', '.join(missing)} in {directory} (Debian package "
+            f"base-files); on other systems pass --text FILE or use {DEFAULT_TEXT!r}"
+        )
+    return "\n\n".join((directory / name).read_text(encoding="utf-8", errors="replace").strip()
+                       for name in LICENSE_FILES)
+
+
 def load_text(source: str | os.PathLike | None = None) -> str:
-    """``None``/``"pydoc_topics"``/``"default"`` -> stdlib docs prose; anything else is a text file path."""
+    """``None``/``"pydoc_topics"``/``"default"`` -> stdlib docs prose; ``"debian_licenses"`` -> Debian's
+    license texts; anything else is a text file path."""
     if source is None or str(source) in (DEFAULT_TEXT, "default"):
         return pydoc_topics_text()
+    if str(source) == LICENSES_TEXT:
+        return debian_licenses_text()
     path = Path(source).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"evaluation text not found: {path}")
+        raise FileNotFoundError(
+            f"evaluation text not found: {path} (built-in texts: {', '.join(BUILTIN_TEXTS)})"
+        )
     return path.read_text(encoding="utf-8", errors="replace")
 
 
 def text_label(source: str | os.PathLike | None) -> str:
     if source is None or str(source) in (DEFAULT_TEXT, "default"):
         return DEFAULT_TEXT
+    if str(source) in BUILTIN_TEXTS:
+        return str(source)
     return Path(source).name

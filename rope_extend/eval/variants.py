@@ -36,6 +36,22 @@ class Variant:
         return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
 
+def parse_spec_arg(text: str) -> dict | str:
+    """The one parser for a ``--spec`` argument: an inline spec ``method=yarn,factor=2`` (values read as YAML
+    scalars, ``-`` in keys read as ``_``) becomes a dict; anything else (a YAML/JSON path) is returned as is."""
+    import yaml
+
+    if "=" not in text or text.endswith((".yaml", ".yml", ".json")):
+        return text
+    out = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"inline spec {text!r}: {item!r} is not key=value; write e.g. 'method=yarn,factor=2'")
+        out[key.strip().replace("-", "_")] = yaml.safe_load(value.strip())
+    return out
+
+
 def spec_to_dict(spec) -> dict | None:
     if spec is None:
         return None
