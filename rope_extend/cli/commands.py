@@ -5,4 +5,5 @@ from . import (
     inspect_cmd,  # noqa: F401  inspect
     patch_cmd,  # noqa: F401  patch, show
     spec_cmds,  # noqa: F401  validate, methods
+    tune_cmd,  # noqa: F401  tune
 )
