@@ -139,7 +139,7 @@ def test_too_small_budget_is_refused():
 
 def test_schedule_halves():
     rungs, keeps = plan_schedule(12, rung_lengths(8192, 16384), 16384)
-    assert rungs[0] == 9216 and rungs[-1] == 16384
+    assert rungs[0] == 12288 and rungs[-1] == 16384
     assert keeps == sorted(keeps, reverse=True) and keeps[-1] == 2
     assert sum(k * eval_cost(n, 16384) for n, k in zip(rungs, keeps)) <= 12
 

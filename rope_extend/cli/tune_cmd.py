@@ -42,6 +42,8 @@ def tune_command(
     device_map: Annotated[str | None, typer.Option("--device-map", help="e.g. auto (accelerate).")] = None,
     no_resume: Annotated[bool, typer.Option("--no-resume", help="Start a fresh log instead of resuming.")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
+    baselines_first: Annotated[bool, typer.Option("--baselines-first", help="Evaluate the held-out closed forms "
+                                                  "at their defaults before the search (slow machines).")] = False,
 ) -> None:
     """Tune the RoPE scaling for a target length on calibration text: closed forms, then per-dimension factors."""
     from ..tune.runner import tune_model
@@ -67,6 +69,7 @@ def tune_command(
         device_map=device_map,
         resume=not no_resume,
         plots=not no_plots,
+        baselines_first=baselines_first,
     )
     out.print(f"winner: {summary['winner']} (loss beyond the window {summary['winner_loss']:.4f})")
     out.print(f"spec: {output / 'best.yaml'}   report: {output / 'report.md'}")

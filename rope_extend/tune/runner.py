@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .. import compat
 from ..spec import RopeSpec
 from . import heldout as ho
 from .report import write_report
@@ -65,8 +66,12 @@ def tune_model(
     device_map: str | None = None,
     resume: bool = True,
     plots: bool = True,
+    baselines_first: bool = False,
 ) -> dict[str, Any]:
-    """Run the search (and the held-out comparison when `heldout` is given); returns a summary dict."""
+    """Run the search (and the held-out comparison when `heldout` is given); returns a summary dict.
+
+    `baselines_first`: evaluate the held-out closed forms at their defaults before the search (they do not depend
+    on it), so a run cut short on a slow machine still has the baseline table."""
     from ..eval.perplexity import tokenize_text
     from ..eval.texts import load_text, text_label
     from ..eval.variants import load_model
@@ -76,6 +81,23 @@ def tune_model(
     model, tokenizer = load_model(model_path, dtype=dtype, device_map=device_map, device=device)
     calib_ids = tokenize_text(tokenizer, load_text(text))
     header = {"model": str(model_path), "text": text_label(text), "dtype": dtype}
+    held = None
+    if heldout is not None:
+        held_label = "licenses" if str(heldout) == "licenses" else str(heldout)
+        held_ids = tokenize_text(tokenizer, ho.license_text() if held_label == "licenses" else load_text(heldout))
+
+        def held_compare(variants):
+            return ho.compare(
+                model, held_ids, variants, compat.original_length(model.config), target_length, tokenizer=tokenizer,
+                passkey_samples=passkey_samples, log_path=output / "heldout.jsonl", resume=resume,
+                header={"model": str(model_path), "text": held_label},
+            )
+
+        held = held_compare
+        if baselines_first:
+            defaults = ho.default_variants(target_length / compat.original_length(model.config))
+            held_compare([v for v in defaults if v.name.startswith(("unpatched", "yarn"))]
+                         + [v for v in defaults if not v.name.startswith(("unpatched", "yarn"))])
     result = tune(model, target_length, calib_ids, budget=budget, methods=methods, knots=knots,
                   log_path=output / "search.jsonl", resume=resume, header=header)
 
@@ -94,16 +116,7 @@ def tune_model(
         _atomic_write(output / name, spec_yaml(result.spec(which), comment))
         written[which] = str(output / name)
 
-    records = None
-    if heldout is not None:
-        held_text = ho.license_text() if str(heldout) == "licenses" else load_text(heldout)
-        held_ids = tokenize_text(tokenizer, held_text)
-        variants = heldout_variants(result)
-        records = ho.compare(
-            model, held_ids, variants, original, target_length, tokenizer=tokenizer,
-            passkey_samples=passkey_samples, log_path=output / "heldout.jsonl", resume=resume,
-            header={"model": str(model_path), "text": "licenses" if str(heldout) == "licenses" else str(heldout)},
-        )
+    records = held(heldout_variants(result)) if held is not None else None
     summary = write_report(output, result, records, model.config, plots=plots)
     summary["specs"] = written
     (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,10 +1,10 @@
 """Successive-halving search over closed forms and per-dimension curves.
 
 Why successive halving: on CPU a forward over the target length is the unit of cost (SmolLM2-135M at 16k: ~100 s
-on 2 cores), and the loss just beyond the window already separates bad candidates (too little interpolation blows
-up immediately, too much blurs nearby positions). So every candidate is screened on a short prefix (rung 0: L plus
-1/8 of the extension), the best 1/eta move on to half the extension, and only the best few reach the target length,
-where the winner is chosen. The best closed form and the best per-dimension curve are always promoted, so the final
+on 2 free cores), and a prefix that reaches well beyond the window already separates bad candidates (too little
+interpolation blows up, too much blurs nearby positions). So every candidate is screened on a prefix (rung 0: L
+plus half the extension; see `rung_lengths` for why not shorter), the best 1/eta move on, and only the best few
+reach the target length, where the winner is chosen. The best closed form and the best per-dimension curve are always promoted, so the final
 rung compares the two families head to head.
 
 Rung 0 first evaluates the closed-form grid; the rest of its slots go to per-dimension curves seeded from the best
@@ -32,11 +32,17 @@ DEFAULT_BUDGET = 12.0
 DEFAULT_ETA = 3
 
 
-def rung_lengths(original: int, target: int) -> list[int]:
-    """Rung lengths: L + (N-L)/8, L + (N-L)/2, N (duplicates removed for tiny extensions)."""
+def rung_lengths(original: int, target: int, screen: float = 0.5) -> list[int]:
+    """Rung lengths: L + screen·(N-L), halfway from there to N, and N (duplicates removed for tiny extensions).
+
+    Why not shorter screening prefixes: just beyond the window every candidate that interpolates less looks better
+    (SmolLM2 8k -> 16k, positions 8k-9k of the calibration text: unscaled 1.868, YaRN x2 1.889), so a 9k screen would
+    rank candidates for 9k, not for 16k. Half the extension already shows the long-distance failure modes.
+    """
     ext = target - original
-    lengths = [original + max(1, ext // 8), original + max(1, ext // 2), target]
-    return sorted(set(lengths))
+    first = original + max(1, int(ext * screen))
+    lengths = [first, first + max(1, (target - first) // 2), target]
+    return sorted({min(n, target) for n in lengths})
 
 
 def plan_schedule(budget: float, rungs: list[int], target_length: int, eta: int = DEFAULT_ETA):
