@@ -287,3 +287,45 @@ def test_smollm2_smoke(smollm2_path, tmp_path):
     unpatch_model(model)
     assert result.winner.loss == pytest.approx(ref, rel=1e-4)
     assert obj(result.winner.candidate, 1024).loss == pytest.approx(result.winner.loss, rel=1e-6)
+
+
+def test_cli_tune_end_to_end_and_rerun_resumes(smollm2_path, tmp_path, capsys):
+    """`rope-extend tune` on a tiny llama with the SmolLM2 tokenizer: specs, report, held-out table; a rerun
+    evaluates nothing again."""
+    from transformers import AutoTokenizer
+
+    from rope_extend.spec import load_spec
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_path))
+    cfg = AutoConfig.for_model(
+        "llama", hidden_size=32, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1,
+        intermediate_size=64, vocab_size=len(tok), max_position_embeddings=64, head_dim=16, rope_theta=10000.0,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    args = ["tune", str(tmp_path / "m"), "--target-length", "256", "--budget", "4", "--knots", "4",
+            "--heldout", "licenses", "-o", str(tmp_path / "out")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert run(args) == 0
+    err = capsys.readouterr().err
+    out = tmp_path / "out"
+    for name in ("best.yaml", "best-closed.yaml", "best-per-dim.yaml", "report.md", "objective.png", "curve.png"):
+        assert (out / name).is_file(), name
+    per_dim = load_spec(out / "best-per-dim.yaml")
+    assert per_dim.method == "longrope" and set(per_dim.short_factor) == {1.0}
+    report = (out / "report.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ") and " [" in line]
+    assert len(rows) == 9  # unpatched, 6 closed forms at defaults, tuned closed, tuned per-dim
+    n_evals = len([line for line in err.splitlines() if line.startswith("[tune ")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert run(args) == 0
+    err = capsys.readouterr().err
+    tune_lines = [line for line in err.splitlines() if line.startswith("[tune ")]
+    assert len(tune_lines) == n_evals and all("(from log)" in line for line in tune_lines)
+    # the held-out text is refused as calibration text
+    assert run(["tune", str(tmp_path / "m"), "--target-length", "256", "--text", str(out / "report.md"),
+                "--heldout", str(out / "report.md"), "-o", str(tmp_path / "o2")]) == 2

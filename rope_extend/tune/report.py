@@ -46,6 +46,10 @@ def _pct(t) -> str:
     return f"{100 * t[0]:+.2f} % [{100 * t[1]:+.1f}, {100 * t[2]:+.1f}]"
 
 
+def _len(n: int) -> str:
+    return f"{n / 1024:g}k" if n >= 1024 and n % 512 == 0 else str(n)
+
+
 def heldout_markdown(rows: list[dict], original: int, target: int, reference: str | None = None) -> str:
     if not rows:
         return ""
@@ -53,11 +57,11 @@ def heldout_markdown(rows: list[dict], original: int, target: int, reference: st
     ref = reference or next((r["name"] for r in rows if r["name"].startswith("yarn x")), "reference")
     head = [
         "variant",
-        f"ppl {original // 1024}k–{target // 1024}k",
-        f"ppl 0–{target // 1024}k",
-        *[f"ppl @{int(k.split('_')[1]) // 1024}k" for k in inside],
-        f"beyond vs {ref}",
-        *[f"@{int(k.split('_')[1]) // 1024}k vs unpatched" for k in inside],
+        f"ppl {_len(original)}–{_len(target)}",
+        f"ppl 0–{_len(target)}",
+        *[f"ppl @{_len(int(k.split('_')[1]))}" for k in inside],
+        f"{_len(original)}–{_len(target)} vs {ref}",
+        *[f"@{_len(int(k.split('_')[1]))} vs unpatched" for k in inside],
         "passkey",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -68,6 +72,15 @@ def heldout_markdown(rows: list[dict], original: int, target: int, reference: st
         cells.append(f"{r['passkey']:.0%} ({r['passkey_n']})" if "passkey" in r else "not run")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def heldout_table(path: str | Path, original: int, target: int) -> str:
+    """The held-out table from a `heldout.jsonl` (also of a run still in progress)."""
+    import json
+
+    lines = Path(path).read_text().splitlines()[1:]
+    records = [json.loads(line) for line in lines if line.strip()]
+    return heldout_markdown(heldout_rows(records), original, target)
 
 
 def candidates_markdown(result) -> str:
