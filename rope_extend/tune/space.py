@@ -74,6 +74,7 @@ def closed_form_grid(geom: Geometry, methods: list[str] | None = None) -> list[C
     methods = methods or ["yarn", "llama3", "ntk", "ntk-by-parts", "linear"]
     out: list[Candidate] = []
     mscale = 0.1 * math.log(s) + 1
+    # per-method rule: moves into the method objects (issue 9) -- each method's tunable parameters around s
     grid = {
         "yarn": [
             (f"yarn x{s:g}", {"method": "yarn", "factor": s}),
