@@ -173,7 +173,7 @@ def test_resume_after_kill(planted_closed, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, str(script), "0.3"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
+    deadline = time.time() + 600
     while time.time() < deadline:
         if log.exists() and len(log.read_text().splitlines()) >= 4:  # header + 3 evaluations
             break
