@@ -247,7 +247,8 @@ def test_heldout_shares_forwards_exactly_and_reuses_unpatched_inside_window(tmp_
     model = planted_model()
     ids = torch.randint(3, V, (N,), generator=torch.Generator().manual_seed(3))
     variants = [ho.Variant("unpatched", None), ho.Variant("yarn x8", {"method": "yarn", "factor": 8}),
-                ho.Variant("dynamic x8", {"method": "dynamic", "factor": 8})]
+                ho.Variant("dynamic x8", {"method": "dynamic", "factor": 8}),
+                ho.Variant("tuned closed: yarn x8", {"method": "yarn", "factor": 8.0, "original_max_position_embeddings": L})]
     recs = ho.compare(model, ids, variants, L, N, windows=(16,), block=8, log_path=tmp_path / "h.jsonl",
                       progress=False)
     # static: the first 16 positions of the N-token forward equal a separate 16-token forward
@@ -256,6 +257,8 @@ def test_heldout_shares_forwards_exactly_and_reuses_unpatched_inside_window(tmp_
     unpatch_model(model)
     assert sum(recs[1]["inside_16"]["sums"]) == pytest.approx(float(sep.sum()), rel=1e-6)
     assert recs[1]["shared_forward"] and not recs[2]["shared_forward"]
+    # a tuned closed form equal to a default is not evaluated twice
+    assert recs[3]["same_as"] == "yarn x8" and recs[3]["beyond"] == recs[1]["beyond"]
     # dynamic NTK below the window is the original model: reused, and equal to a real evaluation
     assert recs[2]["reused_unpatched"] == [16, L]
     patch_model(model, {"method": "dynamic", "factor": 8})
