@@ -71,5 +71,5 @@ def tune_command(
         plots=not no_plots,
         baselines_first=baselines_first,
     )
-    out.print(f"winner: {summary['winner']} (loss beyond the window {summary['winner_loss']:.4f})")
-    out.print(f"spec: {output / 'best.yaml'}   report: {output / 'report.md'}")
+    out.print(f"winner: {summary['winner']} (loss beyond the window {summary['winner_loss']:.4f})", markup=False)
+    out.print(f"spec: {output / 'best.yaml'}   report: {output / 'report.md'}", markup=False)
