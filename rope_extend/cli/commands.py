@@ -9,6 +9,7 @@ from . import (
     inspect_cmd,  # noqa: F401  inspect
     patch_cmd,  # noqa: F401  patch, show
     spec_cmds,  # noqa: F401  validate, methods
+    tune_cmd,  # noqa: F401  tune
 )
 
 # Slots for commands other branches add (one line each, inside the import list above):

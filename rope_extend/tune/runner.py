@@ -1,0 +1,123 @@
+"""`tune_model`: the whole `rope-extend tune` run as a function (what the CLI calls).
+
+Loads the model once, tokenizes the calibration text, runs the search (`search.tune`), writes the winning spec
+(`best.yaml`) plus the best closed form and best per-dimension curve, optionally evaluates the held-out comparison,
+and writes the report. Every stage is resumable from the files in the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .. import compat
+from ..spec import RopeSpec
+from . import heldout as ho
+from .report import write_report
+from .search import DEFAULT_BUDGET, TuneResult, tune
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def spec_yaml(spec: dict[str, Any], comment: str) -> str:
+    """Validated YAML of a spec dict, with a provenance comment on top."""
+    body = RopeSpec(**spec).to_yaml()
+    return "".join(f"# {line}\n" for line in comment.splitlines()) + body
+
+
+def heldout_variants(result: TuneResult) -> list[ho.Variant]:
+    """The issue's comparison set: unpatched, the closed forms at defaults, the tuned closed form and curve.
+
+    The tuned specs, YaRN and the unpatched model come first, so a run cut short has the key comparison.
+    """
+    tuned = []
+    if result.best_per_dim is not None:
+        tuned.append(ho.Variant("tuned per-dim", result.spec("best_per_dim")))
+    if result.best_closed is not None:
+        tuned.append(ho.Variant(f"tuned closed: {result.best_closed.candidate.name}", result.spec("best_closed")))
+    defaults = ho.default_variants(result.geometry.factor)
+    first = [v for v in defaults if v.name.startswith(("yarn", "unpatched"))]
+    return tuned[:1] + first + tuned[1:] + [v for v in defaults if v not in first]
+
+
+def tune_model(
+    model_path: str,
+    target_length: int,
+    output: str | Path,
+    *,
+    text: str | Path | None = None,
+    heldout: str | Path | None = None,
+    budget: float = DEFAULT_BUDGET,
+    methods: list[str] | None = None,
+    knots: int = 6,
+    passkey_samples: int = 0,
+    dtype: str = "float32",
+    device: str | None = None,
+    device_map: str | None = None,
+    resume: bool = True,
+    plots: bool = True,
+    baselines_first: bool = False,
+) -> dict[str, Any]:
+    """Run the search (and the held-out comparison when `heldout` is given); returns a summary dict.
+
+    `baselines_first`: evaluate the held-out closed forms at their defaults before the search (they do not depend
+    on it), so a run cut short on a slow machine still has the baseline table."""
+    from ..eval.perplexity import tokenize_text
+    from ..eval.texts import load_text, text_label
+    from ..eval.variants import load_model
+
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load_model(model_path, dtype=dtype, device_map=device_map, device=device)
+    calib_ids = tokenize_text(tokenizer, load_text(text))
+    header = {"model": str(model_path), "text": text_label(text), "dtype": dtype}
+    held = None
+    if heldout is not None:
+        held_label = "licenses" if str(heldout) == "licenses" else str(heldout)
+        held_ids = tokenize_text(tokenizer, ho.license_text() if held_label == "licenses" else load_text(heldout))
+
+        def held_compare(variants):
+            return ho.compare(
+                model, held_ids, variants, compat.original_length(model.config), target_length, tokenizer=tokenizer,
+                passkey_samples=passkey_samples, log_path=output / "heldout.jsonl", resume=resume,
+                header={"model": str(model_path), "text": held_label},
+            )
+
+        held = held_compare
+        if baselines_first:
+            defaults = ho.default_variants(target_length / compat.original_length(model.config))
+            held_compare([v for v in defaults if v.name.startswith(("unpatched", "yarn"))]
+                         + [v for v in defaults if not v.name.startswith(("unpatched", "yarn"))])
+    result = tune(model, target_length, calib_ids, budget=budget, methods=methods, knots=knots,
+                  log_path=output / "search.jsonl", resume=resume, header=header)
+
+    original = result.geometry.original_length
+    provenance = (
+        f"rope-extend tune {Path(str(model_path)).name} --target-length {target_length} --budget {budget:g}\n"
+        f"calibration text: {header['text']}; {len(result.records)} evaluations"
+    )
+    written = {}
+    for which, name in (("winner", "best.yaml"), ("best_closed", "best-closed.yaml"), ("best_per_dim", "best-per-dim.yaml")):
+        scored = getattr(result, which)
+        if scored is None:
+            continue
+        comment = f"{provenance}\n{which}: {scored.candidate.name}, calibration loss beyond {original} at " \
+                  f"{scored.length} tokens: {scored.loss:.4f}"
+        _atomic_write(output / name, spec_yaml(result.spec(which), comment))
+        written[which] = str(output / name)
+
+    records = held(heldout_variants(result)) if held is not None else None
+    summary = write_report(output, result, records, model.config, plots=plots)
+    summary["specs"] = written
+    (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
