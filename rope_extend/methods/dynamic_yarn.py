@@ -5,7 +5,7 @@ implements it: config.json carries a `rope_extend` marker and, for stock loaders
 (which equals dynamic YaRN at n = s·L).
 """
 
-from .registry import RopeContext, default_inv_freq, register
+from .registry import RopeContext, RopeMethod, default_inv_freq, register
 from .yarn import YARN, Yarn, yarn_attention_factor, yarn_inv_freq
 
 
@@ -21,6 +21,8 @@ class DynamicYarn(Yarn):
     attention = "yarn's, from s'"
     use_when = "In-process serving with rope_extend.patch_model: original quality below L, YaRN beyond."
     paper = "https://arxiv.org/abs/2309.00071"
+
+    tune_candidates = RopeMethod.tune_candidates  # dynamic: not searched as a closed form
 
     def _compute(self, ctx: RopeContext):
         scale = dynamic_yarn_scale(ctx.seq_len, ctx.original_max_position_embeddings)

@@ -48,6 +48,13 @@ class Llama3(RopeMethod):
             ])
         return EngineRule()
 
+    def tune_candidates(self, factor):
+        return [
+            (f"llama3 x{factor:g}", {"method": "llama3", "factor": factor}),
+            (f"llama3 x{factor:g} low 2 high 8",
+             {"method": "llama3", "factor": factor, "low_freq_factor": 2.0, "high_freq_factor": 8.0}),
+        ]
+
     def validate(self, spec) -> None:
         low = spec.low_freq_factor if spec.low_freq_factor is not None else self.params["low_freq_factor"].default
         high = spec.high_freq_factor if spec.high_freq_factor is not None else self.params["high_freq_factor"].default

@@ -33,6 +33,9 @@ class Ntk(RopeMethod):
             ])
         return EngineRule()
 
+    def tune_candidates(self, factor):
+        return [(f"ntk x{f:g}", {"method": "ntk", "factor": round(f, 4)}) for f in (1.5 * factor, factor, 2 * factor)]
+
     def config_slot(self, spec, base_slot, rotary_dim, base_theta):
         slot = super().config_slot(spec, base_slot, rotary_dim, base_theta)
         slot["rope_theta"] = ntk_base(base_theta, spec.factor, rotary_dim)

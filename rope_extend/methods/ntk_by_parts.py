@@ -3,7 +3,7 @@
 Written to config.json as `yarn` with an explicit `attention_factor: 1.0`, so stock loaders rebuild it exactly.
 """
 
-from .registry import RopeContext, register
+from .registry import RopeContext, RopeMethod, register
 from .yarn import RAMP_PARAMS, Yarn, yarn_inv_freq
 
 
@@ -15,6 +15,8 @@ class NtkByParts(Yarn):
     attention = "1"
     use_when = "Ablation of YaRN's temperature; prefer yarn."
     paper = "https://github.com/jquesnelle/yarn/pull/1"
+
+    tune_candidates = RopeMethod.tune_candidates  # one candidate at s, not YaRN's grid
 
     def _compute(self, ctx: RopeContext):
         return yarn_inv_freq(ctx, ctx.factor), 1.0

@@ -194,6 +194,13 @@ class RopeMethod:
         Default: the engine reads the written config and reproduces the method."""
         return EngineRule()
 
+    def tune_candidates(self, factor: float) -> list[tuple[str, dict[str, Any]]]:
+        """Closed-form candidates `rope-extend tune` screens around the nominal factor s = N/L, most promising first
+        (empty: not searched as a closed form, e.g. dynamic methods)."""
+        if self.dynamic:
+            return []
+        return [(f"{self.name} x{factor:g}", {"method": self.name, "factor": factor})]
+
     def marker_note(self, spec: RopeSpec) -> str | None:
         """What stock loaders build from the written config, when it is not this method (kept in the marker)."""
         return None

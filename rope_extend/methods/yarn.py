@@ -107,6 +107,17 @@ class Yarn(RopeMethod):
     def validate(self, spec) -> None:
         check_betas(spec)
 
+    def tune_candidates(self, factor):
+        doubled = round(1 + 2 * (yarn_get_mscale(factor) - 1), 4)  # twice YaRN's temperature correction
+        return [
+            (f"yarn x{factor:g}", {"method": "yarn", "factor": factor}),
+            (f"yarn x{1.25 * factor:g}", {"method": "yarn", "factor": round(1.25 * factor, 4)}),
+            (f"yarn x{factor:g} beta 64/2", {"method": "yarn", "factor": factor, "beta_fast": 64.0, "beta_slow": 2.0}),
+            (f"yarn x{factor:g} attn {doubled:.3f}", {"method": "yarn", "factor": factor, "attention_factor": doubled}),
+            (f"yarn x{1.5 * factor:g}", {"method": "yarn", "factor": round(1.5 * factor, 4)}),
+            (f"yarn x{factor:g} beta 16/1", {"method": "yarn", "factor": factor, "beta_fast": 16.0, "beta_slow": 1.0}),
+        ]
+
     def engine_rule(self, engine, plan, version):
         if engine != "llama.cpp":
             return EngineRule()  # transformers, vLLM and SGLang read the yarn slot (SGLang's magnitude: see engines)

@@ -88,7 +88,7 @@ def original_inside(model, spec: dict[str, Any] | None, length: int) -> bool:
         return True
     from .. import compat
     from ..methods import default_inv_freq
-    from ..patch import plan_patch
+    from ..plan import plan_patch
 
     plan = plan_patch(compat.text_config(model.config), spec)
     for slot in plan.targets:

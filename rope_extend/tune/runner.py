@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .. import compat
+from ..facts import read_rope
 from ..spec import RopeSpec
 from . import heldout as ho
 from .report import write_report
@@ -88,14 +88,14 @@ def tune_model(
 
         def held_compare(variants):
             return ho.compare(
-                model, held_ids, variants, compat.original_length(model.config), target_length, tokenizer=tokenizer,
+                model, held_ids, variants, read_rope(model.config).original_length(), target_length, tokenizer=tokenizer,
                 passkey_samples=passkey_samples, log_path=output / "heldout.jsonl", resume=resume,
                 header={"model": str(model_path), "text": held_label},
             )
 
         held = held_compare
         if baselines_first:
-            defaults = ho.default_variants(target_length / compat.original_length(model.config))
+            defaults = ho.default_variants(target_length / read_rope(model.config).original_length())
             held_compare([v for v in defaults if v.name.startswith(("unpatched", "yarn"))]
                          + [v for v in defaults if not v.name.startswith(("unpatched", "yarn"))])
     result = tune(model, target_length, calib_ids, budget=budget, methods=methods, knots=knots,

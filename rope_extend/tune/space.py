@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..methods import RopeContext, compute, default_inv_freq
+from ..methods import RopeContext, all_methods, compute, default_inv_freq, get_method
 
 
 @dataclass(frozen=True)
@@ -73,30 +72,14 @@ def closed_form_grid(geom: Geometry, methods: list[str] | None = None) -> list[C
     s = geom.factor
     methods = methods or ["yarn", "llama3", "ntk", "ntk-by-parts", "linear"]
     out: list[Candidate] = []
-    mscale = 0.1 * math.log(s) + 1
-    # per-method rule: moves into the method objects (issue 9) -- each method's tunable parameters around s
-    grid = {
-        "yarn": [
-            (f"yarn x{s:g}", {"method": "yarn", "factor": s}),
-            (f"yarn x{1.25 * s:g}", {"method": "yarn", "factor": _round(1.25 * s)}),
-            (f"yarn x{s:g} beta 64/2", {"method": "yarn", "factor": s, "beta_fast": 64.0, "beta_slow": 2.0}),
-            (f"yarn x{s:g} attn {1 + 2 * (mscale - 1):.3f}",
-             {"method": "yarn", "factor": s, "attention_factor": _round(1 + 2 * (mscale - 1))}),
-            (f"yarn x{1.5 * s:g}", {"method": "yarn", "factor": _round(1.5 * s)}),
-            (f"yarn x{s:g} beta 16/1", {"method": "yarn", "factor": s, "beta_fast": 16.0, "beta_slow": 1.0}),
-        ],
-        "llama3": [
-            (f"llama3 x{s:g}", {"method": "llama3", "factor": s}),
-            (f"llama3 x{s:g} low 2 high 8",
-             {"method": "llama3", "factor": s, "low_freq_factor": 2.0, "high_freq_factor": 8.0}),
-        ],
-        "ntk": [(f"ntk x{f:g}", {"method": "ntk", "factor": _round(f)}) for f in (1.5 * s, s, 2 * s)],
-        "ntk-by-parts": [(f"ntk-by-parts x{s:g}", {"method": "ntk-by-parts", "factor": s})],
-        "linear": [(f"linear x{s:g}", {"method": "linear", "factor": s})],
-    }
-    unknown = [m for m in methods if m not in grid]
+    grid = {m: get_method(m).tune_candidates(s) for m in methods}
+    unknown = [m for m in methods if not grid[m]]
     if unknown:
-        raise ValueError(f"tune cannot search method {unknown[0]!r}; choose from {', '.join(grid)}")
+        searchable = [m.name for m in all_methods() if m.tune_candidates(s)]
+        raise ValueError(
+            f"tune cannot search method {unknown[0]!r} as a closed form (dynamic methods change with the length); "
+            f"choose from {', '.join(searchable)}"
+        )
     # round-robin over the methods so a small budget still screens every family
     lists = [list(grid[m]) for m in methods]
     while any(lists):
