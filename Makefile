@@ -9,7 +9,7 @@ TRANSFORMERS4 ?= transformers>=4.45,<5
 PIP_FLAGS ?= -q --disable-pip-version-check
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: install install4 test test5 test4 demo bench lint clean
+.PHONY: install install4 llamacpp test test5 test4 demo bench lint clean
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -26,8 +26,13 @@ $(VENV4)/.installed: pyproject.toml
 	$(VENV4)/bin/pip install $(PIP_FLAGS) -e ".[dev]" "$(TRANSFORMERS4)" "huggingface_hub<1.0" "$(TORCH)"
 	touch $@
 
+# The real llama.cpp the GGUF parity tests run (built once into ~/.cache/rope-extend, 15-25 min on 2 cores, with
+# progress lines; later runs reuse it). The tests' fixture builds it too if this step was skipped.
+llamacpp: install
+	$(VENV)/bin/python -m rope_extend.llamacpp
+
 # The README's test command: the whole suite on transformers 5.x, then the portability/parity tests on 4.x.
-test: install install4
+test: install install4 llamacpp
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV4)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_FLAGS)
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV)/bin/python $(VENV4)/bin/python -m pytest $(PYTEST_FLAGS) -m portability
 

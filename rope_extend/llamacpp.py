@@ -44,7 +44,11 @@ NATIVE_ENV = "ROPE_EXTEND_LLAMACPP_NATIVE"  # "0" builds portable binaries (e.g.
 LOG_TAIL_LINES = 40
 
 
-class LlamaCppBuildError(RuntimeError):
+class LlamaCppError(RuntimeError):
+    """A llama.cpp tool (perplexity, tokenize, the GGUF converter) failed; the message ends with its output."""
+
+
+class LlamaCppBuildError(LlamaCppError):
     """Downloading, configuring or building llama.cpp failed; the message ends with the build log's tail."""
 
 
@@ -71,6 +75,57 @@ class LlamaCpp:
     def gguf_py(self) -> Path:
         """Directory to put on PYTHONPATH so ``convert_hf_to_gguf.py`` imports the matching ``gguf`` package."""
         return self.src / "gguf-py"
+
+    def tokenize(self, model: str | os.PathLike, text_file: str | os.PathLike) -> list[int]:
+        """Token ids of a text file exactly as ``llama-perplexity`` tokenises it (BOS per the GGUF, no specials)."""
+        proc = _run_tool([str(self.tool("llama-tokenize")), "-m", str(model), "-f", str(text_file), "--ids",
+                          "--log-disable"])
+        line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("[")), None)
+        if line is None:
+            raise LlamaCppError(f"llama-tokenize printed no ids:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        return [int(tok) for tok in line.strip("[] \n").split(",") if tok.strip()]
+
+    def perplexity(
+        self, model: str | os.PathLike, text_file: str | os.PathLike, ctx: int, *args: str, threads: int | None = None
+    ) -> float:
+        """``llama-perplexity -c ctx --chunks 1``: perplexity of the second half of the first ctx-token window."""
+        cmd = [str(self.tool("llama-perplexity")), "-m", str(model), "-f", str(text_file), "-c", str(ctx),
+               "--chunks", "1", "-t", str(threads or os.cpu_count() or 2), *args]
+        proc = _run_tool(cmd)
+        for line in (proc.stdout + proc.stderr).splitlines():
+            if "Final estimate: PPL =" in line:
+                return float(line.split("PPL =")[1].split()[0])
+        raise LlamaCppError(f"no perplexity in the output of {' '.join(cmd)}:\n{(proc.stdout + proc.stderr)[-3000:]}")
+
+    def convert_hf_to_gguf(
+        self, model_dir: str | os.PathLike, out: str | os.PathLike, *, outtype: str = "f32", python: str | None = None
+    ) -> Path:
+        """Run the vendored ``convert_hf_to_gguf.py`` on a Hugging Face folder, writing *out* atomically.
+
+        The converter needs transformers 4.x (it cannot load 5.x-only tokenizer classes) and ``sentencepiece``:
+        pass such an interpreter as *python* (default: this one).
+        """
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(self.gguf_py), os.environ.get("PYTHONPATH", "")]))
+        cmd = [python or sys.executable, str(self.convert_script), str(model_dir), "--outtype", outtype,
+               "--outfile", str(tmp)]
+        try:
+            _run_tool(cmd, env=env)
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return out
+
+
+def _run_tool(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    if proc.returncode != 0:
+        raise LlamaCppError(
+            f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}"
+        )
+    return proc
 
 
 def default_root() -> Path:
