@@ -331,8 +331,10 @@ def test_memory_stays_o_metadata_on_demo_and_sparse_multi_gb(demo_gguf, tmp_path
           f"{sparse_mb:.1f} MB")
     assert 0 < out.stat().st_size - sparse.stat().st_size < 4096  # + rope_freqs (32 floats) and its tensor info
     assert out.stat().st_blocks * 512 < 16 << 20, "holes must stay holes"
-    assert demo_mb < 80  # the demo's 49k-token vocabulary is most of its metadata
+    # O(metadata), not O(model): the 6 GiB file adds nothing; the demo's cost is gguf.GGUFReader's numpy view per
+    # metadata item (245k of them: 49k tokens + 49k merges + their types/scores), ~650 bytes each, not its tensors
     assert sparse_mb < 30
+    assert demo_mb < 200
 
 
 # --- CLI ----------------------------------------------------------------------------------------------------------
