@@ -19,8 +19,9 @@ So the served attention factor is ``attn_factor_key × (1 + 0.1 ln s)`` for yarn
 :func:`llamacpp_rope` ports that math; :func:`patch_gguf` checks the keys it writes reproduce the spec's inverse
 frequencies and attention factor with it before writing anything.
 
-Tensors are never loaded: the new file's header is written with the ``gguf`` package and every tensor's bytes are
-copied from SOURCE with ``copy_file_range`` (holes of sparse files stay holes), so memory stays O(metadata).
+Tensors are never loaded: the header is parsed and rewritten here (the ``gguf`` package supplies the type tables),
+untouched metadata records are copied byte for byte, and the data section is copied from SOURCE with
+``copy_file_range`` (holes of sparse files stay holes), so memory stays O(metadata).
 OUT is written to a temporary file beside it and renamed into place; SOURCE is opened read-only.
 """
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import struct
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -121,66 +123,173 @@ def is_gguf(path: str | os.PathLike) -> bool:
         return False
 
 
-def _open_reader(path: Path):
-    gguf = _require_gguf()
+# The header is parsed here rather than with gguf.GGUFReader: the reader builds a numpy view per metadata item
+# (~650 bytes each; 245k items = 160 MB for the demo's 49k-token vocabulary). Parsing keeps each key/value and tensor
+# info record as its raw bytes (copied unchanged into OUT) and decodes only scalars, strings and short arrays.
+@dataclass(frozen=True)
+class _KV:
+    key: str
+    vtype: int
+    value: Any  # decoded scalars, strings and short arrays; None for long arrays (kept raw)
+    raw: bytes  # the whole record: key, type, value
+
+
+@dataclass(frozen=True)
+class _TensorInfo:
+    name: str
+    dims: tuple[int, ...]
+    ggml_type: int
+    offset: int  # relative to the data section
+    raw: bytes
+
+    @property
+    def nbytes(self) -> int:
+        gguf = _require_gguf()
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(self.ggml_type)]
+        return math.prod(self.dims) // block * size
+
+
+@dataclass(frozen=True)
+class _Header:
+    version: int
+    kvs: dict[str, _KV]
+    tensors: list[_TensorInfo]
+    alignment: int
+    data_start: int
+    file_size: int
+
+    def get(self, key: str, default: Any = None) -> Any:
+        kv = self.kvs.get(key)
+        return default if kv is None or kv.value is None else kv.value
+
+    @property
+    def data_end(self) -> int:
+        """End of the last tensor, relative to the data section."""
+        return max((t.offset + t.nbytes for t in self.tensors), default=0)
+
+
+_SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+_SHORT_ARRAY = 4096
+
+
+def _pad(n: int, alignment: int) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+def _read_header(path: Path) -> _Header:
+    import mmap
+
     if not path.is_file():
         raise CheckpointError(f"GGUF file {str(path)!r} does not exist; give the path of a .gguf file")
+    size = path.stat().st_size
     try:
-        return gguf.GGUFReader(path, "r")
-    except Exception as exc:  # gguf raises ValueError/struct.error/... on a broken file
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return _parse_header(mm, size)
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError, OSError) as exc:
         raise CheckpointError(f"{str(path)!r} is not a readable GGUF file ({exc}); re-download or re-convert it") from exc
 
 
-def _field(reader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
+def _parse_header(mm, size: int) -> _Header:
+    if mm[:4] != b"GGUF":
+        raise ValueError("no GGUF magic")
+    (version,) = struct.unpack_from("<I", mm, 4)
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version} (big-endian or too old); rope-extend reads little-endian v2/v3")
+    n_tensors, n_kv = struct.unpack_from("<QQ", mm, 8)
+    pos = 24
+
+    def string(pos: int) -> tuple[str, int]:
+        (n,) = struct.unpack_from("<Q", mm, pos)
+        return bytes(mm[pos + 8 : pos + 8 + n]).decode("utf-8"), pos + 8 + n
+
+    def value(vtype: int, pos: int, decode: bool) -> tuple[Any, int]:
+        if vtype in _SCALAR_FORMATS:
+            fmt = "<" + _SCALAR_FORMATS[vtype]
+            return (struct.unpack_from(fmt, mm, pos)[0] if decode else None), pos + struct.calcsize(fmt)
+        if vtype == _STRING:
+            if decode:
+                return string(pos)
+            (n,) = struct.unpack_from("<Q", mm, pos)
+            return None, pos + 8 + n
+        if vtype == _ARRAY:
+            sub, count = struct.unpack_from("<IQ", mm, pos)
+            pos += 12
+            decode = decode and count <= _SHORT_ARRAY
+            if sub in _SCALAR_FORMATS and not decode:
+                return None, pos + count * struct.calcsize("<" + _SCALAR_FORMATS[sub])
+            items = []
+            for _ in range(count):
+                item, pos = value(sub, pos, decode)
+                items.append(item)
+            return (items if decode else None), pos
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+    kvs: dict[str, _KV] = {}
+    for _ in range(n_kv):
+        start = pos
+        key, pos = string(pos)
+        (vtype,) = struct.unpack_from("<I", mm, pos)
+        val, pos = value(vtype, pos + 4, True)
+        kvs[key] = _KV(key, vtype, val, bytes(mm[start:pos]))
+    tensors = []
+    for _ in range(n_tensors):
+        start = pos
+        name, pos = string(pos)
+        (n_dims,) = struct.unpack_from("<I", mm, pos)
+        dims = struct.unpack_from(f"<{n_dims}Q", mm, pos + 4)
+        ggml_type, offset = struct.unpack_from("<IQ", mm, pos + 4 + 8 * n_dims)
+        pos += 4 + 8 * n_dims + 12
+        tensors.append(_TensorInfo(name, tuple(dims), ggml_type, offset, bytes(mm[start:pos])))
+    alignment = int(kvs["general.alignment"].value) if "general.alignment" in kvs else 32
+    header = _Header(version, kvs, tensors, alignment, _pad(pos, alignment), size)
+    if header.data_start + header.data_end > size:
+        raise ValueError(f"tensor data ends at {header.data_start + header.data_end} but the file has {size} bytes")
+    return header
 
 
 def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
-    """The RoPE facts of a GGUF file (metadata only; tensor data is not read)."""
+    """The RoPE facts of a GGUF file (header only; tensor data is not read)."""
     path = Path(path)
-    reader = _open_reader(path)
-    return _info(reader, path)
+    return _info(_read_header(path), path)
 
 
-def _info(reader, path: Path) -> GGUFInfo:
-    arch = _field(reader, "general.architecture")
+def _info(header: _Header, path: Path) -> GGUFInfo:
+    arch = header.get("general.architecture")
     if not arch:
         raise CheckpointError(f"{str(path)!r} has no general.architecture key; it is not a model GGUF")
-    head_count = _field(reader, f"{arch}.attention.head_count")
+    head_count = header.get(f"{arch}.attention.head_count")
     if isinstance(head_count, list):  # per-layer arrays: RoPE only needs one value
         head_count = head_count[0]
-    embedding = _field(reader, f"{arch}.embedding_length")
-    key_length = _field(reader, f"{arch}.attention.key_length")
+    embedding = header.get(f"{arch}.embedding_length")
+    key_length = header.get(f"{arch}.attention.key_length")
     head_dim = key_length or (embedding // head_count if embedding and head_count else None)
-    rope_dim = _field(reader, f"{arch}.rope.dimension_count", head_dim)
+    rope_dim = header.get(f"{arch}.rope.dimension_count", head_dim)
     prefix = f"{arch}.rope.scaling."
-    scaling = {k[len(prefix):]: _plain(_field(reader, k)) for k in reader.fields if k.startswith(prefix)}
+    scaling = {k[len(prefix):]: kv.value for k, kv in header.kvs.items() if k.startswith(prefix)}
     rope_freqs = None
-    for t in reader.tensors:
-        if t.name == ROPE_FREQS:
-            rope_freqs = [float(v) for v in np.asarray(t.data, dtype=np.float32).reshape(-1)]
+    for t in header.tensors:
+        if t.name == ROPE_FREQS and t.ggml_type == 0:  # F32
+            with open(path, "rb") as fh:
+                fh.seek(header.data_start + t.offset)
+                rope_freqs = np.frombuffer(fh.read(t.nbytes), dtype="<f4").astype(float).tolist()
+        elif t.name == ROPE_FREQS:
+            rope_freqs = []  # present but not F32: still "scaled"
     return GGUFInfo(
         path=path,
         architecture=str(arch),
-        name=_field(reader, "general.name"),
-        context_length=_field(reader, f"{arch}.context_length"),
-        freq_base=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        name=header.get("general.name"),
+        context_length=header.get(f"{arch}.context_length"),
+        freq_base=float(header.get(f"{arch}.rope.freq_base", 10000.0)),
         rope_dim=int(rope_dim) if rope_dim else 0,
         head_count=head_count,
         embedding_length=embedding,
         scaling=scaling,
         rope_freqs=rope_freqs,
-        tensor_count=len(reader.tensors),
-        file_type=_field(reader, "general.file_type"),
-        file_size=path.stat().st_size,
+        tensor_count=len(header.tensors),
+        file_type=header.get("general.file_type"),
+        file_size=header.file_size,
     )
-
-
-def _plain(value: Any) -> Any:
-    return float(value) if isinstance(value, np.floating) else value
 
 
 def hf_config_of(info: GGUFInfo):
@@ -424,11 +533,15 @@ def patch_gguf(
     overwrite: bool = False,
     on_step: Callable[[str], None] | None = None,
 ) -> GGUFPatchResult:
-    """Write OUT: SOURCE with its RoPE metadata rewritten for *spec* (see the module docstring)."""
+    """Write OUT: SOURCE with its RoPE metadata rewritten for *spec* (see the module docstring).
+
+    Every other metadata record and tensor info is copied byte for byte, tensors keep their offsets, and the data
+    section is copied in the kernel; a rope_freqs tensor (llama3, longrope) is appended after the last tensor.
+    """
     gguf = _require_gguf()
     source, out = Path(source), Path(out)
-    reader = _open_reader(source)
-    info = _info(reader, source)
+    header = _read_header(source)
+    info = _info(header, source)
     if out.exists():
         if out.resolve() == source.resolve() or (out.is_file() and os.path.samefile(out, source)):
             raise CheckpointError(f"OUT {str(out)!r} is SOURCE; rope-extend never modifies its source: pick another path")
@@ -440,94 +553,81 @@ def patch_gguf(
     if on_step:
         on_step(f"writing {out}")
 
-    writer = gguf.GGUFWriter(None, info.architecture, endianess=reader.endianess)
-    alignment = _field(reader, "general.alignment")
-    if alignment:
-        writer.data_alignment = int(alignment)
     pending = dict(plan.keys)
-    for name, f in reader.fields.items():
-        if name == "general.architecture" or name.startswith("GGUF."):
-            continue
-        vtype = f.types[0]
-        sub_type = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        if name in pending:
-            value = pending.pop(name)
-            if value is not None:
-                writer.add_key_value(name, _cast(value, vtype, gguf), vtype, sub_type=sub_type)
-            continue
-        writer.add_key_value(name, f.contents(), vtype, sub_type=sub_type)
-    for name, value in pending.items():
-        if value is not None:
-            writer.add_key_value(name, value, _new_type(name, value, gguf))
-
-    copies = []  # (source offset, nbytes) in output order
-    for t in reader.tensors:
-        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, raw_dtype=t.tensor_type)
-        copies.append((int(t.data_offset), int(t.n_bytes)))
-    extra = []
+    kv_records = []
+    for key, kv in header.kvs.items():
+        if key in pending:
+            new = pending.pop(key)
+            if new is not None:
+                vtype = kv.vtype if kv.vtype in _SCALAR_FORMATS or kv.vtype == _STRING else _new_type(key, new)
+                kv_records.append(_pack_kv(key, vtype, new))
+        else:
+            kv_records.append(kv.raw)
+    kv_records += [_pack_kv(key, _new_type(key, value), value) for key, value in pending.items() if value is not None]
+    ti_records = [t.raw for t in header.tensors]
+    src_end = header.data_end
+    extra = b""
     if plan.rope_freqs is not None:
-        data = np.ascontiguousarray(plan.rope_freqs, dtype=np.float32)
-        writer.add_tensor_info(ROPE_FREQS, data.shape, data.dtype, data.nbytes)
-        extra.append(data.tobytes())
+        extra = np.ascontiguousarray(plan.rope_freqs, dtype="<f4").tobytes()
+        name = ROPE_FREQS.encode()
+        ti_records.append(
+            struct.pack("<Q", len(name)) + name
+            + struct.pack("<IQIQ", 1, len(plan.rope_freqs), int(gguf.GGMLQuantizationType.F32), _pad(src_end, header.alignment))
+        )  # fmt: skip
+    head = b"GGUF" + struct.pack("<IQQ", header.version, len(ti_records), len(kv_records))
+    meta = head + b"".join(kv_records) + b"".join(ti_records)
+    data_start = _pad(len(meta), header.alignment)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
     tmp = Path(tmp_name)
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; OUT gets the usual permissions
-    copied = 0
     try:
-        writer.write_header_to_file(tmp)
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        fout = writer.fout[0]
-        fout.flush()
-        align = writer.data_alignment
-        data_start = gguf.GGUFWriter.ggml_pad(fout.tell(), align)
-        fout.seek(data_start)
-        offset = 0
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp creates 0600; OUT gets the usual permissions
+        os.pwrite(fd, meta + bytes(data_start - len(meta)), 0)
         with open(source, "rb") as src:
-            for src_off, nbytes in copies:
-                copied += _copy_range(src.fileno(), fout.fileno(), src_off, data_start + offset, nbytes)
-                offset += gguf.GGUFWriter.ggml_pad(nbytes, align)
-        for blob in extra:
-            os.pwrite(fout.fileno(), blob, data_start + offset)
-            offset += gguf.GGUFWriter.ggml_pad(len(blob), align)
-        os.ftruncate(fout.fileno(), data_start + offset)
-        os.fsync(fout.fileno())
-        writer.close()
+            copied = _copy_range(src.fileno(), fd, header.data_start, data_start, src_end)
+        end = src_end
+        if extra:
+            end = _pad(src_end, header.alignment)
+            os.pwrite(fd, extra, data_start + end)
+            end += len(extra)
+        os.ftruncate(fd, data_start + _pad(end, header.alignment))
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
         os.replace(tmp, out)
     except BaseException:
-        try:
-            writer.close()
-        except Exception:
-            pass
+        if fd >= 0:
+            os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
     return GGUFPatchResult(out, plan, dict(plan.keys), [ROPE_FREQS] if extra else [], copied)
 
 
-def _cast(value: Any, vtype, gguf) -> Any:
-    t = gguf.GGUFValueType
-    if vtype in (t.FLOAT32, t.FLOAT64):
-        return float(value)
-    if vtype in (t.UINT8, t.INT8, t.UINT16, t.INT16, t.UINT32, t.INT32, t.UINT64, t.INT64):
-        return int(value)
-    return value
+def _pack_kv(key: str, vtype: int, value: Any) -> bytes:
+    """One metadata record in GGUF's little-endian layout: key (u64 length + UTF-8), type (u32), value."""
+    name = key.encode("utf-8")
+    record = struct.pack("<Q", len(name)) + name + struct.pack("<I", vtype)
+    if vtype == _STRING:
+        data = str(value).encode("utf-8")
+        return record + struct.pack("<Q", len(data)) + data
+    fmt = _SCALAR_FORMATS[vtype]
+    return record + struct.pack("<" + fmt, float(value) if fmt in "fd" else (bool(value) if fmt == "?" else int(value)))
 
 
-def _new_type(name: str, value: Any, gguf):
+def _new_type(name: str, value: Any) -> int:
+    gguf = _require_gguf()
     t = gguf.GGUFValueType
     if isinstance(value, str):
-        return t.STRING
+        return int(t.STRING)
     if isinstance(value, bool):
-        return t.BOOL
+        return int(t.BOOL)
     if isinstance(value, int):
-        return t.UINT32
+        return int(t.UINT32)
     if isinstance(value, float):
-        return t.FLOAT32
+        return int(t.FLOAT32)
     raise TypeError(f"no GGUF type for {name}={value!r}")
 
 
