@@ -185,13 +185,15 @@ def assert_close(llamacpp_ppl: float, transformers_ppl: float, tolerance: float)
     assert diff < tolerance, f"llama.cpp {llamacpp_ppl:.4f} vs transformers {transformers_ppl:.4f}: {100 * diff:.2f}%"
 
 
-def test_same_tokens_as_the_transformers_tokenizer(parity):
-    """llama.cpp's tokenisation of the text equals the Hugging Face tokenizer's (so both score the same tokens)."""
+def test_llamacpp_tokens_are_the_text_in_the_transformers_vocabulary(parity):
+    """Both sides score llama.cpp's tokenisation. Those ids decode, in the Hugging Face tokenizer, to the text itself
+    (same vocabulary). The HF tokenizer's own ids differ from token 11659 on (llama.cpp's pre-tokenizer splits
+    newline + spaces + digits differently), which is why transformers is fed llama.cpp's ids."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(parity.hf_dir))
-    theirs = tok(parity.text.read_text(encoding="utf-8")[:200_000], add_special_tokens=False)["input_ids"][: CTX - 16]
-    assert parity.ids()[: CTX - 16].tolist() == theirs
+    decoded = tok.decode(parity.ids().tolist())
+    assert len(decoded) > 40_000 and parity.text.read_text(encoding="utf-8").startswith(decoded)
 
 
 def test_unpatched_parity(parity):
