@@ -30,7 +30,7 @@ CTX = 16384
 ROUTE_CTX = 2048  # route equivalence: same RoPE => same llama.cpp perplexity (to float noise)
 ROUTE_TOLERANCE = 1e-3  # ntk's printed flag rounds the base to 6 digits: 204522 vs 204522.28 (5e-6 relative)
 F32_TOLERANCE = 0.01  # llama.cpp on an f32 GGUF vs transformers fp32: relative perplexity difference
-Q4_TOLERANCE = 0.05  # the Q4_1 GGUF (llama.cpp's quantised dot products) vs transformers on its dequantised weights
+Q4_TOLERANCE = 0.02  # the Q4_1 GGUF (llama.cpp quantised dot products) vs transformers on its dequantised weights: measured +0.15 %
 SPECS = {
     "yarn": {"method": "yarn", "factor": 2},
     "llama3": {"method": "llama3", "factor": 2},
