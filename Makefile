@@ -12,7 +12,7 @@ CONSTRAINTS5 ?= .ci/constraints-transformers5.txt
 CONSTRAINTS4 ?= .ci/constraints-transformers4.txt
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: install install4 test test5 test4 test-latest demo bench lint clean
+.PHONY: install install4 llamacpp test test5 test4 test-latest demo bench lint clean
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
@@ -29,8 +29,13 @@ $(VENV4)/.installed: pyproject.toml $(CONSTRAINTS4)
 	$(VENV4)/bin/pip install $(PIP_FLAGS) -c $(CONSTRAINTS4) -e ".[dev]" "$(TRANSFORMERS4)" "huggingface_hub<1.0" "$(TORCH)"
 	touch $@
 
+# The real llama.cpp the GGUF parity tests run (built once into ~/.cache/rope-extend, 15-25 min on 2 cores, with
+# progress lines; later runs reuse it). The tests' fixture builds it too if this step was skipped.
+llamacpp: install
+	$(VENV)/bin/python -m rope_extend.llamacpp
+
 # The README's test command: the whole suite on transformers 5.x, then the portability/parity tests on 4.x.
-test: install install4
+test: install install4 llamacpp
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV4)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_FLAGS)
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV)/bin/python $(VENV4)/bin/python -m pytest $(PYTEST_FLAGS) -m portability
 

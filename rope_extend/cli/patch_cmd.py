@@ -87,11 +87,20 @@ def patch(
     eval_suite: Annotated[str | None, typer.Option("--eval", help="Run this eval suite (e.g. quick) before/after; summary goes into the card.")] = None,
     eval_dir: Annotated[Path | None, typer.Option("--eval-dir", help="Where the eval report goes (default: OUT-eval beside OUT).")] = None,
 ) -> None:
-    """Rescale a checkpoint's RoPE and write a verified checkpoint to OUT."""
+    """Rescale a checkpoint's RoPE and write a verified checkpoint to OUT (a .gguf SOURCE writes a .gguf OUT)."""
     from ..checkpoint import check_output_path, patch_checkpoint, patch_steps
+    from ..gguf import is_gguf
     from ..hub import resolve_source
 
     spec = build_spec(method, factor, target_length, config, sets or [])
+    if is_gguf(source):
+        if push_to_hub or eval_suite or dtype or mode != "auto":
+            fail("a .gguf SOURCE takes only --method/--factor/--target-length/--config/--set/--overwrite")
+        from ..gguf import patch_gguf, result_lines
+
+        for line in result_lines(patch_gguf(source, spec, output, overwrite=overwrite)):
+            out.print(line, markup=False, highlight=False)
+        return
     if push_to_hub:
         from ..hub import check_repo_id
 
@@ -173,6 +182,12 @@ def show(
     """Show the model's current RoPE setup: type, base, rotary dim, lengths, layer types, existing scheme."""
     from .. import compat
     from ..files import load_config
+    from ..gguf import info_lines, is_gguf, read_gguf_info
+
+    if is_gguf(source):
+        for line in info_lines(read_gguf_info(source)):
+            out.print(line, markup=False, highlight=False)
+        return
     from ..hub import resolve_source
     from ..plan import check_rope_model
 

@@ -17,6 +17,7 @@ class DynamicNtk(RopeMethod):
     name = "dynamic"
     aliases = ("dynamic-ntk",)
     dynamic = True
+    static_counterpart = "ntk"
     hf_rope_type = "dynamic"
     formula = "ntk with s' = s·n/L − (s−1) for n > L"
     use_when = "Serving mixed lengths without fine-tuning: exact original model below L."

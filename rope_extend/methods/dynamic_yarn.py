@@ -22,7 +22,9 @@ class DynamicYarn(Yarn):
     use_when = "In-process serving with rope_extend.patch_model: original quality below L, YaRN beyond."
     paper = "https://arxiv.org/abs/2309.00071"
 
+    static_counterpart = "yarn"
     tune_candidates = RopeMethod.tune_candidates  # dynamic: not searched as a closed form
+    gguf_rope = RopeMethod.gguf_rope  # dynamic: refused
 
     def _compute(self, ctx: RopeContext):
         scale = dynamic_yarn_scale(ctx.seq_len, ctx.original_max_position_embeddings)

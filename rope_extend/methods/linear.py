@@ -16,6 +16,9 @@ class Linear(RopeMethod):
             return EngineRule(flags=f"--rope-scaling linear --rope-scale {fmt(plan.spec.factor)}")
         return EngineRule()
 
+    def gguf_rope(self, spec, base, rope_dim, inv_freq, attention_factor):
+        return {"rope.scaling.type": "linear", "rope.scaling.factor": float(spec.factor)}, None, []
+
     def _compute(self, ctx: RopeContext):
         return default_inv_freq(ctx.rotary_dim, ctx.base, ctx.device) / ctx.factor, 1.0
 

@@ -73,6 +73,15 @@ class LongRope(RopeMethod):
             ])
         return EngineRule()
 
+    def gguf_rope(self, spec, base, rope_dim, inv_freq, attention_factor):
+        keys, factors, warnings = super().gguf_rope(spec, base, rope_dim, inv_freq, attention_factor)
+        L = spec.original_max_position_embeddings
+        warnings.append(
+            "llama.cpp applies the GGUF's rope_freqs at every position, so this GGUF uses the long factors "
+            f"for prompts shorter than {L} tokens too (transformers switches to them only beyond {L})"
+        )
+        return keys, factors, warnings
+
     def config_slot(self, spec, base_slot, rotary_dim, base_theta):
         slot = super().config_slot(spec, base_slot, rotary_dim, base_theta)
         explicit = spec.method_params()

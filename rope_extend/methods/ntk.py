@@ -33,6 +33,9 @@ class Ntk(RopeMethod):
             ])
         return EngineRule()
 
+    def gguf_rope(self, spec, base, rope_dim, inv_freq, attention_factor):
+        return {"rope.freq_base": ntk_base(base, float(spec.factor), rope_dim)}, None, []
+
     def tune_candidates(self, factor):
         return [(f"ntk x{f:g}", {"method": "ntk", "factor": round(f, 4)}) for f in (1.5 * factor, factor, 2 * factor)]
 

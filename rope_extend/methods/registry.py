@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 
 from ..errors import SpecError
@@ -103,6 +104,10 @@ class EngineRule:
     convertible: bool = True
 
 
+def gguf_refusal(what: str, why: str, instead: str) -> SpecError:
+    return SpecError(f"llama.cpp cannot express {what} in a GGUF: {why}; {instead}", field="method", value=what)
+
+
 def fmt(value: float) -> str:
     """A number with at least 9 significant digits (bases, magnitudes), without noise for round values."""
     return f"{float(value):.10g}"
@@ -122,6 +127,7 @@ class RopeMethod:
     params: ClassVar[Mapping[str, Param]] = {}
     dynamic: ClassVar[bool] = False  # recomputed from the current length at run time
     switches_at_original: ClassVar[bool] = False  # dynamic with two states only: up to L, and beyond L (longrope)
+    static_counterpart: ClassVar[str | None] = None  # the static method a dynamic one becomes where it cannot run
     needs_factor: ClassVar[bool] = True
     # The transformers `rope_type` written to the config slot; stock loaders build this method from it.
     hf_rope_type: ClassVar[str] = "default"
@@ -193,6 +199,27 @@ class RopeMethod:
         """What `engine` (one of ENGINES) needs to serve this method as rope-extend computes it, or why it cannot.
         Default: the engine reads the written config and reproduces the method."""
         return EngineRule()
+
+    def gguf_rope(self, spec: RopeSpec, base: float, rope_dim: int, inv_freq: np.ndarray, attention_factor: float):
+        """The llama.cpp GGUF metadata (keys relative to `<arch>.`) and `rope_freqs` factors that make llama.cpp
+        serve this method as rope-extend computes it: (keys, rope_freqs or None, warnings). Raises SpecError for what
+        llama.cpp cannot express (checked against llama.cpp as vendored in llama-cpp-python 0.3.36).
+
+        Default: a static method as per-dimension `rope_freqs` (llama.cpp divides each frequency by its factor) plus
+        the attention factor key (without YaRN, llama.cpp serves the key as the magnitude)."""
+        if self.dynamic and not self.switches_at_original:
+            raise gguf_refusal(
+                self.name,
+                "it recomputes the frequencies as the sequence grows, and llama.cpp applies one static RoPE",
+                f"use the static counterpart (--method {self.static_counterpart or 'ntk'}), or serve the patched "
+                "Hugging Face checkpoint with rope_extend.patch_model",
+            )
+        theta = base ** (-2.0 * np.arange(rope_dim // 2) / rope_dim)
+        factors = (theta / inv_freq.astype(np.float64)).astype(np.float32)
+        keys: dict[str, Any] = {}
+        if not math.isclose(attention_factor, 1.0, rel_tol=1e-7):
+            keys["rope.scaling.attn_factor"] = attention_factor
+        return keys, factors, []
 
     def tune_candidates(self, factor: float) -> list[tuple[str, dict[str, Any]]]:
         """Closed-form candidates `rope-extend tune` screens around the nominal factor s = N/L, most promising first

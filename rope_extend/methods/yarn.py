@@ -17,6 +17,7 @@ from .registry import (
     RopeMethod,
     default_inv_freq,
     fmt,
+    gguf_refusal,
     register,
     yarn_get_mscale,
 )
@@ -106,6 +107,31 @@ class Yarn(RopeMethod):
 
     def validate(self, spec) -> None:
         check_betas(spec)
+
+    def gguf_rope(self, spec, base, rope_dim, inv_freq, attention_factor):
+        if spec.truncate is False:
+            raise gguf_refusal(
+                f"{self.name} with truncate: false",
+                "llama.cpp always floors/ceils the YaRN correction range (ggml_rope_yarn_corr_dims)",
+                "drop truncate (the default, true) or serve the Hugging Face checkpoint",
+            )
+        betas = (spec.beta_fast or RAMP_PARAMS["beta_fast"].default, spec.beta_slow or RAMP_PARAMS["beta_slow"].default)
+        if betas != (32.0, 1.0):
+            raise gguf_refusal(
+                f"{self.name} with beta_fast={betas[0]:g}, beta_slow={betas[1]:g}",
+                "the llama architecture reads no GGUF key for the YaRN betas (ggml uses 32 and 1)",
+                f"write the default betas and pass --yarn-beta-fast {betas[0]:g} --yarn-beta-slow {betas[1]:g} "
+                "to llama.cpp at run time",
+            )
+        s = float(spec.factor)
+        keys = {
+            "rope.scaling.type": "yarn",
+            "rope.scaling.factor": s,
+            "rope.scaling.original_context_length": int(spec.original_max_position_embeddings),
+            # llama.cpp serves attn_factor x (1 + 0.1 ln s): write the ratio that yields the method's factor
+            "rope.scaling.attn_factor": attention_factor / yarn_get_mscale(s),
+        }
+        return keys, None, []
 
     def tune_candidates(self, factor):
         doubled = round(1 + 2 * (yarn_get_mscale(factor) - 1), 4)  # twice YaRN's temperature correction
