@@ -278,8 +278,9 @@ def rebuild_report(out_dir: str | os.PathLike, plots: bool = True) -> Path:
     if not (out / RUN_FILE).is_file():
         raise FileNotFoundError(f"{out / RUN_FILE} not found: {out} is not a rope-extend eval output folder")
     meta = json.loads((out / RUN_FILE).read_text())
-    keys = {(v["name"], v["fingerprint"]) for v in meta.get("variants", [])}
-    records = [r for r in read_results(out) if (r["variant"], r.get("fingerprint")) in keys]
+    order = {(v["name"], v["fingerprint"]): i for i, v in enumerate(meta.get("variants", []))}
+    records = [r for r in read_results(out) if (r["variant"], r.get("fingerprint")) in order]
+    records.sort(key=lambda r: order[(r["variant"], r.get("fingerprint"))])  # the run's variant order
     from .report import write_report
 
     return write_report(records, out, plots=plots, meta=meta)
