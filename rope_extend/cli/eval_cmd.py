@@ -70,10 +70,10 @@ def eval_report_command(
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
 ) -> None:
     """Rewrite report.md and the plots from results.jsonl, e.g. of a run still in progress or stopped early."""
-    from ..eval.runner import rebuild_report, summary_markdown
+    from ..eval.runner import rebuild_report, run_records, summary_markdown
 
     path = rebuild_report(output, plots=not no_plots)
-    out.print(summary_markdown(output), markup=False, highlight=False)
+    out.print(summary_markdown(run_records(output)[1]), markup=False, highlight=False)
     out.print(f"report: {path}")
 
 

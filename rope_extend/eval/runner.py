@@ -274,14 +274,22 @@ def rebuild_report(out_dir: str | os.PathLike, plots: bool = True) -> Path:
     """Rewrite ``report.md`` (and the plots) of *out_dir* from its ``results.jsonl`` and ``run.json``: for a run
     still in progress or stopped early (the header then says how many cases are missing)."""
     out = Path(out_dir)
-    if not (out / RUN_FILE).is_file():
-        raise FileNotFoundError(f"{out / RUN_FILE} not found: {out} is not a rope-extend eval output folder")
-    meta = json.loads((out / RUN_FILE).read_text())
-    keys = {(v["name"], v["fingerprint"]) for v in meta.get("variants", [])}
-    records = [r for r in read_results(out) if (r["variant"], r.get("fingerprint")) in keys]
+    meta, records = run_records(out)
     from .report import write_report
 
     return write_report(records, out, plots=plots, meta=meta)
+
+
+def run_records(out_dir: str | os.PathLike) -> tuple[dict, list[dict]]:
+    """``(run.json, the records of that run's variants in its variant order)`` of an eval output folder."""
+    out = Path(out_dir)
+    if not (out / RUN_FILE).is_file():
+        raise FileNotFoundError(f"{out / RUN_FILE} not found: {out} is not a rope-extend eval output folder")
+    meta = json.loads((out / RUN_FILE).read_text())
+    order = {(v["name"], v["fingerprint"]): i for i, v in enumerate(meta.get("variants", []))}
+    records = [r for r in read_results(out) if (r["variant"], r.get("fingerprint")) in order]
+    records.sort(key=lambda r: order[(r["variant"], r.get("fingerprint"))])
+    return meta, records
 
 
 def summary_markdown(results) -> str:
