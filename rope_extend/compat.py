@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 TRANSFORMERS_V5 = TRANSFORMERS_VERSION.major >= 5
 
+# `generate`'s keyword for a prefilled KV cache: `cache` in 5.x (`past_key_values` is deprecated there).
+GENERATE_CACHE_KEYWORD = "cache" if TRANSFORMERS_V5 else "past_key_values"
+
 MARKER_KEY = "rope_extend"
 # Top-level legacy names some config classes read instead of rope_theta / partial_rotary_factor (both lines).
 LEGACY_ALIASES = {"gpt_neox": {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}}

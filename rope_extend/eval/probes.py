@@ -14,6 +14,8 @@ import random
 import re
 from dataclasses import asdict, dataclass, field
 
+from .. import compat
+
 PASSKEY_FILLER = [
     "The grass is green.",
     "The sky is blue.",
@@ -278,7 +280,7 @@ def generate(model, tokenizer, sample: ProbeSample, cache=None) -> str:
     device = next(model.parameters()).device
     ids = torch.tensor([sample.input_ids], device=device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    extra = {} if cache is None else {_cache_keyword(): cache, "use_cache": True}
+    extra = {} if cache is None else {compat.GENERATE_CACHE_KEYWORD: cache, "use_cache": True}
     with torch.inference_mode():
         out = model.generate(
             input_ids=ids,
@@ -293,14 +295,6 @@ def generate(model, tokenizer, sample: ProbeSample, cache=None) -> str:
             **extra,
         )
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-
-
-def _cache_keyword() -> str:
-    """``generate``'s keyword for a prefilled cache: ``cache`` from transformers 5 (``past_key_values`` is
-    deprecated there), ``past_key_values`` before. Version branch: belongs in compat.py."""
-    from ..compat import TRANSFORMERS_V5
-
-    return "cache" if TRANSFORMERS_V5 else "past_key_values"
 
 
 def run_probe(model, tokenizer, sample: ProbeSample, cache=None) -> dict:
