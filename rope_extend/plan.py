@@ -153,7 +153,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
 
     new_max = method.max_position_embeddings(resolved)
     new_marker = {
-        "version": _version(),
+        "version": __version__,
         "method": resolved.method,
         "spec": resolved.to_dict(),
         "original": {
@@ -219,11 +219,6 @@ def _check_stock_accepts(config, plan: PatchPlan) -> None:
         ) from None
 
 
-def expected_rope(plan: PatchPlan, slot: str | None) -> tuple[torch.Tensor, float]:
-    """What stock loaders must build at construction (kept for callers of the 0.1 API)."""
-    return plan.expected_stock(slot)
-
-
 def verify_stock_config(stock_config, plan: PatchPlan, rtol: float = 1e-6) -> None:
     """Raise VerificationError unless `stock_config` builds the planned frequencies and attention factor."""
     stock_config = compat.text_config(stock_config)
@@ -260,7 +255,3 @@ def _describe(slots, targets, marker) -> str:
     if params.get("original_max_position_embeddings"):
         parts.append(f"from {params['original_max_position_embeddings']}")
     return " ".join(parts)
-
-
-def _version() -> str:
-    return __version__
