@@ -83,6 +83,8 @@ def test_paper_and_full_sample_enough_and_spread_depths():
 
 
 def test_plan_shares_one_forward_only_for_length_independent_variants():
+    """Perplexity lengths share a forward only on static variants; probe prompts share a KV prefix across lengths
+    on static variants and within one length on dynamic ones (one scale per fixed-length request)."""
     suite = Suite.from_dict({"short_context": [256], "perplexity": {"texts": ["a", "b"], "lengths": [384, "2x"]},
                              "passkey": {"lengths": [300], "depths": [0.0, 1.0], "samples": 2}})
     cases = suite.cases(256)
@@ -101,7 +103,10 @@ def test_plan_shares_one_forward_only_for_length_independent_variants():
     for name in ("dynamic-yarn-x2", "dynamic-x2"):
         ppl = [j for j in by_variant[name] if j.kind == "perplexity"]
         assert sorted(j.length for j in ppl) == [256, 256, 384, 384, 512, 512]  # one forward per length
-        assert all(len(j.cases) == 1 for j in by_variant[name])
+        assert all(len(j.cases) == 1 for j in ppl)
+        probes = [j for j in by_variant[name] if j.kind == "passkey"]  # a KV prefix only within one length
+        assert sorted((j.length, len(j.cases)) for j in probes) == [(256, 4), (300, 4)]
+        assert all(len({c.length for c in j.cases}) == 1 for j in probes)
     unshared = plan_jobs(cases, variants, set(), share=False)
     assert sum(len(j.cases) for j in unshared) == sum(len(j.cases) for j in jobs) == len(cases) * 4
     assert all(len(j.cases) == 1 for j in unshared)

@@ -14,7 +14,11 @@ whose RoPE does not depend on the sequence length (the unpatched model and every
   lengths) prefill their common start once: run deepest needle first, each prompt reuses the KV cache of the
   previous one up to where they differ, so it only prefills from its needle on.
 
-Dynamic methods rescale with the current length, so each of their lengths and prompts gets its own forward.
+Dynamic methods rescale with the current length, so each of their perplexity lengths gets its own forward. Their
+probe prompts of ONE length still share a prefix exactly: every prompt of a cell has the same token count and
+``max_new_tokens``, and the patched model (``dynamic_mode="consistent"``, what eval uses) holds one scale per
+``generate`` request, computed from prompt length + ``max_new_tokens``; so the cached prefix was computed at
+the very scale the next prompt's own prefill would use.
 """
 
 from __future__ import annotations
@@ -68,6 +72,14 @@ def length_independent(variant: Variant) -> bool:
     return not get_method(spec["method"]).dynamic
 
 
+def probes_share_within_length(variant: Variant) -> bool:
+    """Whether probe prompts of one length can share a KV prefix on this variant: static ones always (see
+    `length_independent`), dynamic ones too (one scale per request of a fixed length); a callable spec is
+    unknown territory and never shares."""
+    spec = variant.spec_dict()
+    return spec is None or "callable" not in spec
+
+
 def _rounds(cases: list[Case]) -> dict[str, int]:
     """Rank of each probe case within its (task, length) cell, in suite order; other cases are round 0."""
     seen: dict[tuple, int] = defaultdict(int)
@@ -91,7 +103,8 @@ def plan_jobs(
 ) -> list[Job]:
     """Jobs for every (variant, case) not in ``done`` (keys ``(variant name, fingerprint, case_id)``).
 
-    ``share``: one forward for all perplexity lengths of a text when the variant is length-independent.
+    ``share``: one forward for all perplexity lengths of a text when the variant is length-independent; probe
+    prompts share KV prefixes (across lengths when static, within one length when dynamic).
     ``interleave``: order by sample round, section (perplexity first), length, then variant, so a run stopped
     early has every variant with the same samples (the model is reloaded when the variant changes: cheap for
     small models); otherwise variant by variant, one load each.
@@ -107,6 +120,8 @@ def plan_jobs(
                 key = ("perplexity", tuple(sorted(c.params.items())))
             elif c.is_probe and static:  # prompts of one task share instructions and filler up to the needle
                 key = (c.kind,) + ((c.index,) if interleave else ())
+            elif c.is_probe and share and probes_share_within_length(v):  # dynamic: only prompts of one length
+                key = (c.kind, c.length) + ((c.index,) if interleave else ())
             else:
                 key = (c.case_id,)
             groups.setdefault(key, []).append(c)

@@ -315,8 +315,9 @@ def run_probes_sharing_prefix(model, tokenizer, samples: list[ProbeSample]) -> l
 
     Prompts of one length share the instructions and the filler up to the first needle. They are run deepest
     needle first, each reusing the previous prompt's KV cache cut back to the tokens both have in common, so
-    a prompt only prefills from its needle on. Only for models whose RoPE does not depend on the sequence
-    length (a cached prefix was computed at a shorter length): the caller decides.
+    a prompt only prefills from its needle on. Exact when the cached prefix was computed with the frequencies
+    the next prompt would use: always for static RoPE; for a dynamic method only among prompts of one length
+    (consistent mode fixes the scale per request from its length). The caller decides (`eval.jobs`).
     """
     from transformers import DynamicCache
 
