@@ -93,3 +93,15 @@ def test_cli_modules_import_without_a_cycle():
         return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in edges.get(start, ()))
 
     assert not [m for m in edges if m != "__init__" and reaches(m, m)]
+
+
+def test_eval_with_a_bad_spec_leaves_no_folder(ckpt, tmp_path, capsys):
+    """A spec, suite or model that fails validation is one line on stderr, exit 2, and no empty report folder."""
+    for args in (["--spec", "method=yarn,factor=-2"], ["--spec", "method=bogus"], ["--suite", "nosuch"]):
+        out = tmp_path / "report"
+        assert run(["eval", str(ckpt), *args, "-o", str(out)]) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, (args, err)
+        assert not out.exists(), args
+    assert run(["eval", str(tmp_path / "missing"), "--spec", "method=yarn,factor=2", "-o", str(out)]) == 2
+    assert not out.exists()

@@ -110,7 +110,6 @@ def run_eval(
         All records for this run's variants (resumed + new), in suite order.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     results_path = out / RESULTS_FILE
     suite_obj = load_suite(suite)
     if text is not None:
@@ -125,6 +124,7 @@ def run_eval(
         del m
     cases = suite_obj.cases(original)
 
+    out.mkdir(parents=True, exist_ok=True)  # only now: a bad suite, spec or model leaves no empty folder behind
     if not resume and results_path.exists():
         results_path.rename(out / f"results.{int(time.time())}.jsonl.bak")
     done = {_key(r): r for r in read_results(results_path)}
