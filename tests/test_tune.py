@@ -332,3 +332,52 @@ def test_cli_tune_end_to_end_and_rerun_resumes(smollm2_path, tmp_path, capsys):
     # the held-out text is refused as calibration text
     assert run(["tune", str(tmp_path / "m"), "--target-length", "256", "--text", str(out / "report.md"),
                 "--heldout", str(out / "report.md"), "-o", str(tmp_path / "o2")]) == 2
+
+
+def test_pinned_attention_factor_keeps_the_window_exact(planted_closed, tmp_path):
+    """`attention_factor=1`: every per-dimension candidate carries exactly 1 (never moved), the search still
+    moves the curve, and the tuned spec inside the window is bit-identical to the original model."""
+    model, _, ids = planted_closed
+    result = tune(model, N, ids, budget=4, knots=4, progress=False, attention_factor=1.0,
+                  log_path=tmp_path / "log.jsonl")
+    per_dim = [c for c in result.candidates.values() if c.family == "per-dim"]
+    assert len(per_dim) >= 2 and {c.spec["attention_factor"] for c in per_dim} == {1.0}
+    assert len({tuple(c.spec["long_factor"]) for c in per_dim}) == len(per_dim)  # distinct curves searched
+    assert any("pinned" in c.name for c in per_dim)  # the seed's curve at the pinned factor is evaluated
+    # the pin is part of the log's settings: a run without it does not resume this log
+    with pytest.raises(ValueError, match="attention_factor"):
+        tune(model, N, ids, budget=4, knots=4, progress=False, log_path=tmp_path / "log.jsonl")
+    with pytest.raises(ValueError, match="attention_factor"):
+        tune(model, N, ids, budget=4, knots=4, progress=False, attention_factor=0.0)
+    spec = result.spec("best_per_dim")
+    short = ids[:L].reshape(1, -1)
+    with torch.no_grad():
+        original = model(short).logits
+        patch_model(model, spec)
+        try:
+            pinned = model(short).logits
+        finally:
+            unpatch_model(model)
+    torch.testing.assert_close(pinned, original, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("spec", [{"method": "dynamic", "factor": 2.0},
+                                  {"method": "longrope", "factor": 2.0, "short_factor": [1.0] * 8,
+                                   "long_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.4, 2.8, 3.0]}])
+def test_heldout_passkey_shares_prefixes_exactly(spec):
+    """The held-out passkey prompts reuse each other's KV prefix; for dynamic methods too (one length, one scale
+    per request), the answers equal those of prompts run one by one."""
+    from rope_extend.eval.probes import make_passkey, run_probe
+    from rope_extend.eval.tiny import tiny_llama, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    model = tiny_llama(max_position_embeddings=256, head_dim=16)
+    patch_model(model, spec)
+    try:
+        shared = ho.passkey(model, tok, 400, samples=4)
+        alone = [run_probe(model, tok, make_passkey(tok, 392, depth=(i + 0.5) / 4, index=i))["output"]
+                 for i in range(4)]
+    finally:
+        unpatch_model(model)
+    assert shared["outputs"] == alone
+    assert len(shared["scores"]) == 4 and shared["accuracy"] == sum(shared["scores"]) / 4

@@ -44,6 +44,9 @@ def tune_command(
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
     baselines_first: Annotated[bool, typer.Option("--baselines-first", help="Evaluate the held-out closed forms "
                                                   "at their defaults before the search (slow machines).")] = False,
+    attention_factor: Annotated[float | None, typer.Option("--attention-factor", help="Pin the per-dimension "
+                                "curves' attention factor (1 = inside the window exactly the original model; "
+                                "default: searched).")] = None,
 ) -> None:
     """Tune the RoPE scaling for a target length on calibration text: closed forms, then per-dimension factors."""
     from ..tune.runner import tune_model
@@ -70,6 +73,7 @@ def tune_command(
         resume=not no_resume,
         plots=not no_plots,
         baselines_first=baselines_first,
+        attention_factor=attention_factor,
     )
     out.print(f"winner: {summary['winner']} (loss beyond the window {summary['winner_loss']:.4f})", markup=False)
     out.print(f"spec: {output / 'best.yaml'}   report: {output / 'report.md'}", markup=False)

@@ -67,11 +67,13 @@ def tune_model(
     resume: bool = True,
     plots: bool = True,
     baselines_first: bool = False,
+    attention_factor: float | None = None,
 ) -> dict[str, Any]:
     """Run the search (and the held-out comparison when `heldout` is given); returns a summary dict.
 
     `baselines_first`: evaluate the held-out closed forms at their defaults before the search (they do not depend
-    on it), so a run cut short on a slow machine still has the baseline table."""
+    on it), so a run cut short on a slow machine still has the baseline table. `attention_factor`: pin the
+    per-dimension curves' attention factor (see `search.tune`)."""
     from ..eval.perplexity import tokenize_text
     from ..eval.texts import load_text, text_label
     from ..eval.variants import load_model
@@ -99,11 +101,12 @@ def tune_model(
             held_compare([v for v in defaults if v.name.startswith(("unpatched", "yarn"))]
                          + [v for v in defaults if not v.name.startswith(("unpatched", "yarn"))])
     result = tune(model, target_length, calib_ids, budget=budget, methods=methods, knots=knots,
-                  log_path=output / "search.jsonl", resume=resume, header=header)
+                  log_path=output / "search.jsonl", resume=resume, header=header, attention_factor=attention_factor)
 
     original = result.geometry.original_length
     provenance = (
-        f"rope-extend tune {Path(str(model_path)).name} --target-length {target_length} --budget {budget:g}\n"
+        f"rope-extend tune {Path(str(model_path)).name} --target-length {target_length} --budget {budget:g}"
+        + (f" --attention-factor {attention_factor:g}" if attention_factor is not None else "") + "\n"
         f"calibration text: {header['text']}; {len(result.records)} evaluations"
     )
     written = {}

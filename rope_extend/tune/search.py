@@ -145,11 +145,19 @@ def tune(
     header: dict[str, Any] | None = None,
     objective: Callable[[Candidate, int], Evaluation] | None = None,
     progress: bool = True,
+    attention_factor: float | None = None,
 ) -> TuneResult:
     """Search RoPE scalings of `model` for `target_length` on calibration `token_ids`; see the module docstring.
 
-    `budget` is in target-length forwards (`eval_cost`); `log_path` makes the run resumable.
+    `budget` is in target-length forwards (`eval_cost`); `log_path` makes the run resumable. `attention_factor`
+    pins the per-dimension curves' attention factor (1.0 keeps the model inside the window exactly the original;
+    default: searched). Closed forms keep their own.
     """
+    if attention_factor is not None and not (0.0 < attention_factor <= 4.0):
+        raise ValueError(
+            f"attention_factor={attention_factor!r} is outside (0, 4]; use 1.0 to keep the original model inside "
+            "the window, or leave it unset to search it"
+        )
     geom = geometry_of(model, target_length)
     token_ids = token_ids.reshape(-1)
     objective = objective or CalibrationObjective(model, token_ids, geom.original_length)
@@ -173,6 +181,7 @@ def tune(
         "schedule": schedule,
         "text_tokens": int(token_ids.numel()),
         "text_sha": _fingerprint(token_ids[: geom.target_length]),
+        **({"attention_factor": attention_factor} if attention_factor is not None else {}),
         **(header or {}),
     }
     log = SearchLog(log_path, settings, resume=resume)
@@ -226,12 +235,13 @@ def tune(
     remaining = n0 - len(closed) if knots else 0
     if remaining > 0:
         seed = ranked(0, "closed")[0]
-        start, start_loss, cur_step = None, seed.loss, step
+        # with a pinned attention factor the seed's curve is itself a new candidate: improve on the best curve
+        start, start_loss, cur_step = None, seed.loss if attention_factor is None else math.inf, step
         while remaining > 0 and cur_step >= step / 16:
             moves = [
                 m
                 for m in per_dim_moves(geom, seed.candidate.name, seed.candidate.spec, start, knots, cur_step,
-                                       attention_step=cur_step / 7.5)
+                                       attention_step=cur_step / 7.5, pinned_attention=attention_factor)
                 if m.key not in results[0]
             ][:remaining]
             for m in moves:

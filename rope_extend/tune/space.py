@@ -150,22 +150,34 @@ def per_dim_moves(
     knots: int = 6,
     step: float = 0.15,
     attention_step: float = 0.02,
+    pinned_attention: float | None = None,
 ) -> list[Candidate]:
     """One round of coordinate moves around `start` (coeffs + attention; default: the seed itself, which is the
     closed form already evaluated, so it is not repeated).
 
     The attention factor moves by `attention_step`, then each knot (slowest first) up and down by `step` in
     log-factor (0.15 = a 16 % change of the local factor). Deterministic: no random numbers are drawn.
+
+    `pinned_attention`: the attention factor is fixed at this value and never moved (1.0: inside the window the
+    tuned model is exactly the original, since its short factors are all 1). The seed's curve with the pinned
+    factor is then a new model, so the first round starts with it.
     """
     seed, seed_attention = closed_form_factors(geom, seed_spec)
     coeffs = list(start["coeffs"]) if start else [0.0] * knots
-    attention = float(start["attention_factor"]) if start else seed_attention
+    if pinned_attention is not None:
+        attention = float(pinned_attention)
+    else:
+        attention = float(start["attention_factor"]) if start else seed_attention
     current = per_dim_candidate(geom, seed_name, seed, coeffs, attention, "")
     out = []
-    for sign in (+1, -1):
-        a = attention + sign * attention_step
-        if a > 0:
-            out.append(per_dim_candidate(geom, seed_name, seed, coeffs, a, f"attn{a:.3f}"))
+    if pinned_attention is not None:
+        if start is None:
+            out.append(per_dim_candidate(geom, seed_name, seed, coeffs, attention, f"attn{attention:.3f} pinned"))
+    else:
+        for sign in (+1, -1):
+            a = attention + sign * attention_step
+            if a > 0:
+                out.append(per_dim_candidate(geom, seed_name, seed, coeffs, a, f"attn{a:.3f}"))
     # slow dimensions first: they decide what happens beyond the window
     for k in reversed(range(len(coeffs))):
         for sign in (+1, -1):
