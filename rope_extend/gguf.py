@@ -22,12 +22,15 @@ frequencies and attention factor with it before writing anything.
 Tensors are never loaded: the header is parsed and rewritten here (the ``gguf`` package supplies the type tables),
 untouched metadata records are copied byte for byte, and the data section is copied from SOURCE with
 ``copy_file_range`` (holes of sparse files stay holes), so memory stays O(metadata).
-OUT is written to a temporary file beside it and renamed into place; SOURCE is opened read-only.
+OUT is written to a temporary file beside it (`.OUT.<pid>.*.tmp`) and renamed into place; SOURCE is opened
+read-only. A writer killed outright (SIGKILL) leaves its hidden temp file; the next write to OUT deletes temp files
+whose writer no longer runs.
 """
 
 from __future__ import annotations
 
 import errno
+import glob
 import math
 import os
 import struct
@@ -145,7 +148,13 @@ class _TensorInfo:
     @property
     def nbytes(self) -> int:
         gguf = _require_gguf()
-        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(self.ggml_type)]
+        try:
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(self.ggml_type)]
+        except (ValueError, KeyError):
+            raise ValueError(
+                f"tensor {self.name!r} has ggml type {self.ggml_type}, which the installed gguf package "
+                f"{_gguf_version()} does not know (a newer quantization?): upgrade it with pip install -U gguf"
+            ) from None
         return math.prod(self.dims) // block * size
 
 
@@ -171,6 +180,38 @@ class _Header:
 _SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
 _SHORT_ARRAY = 4096
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "(unknown version)"
+
+
+def _temp_prefix(out: Path, pid: int | None = None) -> str:
+    """Hidden temp-file prefix of OUT, with the writer's pid: `.OUT.<pid>.`"""
+    return f".{out.name}.{os.getpid() if pid is None else pid}."
+
+
+def _remove_stale_temps(out: Path) -> list[Path]:
+    """Delete temp files of OUT left by writers that no longer run (killed with SIGKILL, power loss): their pid
+    is in the name. A live writer's file is left alone."""
+    removed = []
+    for path in out.parent.glob(f".{glob.escape(out.name)}.*.tmp"):
+        pid = path.name[len(out.name) + 2 :].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        except PermissionError:  # alive, someone else's
+            pass
+    return removed
 
 
 def _pad(n: int, alignment: int) -> int:
@@ -515,7 +556,8 @@ def patch_gguf(
     data_start = _pad(len(meta), header.alignment)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    _remove_stale_temps(out)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(out), suffix=".tmp", dir=out.parent)
     tmp = Path(tmp_name)
     umask = os.umask(0)
     os.umask(umask)

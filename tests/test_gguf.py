@@ -260,6 +260,21 @@ def test_refuses_already_scaled_and_unsafe_outputs(tiny, tmp_path):
         patch_gguf(broken, {"method": "yarn", "factor": 2}, tmp_path / "x.gguf")
 
 
+def test_unknown_tensor_type_names_the_tensor_and_the_fix(tmp_path):
+    """A ggml type the installed gguf package does not know (a newer quantization) is named with its tensor."""
+    path = write_tiny_gguf(tmp_path / "t.gguf")
+    data = bytearray(path.read_bytes())
+    header = gguf.GGUFReader(path)
+    field = header.tensors[0]
+    type_at = field.field.offset + sum(p.nbytes for p in field.field.parts[:-2])  # parts: ..., type, offset
+    assert int.from_bytes(data[type_at : type_at + 4], "little") == int(field.tensor_type)
+    data[type_at : type_at + 4] = (977).to_bytes(4, "little")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"tensor '{field.name}' has ggml type 977.*pip install -U gguf"):
+        read_gguf_info(bad)
+
+
 # --- atomicity and memory (child processes) -----------------------------------------------------------------------
 KILL_CHILD = """
 import sys, time
@@ -294,6 +309,14 @@ def test_sigkill_during_write_leaves_nothing_at_out(tiny, tmp_path):
             proc.kill()
     assert not out.exists()
     assert sha256(tiny) == before
+    # the killed writer's hidden temp file is removed by the next write to OUT (its pid no longer runs)
+    stale = list(tmp_path.glob(".out.gguf.*.tmp"))
+    assert [p.name.split(".")[3] for p in stale] == [str(proc.pid)]
+    live = tmp_path / f".out.gguf.{os.getppid()}.x.tmp"  # a running writer's temp file is left alone
+    live.write_bytes(b"")
+    patch_gguf(tiny, {"method": "yarn", "factor": 2}, out)
+    assert out.is_file() and not any(p.exists() for p in stale) and live.exists()
+    assert sorted(p.name for p in tmp_path.glob(".out.gguf.*.tmp")) == [live.name]
 
 
 RSS_CHILD = """
