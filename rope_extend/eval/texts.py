@@ -53,17 +53,24 @@ def pydoc_topics_text() -> str:
     return "\n\n".join(strings)
 
 
+def license_files(names, directory: str | os.PathLike = LICENSES_DIR, *, strip: bool = True) -> tuple[str, list[str]]:
+    """The license texts *names* present in *directory*, in that order, joined by blank lines (each stripped of
+    surrounding whitespace when *strip*), and the names that are missing."""
+    directory = Path(directory)
+    present = [name for name in names if (directory / name).is_file()]
+    texts = [(directory / name).read_text(encoding="utf-8", errors="replace") for name in present]
+    return "\n\n".join(t.strip() if strip else t for t in texts), [n for n in names if n not in present]
+
+
 def debian_licenses_text(directory: str | os.PathLike = LICENSES_DIR) -> str:
     """The Debian common license texts in a fixed order, joined by blank lines (~190k characters)."""
-    directory = Path(directory)
-    missing = [name for name in LICENSE_FILES if not (directory / name).is_file()]
+    text, missing = license_files(LICENSE_FILES, directory)
     if missing:
         raise FileNotFoundError(
             f"evaluation text {LICENSES_TEXT!r} needs {', '.join(missing)} in {directory} (Debian package "
             f"base-files); on other systems pass --text FILE or use {DEFAULT_TEXT!r}"
         )
-    return "\n\n".join((directory / name).read_text(encoding="utf-8", errors="replace").strip()
-                       for name in LICENSE_FILES)
+    return text
 
 
 def load_text(source: str | os.PathLike | None = None) -> str:

@@ -24,26 +24,25 @@ from typing import Any
 import torch
 
 from ..eval.perplexity import token_losses
+from ..eval.texts import LICENSES_DIR, license_files
 from ..methods import get_method
 from ..patch import patch_model, unpatch_model
 from .log import SearchLog
 
-# Held-out corpus: distinct licence texts shipped with Debian/Ubuntu (GPL = GPL-3 and LGPL = LGPL-3 are links, and
-# the older GFDL/LGPL versions nearly repeat the newer ones, so they are left out).
-LICENSE_DIR = Path("/usr/share/common-licenses")
+# Held-out corpus ("licenses"): distinct licence texts shipped with Debian/Ubuntu, in this order and unstripped (the
+# order and bytes the shipped tune evidence was measured on; eval's `debian_licenses` text orders them differently).
+# GPL = GPL-3 and LGPL = LGPL-3 are links, and the older GFDL/LGPL versions nearly repeat the newer ones.
 LICENSE_FILES = ["GPL-3", "Apache-2.0", "MPL-2.0", "GFDL-1.3", "CC0-1.0", "Artistic", "GPL-2", "BSD", "MPL-1.1"]
 
 
-def license_text(directory: str | Path = LICENSE_DIR) -> str:
-    """The held-out corpus: the licence texts above, joined by blank lines (about 30k SmolLM2 tokens)."""
-    directory = Path(directory)
-    parts = [(directory / name).read_text(encoding="utf-8", errors="replace") for name in LICENSE_FILES
-             if (directory / name).is_file()]
-    if not parts:
+def license_text(directory: str | Path = LICENSES_DIR) -> str:
+    """The held-out corpus: the licence texts above that exist, joined by blank lines (about 30k SmolLM2 tokens)."""
+    text, missing = license_files(LICENSE_FILES, directory, strip=False)
+    if len(missing) == len(LICENSE_FILES):
         raise FileNotFoundError(
             f"no licence texts in {directory}; pass a held-out text file with --heldout instead"
         )
-    return "\n\n".join(parts)
+    return text
 
 
 @dataclass(frozen=True)
