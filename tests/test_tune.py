@@ -381,3 +381,15 @@ def test_heldout_passkey_shares_prefixes_exactly(spec):
         unpatch_model(model)
     assert shared["outputs"] == alone
     assert len(shared["scores"]) == 4 and shared["accuracy"] == sum(shared["scores"]) / 4
+
+
+def test_heldout_table_gives_passkey_with_its_wilson_interval_and_n():
+    from rope_extend.tune.report import heldout_markdown, heldout_rows
+
+    blocks = {"sums": [2.0, 2.2, 1.9], "counts": [10, 10, 10]}
+    scores = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    rec = {"name": "unpatched", "spec": None, "beyond": blocks, "whole": blocks,
+           "passkey": {"accuracy": 0.3, "scores": scores}}
+    table = heldout_markdown(heldout_rows([rec], n_boot=50), 32, 64)
+    # Wilson 95 % for 3/10 (Newcombe 1998): 0.1078 to 0.6032
+    assert "30% [11%, 60%] 3/10" in table

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..eval.stats import wilson_interval
 from ..methods import default_inv_freq
 from . import heldout as ho
 
@@ -32,8 +33,10 @@ def heldout_rows(records: list[dict[str, Any]], reference: str | None = None, n_
             for metric in [k for k in rec if k.startswith("inside_")]:
                 row[f"vs_unpatched_{metric}"] = ho.relative_interval(rec[metric], base[metric], n_boot)
         if "passkey" in rec:
+            scores = rec["passkey"]["scores"]
             row["passkey"] = rec["passkey"]["accuracy"]
-            row["passkey_n"] = len(rec["passkey"]["scores"])
+            row["passkey_n"] = len(scores)
+            row["passkey_ci"] = wilson_interval(sum(scores), len(scores))
         rows.append(row)
     return rows
 
@@ -44,6 +47,13 @@ def _ci(t) -> str:
 
 def _pct(t) -> str:
     return f"{100 * t[0]:+.2f} % [{100 * t[1]:+.1f}, {100 * t[2]:+.1f}]"
+
+
+def _passkey(r: dict) -> str:
+    """Accuracy with its 95 % Wilson interval and k/n, as every eval report cell."""
+    lo, hi = r["passkey_ci"]
+    k = round(r["passkey"] * r["passkey_n"])
+    return f"{r['passkey']:.0%} [{lo:.0%}, {hi:.0%}] {k}/{r['passkey_n']}"
 
 
 def _len(n: int) -> str:
@@ -69,7 +79,7 @@ def heldout_markdown(rows: list[dict], original: int, target: int, reference: st
         cells = [r["name"], _ci(r["beyond"]), _ci(r["whole"]), *[_ci(r[k]) for k in inside]]
         cells.append(_pct(r["vs_reference_beyond"]) if "vs_reference_beyond" in r else "")
         cells += [_pct(r[f"vs_unpatched_{k}"]) if f"vs_unpatched_{k}" in r else "" for k in inside]
-        cells.append(f"{r['passkey']:.0%} ({r['passkey_n']})" if "passkey" in r else "not run")
+        cells.append(_passkey(r) if "passkey" in r else "not run")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
