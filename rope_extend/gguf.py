@@ -191,15 +191,9 @@ def _gguf_version() -> str:
         return "(unknown version)"
 
 
-def _temp_prefix(out: Path, pid: int | None = None) -> str:
-    """Hidden temp-file prefix of OUT, with the writer's pid: `.OUT.<pid>.`"""
-    return f".{out.name}.{os.getpid() if pid is None else pid}."
-
-
-def _remove_stale_temps(out: Path) -> list[Path]:
-    """Delete temp files of OUT left by writers that no longer run (killed with SIGKILL, power loss): their pid
-    is in the name. A live writer's file is left alone."""
-    removed = []
+def _remove_stale_temps(out: Path) -> None:
+    """Delete temp files of OUT (`.OUT.<pid>.*.tmp`) left by writers that no longer run (killed with SIGKILL,
+    power loss): their pid is in the name. A live writer's file is left alone."""
     for path in out.parent.glob(f".{glob.escape(out.name)}.*.tmp"):
         pid = path.name[len(out.name) + 2 :].split(".", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid():
@@ -208,10 +202,8 @@ def _remove_stale_temps(out: Path) -> list[Path]:
             os.kill(int(pid), 0)
         except ProcessLookupError:
             path.unlink(missing_ok=True)
-            removed.append(path)
         except PermissionError:  # alive, someone else's
             pass
-    return removed
 
 
 def _pad(n: int, alignment: int) -> int:
@@ -557,7 +549,7 @@ def patch_gguf(
 
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out)
-    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(out), suffix=".tmp", dir=out.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent)
     tmp = Path(tmp_name)
     umask = os.umask(0)
     os.umask(umask)

@@ -124,10 +124,9 @@ class Parity:
         raise ValueError(route)
 
     # -- transformers ------------------------------------------------------------------------------------------------
-    def transformers(self, method: str, ctx: int = CTX) -> float:
-        """Perplexity of tokens ctx/2+1 .. ctx-1 (llama-perplexity's scored half) with rope-extend's patch_model."""
-        key = method if ctx == CTX else f"{method} @{ctx}"
-        if key not in self._hf:
+    def transformers(self, method: str) -> float:
+        """Perplexity of tokens CTX/2+1 .. CTX-1 (llama-perplexity's scored half) with rope-extend's patch_model."""
+        if method not in self._hf:
             from rope_extend.eval.perplexity import token_losses
             from rope_extend.patch import patch_model, unpatch_model
 
@@ -135,10 +134,10 @@ class Parity:
             unpatch_model(model)
             if method != "unpatched":
                 patch_model(model, SPECS[method])
-            losses = self._timed(f"transformers {key}", lambda: token_losses(model, self.ids()[:ctx]))
-            self._hf[key] = math.exp(float(losses[ctx // 2 : ctx - 1].mean()))
-            _progress(f"transformers {key}: ppl {self._hf[key]:.4f} ({TIMES[f'transformers {key}']:.0f} s)")
-        return self._hf[key]
+            losses = self._timed(f"transformers {method}", lambda: token_losses(model, self.ids()))
+            self._hf[method] = math.exp(float(losses[CTX // 2 : CTX - 1].mean()))
+            _progress(f"transformers {method}: ppl {self._hf[method]:.4f} ({TIMES[f'transformers {method}']:.0f} s)")
+        return self._hf[method]
 
     def _load(self):
         if self._model is None:
@@ -190,8 +189,8 @@ def parity(llamacpp, smollm2_path, demo_gguf, tmp_path_factory):
     yield p
     rows = [f"{'route':<16} {'llama.cpp':>10} {'transformers':>12} {'diff':>8}"]
     for route, ppl in p._lcpp.items():
-        method = route.split(" ")[0].split(":")[0]
-        hf = p._hf.get(method if "@" not in route else f"{method} @{route.rsplit('@', 1)[1]}")
+        method = "unpatched" if route == "unpatched" else route.split(":")[0]
+        hf = p._hf.get(method) if "@" not in route else None
         diff = f"{100 * (ppl - hf) / hf:+.2f}%" if hf else "-"
         rows.append(f"{route:<16} {ppl:>10.4f} {hf or float('nan'):>12.4f} {diff:>8}")
     rows += [f"time {what}: {seconds:.0f} s" for what, seconds in TIMES.items()]

@@ -36,6 +36,7 @@ def heldout_rows(records: list[dict[str, Any]], reference: str | None = None, n_
             scores = rec["passkey"]["scores"]
             row["passkey"] = rec["passkey"]["accuracy"]
             row["passkey_n"] = len(scores)
+            row["passkey_k"] = sum(scores)
             row["passkey_ci"] = wilson_interval(sum(scores), len(scores))
         rows.append(row)
     return rows
@@ -52,8 +53,7 @@ def _pct(t) -> str:
 def _passkey(r: dict) -> str:
     """Accuracy with its 95 % Wilson interval and k/n, as every eval report cell."""
     lo, hi = r["passkey_ci"]
-    k = round(r["passkey"] * r["passkey_n"])
-    return f"{r['passkey']:.0%} [{lo:.0%}, {hi:.0%}] {k}/{r['passkey_n']}"
+    return f"{r['passkey']:.0%} [{lo:.0%}, {hi:.0%}] {r['passkey_k']:g}/{r['passkey_n']}"
 
 
 def _len(n: int) -> str:
