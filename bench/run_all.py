@@ -1,10 +1,10 @@
-"""Run every benchmark in sequence (see each script's docstring; numbers are recorded in README.md)."""
+"""Run every benchmark in sequence (see each script's docstring; numbers are recorded in docs/results.md)."""
 
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-for script in ("patch_speed.py", "forward_overhead.py", "decode_step.py", "ppl_memory.py", "eval_sharing.py"):
+for script in ("cli_startup.py", "patch_speed.py", "forward_overhead.py", "decode_step.py", "ppl_memory.py", "eval_sharing.py"):
     print(f"== {script}", flush=True)
     subprocess.run([sys.executable, str(HERE / script)], check=True, cwd=HERE)

@@ -34,11 +34,17 @@ def fail(message: str) -> None:
 
 def _version(value: bool) -> None:
     if value:
-        import transformers
+        from importlib.metadata import PackageNotFoundError, version
 
         from .. import __version__
 
-        print(f"rope-extend {__version__} (transformers {transformers.__version__})")
+        def installed(name: str) -> str:  # read from the installed metadata: importing them takes seconds
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                return "not installed"
+
+        print(f"rope-extend {__version__} (transformers {installed('transformers')}, torch {installed('torch')})")
         raise typer.Exit(0)
 
 

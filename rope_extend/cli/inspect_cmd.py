@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
 from rich.table import Table
 
-from ..inspect import inspect_rope, load_config, plot_methods, recommend
-from ..spec import RopeSpec
 from .app import app, fail, out
+
+if TYPE_CHECKING:
+    from ..spec import RopeSpec
 
 
 def _spec(method, factor, target_length, config_file, advice) -> RopeSpec | None:
+    from ..spec import RopeSpec
+
     overrides = {"method": method, "factor": factor, "target_length": target_length}
     if config_file is not None:
         return RopeSpec.from_sources(config_file, overrides)
@@ -70,6 +73,7 @@ def inspect(
     if target_length is not None and target_length <= 0:
         fail(f"--target-length must be a positive number of tokens, got {target_length}")
     from ..gguf import hf_config_of, is_gguf, read_gguf_info
+    from ..inspect import inspect_rope, load_config, plot_methods, recommend
 
     config = hf_config_of(read_gguf_info(source)) if is_gguf(source) else load_config(source, revision=revision)
     advice = recommend(config, target_length) if recommend_ else None

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..errors import CheckpointError, SpecError
-from ..spec import RopeSpec, load_spec, parse_set_option
 from .app import Progress, app, console, fail, out
+
+if TYPE_CHECKING:
+    from ..spec import RopeSpec
 
 EXAMPLES = """Examples:
 
@@ -31,6 +33,8 @@ def build_spec(
 
     A key given twice on the command line with different values (e.g. --factor 2 --set factor=8, or --set twice)
     is an error, never a silent choice."""
+    from ..spec import load_spec, parse_set_option
+
     overrides: dict = {}
     for item in sets or []:
         key, value = parse_set_option(item)

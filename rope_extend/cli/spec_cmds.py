@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-from ..methods import all_methods
-from ..spec import load_spec
 from .app import app, out
 
 
@@ -23,6 +21,8 @@ def validate(
     ] = None,
 ) -> None:
     """Check a spec file without loading any model; print the resolved spec."""
+    from ..spec import load_spec
+
     spec = load_spec(spec_file)
     if original_length is not None:
         spec = spec.resolve(original_length)
@@ -34,6 +34,8 @@ def validate(
 def methods() -> None:
     """List every scaling method: formula, attention factor, parameters and defaults (where each serves identically:
     `rope-extend engines`)."""
+    from ..methods import all_methods
+
     for method in all_methods():
         out.print(f"[bold]{method.name}[/bold]{'  (dynamic)' if method.dynamic else ''}")
         for label, value in (("formula", method.formula), ("attention factor", method.attention),

@@ -4,9 +4,9 @@ wavelength < L/high_freq_factor: keep; > L/low_freq_factor: θ/s; between: (1-a)
 a = (L/λ - low) / (high - low).
 """
 
-import math
+from __future__ import annotations
 
-import torch
+import math
 
 from .registry import EngineRule, Param, RopeContext, RopeMethod, default_inv_freq, register
 
@@ -24,6 +24,8 @@ class Llama3(RopeMethod):
     paper = "https://ai.meta.com/blog/meta-llama-3-1/"
 
     def _compute(self, ctx: RopeContext):
+        import torch
+
         inv_freq = default_inv_freq(ctx.rotary_dim, ctx.base, ctx.device)
         factor = ctx.factor
         low_freq_factor = ctx.params["low_freq_factor"]

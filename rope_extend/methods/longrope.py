@@ -4,9 +4,9 @@ rope-extend passes published factor lists through (and `rope-extend tune` writes
 factor defaults to sqrt(1 + ln(s)/ln(L)).
 """
 
-import math
+from __future__ import annotations
 
-import torch
+import math
 
 from ..errors import SpecError
 from .registry import EngineRule, Param, RopeContext, RopeMethod, register
@@ -42,6 +42,8 @@ class LongRope(RopeMethod):
     paper = "https://arxiv.org/abs/2402.13753"
 
     def _compute(self, ctx: RopeContext):
+        import torch
+
         use_long = ctx.seq_len is not None and ctx.seq_len > ctx.original_max_position_embeddings
         factors = ctx.params["long_factor" if use_long else "short_factor"]
         ext = torch.tensor(factors, dtype=torch.float32, device=ctx.device)

@@ -14,6 +14,10 @@ A method object owns everything about its method, so nothing outside `methods/` 
 `RopeContext` carries everything `compute` may read: rotary dimension, base, original (pretraining) length, factor,
 method parameters, and, for dynamic methods, the current sequence length. Absent parameters take the method's
 defaults. Adding a method = one file with a `RopeMethod` subclass registered here, plus rows in the test tables.
+
+No heavy import at module top, here or in any `methods/*.py`: `import torch` (numpy, transformers) goes inside the
+function that computes, so `rope-extend --help`, `methods` and `validate` read the registry without loading torch
+(tests/test_cli_startup.py fails otherwise). Type hints may name torch under `if TYPE_CHECKING:`.
 """
 
 from __future__ import annotations
@@ -24,12 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-import torch
-
 from ..errors import SpecError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch and numpy are imported inside the functions that compute (see the module docstring)
+    import numpy as np
+    import torch
+
     from ..spec import RopeSpec
 
 
@@ -115,6 +119,8 @@ def fmt(value: float) -> str:
 
 def default_inv_freq(dim: int, base: float, device=None) -> torch.Tensor:
     """theta_i = base^(-2i/d), computed with the same float32 op order as transformers."""
+    import torch
+
     exponent = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
     return 1.0 / (base**exponent)
 
@@ -214,6 +220,8 @@ class RopeMethod:
                 f"use the static counterpart (--method {self.static_counterpart or 'ntk'}), or serve the patched "
                 "Hugging Face checkpoint with rope_extend.patch_model",
             )
+        import numpy as np
+
         theta = base ** (-2.0 * np.arange(rope_dim // 2) / rope_dim)
         factors = (theta / inv_freq.astype(np.float64)).astype(np.float32)
         keys: dict[str, Any] = {}

@@ -6,9 +6,10 @@ attention factor (0.1 ln s + 1, or DeepSeek's mscale ratio, or an explicit value
 its square.
 """
 
-import math
+from __future__ import annotations
 
-import torch
+import math
+from typing import TYPE_CHECKING
 
 from .registry import (
     EngineRule,
@@ -21,6 +22,9 @@ from .registry import (
     register,
     yarn_get_mscale,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 RAMP_PARAMS = {
     "beta_fast": Param(float, 32.0, "rotations within L above which a dimension is kept (extrapolated)", positive=True),
@@ -48,6 +52,8 @@ def correction_range(beta_fast, beta_slow, dim, base, original, truncate=True) -
 
 
 def yarn_inv_freq(ctx: RopeContext, factor: float) -> torch.Tensor:
+    import torch
+
     dim = ctx.rotary_dim
     low, high = correction_range(
         ctx.param("beta_fast", 32.0),

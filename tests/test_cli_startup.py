@@ -1,0 +1,80 @@
+"""The CLI answers at once: `rope-extend --help`, `--version`, `methods` and `validate` never import torch,
+transformers or numpy (seconds of imports for a help text). How fast that is: `python bench/cli_startup.py`."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "transformers", "numpy", "accelerate", "safetensors", "huggingface_hub", "matplotlib", "lm_eval",
+         "scipy", "gguf")  # not pydantic: typer itself coerces every command's arguments with it
+LIGHT_COMMANDS = (["--help"], ["--version"], ["methods"], ["validate", "configs/yarn-x8.yaml"], ["patch", "--help"],
+                  ["eval", "--help"])
+
+# Runs each command line in this one fresh interpreter, as the console script would, and reports what each one
+# imported that the previous ones had not (so a command that imports torch is named even if a later one would too).
+PROBE = """
+import json, sys
+from rope_extend.cli import main
+heavy, report = {heavy!r}, {{}}
+for argv in {commands!r}:
+    before = set(sys.modules)
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    report[" ".join(argv)] = {{"code": code, "heavy": sorted(m for m in set(sys.modules) - before
+                                                         if m.split(".")[0] in heavy and "." not in m)}}
+print(json.dumps(report))
+"""
+
+
+def test_light_commands_import_no_heavy_module():
+    """Each light command in a fresh interpreter: exit code 0 and none of torch, transformers, numpy... imported."""
+    code = PROBE.format(heavy=HEAVY, commands=LIGHT_COMMANDS)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "COLUMNS": "100"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(report) == {" ".join(argv) for argv in LIGHT_COMMANDS}
+    assert all(entry["code"] == 0 for entry in report.values()), report
+    offenders = {cmd: entry["heavy"] for cmd, entry in report.items()}
+    assert not any(offenders.values()), (
+        f"these commands import heavy modules at startup: {offenders}; import them inside the command that "
+        "needs them (docs/development.md, 'Adding a command')"
+    )
+
+
+def test_importing_the_package_is_lazy_and_public_names_still_work():
+    code = ("import sys, rope_extend; assert 'torch' not in sys.modules, 'import rope_extend imported torch'\n"
+            "from rope_extend import patch_model, RopeSpec, SpecError, __version__\n"
+            "assert 'torch' in sys.modules and callable(patch_model) and RopeSpec(method='yarn', factor=2).factor == 2\n"
+            "import rope_extend as r; assert set(r.__all__) <= set(dir(r)), set(r.__all__) - set(dir(r))\n"
+            "try:\n    r.no_such_name\nexcept AttributeError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "has no attribute 'no_such_name'" in proc.stdout
+
+
+def test_methods_and_commands_have_no_heavy_import_at_module_top():
+    """The rule that keeps the light commands light, with the file and line to fix: in rope_extend/methods/*.py and
+    rope_extend/cli/*.py, heavy modules are imported inside functions (or under `if TYPE_CHECKING:`)."""
+    offenders = []
+    for folder in ("methods", "cli"):
+        for path in sorted((ROOT / "rope_extend" / folder).glob("*.py")):
+            for node in ast.parse(path.read_text()).body:  # module level only
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                offenders += [f"{path.relative_to(ROOT)}:{node.lineno} imports {n}" for n in names
+                              if n.split(".")[0] in HEAVY]
+    assert not offenders, offenders
+
