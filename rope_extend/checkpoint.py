@@ -31,7 +31,7 @@ from .engines.parity import card_section
 from .errors import CheckpointError, SpecError
 from .hub import build_model_card, resolve_source
 from .plan import PatchPlan, check_rope_model, plan_patch
-from .serving import serving_hints
+from .serving import serve_command, serving_hints
 from .spec import RopeSpec, load_spec
 from .verify import probe_outputs, verify_plan
 
@@ -54,7 +54,8 @@ class PatchResult:
     written: list[str] = field(default_factory=list)
     verified: bool = False
     seconds: float = 0.0
-    serving: str = ""
+    serving: str = ""  # every engine's commands (markdown, as in the model card)
+    serve: str = ""  # the one command to try first (serving.serve_command)
     warnings: list[str] = field(default_factory=list)
     patched_outputs: Any = field(default=None, repr=False)  # full path: the patched model's probe outputs
 
@@ -421,6 +422,7 @@ def patch_checkpoint(
     result = PatchResult(out=out_path, source=src, mode=mode, plan=plan, warnings=list(plan.warnings))
     serving, serving_warnings = serving_hints(plan, str(out_path))
     result.serving = serving
+    result.serve = serve_command(plan, str(out_path))
     result.warnings += [w for w in serving_warnings if w not in result.warnings]
     card_serving, _ = serving_hints(plan, hub_id or out_path.name)  # no local absolute path in what gets published
     with _atomic_dir(out_path, overwrite) as tmp:

@@ -51,9 +51,12 @@ def run_demo(out: str | Path = "demo-out", suite: str = "quick") -> Path:
         overwrite=True,
         eval_summary=summary + f"\n\nFull report: `{out / 'report' / 'report.md'}` (suite `{suite}`).",
     )
-    console.print(
-        f"[green]wrote[/green] {result.out} ({result.mode}, verified: {result.verified}); "
-        f"report: {out / 'report' / 'report.md'}; total {time.perf_counter() - started:.0f} s"
-    )
+    console.print(f"[green]done[/green] in {time.perf_counter() - started:.0f} s: SmolLM2-135M unpatched vs "
+                  f"{', '.join(SPECS)}, then the YaRN x2 checkpoint ({result.mode}, verified: {result.verified})")
+    # What to do next, in three lines (every engine's command is in the checkpoint's model card).
+    console.print(f"output: {result.out}", markup=False, highlight=False)
+    console.print(f"serve:  {result.serve}", markup=False, highlight=False)
+    console.print(f"report: {out / 'report' / 'report.md'} (the comparison); {result.out / 'README.md'} (model "
+                  "card: every engine's command)", markup=False, highlight=False)
     return Path(result.out)
 

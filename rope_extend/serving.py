@@ -20,6 +20,22 @@ def engine_hints(plan: PatchPlan, out: str) -> list[EngineHint]:
     return [rule(plan, out) for rule in RULES]
 
 
+def serve_command(plan: PatchPlan, out: str) -> str:
+    """The one way to serve `out` a newcomer should try first: the first of vLLM and SGLang that reproduces the
+    method exactly (its hint has no warning), else stock transformers, else in-process with `patch_model` (which
+    restores a method stock loaders read differently, e.g. dynamic-yarn). Every engine's command is in the model
+    card and `rope-extend engines`."""
+    hints = {hint.engine: hint for hint in engine_hints(plan, out)}
+    for engine in ("vLLM", "SGLang"):
+        if hints[engine].command and not hints[engine].warnings:
+            return f"{hints[engine].command}   ({engine})"
+    load = f"model = AutoModelForCausalLM.from_pretrained({out!r})"
+    if not hints["transformers"].warnings:
+        return f"{load}   (transformers: vLLM and SGLang do not reproduce {plan.spec.method} exactly; see the warnings)"
+    return (f"{load}; rope_extend.patch_model(model)   (in-process: restores {plan.spec.method}, which stock "
+            "loaders and serving engines do not reproduce exactly; see the warnings)")
+
+
 def serving_hints(plan: PatchPlan, out: str) -> tuple[str, list[str]]:
     """(markdown with commands, warnings) for serving `out` at the plan's target length."""
     hints = {hint.engine: hint for hint in engine_hints(plan, out)}

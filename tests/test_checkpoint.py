@@ -62,7 +62,11 @@ def test_fast_and_full_paths_load_to_identical_logits(source, tmp_path, capsys):
     assert json.loads((tmp_path / "fast" / "generation_config.json").read_text())["max_length"] == 4 * tiny.ORIGINAL
     assert "method: yarn" in (tmp_path / "fast" / "rope_extend.yaml").read_text()
     out = capsys.readouterr().out
-    assert "verified with stock transformers" in out and "vllm serve" in out and "--rope-scaling yarn" in out
+    # stdout says what to do next in three lines; every engine's command is in the model card
+    fast = tmp_path / "fast"
+    assert "verified with stock transformers" in out and f"output: {fast}\n" in out
+    assert f"serve:  vllm serve {fast} --max-model-len {4 * tiny.ORIGINAL}" in out and "--rope-scaling yarn" not in out
+    assert f"report: {fast / 'README.md'}" in out and "--rope-scaling yarn" in (fast / "README.md").read_text()
 
 
 def test_config_only_does_not_load_weights(source, tmp_path, monkeypatch):

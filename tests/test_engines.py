@@ -1,5 +1,5 @@
 """The engine ports against independent references, every method x engine row of the parity report, the serving
-hints, `rope-extend engines`, the model card section and the README table.
+hints, `rope-extend engines`, the model card section and the table in docs/serving.md.
 
 References: transformers' own `ROPE_INIT_FUNCTIONS` (via the config stock transformers builds from the written
 config.json) and closed-form formulas from the engines' sources (llama.cpp's magnitude rule, SGLang's static NTK).
@@ -22,7 +22,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from rope_extend import compat
 from rope_extend.cli import run
 from rope_extend.engines import llama_cpp, sglang, vllm
-from rope_extend.engines.parity import parity_many, readme_table
+from rope_extend.engines.parity import parity_many, serving_table
 from rope_extend.engines.served import NotServed, Served, compare, default_inv_freq
 from rope_extend.plan import plan_patch
 from rope_extend.serving import engine_hints, serving_hints
@@ -316,7 +316,7 @@ def test_hints_print_exact_bases_versions_and_the_fixes():
     assert any("llama.cpp" in w and "truncate=false" in w for w in warnings_)
 
 
-# --- CLI, card, README --------------------------------------------------------------------------------------------------
+# --- CLI, card, docs ----------------------------------------------------------------------------------------------------
 def test_engines_command_and_model_card(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)  # the other line's row is covered by `reports`
     source = tmp_path / "src"
@@ -341,11 +341,13 @@ def test_engines_command_and_model_card(tmp_path, capsys, monkeypatch):
     assert "differs" in printed and "warning" in printed
 
 
-def test_readme_table_is_current():
-    root = Path(__file__).parent.parent
-    readme = (root / "README.md").read_text()
-    text = readme
-    current = text.split("<!-- ENGINES-TABLE:BEGIN -->\n", 1)[1].split("\n<!-- ENGINES-TABLE:END -->", 1)[0]
+def test_docs_serving_table_is_current():
+    """docs/serving.md's table is what the engine ports compute today (regenerate with
+    `python -m rope_extend.engines.parity docs/serving.md`)."""
+    from rope_extend.engines.parity import TABLE_END, TABLE_START
+
+    text = (Path(__file__).parent.parent / "docs" / "serving.md").read_text()
+    current = text.split(TABLE_START + "\n", 1)[1].split("\n" + TABLE_END, 1)[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert current == readme_table()
+        assert current == serving_table()

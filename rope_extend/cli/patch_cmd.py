@@ -155,7 +155,14 @@ def patch(
         f"{plan.spec.target_length} tokens, attention factor {plan.attention_factor:.4f}, "
         f"max_position_embeddings {plan.old_max_position_embeddings} -> {plan.max_position_embeddings}"
     )
-    out.print("\nServe it:\n" + result.serving, markup=False, highlight=False)
+    # What to do next, in three lines; every engine's command and where it serves identically are in the card.
+    out.print(f"output: {result.out}", markup=False, highlight=False)
+    out.print(f"serve:  {result.serve}", markup=False, highlight=False)
+    out.print(f"report: {result.out / 'README.md'} (model card: the commands for transformers, vLLM, SGLang and "
+              f"llama.cpp, and where each serves identically; `rope-extend engines {result.out}` rechecks it)",
+              markup=False, highlight=False)
+    if eval_suite:
+        out.print(f"eval:   {report_dir / 'report.md'}", markup=False, highlight=False)
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
     if push_to_hub:

@@ -162,7 +162,7 @@ def _from_checkpoint(checkpoint: str | os.PathLike) -> _Inputs:
 
 
 def _from_source(source: str | os.PathLike | dict, spec: RopeSpec, tmp: Path) -> _Inputs:
-    if isinstance(source, dict):  # an in-memory config.json (tests, README table)
+    if isinstance(source, dict):  # an in-memory config.json (tests, the docs table)
         from transformers import AutoConfig
 
         raw = dict(source)
@@ -325,9 +325,9 @@ def card_section(checkpoint: str | os.PathLike) -> str:
     )
 
 
-# --- README table ------------------------------------------------------------------------------------------------------
+# --- the table in docs/serving.md ---------------------------------------------------------------------------------------
 # A LLaMA config with the demo model's RoPE (head_dim 64, base 1e5, L = 8192), served at 4x.
-README_CONFIG = {
+TABLE_CONFIG = {
     "model_type": "llama",
     "architectures": ["LlamaForCausalLM"],
     "hidden_size": 576,
@@ -340,10 +340,10 @@ README_CONFIG = {
     "max_position_embeddings": 8192,
     "rope_theta": 100000.0,
 }
-README_FACTOR = 4.0
+TABLE_FACTOR = 4.0
 
 
-def readme_variants(factor: float = README_FACTOR, half: int = 32) -> list[tuple[str, dict]]:
+def table_variants(factor: float = TABLE_FACTOR, half: int = 32) -> list[tuple[str, dict]]:
     """(label, spec) for every registered method, plus the YaRN settings engines are known to disagree on."""
     from ..methods import method_names
 
@@ -370,11 +370,11 @@ def _verdict(row: Row) -> str:
     return "no"
 
 
-def readme_table() -> str:
-    """The README table "where each method serves identically", computed by running every route of every engine
+def serving_table() -> str:
+    """The table "where each method serves identically" in docs/serving.md, computed by running every route of every engine
     (transformers: the installed line) on a LLaMA config with the demo model's RoPE at 4x."""
-    variants = readme_variants()
-    reports = parity_many([(README_CONFIG, spec) for _, spec in variants], other_line=False)
+    variants = table_variants()
+    reports = parity_many([(TABLE_CONFIG, spec) for _, spec in variants], other_line=False)
     header = ["method", "transformers", "vLLM", "vLLM, original + `--hf-overrides`", "SGLang",
               "SGLang, original + overrides", "llama.cpp, original GGUF + flags", "llama.cpp, converted GGUF"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -382,3 +382,29 @@ def readme_table() -> str:
         rows = [r for r in report.rows if not r.skipped]
         lines.append("| " + " | ".join([label] + [_verdict(r) for r in rows]) + " |")
     return "\n".join(lines)
+
+
+TABLE_START, TABLE_END = "<!-- ENGINES-TABLE:BEGIN -->", "<!-- ENGINES-TABLE:END -->"
+
+
+def main(argv: list[str]) -> int:
+    """`python -m rope_extend.engines.parity docs/serving.md` rewrites the table between the markers (a test in
+    tests/test_engines.py fails while it is stale)."""
+    import warnings
+    from pathlib import Path
+
+    from ..methods.docs import replace_between_markers
+
+    path = Path(argv[0] if argv else "docs/serving.md")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = serving_table()
+    path.write_text(replace_between_markers(path.read_text(), table, TABLE_START, TABLE_END))
+    print(f"updated the engines table in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,7 @@
-"""Docs generated from the registry: the README method table and `rope-extend methods`.
+"""Docs generated from the registry: the method table in docs/methods.md and `rope-extend methods`.
 
-`python -m rope_extend.methods.docs README.md` rewrites the table between the markers in README.md;
-tests/test_readme.py fails when the README is out of date.
+`python -m rope_extend.methods.docs docs/methods.md` rewrites the table between the markers;
+tests/test_readme.py fails when the page is out of date.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def replace_between_markers(text: str, body: str, start: str = START, end: str =
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[0] if argv else "README.md")
+    path = Path(argv[0] if argv else "docs/methods.md")
     path.write_text(replace_between_markers(path.read_text(), method_table()))
     print(f"updated the method table in {path}")
     return 0

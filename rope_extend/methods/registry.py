@@ -9,7 +9,7 @@ A method object owns everything about its method, so nothing outside `methods/` 
 - `max_position_embeddings(spec)`: the length written to the config;
 - `loader_notes(spec)`, `engine_rule(engine, plan, version)`: what stock loaders and each serving engine
   (transformers, vLLM, SGLang, llama.cpp) need to reproduce it, or why they cannot;
-- `formula`, `use_when`, `paper`: the docs behind `rope-extend methods` and the README method table.
+- `formula`, `use_when`, `paper`: the docs behind `rope-extend methods` and the method table in docs/methods.md.
 
 `RopeContext` carries everything `compute` may read: rotary dimension, base, original (pretraining) length, factor,
 method parameters, and, for dynamic methods, the current sequence length. Absent parameters take the method's
