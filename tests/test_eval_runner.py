@@ -215,3 +215,30 @@ def test_report_carries_intervals_and_sample_sizes(ckpt, tmp_path):
     assert run(["eval-report", str(tmp_path), "--no-plots"]) == 0
     assert f"**partial run**: {len(recs) - 3} of {len(recs)} cases" in (tmp_path / "report.md").read_text()
     assert run(["eval-report", str(tmp_path / "nothing")]) == 2
+
+
+def test_progress_is_one_line_per_job_when_stderr_is_not_a_terminal(ckpt, tmp_path, capsys):
+    """`rope-extend eval ... 2> log` (CI, nohup, a cluster job; here pytest's capture, also not a terminal): one line
+    per finished job with the elapsed time and an ETA, and one per model load; the rich bar draws nothing."""
+    import warnings
+
+    from rope_extend.cli import run
+
+    suite = {"name": "lines", "smoke": True, "perplexity": {"lengths": [128, 256], "bucket_size": 64},
+             "passkey": {"lengths": [200], "depths": [0.0, 1.0]}}
+    (tmp_path / "suite.json").write_text(json.dumps(suite))
+    assert not sys.stderr.isatty()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert run(["eval", str(ckpt), "--spec", "method=yarn,factor=2", "--suite", str(tmp_path / "suite.json"),
+                    "--no-plots", "-o", str(tmp_path / "out")]) == 0
+    log = capsys.readouterr().err
+    jobs = [ln for ln in log.splitlines() if ln.startswith("rope-extend: eval [") and " loading " not in ln]
+    loads = [ln for ln in log.splitlines() if ln.startswith("rope-extend: eval [") and " loading " in ln]
+    records = [json.loads(ln) for ln in _lines(tmp_path / "out" / "results.jsonl")]
+    # static variants share one forward per text for every length, and the two passkey prompts share a prefix
+    assert len(loads) == 2 and 1 < len(jobs) < len(records), log
+    n = len(jobs)
+    assert [ln.split("]")[0] for ln in jobs] == [f"rope-extend: eval [{k}/{n}" for k in range(1, n + 1)], log
+    assert all(re.search(r"\(\d+\.\d s; \d:\d\d:\d\d elapsed, ETA \d:\d\d:\d\d\)$", ln) for ln in jobs), log
+    assert jobs[-1].endswith("ETA 0:00:00)") and "\x1b[" not in log  # no rich bar (its redraws are escapes)

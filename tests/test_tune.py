@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -323,6 +324,11 @@ def test_cli_tune_end_to_end_and_rerun_resumes(smollm2_path, tmp_path, capsys):
     rows = [line for line in report.splitlines() if line.startswith("| ") and " [" in line]
     assert len(rows) == 9  # unpatched, 6 closed forms at defaults, tuned closed, tuned per-dim
     n_evals = len([line for line in err.splitlines() if line.startswith("[tune ")])
+    # progress on a stderr that is not a terminal: one line per evaluation and per held-out variant, each with the
+    # elapsed time and an ETA
+    progress = [line for line in err.splitlines() if line.startswith(("[tune ", "[heldout "))]
+    assert n_evals and len(progress) > n_evals, err
+    assert all(re.search(r"\| \d:\d\d:\d\d elapsed, ETA (\d:\d\d:\d\d|\?)$", line) for line in progress), err
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert run(args) == 0

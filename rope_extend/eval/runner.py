@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -167,7 +168,8 @@ def run_jobs(jobs: list[Job], load: Callable[[Variant], Evaluator], original: in
              record: Callable[[dict], None], progress: bool = True) -> None:
     """Execute *jobs* in order, loading a variant's model when the variant changes; every record goes to
     ``record`` as soon as its job finishes (the patch report rides on a variant's first record of the run)."""
-    prog = _progress(progress)
+    lines = LineProgress(jobs) if progress and not _is_terminal(sys.stderr) else None
+    prog = _progress(progress and lines is None)  # the rich bar draws only on a terminal
     with prog:
         task = prog.add_task("evaluating", total=sum(j.cost() for j in jobs) or 1.0)
         current, ev, reported = None, None, set()
@@ -175,15 +177,20 @@ def run_jobs(jobs: list[Job], load: Callable[[Variant], Evaluator], original: in
             v = job.variant
             if current is not v:
                 prog.update(task, description=f"{v.name}: loading")
+                if lines:
+                    lines.loading(v.name)
                 ev = None
                 gc.collect()
                 ev, current = load(v), v
             prog.update(task, description=f"{v.name}: {job.cases[-1].case_id}")
             report = None if v.name in reported else ev.patch_report
             reported.add(v.name)
+            started = time.perf_counter()
             for rec in execute_job(ev, job, original, report):
                 record(rec)
             prog.advance(task, job.cost())
+            if lines:
+                lines.finished(job, time.perf_counter() - started)
         ev = None
         gc.collect()
         prog.update(task, description="done")
@@ -247,6 +254,45 @@ def _jsonable(obj):
     if obj is None or isinstance(obj, (str, int, float, bool)):
         return obj
     return str(obj)
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class LineProgress:
+    """Progress where stderr is not a terminal (a log file, CI, `nohup`, a cluster job): one line per finished job
+    (a job is one forward or one shared-prefix group of prompts; it writes one record per case) with its time, the
+    elapsed time and an ETA from the planned cost still to run, and one line when a variant's model is loaded."""
+
+    def __init__(self, jobs: list[Job], stream=None):
+        self.stream = stream
+        self.total_jobs, self.total_cost = len(jobs), sum(j.cost() for j in jobs) or 1.0
+        self.done_jobs, self.done_cost, self.started = 0, 0.0, time.perf_counter()
+
+    def _print(self, message: str) -> None:
+        print(f"rope-extend: eval {message}", file=self.stream or sys.stderr, flush=True)
+
+    def loading(self, variant: str) -> None:
+        self._print(f"[{self.done_jobs}/{self.total_jobs}] loading {variant} "
+                    f"({_clock(time.perf_counter() - self.started)} elapsed)")
+
+    def finished(self, job: Job, seconds: float) -> None:
+        self.done_jobs += 1
+        self.done_cost += job.cost()
+        elapsed = time.perf_counter() - self.started
+        eta = elapsed / self.done_cost * max(0.0, self.total_cost - self.done_cost)
+        cases = job.cases[0].case_id + (f" +{len(job.cases) - 1} cases" if len(job.cases) > 1 else "")
+        self._print(f"[{self.done_jobs}/{self.total_jobs}] {job.variant.name}: {cases} ({seconds:.1f} s; "
+                    f"{_clock(elapsed)} elapsed, ETA {_clock(eta)})")
 
 
 def _progress(enabled: bool):

@@ -28,6 +28,7 @@ from ..eval.texts import LICENSES_DIR, license_files
 from ..methods import get_method
 from ..patch import patch_model, unpatch_model
 from .log import SearchLog
+from .search import _clock
 
 # Held-out corpus ("licenses"): distinct licence texts shipped with Debian/Ubuntu, in this order and unstripped (the
 # order and bytes the shipped tune evidence was measured on; eval's `debian_licenses` text orders them differently).
@@ -204,6 +205,7 @@ def compare(
     }
     log = SearchLog(log_path, settings, resume=resume)
     records = []
+    started, fresh_seconds, fresh = time.perf_counter(), 0.0, 0
     for n, variant in enumerate(variants, 1):
         rec = log.get(variant.key, target_length)
         twin = next((r for r in records if Variant(r["name"], r["spec"]).same_model(variant, original_length)), None)
@@ -215,11 +217,15 @@ def compare(
                                    tokenizer, passkey_samples, unpatched=unpatched)
             rec = {"key": variant.key, "length": target_length, "name": variant.name, "spec": variant.spec, **res}
             log.add(rec)
+            fresh, fresh_seconds = fresh + 1, fresh_seconds + rec["seconds"]
         records.append(rec)
         if progress:
             ppl = math.exp(sum(rec["beyond"]["sums"]) / sum(rec["beyond"]["counts"]))
-            print(f"[heldout {n}/{len(variants)}] {variant.name}: ppl beyond {ppl:.3f} ({rec['seconds']:.0f}s)",
-                  file=sys.stderr, flush=True)
+            # ETA: the mean time of the variants evaluated in this run, for each one still to go (an upper bound:
+            # variants that share a model with an earlier one cost nothing)
+            eta = _clock(fresh_seconds / fresh * (len(variants) - n)) if fresh else "?"
+            print(f"[heldout {n}/{len(variants)}] {variant.name}: ppl beyond {ppl:.3f} ({rec['seconds']:.0f}s) | "
+                  f"{_clock(time.perf_counter() - started)} elapsed, ETA {eta}", file=sys.stderr, flush=True)
     return records
 
 

@@ -107,6 +107,7 @@ class _Progress:
     def __init__(self, planned: float, total: int, stream=None):
         self.planned, self.total, self.stream = planned, total, stream or sys.stderr
         self.done, self.spent, self.fresh_cost, self.fresh_seconds = 0, 0.0, 0.0, 0.0
+        self.started = time.perf_counter()
 
     def update(self, rung: int, length: int, cand: Candidate, ev: dict, cost: float, fresh: bool) -> None:
         self.done += 1
@@ -119,7 +120,8 @@ class _Progress:
         tag = "" if fresh else " (from log)"
         print(
             f"[tune {self.done}/{self.total}] rung {rung} @{length}: {cand.name}: loss {ev['loss']:.4f} "
-            f"({ev['seconds']:.0f}s){tag} | budget {self.spent:.2f}/{self.planned:.2f} | ETA {eta}",
+            f"({ev['seconds']:.0f}s){tag} | budget {self.spent:.2f}/{self.planned:.2f} | "
+            f"{_clock(time.perf_counter() - self.started)} elapsed, ETA {eta}",
             file=self.stream,
             flush=True,
         )
