@@ -670,8 +670,9 @@ def result_lines(result: GGUFPatchResult) -> list[str]:
         f"{spec.method} x{spec.factor:g}: {spec.original_max_position_embeddings} -> {spec.target_length} tokens, "
         f"attention factor {plan.attention_factor:.6f}",
         f"metadata: {keys}",
-        f"checked against {LLAMACPP_SOURCE}'s RoPE math; run it with no RoPE flags: "
-        f"llama-server -m {result.out} -c {spec.target_length}",
+        f"checked against {LLAMACPP_SOURCE}'s RoPE math; llama.cpp needs no RoPE flags for it",
+        f"output: {result.out}",
+        f"serve:  llama-server -m {result.out} -c {spec.target_length}",
     ]
     lines += [f"warning: {w}" for w in plan.warnings]
     return lines
