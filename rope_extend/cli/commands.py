@@ -1,6 +1,9 @@
 """The one place that registers CLI commands: importing a command module adds its command(s) to `app`.
 
-To add a command: write `<name>_cmd.py` (importing only from `.app` and the library) and add one line here.
+To add a command: write `<name>_cmd.py` (importing only from `.app` and the library) and add one line here. Import
+torch, transformers and library modules that load them inside the command function, never at module top:
+`rope-extend --help` imports every command module (tests/test_cli_startup.py; docs/development.md, "Adding a
+command").
 """
 
 from . import (
