@@ -64,8 +64,10 @@ def test_readme_is_a_front_door_and_docs_cover_every_method_and_command():
     for name in method_names():
         assert f"`{name}`" in methods, name
     cli = (DOCS / "cli.md").read_text()
-    from rope_extend.cli import app
-    from rope_extend.cli import commands  # noqa: F401  registers every command
+    from rope_extend.cli import (
+        app,
+        commands,  # noqa: F401  registers every command
+    )
 
     names = [c.name or c.callback.__name__ for c in app.registered_commands]
     assert len(names) >= 10
