@@ -242,3 +242,20 @@ def test_progress_is_one_line_per_job_when_stderr_is_not_a_terminal(ckpt, tmp_pa
     assert [ln.split("]")[0] for ln in jobs] == [f"rope-extend: eval [{k}/{n}" for k in range(1, n + 1)], log
     assert all(re.search(r"\(\d+\.\d s; \d:\d\d:\d\d elapsed, ETA \d:\d\d:\d\d\)$", ln) for ln in jobs), log
     assert jobs[-1].endswith("ETA 0:00:00)") and "\x1b[" not in log  # no rich bar (its redraws are escapes)
+
+
+def test_demo_ends_with_output_serve_command_and_report(ckpt, tmp_path, capsys, monkeypatch):
+    """`make demo` (`rope-extend demo`) on the tiny checkpoint and a small suite: it ends with where the checkpoint
+    is, the one command to serve it, and where the report is."""
+    import rope_extend.demo_model
+    from rope_extend.demo import run_demo
+
+    monkeypatch.setattr(rope_extend.demo_model, "smollm2_path", lambda: ckpt)
+    suite = {"name": "demo", "smoke": True, "perplexity": {"lengths": [256, "2x"], "bucket_size": 64}}
+    out = run_demo(tmp_path / "demo-out", suite)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert out == tmp_path / "demo-out" / "smollm2-yarn-x2" and (out / "README.md").is_file()
+    assert lines[-3] == f"output: {out}"
+    assert lines[-2] == f"serve:  vllm serve {out} --max-model-len 512   (vLLM)"
+    report = tmp_path / "demo-out" / "report" / "report.md"
+    assert lines[-1].startswith(f"report: {report} (the comparison)") and report.is_file()
