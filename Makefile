@@ -29,7 +29,7 @@ $(VENV4)/.installed: pyproject.toml $(CONSTRAINTS4)
 	$(VENV4)/bin/pip install $(PIP_FLAGS) -c $(CONSTRAINTS4) -e ".[dev]" "$(TRANSFORMERS4)" "huggingface_hub<1.0" "$(TORCH)"
 	touch $@
 
-# The real llama.cpp the GGUF parity tests run (built once into ~/.cache/rope-extend, 15-25 min on 2 cores, with
+# The real llama.cpp the GGUF parity tests run (built once into ~/.cache/rope-extend, ~12 CPU-minutes, with
 # progress lines; later runs reuse it). The tests' fixture builds it too if this step was skipped.
 llamacpp: install
 	$(VENV)/bin/python -m rope_extend.llamacpp

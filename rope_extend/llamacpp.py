@@ -278,7 +278,8 @@ def _build(src: Path, build: Path, targets: Sequence[str], native: bool, log: Pa
     env = dict(os.environ, NINJA_STATUS="[%f/%t] ")
     _say(progress, f"configuring ({'native' if native else 'portable'} CPU build) in {build}")
     _run_logged(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", *_cmake_options(native)], log, progress)
-    _say(progress, f"building {', '.join(targets)} with {jobs} jobs (15-25 min on 2 cores the first time)")
+    _say(progress, f"building {', '.join(targets)} with {jobs} jobs (~12 CPU-minutes the first time: ~6 min on 2 "
+                   "idle cores, longer on a busy machine)")
     _run_logged(["cmake", "--build", str(build), "-j", jobs, "--target", *targets], log, progress, env=env)
 
 
