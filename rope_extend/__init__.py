@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from .errors import (
     AlreadyScaledError,
     CheckpointError,
+    ModelConfigError,
     RopeExtendError,
     SpecError,
     UnsupportedModelError,
@@ -61,6 +62,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AlreadyScaledError",
     "CheckpointError",
+    "ModelConfigError",
     "PatchPlan",
     "PatchReport",
     "RopeContext",

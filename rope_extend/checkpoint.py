@@ -30,6 +30,7 @@ from . import compat, files
 from .engines.parity import card_section
 from .errors import CheckpointError, SpecError
 from .hub import build_model_card, resolve_source
+from .patch import verify_or_explain
 from .plan import PatchPlan, check_rope_model, plan_patch
 from .serving import serve_command, serving_hints
 from .spec import RopeSpec, load_spec
@@ -79,6 +80,13 @@ def check_output_path(source: Path, out: Path, overwrite: bool) -> Path:
     """Validate OUT without creating anything (parents are created only when writing starts)."""
     given = str(out)
     out = Path(out).expanduser().absolute()
+    if out.is_symlink():  # dangling or not: OUT is renamed into place, never written through a link
+        target = os.readlink(out)
+        state = "" if out.exists() else ", which points nowhere (a dangling link)"
+        raise CheckpointError(
+            f"OUT {given!r} is a symbolic link (to {target!r}{state}); rope-extend writes OUT as a folder of its "
+            "own: give the real folder path with -o, or remove the link"
+        )
     resolved_out, resolved_src = out.resolve(), Path(source).resolve()
     home, cwd = Path.home().resolve(), Path.cwd().resolve()
     if resolved_out in (Path(resolved_out.anchor), home, cwd):
@@ -126,7 +134,7 @@ def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
         and not any(part.startswith(".") for part in p.relative_to(source).parts)  # .complete, .cache, .git...
     )
     for rel in files_:
-        files.check_link(source, rel)
+        files.source_file(source, rel)
     safetensors = [f for f in files_ if f.suffix == ".safetensors"]
     pickles = [f for f in files_ if f.suffix in PICKLE_SUFFIXES]
     if not safetensors and not pickles:
@@ -417,7 +425,7 @@ def patch_checkpoint(
         )
     carried = scan_source(src, allow_pickle)
     if verify:  # before creating anything: a plan whose small-model forward fails is refused here
-        verify_plan(plan, source_config=config)
+        verify_or_explain(plan, config)
 
     result = PatchResult(out=out_path, source=src, mode=mode, plan=plan, warnings=list(plan.warnings))
     serving, serving_warnings = serving_hints(plan, str(out_path))

@@ -28,6 +28,15 @@ class AlreadyScaledError(RopeExtendError, ValueError):
     """The model already carries a RoPE scaling scheme and the spec would silently stack on top of it."""
 
 
+class ModelConfigError(RopeExtendError, ValueError):
+    """The model's own config cannot run, even before patching (a field its modeling code does not apply)."""
+
+    def __init__(self, message: str, *, field: str | None = None, value: object = None):
+        super().__init__(message)
+        self.field = field
+        self.value = value
+
+
 class CheckpointError(RopeExtendError, ValueError):
     """A source checkpoint is missing, corrupt or unsafe, or an output location is not usable."""
 

@@ -5,9 +5,10 @@ are checked for size, nesting, shape and the types and ranges of the fields rope
 touches them. Every failure is a `CheckpointError` (a ValueError) naming the file, the field, the bad value and the
 fix; nothing else (KeyError, TypeError, RecursionError, ZeroDivisionError...) escapes from a bad file.
 
-Links: SOURCE files are read through symbolic links only in the Hugging Face Hub cache layout
-(`models--org--name/snapshots/<rev>/file -> ../../blobs/<hash>` of the same repo); any other link is refused, so a
-link to an outside file is never linked into OUT (and never published with --push-to-hub).
+Files SOURCE names, whether found in the folder or listed in model.safetensors.index.json, obey one rule
+(`source_file`): the name stays inside SOURCE, and a symbolic link is followed only in the Hugging Face Hub cache
+layout (`models--org--name/snapshots/<rev>/file -> ../../blobs/<hash>` of the same repo); any other link is refused,
+so an outside file is never linked into OUT (and never published with --push-to-hub).
 """
 
 from __future__ import annotations
@@ -273,31 +274,37 @@ def check_safetensors(path: Path) -> None:
 
 
 def index_shards(source: Path) -> list[Path]:
-    """The shard files model.safetensors.index.json lists, each checked to be a file inside SOURCE."""
+    """The shard files model.safetensors.index.json lists, each held to the rule of `source_file` (inside SOURCE,
+    or the Hub cache's snapshot -> blobs link of the same repo)."""
     path = source / INDEX_NAME
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
+    source_file(source, Path(INDEX_NAME))
     data = read_json(path, INDEX_NAME)
     weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise _bad(path, "weight_map", weight_map, "it must be an object mapping tensor names to shard files",
                    "re-download the checkpoint")
-    shards = []
+    shards: dict[str, str] = {}  # shard -> the first tensor naming it (one check per shard, not per tensor)
     for tensor, shard in weight_map.items():
         if not isinstance(shard, str) or not shard.endswith(".safetensors"):
             raise _bad(path, f"weight_map[{tensor!r}]", shard, "it must name a .safetensors shard file",
                        "re-download the checkpoint")
+        shards.setdefault(shard, tensor)
+    unique = []
+    for shard, tensor in shards.items():
         rel = Path(shard)
-        if rel.is_absolute() or ".." in rel.parts or not (source / rel).resolve().is_relative_to(source.resolve()):
+        if not _names_inside(rel):
             raise _bad(path, f"weight_map[{tensor!r}]", shard,
                        "shards must be files inside SOURCE; an index pointing elsewhere is refused",
                        "re-download the checkpoint")
-        shards.append(rel)
-    unique = sorted(set(shards))
-    missing = [s for s in unique if not (source / s).exists()]
-    if missing:
-        raise CheckpointError(f"shard {missing[0].as_posix()!r} listed in {INDEX_NAME} is missing from SOURCE; re-download it")
-    return unique
+        if not (source / rel).exists() and not (source / rel).is_symlink():
+            raise CheckpointError(
+                f"shard {rel.as_posix()!r} listed in {INDEX_NAME} is missing from SOURCE; re-download it"
+            )
+        source_file(source, rel, what=f"shard {rel.as_posix()!r} listed in {INDEX_NAME}")
+        unique.append(rel)
+    return sorted(set(unique))
 
 
 # --- links -----------------------------------------------------------------------------------------------------------
@@ -309,18 +316,35 @@ def hub_repo_root(folder: Path) -> Path | None:
     return None
 
 
-def check_link(source: Path, rel: Path) -> None:
-    """Refuse a symbolic link unless it is the Hub cache's snapshot -> blobs link of the same repo."""
+def _names_inside(rel: Path) -> bool:
+    """A relative name that stays inside its folder by its spelling alone (no root, no `..`, not empty)."""
+    return bool(rel.parts) and not rel.is_absolute() and ".." not in rel.parts and rel.parts != (".",)
+
+
+def source_file(source: Path, rel: Path, what: str | None = None) -> Path:
+    """The one rule for every file SOURCE names (listed in the folder or in model.safetensors.index.json): its name
+    stays inside SOURCE, and if any part of its path is a symbolic link, the link resolves to a regular file in
+    the `blobs/` of the same Hub cache repo (`models--org--name/snapshots/<rev>/file -> ../../blobs/<hash>`).
+    Anything else (absolute names, `..`, links out of SOURCE, into another repo's blobs, broken or looping links)
+    is a CheckpointError. Returns the real file the name stands for."""
+    what = what or f"SOURCE file {rel.as_posix()!r}"
+    if not _names_inside(rel):
+        raise CheckpointError(f"{what} is not a name inside SOURCE; an entry pointing elsewhere is refused")
     path = source / rel
     chain = [source / Path(*rel.parts[: i + 1]) for i in range(len(rel.parts))]
     if not any(p.is_symlink() for p in chain):
-        return
+        return path
     target = Path(os.path.realpath(path))
     repo = hub_repo_root(source)
-    if repo is not None and target.is_relative_to(Path(os.path.realpath(repo)) / "blobs"):
-        return
+    blobs = Path(os.path.realpath(repo)) / "blobs" if repo is not None else None
+    if blobs is not None and target.is_relative_to(blobs) and target.parent == blobs:
+        if not target.is_file():
+            raise CheckpointError(
+                f"{what} is a broken (or looping) link into the Hub cache's blobs ({str(target)!r}); re-download it"
+            )
+        return target
     raise CheckpointError(
-        f"SOURCE file {rel.as_posix()!r} is a symbolic link to {str(target)!r}; rope-extend follows links only in "
+        f"{what} is a symbolic link to {str(target)!r}; rope-extend follows links only in "
         "the Hugging Face Hub cache layout (snapshot -> blobs of the same repo), so an outside file is never put "
         "into OUT. Copy the file into SOURCE instead of linking it"
     )

@@ -267,12 +267,22 @@ def recommend(config, target_length: int) -> Recommendation:
     if not isinstance(target_length, int) or isinstance(target_length, bool) or target_length <= 0:
         raise SpecError(f"--target-length must be a positive number of tokens, got {target_length!r}",
                         field="target_length", value=target_length)
+    from .spec import MAX_FACTOR, MAX_TOKENS
+
+    if target_length > MAX_TOKENS:
+        raise SpecError(f"--target-length {target_length} is beyond the sane range [1, {MAX_TOKENS}] (llama.cpp "
+                        "positions are int32; no model serves more); choose a shorter target",
+                        field="target_length", value=target_length)
     base_view = inspect_rope(config)
     facts = read_rope(config)
     current_type = facts.slots[facts.main_slot].get("rope_type", "default")
     original = base_view.original_length
     current_max = int(config.max_position_embeddings)
     factor = target_length / original
+    if factor > MAX_FACTOR:
+        raise SpecError(f"--target-length {target_length} is {factor:g} x the original length {original}, beyond the "
+                        f"sane range of factors [1, {MAX_FACTOR:g}]; choose a target <= {int(MAX_FACTOR * original)}",
+                        field="target_length", value=target_length)
     reasons: list[str] = []
     costs: dict[str, dict[str, float]] = {}
     slowest = base_view.rows[-1]

@@ -12,6 +12,7 @@ Everything `patch_model` changes is recorded in a `PatchState` on the model, whi
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from . import compat, dynamic
-from .errors import SpecError, UnsupportedModelError
+from .errors import ModelConfigError, SpecError, UnsupportedModelError, VerificationError
 from .plan import PatchPlan, check_rope_model, plan_patch
 from .rotary import ModuleChange, apply_plan, find_rotary_modules
 from .spec import RopeSpec, load_spec
@@ -138,7 +139,7 @@ def patch_model(
         )
     plan = plan_patch(config, spec)
     if verify and plan.changed:  # before anything is touched (re-patching plans from the marker's pristine RoPE)
-        verify_plan(plan, source_config=config)
+        verify_or_explain(plan, config)
     state = _state(model)
     if state is not None:
         if not plan.changed:  # the same spec again: nothing to do
@@ -162,6 +163,92 @@ def patch_model(
     for note in plan.warnings:
         warnings.warn(note, UserWarning, stacklevel=2)
     return PatchReport.of(plan, state.touched, applied.changed or plan.changed)
+
+
+# Config fields that a model type may carry without its modeling code applying them: when the unpatched config
+# cannot run, the first of these whose removal makes it run is the one to name.
+SUSPECT_FIELDS = ("partial_rotary_factor", "rotary_pct", "rotary_dim", "head_dim")
+
+
+def verify_or_explain(plan: PatchPlan, config) -> None:
+    """`verify_plan`, and when it fails, whether the model runs at all before patching: if it does not, the config
+    is at fault, not the patch, and a ModelConfigError (a ValueError) names the field to fix."""
+    try:
+        verify_plan(plan, source_config=config)
+    except VerificationError as exc:
+        if not _cannot_run(exc):
+            raise  # a mismatch of frequencies or outputs: the patch is what fails
+        runs, reason = _runs_unpatched(plan, config)
+        if runs is not False:
+            raise  # the unpatched model runs (or that cannot be told): the patch is what fails
+        text = compat.text_config(config)
+        for name in SUSPECT_FIELDS:
+            value = _field_value(text, name)
+            if value is not None and _runs_unpatched(plan, _without(config, name))[0]:
+                raise ModelConfigError(
+                    f"the model cannot run a forward pass even before patching: its config sets {name} {value!r}, "
+                    f"which {getattr(text, 'model_type', '?')}'s modeling code does not apply ({reason}); remove "
+                    f"{name} from config.json (or the model's config) if the model does not use it",
+                    field=name, value=value,
+                ) from None
+        raise ModelConfigError(
+            f"the model cannot run a forward pass even before patching ({reason}); its config.json does not "
+            "describe a model stock transformers can run: fix or re-download it",
+        ) from None
+
+
+def _cannot_run(exc: VerificationError) -> bool:
+    """A verification failure because the small model could not be built or run (rope_extend.verify's wording)."""
+    text = str(exc)
+    return "cannot run a forward pass" in text or "cannot build" in text
+
+
+def _runs_unpatched(plan: PatchPlan, config) -> tuple[bool | None, str]:
+    """Whether a small model of the config runs the probe with its RoPE left as it is (None: cannot be told), and
+    why not: the verification of linear x1 from the same original length (the unscaled frequencies)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            identity = plan_patch(config, RopeSpec(
+                method="linear", factor=1.0, replace_existing=True,
+                original_max_position_embeddings=plan.spec.original_max_position_embeddings,
+            ))
+            verify_plan(identity, source_config=config)
+    except VerificationError as exc:
+        if not _cannot_run(exc):
+            return None, ""
+        reason = str(exc).split("; the config sets")[0]  # verify's hint is replaced by the field found here
+        return False, reason.replace("the patched model cannot run a forward pass", "").strip(" ()") or reason
+    except (ValueError, RuntimeError, AttributeError, TypeError):
+        return None, ""  # e.g. a config class that accepts no linear RoPE: let the patch's own error stand
+    return True, ""
+
+
+def _field_value(text_config, name: str):
+    """`name` on the config, or in its rope_parameters (5.x moves partial_rotary_factor there), else None."""
+    value = getattr(text_config, name, None)
+    rope = getattr(text_config, "rope_parameters", None)
+    if value is not None or not isinstance(rope, dict):
+        return value
+    for params in (rope, *rope.values()):
+        if isinstance(params, dict) and params.get(name) is not None:
+            return params[name]
+    return None
+
+
+def _without(config, name: str):
+    """A copy of the config with `name` removed (top level and every rope_parameters slot)."""
+    config = copy.deepcopy(config)
+    text = compat.text_config(config)
+    if name in text.__dict__:
+        delattr(text, name)
+    rope = getattr(text, "rope_parameters", None)
+    if isinstance(rope, dict):
+        rope.pop(name, None)
+        for params in rope.values():
+            if isinstance(params, dict):
+                params.pop(name, None)
+    return config
 
 
 def unpatch_model(model: nn.Module) -> bool:

@@ -141,7 +141,15 @@ class _SpecCore(BaseModel):
     def resolve(self, original_max_position_embeddings: int) -> RopeSpec:
         """Fill in original length, factor and target length. Raises SpecError when they are inconsistent."""
         original = self.original_max_position_embeddings or original_max_position_embeddings
-        if original is None or original <= 0:
+        if original is not None and (isinstance(original, bool) or not isinstance(original, (int, float))
+                                     or not 1 <= original <= MAX_TOKENS or original != int(original)):
+            raise SpecError(
+                f"the original context length {original!r} is not a number of tokens in [1, {MAX_TOKENS}]; give the "
+                "length the model was trained with (e.g. --original-length 4096)",
+                field="original_max_position_embeddings",
+                value=original,
+            )
+        if original is None:
             raise SpecError(
                 "the original context length is unknown: the model config has no max_position_embeddings; "
                 "set original_max_position_embeddings in the spec",

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from rope_extend import (
     AlreadyScaledError,
     CheckpointError,
+    ModelConfigError,
     RopeExtendError,
     RopeSpec,
     SpecError,
@@ -200,8 +201,9 @@ CASES += [
     ("config-marker-damaged", lambda t: YARN, lambda s: _edit_config(s, rope_extend={"spec": {"method": "yarn"}, "original": {"max_position_embeddings": 32}}), FIELD + ["rope_extend.original", "damaged"], CheckpointError),
     ("config-nested-recursion", lambda t: YARN, lambda s: _nested_config(s, 100_000), ["config.json", "nested too deeply"], CheckpointError),
     ("config-nested-deep", lambda t: YARN, lambda s: _nested_config(s, 40), ["config.json", "levels deep"], CheckpointError),
-    # a stray partial_rotary_factor: stock RoPE numbers agree, but the model cannot run -> never "verified"
-    ("config-stray-partial-rotary", lambda t: YARN, lambda s: _edit_config(s, partial_rotary_factor=0.5), ["cannot run a forward pass", "partial_rotary_factor"], VerificationError),
+    # a stray partial_rotary_factor: stock RoPE numbers agree, but the model cannot run even unpatched -> the config
+    # is at fault (a ValueError naming the field), never "verified"
+    ("config-stray-partial-rotary", lambda t: YARN, lambda s: _edit_config(s, partial_rotary_factor=0.5), ["even before patching", "partial_rotary_factor 0.5", "remove partial_rotary_factor"], ModelConfigError),
     # safetensors headers: right JSON syntax, wrong shape
     ("safetensors-header-list", lambda t: YARN, lambda s: _st_header(s, [1, 2]), ["model.safetensors", "not an object"], CheckpointError),
     ("safetensors-header-text", lambda t: YARN, lambda s: _st_header(s, "weights"), ["model.safetensors", "not an object"], CheckpointError),
@@ -521,8 +523,10 @@ def test_patch_model_refuses_a_model_that_would_not_run_and_changes_nothing():
     ids = tiny.input_ids(8)
     with torch.no_grad():
         expected = model(ids).logits
-    with pytest.raises(VerificationError, match="cannot run a forward pass"):
+    with pytest.raises(ModelConfigError, match="even before patching") as refused:
         patch_model(model, method="yarn", factor=2)
+    assert isinstance(refused.value, ValueError) and not isinstance(refused.value, VerificationError)
+    assert (refused.value.field, refused.value.value) == ("partial_rotary_factor", 0.5)
     assert torch.equal(model.model.rotary_emb.inv_freq, inv_freq)
     assert model.config.max_position_embeddings == tiny.ORIGINAL
     with torch.no_grad():
@@ -673,3 +677,173 @@ def test_every_command_accepts_the_smollm2_alias(pristine, tmp_path, capsys, mon
     assert json.loads(capsys.readouterr().out)["inspection"]["original_length"] == 32
     assert run(["patch", "smollm2", "-o", str(tmp_path / "out"), *YARN]) == 0
     assert "the local checkpoint `src`" in (tmp_path / "out" / "README.md").read_text()
+
+
+# --- the Hub cache (issue 18): one rule for every file SOURCE names, index entries included ---------------------------
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("sharded") / "src"
+    tiny.make_model("llama").save_pretrained(folder, max_shard_size="100KB")
+    assert len(list(folder.glob("model-*.safetensors"))) >= 3 and (folder / "model.safetensors.index.json").exists()
+    return folder
+
+
+def _hub(tmp_path, monkeypatch, folder, repo="acme/tiny-sharded"):
+    import hubcache
+
+    cache = tmp_path / "hub"
+    snapshot = hubcache.from_folder(cache, repo, folder)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    return cache, snapshot
+
+
+def test_sharded_model_from_the_hub_cache_is_patched_and_every_shard_linked(sharded, tmp_path, monkeypatch, capsys):
+    cache, snapshot = _hub(tmp_path, monkeypatch, sharded)
+    before = checksums(cache)
+    out = tmp_path / "out"
+    assert run(["patch", "acme/tiny-sharded", "-o", str(out), *YARN]) == 0, capsys.readouterr().err
+    shards = sorted(p.name for p in sharded.glob("*.safetensors"))
+    assert sorted(p.name for p in out.glob("*.safetensors")) == shards
+    for name in shards + ["model.safetensors.index.json"]:
+        blob = Path(os.path.realpath(snapshot / name))
+        assert blob.parent == cache / "models--acme--tiny-sharded" / "blobs"
+        assert not (out / name).is_symlink() and os.stat(out / name).st_ino == os.stat(blob).st_ino
+        assert os.stat(blob).st_nlink == 2  # the blob and OUT's hard link: nothing copied
+    assert checksums(cache) == before
+
+
+def _relink(snapshot: Path, name: str, target) -> None:
+    (snapshot / name).unlink()
+    os.symlink(target, snapshot / name)
+
+
+def _other_repo_blob(snapshot: Path, name: str, absolute: bool) -> None:
+    """`name` links to a copy of its own blob in another repo of the same cache (same bytes, other repo)."""
+    cache = snapshot.parents[2]
+    other = cache / "models--evil--repo" / "blobs"
+    other.mkdir(parents=True)
+    blob = other / Path(os.path.realpath(snapshot / name)).name
+    blob.write_bytes((snapshot / name).read_bytes())
+    _relink(snapshot, name, blob if absolute else os.path.relpath(blob, snapshot))
+
+
+def _index_entry(snapshot: Path, entry: str) -> None:
+    """Rewrite the index (a new blob, as the Hub would store it) so that its first tensor names `entry`."""
+    import hubcache
+
+    index = json.loads((snapshot / "model.safetensors.index.json").read_text())
+    first = sorted(index["weight_map"])[0]
+    index["weight_map"][first] = entry
+    data = json.dumps(index).encode()
+    blob = snapshot.parents[1] / "blobs" / hubcache.git_blob_sha1(data)
+    blob.write_bytes(data)
+    _relink(snapshot, "model.safetensors.index.json", os.path.relpath(blob, snapshot))
+
+
+def _first_shard(snapshot: Path) -> str:
+    return sorted(p.name for p in snapshot.glob("model-*.safetensors"))[0]
+
+
+def _loop(snapshot: Path) -> None:
+    blobs = snapshot.parents[1] / "blobs"
+    os.symlink("loop", blobs / "loop")  # blobs/loop -> itself
+    _relink(snapshot, _first_shard(snapshot), "../../blobs/loop")
+
+
+def _nested_blob(snapshot: Path) -> None:
+    name = _first_shard(snapshot)
+    nested = snapshot.parents[1] / "blobs" / "sub"
+    nested.mkdir()
+    (nested / "x").write_bytes((snapshot / name).read_bytes())
+    _relink(snapshot, name, "../../blobs/sub/x")
+
+
+def _dir_link_entry(snapshot: Path) -> None:
+    outside = snapshot.parents[4] / "outside"
+    outside.mkdir()
+    (outside / "w.safetensors").write_bytes((snapshot / _first_shard(snapshot)).read_bytes())
+    os.symlink(outside, snapshot / "sub")
+    _index_entry(snapshot, "sub/w.safetensors")
+
+
+def _outside_file(snapshot: Path, name: str) -> None:
+    outside = snapshot.parents[4] / f"outside-{name}"
+    outside.write_bytes((snapshot / name).read_bytes())
+    _relink(snapshot, name, outside)
+
+
+HUB_CASES = [
+    ("shard-into-other-repo-blobs", lambda s: _other_repo_blob(s, _first_shard(s), absolute=False), ["symbolic link", "same repo"]),
+    ("shard-absolute-other-repo-blob", lambda s: _other_repo_blob(s, _first_shard(s), absolute=True), ["symbolic link", "same repo"]),
+    ("index-into-other-repo-blobs", lambda s: _other_repo_blob(s, "model.safetensors.index.json", absolute=False), ["symbolic link"]),
+    ("index-link-outside-cache", lambda s: _outside_file(s, "model.safetensors.index.json"), ["symbolic link"]),
+    ("config-link-outside-cache", lambda s: _outside_file(s, "config.json"), ["symbolic link"]),
+    ("shard-link-outside-cache", lambda s: _outside_file(s, _first_shard(s)), ["symbolic link"]),
+    ("shard-link-loop", _loop, ["broken (or looping) link"]),
+    ("shard-dangling-blob", lambda s: _relink(s, _first_shard(s), "../../blobs/" + "0" * 64), ["broken (or looping) link"]),
+    ("shard-nested-in-blobs", _nested_blob, ["symbolic link"]),
+    ("index-entry-dotdot-to-blob", lambda s: _index_entry(s, "../../blobs/x.safetensors"), ["inside SOURCE"]),
+    ("index-entry-absolute", lambda s: _index_entry(s, str(Path(os.path.realpath(s / _first_shard(s)))) + ".safetensors"), ["inside SOURCE"]),
+    ("index-entry-through-linked-folder", _dir_link_entry, ["symbolic link"]),
+]
+
+
+@pytest.mark.parametrize("case_id, mutate, words", HUB_CASES, ids=[c[0] for c in HUB_CASES])
+def test_hub_cache_hostile_links_are_refused(sharded, tmp_path, monkeypatch, capsys, case_id, mutate, words):
+    cache, snapshot = _hub(tmp_path, monkeypatch, sharded)
+    mutate(snapshot)
+    out = tmp_path / "new" / "out"
+    capsys.readouterr()
+    assert run(["patch", "acme/tiny-sharded", "-o", str(out), *YARN]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rope-extend: error:"), err
+    for word in words:
+        assert word in err[0], err[0]
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(CheckpointError):
+        patch_checkpoint("acme/tiny-sharded", {"method": "yarn", "factor": 2}, out)
+
+
+# --- the rest of the hostile-input table (issue 18 §5) -------------------------------------------------------------
+def test_inspect_recommend_refuses_an_absurd_target_length(pristine, capsys):
+    for target, words in ((99999999999, ["99999999999", "[1, 2147483647]"]),
+                          (tiny.ORIGINAL * 1024 + 1, [str(tiny.ORIGINAL * 1024 + 1), "[1, 1024]"])):
+        assert run(["inspect", str(pristine), "--recommend", "--target-length", str(target)]) == 2, target
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and all(word in err[0] for word in words), err
+    assert run(["inspect", str(pristine), "--recommend", "--target-length", str(tiny.ORIGINAL * 1024)]) == 0
+
+
+def test_validate_names_a_bad_original_length(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("method: yarn\nfactor: 4\n")
+    for bad in ("0", "-3"):
+        assert run(["validate", str(spec), "--original-length", bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--original-length {bad} " in err[0], err
+        with pytest.raises(SpecError, match=f"original context length {bad} "):
+            load_spec(spec).resolve(int(bad))
+    assert run(["validate", str(spec), "--original-length", "4096"]) == 0
+    assert "target_length: 16384" in capsys.readouterr().out
+
+
+def test_out_that_is_a_link_is_refused_before_any_work(pristine, tmp_path, capsys, monkeypatch):
+    from rope_extend import checkpoint
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("SOURCE was scanned: OUT was not checked first")
+
+    monkeypatch.setattr(checkpoint, "scan_source", no_work)
+    dangling = tmp_path / "out"
+    dangling.symlink_to(tmp_path / "nowhere")
+    linked_dir = tmp_path / "out2"
+    (tmp_path / "empty").mkdir()
+    linked_dir.symlink_to(tmp_path / "empty")
+    for out, words in ((dangling, ["symbolic link", "dangling"]), (linked_dir, ["symbolic link", "real folder"])):
+        assert run(["patch", str(pristine), "-o", str(out), *YARN]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and all(word in err[0] for word in [f"OUT {str(out)!r}", *words]), err
+        with pytest.raises(CheckpointError, match="symbolic link"):
+            patch_checkpoint(pristine, {"method": "yarn", "factor": 2}, out)
+    assert dangling.is_symlink() and not (tmp_path / "nowhere").exists() and not any((tmp_path / "empty").iterdir())

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, out
+from .app import app, fail, out
 
 
 @app.command(
@@ -21,6 +21,9 @@ def validate(
     ] = None,
 ) -> None:
     """Check a spec file without loading any model; print the resolved spec."""
+    if original_length is not None and original_length < 1:
+        fail(f"--original-length {original_length} is not a number of tokens: give the context length the model "
+             "was trained with (>= 1, e.g. --original-length 4096)")
     from ..spec import load_spec
 
     spec = load_spec(spec_file)
