@@ -337,7 +337,7 @@ def source_file(source: Path, rel: Path, what: str | None = None) -> Path:
     target = Path(os.path.realpath(path))
     repo = hub_repo_root(source)
     blobs = Path(os.path.realpath(repo)) / "blobs" if repo is not None else None
-    if blobs is not None and target.is_relative_to(blobs) and target.parent == blobs:
+    if blobs is not None and target.parent == blobs:  # huggingface_hub's blobs/ is flat
         if not target.is_file():
             raise CheckpointError(
                 f"{what} is a broken (or looping) link into the Hub cache's blobs ({str(target)!r}); re-download it"

@@ -145,7 +145,7 @@ class _SpecCore(BaseModel):
                                      or not 1 <= original <= MAX_TOKENS or original != int(original)):
             raise SpecError(
                 f"the original context length {original!r} is not a number of tokens in [1, {MAX_TOKENS}]; give the "
-                "length the model was trained with (e.g. --original-length 4096)",
+                "length the model was trained with (original_max_position_embeddings; CLI: --original-length)",
                 field="original_max_position_embeddings",
                 value=original,
             )
