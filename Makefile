@@ -18,7 +18,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
-	$(VENV)/bin/pip install $(PIP_FLAGS) -c $(CONSTRAINTS5) -e ".[dev,eval]" "$(TRANSFORMERS5)" "$(TORCH)"
+	$(VENV)/bin/pip install $(PIP_FLAGS) -c $(CONSTRAINTS5) -e ".[dev,eval,train]" "$(TRANSFORMERS5)" "$(TORCH)"
 	touch $@
 
 # A second environment on the latest transformers 4.x for the portability and parity tests.

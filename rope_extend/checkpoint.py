@@ -329,6 +329,11 @@ def _full(source, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         patch_model(model, plan.spec, verify=False)  # verified below, against the saved model reloaded stock
+    return _save_loaded(model, source, tmp, files, plan, result)
+
+
+def _save_loaded(model, source: Path, tmp: Path, files: list[Path], plan: PatchPlan, result: PatchResult) -> dict:
+    """Save a loaded, patched model into `tmp` with SOURCE's other files (tokenizer...) and the portable config."""
     result.patched_outputs = probe_outputs(model.eval(), plan)
     model.save_pretrained(tmp, safe_serialization=True)
     saved = {p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file()}
@@ -458,6 +463,58 @@ def patch_checkpoint(
         if verify:
             step("verifying: stock transformers reload and a forward beyond the original length")
             verify_output(tmp, plan, mode, source_config=config, patched_outputs=result.patched_outputs)
+            result.verified = True
+        result.patched_outputs = None
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def write_model_checkpoint(
+    model,
+    source: str | os.PathLike,
+    out: str | os.PathLike,
+    plan: PatchPlan,
+    *,
+    overwrite: bool = False,
+    verify: bool = True,
+    training: str | None = None,
+    extra: Callable[[Path], None] | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> PatchResult:
+    """Write an already-loaded, patched model (e.g. fine-tuned by `rope-extend train`) to OUT the way `patch
+    --mode full` writes one: atomically, with SOURCE's tokenizer files, the portable config, the raised length caps,
+    `rope_extend.yaml`, the model card (`training`: its training section) and, with `verify`, stock transformers'
+    reload checked against `model` itself (same RoPE, same outputs beyond the original length). `extra(tmp)` adds
+    files (plots, logs) before verification."""
+    started = time.perf_counter()
+    step = on_step or (lambda message: None)
+    src = resolve_source(source)
+    out_path = check_output_path(src, Path(out), overwrite)
+    raw = files.read_config(src)
+    carried = scan_source(src, allow_pickle=False)
+    result = PatchResult(out=out_path, source=src, mode="full", plan=plan, warnings=list(plan.warnings))
+    result.serving, _ = serving_hints(plan, str(out_path))
+    card_serving, _ = serving_hints(plan, out_path.name)
+    with _atomic_dir(out_path, overwrite) as tmp:
+        step("writing the trained checkpoint")
+        new = _save_loaded(model, src, tmp, carried, plan, result)
+        result.written = ["config.json"] + _update_caps(tmp, plan.old_max_position_embeddings, plan.spec.target_length)
+        spec_yaml = plan.spec.to_yaml()
+        (tmp / "rope_extend.yaml").write_text(spec_yaml)
+        if extra is not None:
+            extra(tmp)
+        card = build_model_card(
+            base_model=_public_name(source, src), spec_yaml=spec_yaml, method=plan.spec.method,
+            config_diff=config_diff(compat.text_part(raw), compat.text_part(new)), serving=card_serving,
+            training=training,
+        )
+        if (tmp / "README.md").exists():
+            (tmp / "README.md").unlink()
+        (tmp / "README.md").write_text(card)
+        result.written += ["rope_extend.yaml", "README.md"]
+        if verify:
+            step("verifying: stock transformers reload equals the trained model")
+            verify_output(tmp, plan, "full", source_config=files.load_config(src), patched_outputs=result.patched_outputs)
             result.verified = True
         result.patched_outputs = None
     result.seconds = time.perf_counter() - started

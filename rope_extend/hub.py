@@ -159,8 +159,10 @@ def build_model_card(
     serving: str,
     eval_summary: str | None = None,
     engines: str | None = None,
+    training: str | None = None,
 ) -> str:
-    """The README.md text of a patched checkpoint (huggingface_hub ModelCard with metadata)."""
+    """The README.md text of a patched checkpoint (huggingface_hub ModelCard with metadata). `training`: the
+    fine-tuning section of a checkpoint written by `rope-extend train` (its weights changed)."""
     import transformers
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -177,8 +179,8 @@ def build_model_card(
 
 This checkpoint is {f'[{base_model}](https://huggingface.co/{base_model})' if REPO_ID.match(base_model) else f'the local checkpoint `{base_model}`'}
 with its rotary position embeddings rescaled by [rope-extend](https://pypi.org/project/rope-extend/) using
-**{method}** ([paper]({get_method(method).paper})). No weight was changed: only `config.json` (and length caps) differ.
-
+**{method}** ([paper]({get_method(method).paper})). {"It was then fine-tuned at the new length (see Training below)." if training else "No weight was changed: only `config.json` (and length caps) differ."}
+{f"{chr(10)}## Training{chr(10)}{chr(10)}{training.rstrip()}{chr(10)}" if training else ""}
 ## Spec
 
 ```yaml

@@ -12,6 +12,7 @@ from . import (
     inspect_cmd,  # noqa: F401  inspect
     patch_cmd,  # noqa: F401  patch, show
     spec_cmds,  # noqa: F401  validate, methods
+    train_cmd,  # noqa: F401  train
     tune_cmd,  # noqa: F401  tune
 )
 

@@ -1,0 +1,94 @@
+"""`rope-extend train`: fine-tune a checkpoint at its new length after the RoPE patch (thin over rope_extend.train).
+
+Imports nothing heavy at module level: torch/transformers/peft/datasets load inside the command.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .app import app, fail, out
+
+EXAMPLES = """Examples:
+
+  rope-extend train smollm2 --method yarn --factor 2 --text plays.txt --text kjv.txt --window 2048 --steps 200 -o out/smollm2-16k
+
+  rope-extend train ./my-model --config configs/yarn-x8.yaml --dataset ./books --lora -o out/my-model-64k
+
+  accelerate launch -m rope_extend train ./my-model --method yarn --factor 4 --text a.txt -o out/model-train
+
+Rerunning the same command after an interruption (SIGTERM, Ctrl-C, SIGKILL) resumes from OUT.train-state/.
+"""
+
+
+@app.command(name="train", epilog=EXAMPLES)
+def train_command(
+    source: Annotated[str, typer.Argument(help="Unpatched checkpoint folder, Hub id, or 'smollm2' (the demo model).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Output checkpoint folder (written atomically).")],
+    method: Annotated[str | None, typer.Option("--method", "-m", help="Static scaling method (yarn, linear, ...).")] = None,
+    factor: Annotated[float | None, typer.Option("--factor", "-f", help="Scale factor s >= 1.")] = None,
+    target_length: Annotated[int | None, typer.Option("--target-length", "-t", help="New context length.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML spec; flags override its keys.")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a spec key (repeatable).")] = None,
+    text: Annotated[list[Path] | None, typer.Option("--text", help="Training text file, one document (repeatable).")] = None,
+    dataset: Annotated[str | None, typer.Option("--dataset", help="datasets folder (save_to_disk or data files) or Hub dataset id.")] = None,
+    dataset_split: Annotated[str, typer.Option("--dataset-split")] = "train",
+    dataset_column: Annotated[str, typer.Option("--dataset-column")] = "text",
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps (YaRN: 400).")] = 400,
+    window: Annotated[int | None, typer.Option("--window", "-w", help="Training window; shorter than the target "
+                                               "length = PoSE (default: the target if it fits, else the original length).")] = None,
+    batch_tokens: Annotated[int | None, typer.Option("--batch-tokens", help="Global batch in tokens (default 64 windows).")] = None,
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Windows per process per forward.")] = 1,
+    lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.")] = 2e-5,
+    warmup: Annotated[int | None, typer.Option("--warmup", help="Warmup steps (default min(20, 5 % of steps)).")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    lora: Annotated[bool, typer.Option("--lora", help="LoRA (r 16, alpha 64) + trainable embeddings and norms.")] = False,
+    lora_r: Annotated[int, typer.Option("--lora-r")] = 16,
+    lora_alpha: Annotated[int, typer.Option("--lora-alpha")] = 64,
+    no_embeddings_norms: Annotated[bool, typer.Option("--no-train-embeddings-norms", help="LoRA only (adapts less to long context).")] = False,
+    save_adapter: Annotated[bool, typer.Option("--save-adapter", help="Also keep the adapter in OUT/adapter.")] = False,
+    save_steps: Annotated[int | None, typer.Option("--save-steps", help="Checkpoint every N steps (default 10 % of the run).")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="auto (bf16 on GPUs that have it), float32, bfloat16.")] = "auto",
+    gradient_checkpointing: Annotated[bool, typer.Option("--gradient-checkpointing")] = False,
+    eval_suite: Annotated[str | None, typer.Option("--eval-suite", help="Eval suite before/after; into the card.")] = None,
+    eval_text: Annotated[list[Path] | None, typer.Option("--eval-text", help="Held-out text: refused if it overlaps a training text.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty OUT.")] = False,
+    restart: Annotated[bool, typer.Option("--restart", help="Discard OUT.train-state and start over.")] = False,
+    no_verify: Annotated[bool, typer.Option("--no-verify")] = False,
+) -> None:
+    """Fine-tune SOURCE at the extended length (YaRN recipe, PoSE windows, optional LoRA+) and write OUT."""
+    from ..train import TrainSpec
+    from .patch_cmd import build_spec
+
+    rope = build_spec(method, factor, target_length, config, sets or [])
+    spec = TrainSpec(
+        source=source, output=str(output), rope=rope, texts=[str(t) for t in text or []], dataset=dataset,
+        dataset_split=dataset_split, dataset_column=dataset_column, steps=steps, window=window,
+        batch_tokens=batch_tokens, micro_batch=micro_batch, learning_rate=lr, warmup_steps=warmup, seed=seed,
+        lora=lora, lora_r=lora_r, lora_alpha=lora_alpha, train_embeddings_and_norms=not no_embeddings_norms,
+        save_adapter=save_adapter, save_steps=save_steps, dtype=dtype, gradient_checkpointing=gradient_checkpointing,
+        eval_suite=eval_suite, eval_texts=[str(t) for t in eval_text or []], overwrite=overwrite, resume=not restart,
+        verify=not no_verify,
+    )
+    from ..train.runner import TrainingInterrupted, progress_printer, train_model
+
+    try:
+        result = train_model(spec, on_progress=progress_printer())
+    except TrainingInterrupted as stop:
+        import signal
+
+        print(f"rope-extend: interrupted ({signal.Signals(stop.signum).name}) at step {stop.step}; a checkpoint is "
+              f"in {stop.state_dir}; rerun the same command to resume", file=sys.stderr, flush=True)
+        raise SystemExit(128 + int(stop.signum)) from None
+    if result.out is None:  # not the main process of a distributed run
+        return
+    if result.first_loss is None:
+        fail("training logged no loss")
+    out.print(f"wrote {result.out}: {result.steps} steps, {result.tokens:,} tokens in {result.seconds:.1f} s; loss "
+              f"{result.first_loss:.4f} -> {result.last_loss:.4f}; "
+              f"{'verified with stock transformers (reload equals the trained model)' if result.verified else 'NOT verified'}",
+              markup=False, highlight=False)

@@ -1,0 +1,80 @@
+"""The training part of a trained checkpoint's model card, its loss-curve plot and its log file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+LOSS_PLOT = "training_loss.png"
+LOG_FILE = "training_log.jsonl"
+SUMMARY_FILE = "training.json"
+
+
+def write_files(folder: Path, summary: dict[str, Any], history: list[dict]) -> None:
+    """training.json (the summary), training_log.jsonl (one line per logged step) and the loss plot."""
+    (folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    (folder / LOG_FILE).write_text("".join(json.dumps(row) + "\n" for row in history))
+    losses = [(row["step"], row["loss"]) for row in history if "loss" in row]
+    if losses:
+        plot_loss(losses, folder / LOSS_PLOT, summary.get("title", "training loss"))
+
+
+def plot_loss(points: list[tuple[int, float]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+    ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats/token)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def section(summary: dict[str, Any], eval_summary: str | None = None) -> str:
+    """Markdown: recipe, data (names, token counts, hashes), steps, tokens, wall time, loss, eval."""
+    r = summary["recipe"]
+    rows = [
+        ("method", f"{r['method']} x{r['factor']:g} ({r['original_length']} -> {r['target_length']} tokens)"),
+        ("adaptation", "LoRA r={lora_r} alpha={lora_alpha} dropout={lora_dropout} on all linear layers but lm_head"
+         "{extra}".format(**r, extra=", embeddings and norms trainable" if r["train_embeddings_and_norms"] else "")
+         if r["lora"] else "full fine-tune"),
+        ("window", f"{r['window']} tokens" + (f", PoSE positions spanning {r['target_length']}" if r["pose"]
+                                               else " (the full target length)")),
+        ("global batch", f"{r['global_windows']} windows = {r['global_windows'] * r['window']} tokens "
+                         f"({r['world_size']} process(es) x {r['micro_batch']} x {r['accumulation']} accumulation)"),
+        ("optimizer", f"AdamW lr {r['learning_rate']:g}, betas ({r['adam_beta1']}, {r['adam_beta2']}), weight decay "
+                      f"{r['weight_decay']:g}, {r['warmup_steps']} warmup steps, {r['scheduler']} schedule"),
+        ("steps", f"{summary['steps']} (seed {r['seed']})"),
+        ("tokens trained", f"{summary['tokens_trained']:,}"),
+        ("wall time", f"{summary['wall_seconds']:.1f} s ({summary['tokens_per_second']:.0f} tokens/s, "
+                      f"{summary['device']})"),
+        ("loss", f"first {summary['first_loss']:.4f} -> last {summary['last_loss']:.4f}"
+         if summary.get("first_loss") is not None else "-"),
+    ]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    data = "\n".join(f"| `{s['name']}` | {s['documents']} | {s['chars']:,} | {s['tokens']:,} | `{s['sha256'][:16]}` |"
+                     for s in summary["data"])
+    text = f"""| | |
+|---|---|
+{table}
+
+Data (documents are never packed across boundaries unmarked; BOS/EOS as the tokenizer defines them):
+
+| source | documents | characters | tokens | sha256 (first 16) |
+|---|---|---|---|---|
+{data}
+
+![training loss]({LOSS_PLOT})
+
+`{SUMMARY_FILE}` holds these numbers, `{LOG_FILE}` the loss, learning rate and tokens/s of every logged step.
+"""
+    if eval_summary:
+        text += f"\n### Before / after\n\n{eval_summary.rstrip()}\n"
+    return text

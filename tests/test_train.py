@@ -1,0 +1,177 @@
+"""`rope-extend train` end to end on a tiny random llama with the real SmolLM2 tokenizer (tied embeddings, 49k vocab,
+2 layers, original window 64, trained for the 4x = 256-token target with PoSE windows of 32 tokens).
+
+One reference run (in-process, 6 steps) is shared: the loss test, the checkpoint/portability test, the resume test
+and the 2-process test compare against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import tiny
+import torch
+from safetensors.torch import load_file
+
+from rope_extend.cli import run
+
+OTHER = os.environ.get("ROPE_EXTEND_OTHER_PYTHON")
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 6
+
+
+def _toy_text(words: int = 2400) -> str:
+    """A learnable text: a fixed cycle of 60 words (the next word is determined by the previous two)."""
+    vocab = [f"w{i:02d}" for i in range(60)]
+    return " ".join(vocab[i % 60] for i in range(words)) + "\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_source(tmp_path_factory, smollm2_path):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("train-src") / "tiny-smollm2-tok"
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    config = AutoConfig.for_model(
+        "llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=96, vocab_size=len(tokenizer), max_position_embeddings=64, head_dim=16,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # as shipped (loadable by both transformers lines)
+        shutil.copy2(Path(smollm2_path) / name, folder / name)
+    text = folder.parent / "toy.txt"
+    text.write_text(_toy_text())
+    return folder, text
+
+
+def _args(source: Path, text: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--window", "32",
+            "--steps", str(STEPS), "--batch-tokens", "64", "--lr", "3e-3", "--warmup", "0", "--save-steps", "1",
+            "-o", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_source, tmp_path_factory):
+    source, text = tiny_source
+    out = tmp_path_factory.mktemp("train-ref") / "ref"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert run(_args(source, text, out)) == 0
+    return out
+
+
+def _child_env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_loss_falls_on_a_learnable_text_and_the_card_records_the_run(reference):
+    summary = json.loads((reference / "training.json").read_text())
+    log = [json.loads(line) for line in (reference / "training_log.jsonl").read_text().splitlines()]
+    losses = [row["loss"] for row in log if "loss" in row]
+    assert len(losses) == STEPS and summary["steps"] == STEPS
+    assert losses[0] == pytest.approx(float(torch.log(torch.tensor(49152.0))), abs=0.2)  # random init: ~ln(vocab)
+    assert losses[-1] < losses[0] - 1.0, losses  # the 60-word cycle is being learned
+    assert summary["tokens_trained"] == STEPS * 64 and summary["recipe"]["pose"] is True
+    assert summary["data"][0]["sha256"] == __import__("hashlib").sha256(
+        _toy_text().encode()).hexdigest()
+    card = (reference / "README.md").read_text()
+    assert "## Training" in card and "PoSE positions spanning 256" in card and "training_loss.png" in card
+    assert (reference / "training_loss.png").stat().st_size > 1000
+    config = json.loads((reference / "config.json").read_text())
+    assert config["max_position_embeddings"] == 256 and config["rope_scaling"]["rope_type"] == "yarn"
+    assert config["tie_word_embeddings"] is True
+    assert not (reference.parent / "ref.train-state").exists()  # the resume state is removed after success
+
+
+def test_stock_reload_in_both_transformers_lines_equals_the_trained_model(reference, tiny_source, tmp_path):
+    """The writer verified the stock reload of this line against the trained model in memory; here the other line
+    (4.x <-> 5.x, a process that cannot import rope_extend) must reload the same logits beyond the window."""
+    ids = torch.randint(3, 49152, (1, 200), generator=torch.Generator().manual_seed(0))
+    (this,) = tiny.stock_logits([(reference, ids)], tmp_path / "this")
+    trained = _weights(reference)
+    source_weights = _weights(tiny_source[0])
+    assert any(not torch.equal(trained[k], source_weights[k]) for k in trained)  # training changed the weights
+    if OTHER:
+        (other,) = tiny.stock_logits([(reference, ids)], tmp_path / "other", python=OTHER)
+        torch.testing.assert_close(other, this, atol=1e-5, rtol=0)
+
+
+def test_bad_input_is_refused_in_one_line_before_any_work(tiny_source, tmp_path, capsys):
+    source, text = tiny_source
+    short = tmp_path / "short.txt"
+    short.write_text("Too short for one window.")
+    out = tmp_path / "out"
+    base = ["--window", "32", "--steps", "2", "-o", str(out)]
+    cases = [
+        (["train", str(source), "--method", "yarn", "--factor", "4", *base], "no training text"),
+        (["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(short), *base],
+         "fewer than one training window"),
+        (["train", str(source), "--method", "nope", "--factor", "4", "--text", str(text), *base], "nope"),
+        (["train", str(source), "--method", "dynamic", "--factor", "4", "--text", str(text), *base], "is dynamic"),
+        (["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--window", "32",
+          "-o", str(source / "inside")], "inside SOURCE"),
+        (["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--eval-text", str(text),
+          *base], "training texts"),
+    ]
+    for args, needle in cases:
+        started = time.perf_counter()
+        assert run(args) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("rope-extend: error:") and needle in err[0], err
+        assert time.perf_counter() - started < 20  # refused before a model is loaded
+        assert not out.exists() and not (tmp_path / "out.train-state").exists()
+        assert not (source / "inside").exists()
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.is_file():
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+def test_sigterm_saves_and_a_rerun_after_sigkill_resumes_to_the_same_weights(reference, tiny_source, tmp_path):
+    source, text = tiny_source
+    out = tmp_path / "res"
+    command = [sys.executable, "-m", "rope_extend", *_args(source, text, out)]
+    state = tmp_path / "res.train-state"
+    first = subprocess.Popen(command, env=_child_env(), stderr=subprocess.PIPE, text=True)
+    _wait_for(state / "checkpoint-2" / "trainer_state.json", first)
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 143, err
+    assert "rerun the same command to resume" in err.strip().splitlines()[-1]
+    stopped = max(int(p.name.split("-")[1]) for p in state.glob("checkpoint-*"))
+    assert 2 <= stopped < STEPS
+    second = subprocess.Popen(command, env=_child_env(), stderr=subprocess.PIPE, text=True)
+    _wait_for(state / f"checkpoint-{stopped + 1}" / "trainer_state.json", second)
+    second.send_signal(signal.SIGKILL)
+    second.communicate(timeout=60)
+    assert not out.exists()
+    third = subprocess.run(command, env=_child_env(), capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stderr
+    assert f"resuming from checkpoint-{stopped + 1}" in third.stderr or "resuming from checkpoint-" in third.stderr
+    want, got = _weights(reference), _weights(out)
+    assert sorted(want) == sorted(got)
+    for key in want:  # deterministic on CPU: bit-identical to the uninterrupted run
+        assert torch.equal(want[key], got[key]), key
+    log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == list(range(1, STEPS + 1))
