@@ -175,3 +175,27 @@ def test_sigterm_saves_and_a_rerun_after_sigkill_resumes_to_the_same_weights(ref
         assert torch.equal(want[key], got[key]), key
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "loss" in r] == list(range(1, STEPS + 1))
+
+
+def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global_batch(reference, tiny_source,
+                                                                                        tmp_path):
+    """torchrun --nproc_per_node 2 (DDP over gloo on the CPU): each process takes one window of the 2-window global
+    batch instead of one process accumulating both. Tolerance: 1e-5 absolute (the gradient all-reduce sums in
+    another order than accumulation)."""
+    source, text = tiny_source
+    out = tmp_path / "ddp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(29500 + os.getpid() % 1000), "-m", "rope_extend", *_args(source, text, out)]
+    result = subprocess.run(command, env=_child_env(), capture_output=True, text=True, timeout=400)
+    errors = [line for line in result.stderr.splitlines() if "rope-extend: error" in line or "Error" in line]
+    assert result.returncode == 0, "\n".join(errors[:20]) or result.stderr[-3000:]
+    summary = json.loads((out / "training.json").read_text())
+    assert summary["recipe"]["world_size"] == 2 and summary["recipe"]["accumulation"] == 1
+    want, got = _weights(reference), _weights(out)
+    assert sorted(want) == sorted(got)
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], atol=1e-5, rtol=0, msg=key)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
+    same = ("architectures", "rope_scaling", "rope_parameters", "max_position_embeddings", "tie_word_embeddings")
+    a, b = json.loads((out / "config.json").read_text()), json.loads((reference / "config.json").read_text())
+    assert {k: a.get(k) for k in same} == {k: b.get(k) for k in same}

@@ -52,6 +52,7 @@ def train_command(
     no_embeddings_norms: Annotated[bool, typer.Option("--no-train-embeddings-norms", help="LoRA only (adapts less to long context).")] = False,
     save_adapter: Annotated[bool, typer.Option("--save-adapter", help="Also keep the adapter in OUT/adapter.")] = False,
     save_steps: Annotated[int | None, typer.Option("--save-steps", help="Checkpoint every N steps (default 10 % of the run).")] = None,
+    logging_steps: Annotated[int, typer.Option("--logging-steps", help="Progress line and log entry every N steps.")] = 1,
     dtype: Annotated[str, typer.Option("--dtype", help="auto (bf16 on GPUs that have it), float32, bfloat16.")] = "auto",
     gradient_checkpointing: Annotated[bool, typer.Option("--gradient-checkpointing")] = False,
     eval_suite: Annotated[str | None, typer.Option("--eval-suite", help="Eval suite before/after; into the card.")] = None,
@@ -70,7 +71,8 @@ def train_command(
         dataset_split=dataset_split, dataset_column=dataset_column, steps=steps, window=window,
         batch_tokens=batch_tokens, micro_batch=micro_batch, learning_rate=lr, warmup_steps=warmup, seed=seed,
         lora=lora, lora_r=lora_r, lora_alpha=lora_alpha, train_embeddings_and_norms=not no_embeddings_norms,
-        save_adapter=save_adapter, save_steps=save_steps, dtype=dtype, gradient_checkpointing=gradient_checkpointing,
+        save_adapter=save_adapter, save_steps=save_steps, logging_steps=logging_steps, dtype=dtype,
+        gradient_checkpointing=gradient_checkpointing,
         eval_suite=eval_suite, eval_texts=[str(t) for t in eval_text or []], overwrite=overwrite, resume=not restart,
         verify=not no_verify,
     )

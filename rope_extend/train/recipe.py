@@ -115,6 +115,7 @@ def check_numbers(spec: TrainSpec) -> None:
         (spec.lora_r >= 1, f"--lora-r {spec.lora_r} must be >= 1"),
         (0 <= spec.lora_dropout < 1, f"--lora-dropout {spec.lora_dropout} must be in [0, 1)"),
         (spec.save_steps is None or spec.save_steps >= 1, f"--save-steps {spec.save_steps} must be >= 1"),
+        (spec.logging_steps >= 1, f"--logging-steps {spec.logging_steps} must be >= 1"),
         (spec.dtype in ("auto", "float32", "bfloat16", "float16"),
          f"--dtype {spec.dtype!r} is not one of auto, float32, bfloat16, float16"),
         (not spec.save_adapter or spec.lora, "--save-adapter needs --lora (a full fine-tune has no adapter)"),

@@ -35,6 +35,7 @@ from . import card, data, lora
 from .recipe import TrainSpec, batch_split, check_numbers, check_static, default_window
 
 FINGERPRINT = "fingerprint.json"
+KEEP_CHECKPOINTS = 2
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -240,7 +241,8 @@ def training_arguments(prep: Prepared, state: Path):
         logging_first_step=True,
         save_strategy="steps",
         save_steps=spec.save_steps or max(1, spec.steps // 10),
-        save_total_limit=2,
+        save_total_limit=None,  # pruned by step number in the callback (Trainer's own rotation sorts by mtime, which
+        # races with the other ranks still writing their rng_state_N.pth in DDP)
         report_to=[],
         disable_tqdm=True,
         remove_unused_columns=False,
@@ -310,6 +312,11 @@ def _callbacks(prep: Prepared, on_progress: Callable[[str], None] | None, resume
                 control.should_save = True
                 control.should_training_stop = True
             return control
+
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:  # keep the two newest checkpoints (by step, never by mtime)
+                for folder in _complete_checkpoints(Path(args.output_dir))[:-KEEP_CHECKPOINTS]:
+                    shutil.rmtree(folder, ignore_errors=True)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not state.is_world_process_zero or on_progress is None or not logs or "loss" not in logs:
