@@ -280,6 +280,8 @@ def _trainer_class():
             # PreTrainedConfig class, which fails on a rope scaling (no max_position_embeddings). The model is
             # rebuilt from SOURCE and the plan on resume; only the weights come from the checkpoint.
             super()._save(output_dir, *args, **kwargs)
+            if not self.args.should_save:  # every rank calls _save; only the main one writes (and removes)
+                return
             folder = Path(output_dir if output_dir is not None else self.args.output_dir)
             with contextlib.suppress(FileNotFoundError):
                 (folder / "config.json").unlink()
