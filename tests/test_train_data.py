@@ -124,3 +124,21 @@ def test_pose_chunk2_sees_chunk1_through_the_explicit_mask():
     assert float((a - b).abs().max()) > 1e-3  # chunk 2's logits depend on chunk 1
     if TRANSFORMERS_V5:  # the pitfall the mask avoids: without it chunk 2 is cut off from chunk 1
         torch.testing.assert_close(bare_a, bare_b)
+
+
+def test_datasets_folders_load_as_rows(tmp_path):
+    """--dataset: a folder of .jsonl files and a save_to_disk folder both give one document per non-empty row."""
+    import json
+
+    datasets = pytest.importorskip("datasets")
+    rows = [{"text": f"row {i} " * 5} for i in range(7)] + [{"text": "  "}]
+    files = tmp_path / "jsonl"
+    files.mkdir()
+    (files / "part.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    name, docs = data.read_dataset(str(files))
+    assert name == "jsonl" and [d.text for d in docs] == [r["text"] for r in rows[:7]]
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list(rows).save_to_disk(str(saved))
+    assert [d.text for d in data.read_dataset(str(saved))[1]] == [r["text"] for r in rows[:7]]
+    with pytest.raises(ValueError, match="no column 'body'"):
+        data.read_dataset(str(saved), column="body")
