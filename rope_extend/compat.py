@@ -352,3 +352,36 @@ def stock_rope(config, slot: str | None, device=None) -> tuple[torch.Tensor, flo
     if TRANSFORMERS_V5 and slot is not None:
         return fn(config, device, layer_type=slot)
     return fn(config, device)
+
+
+# --- attention functions ---------------------------------------------------------------------------------------------
+class _AttentionRegistry:
+    """transformers' attention-function registry (`ALL_ATTENTION_FUNCTIONS`), local overrides only.
+
+    5.x dispatches "eager" through it too (`get_interface(impl, eager_attention_forward)` returns a local "eager"
+    entry); 4.x calls its modeling file's `eager_attention_forward` directly and only looks non-eager names up.
+    """
+
+    def __init__(self):
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        self.functions = ALL_ATTENTION_FUNCTIONS
+
+    def get_local(self, name: str):
+        return self.functions._local_mapping.get(name)
+
+    def set_local(self, name: str, function) -> None:
+        if function is None:
+            self.functions._local_mapping.pop(name, None)
+        else:
+            self.functions._local_mapping[name] = function
+
+    def global_function(self, name: str):
+        return type(self.functions)._global_mapping[name]
+
+
+EAGER_THROUGH_ATTENTION_REGISTRY = TRANSFORMERS_V5
+
+
+def attention_functions() -> _AttentionRegistry:
+    return _AttentionRegistry()

@@ -153,6 +153,14 @@ def patch_model(
 
     applied = apply_plan(model, plan, dynamic_mode)
     state.modules, state.hooks, state.touched = applied.changes, applied.hooks, applied.touched
+    if plan.method.acts_on_attention:  # self-extend, dual-chunk: the attention itself (handles undo it)
+        try:
+            state.hooks += plan.method.install_attention(model, plan)
+        except Exception:
+            state.restore_modules(model)
+            if _state(model) is not None:  # re-patching: the previous patch is already undone
+                delattr(model, _STATE_ATTR)
+            raise
     compat.write_slots(config, plan.slots, plan.max_position_embeddings, plan.marker)
     if config is not model.config and hasattr(model.config, "max_position_embeddings"):
         model.config.max_position_embeddings = plan.max_position_embeddings

@@ -140,6 +140,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
     pristine = facts.pristine_slots
     resolved = spec.resolve(spec.original_max_position_embeddings or facts.original_length(targets[0]))
     method = resolved.rope_method
+    resolved = method.fill_params(resolved)  # derived parameters written out (self-extend's G and W, ...)
     base_theta = float(resolved.rope_theta or pristine[targets[0]]["rope_theta"])
 
     new_slots = {key: dict(value) for key, value in pristine.items()}
@@ -186,6 +187,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         facts.max_position_embeddings == int(new_max)
         and all(compat.params_close(facts.slots[key], new_slots[key]) for key in facts.slots)
         and (marker is None or marker.get("spec") == new_marker["spec"])  # e.g. dynamic-yarn vs yarn
+        and (marker is not None or not method.acts_on_attention)  # the config alone does not show these
     )
     if changed and facts.is_scaled and not resolved.replace_existing:
         raise AlreadyScaledError(

@@ -220,7 +220,7 @@ class _SpecCore(BaseModel):
 
 # Every registered method parameter is a spec field (None = the method's default).
 METHOD_PARAMS: dict[str, Param] = all_params()
-_FIELD_TYPES = {float: (float | None, FiniteFloat), bool: (bool | None, None), list: (list[float] | None, None)}
+_FIELD_TYPES = {float: (float | None, FiniteFloat), int: (int | None, None), bool: (bool | None, None), list: (list[float] | None, None)}
 
 
 def _check_method_param(cls, value: Any, info) -> Any:

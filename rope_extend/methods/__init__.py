@@ -1,6 +1,17 @@
 """Scaling methods, one per file, all registered in `registry`."""
 
-from . import dynamic, dynamic_yarn, linear, llama3, longrope, ntk, ntk_by_parts, yarn  # noqa: F401  (register)
+from . import (  # noqa: F401  (register)
+    dual_chunk,
+    dynamic,
+    dynamic_yarn,
+    linear,
+    llama3,
+    longrope,
+    ntk,
+    ntk_by_parts,
+    self_extend,
+    yarn,
+)
 from .registry import (
     ALIASES,
     ENGINES,

@@ -67,7 +67,7 @@ class RopeContext:
 class Param:
     """A method parameter: its type, default (None = derived or required), a one-line doc and a range check."""
 
-    kind: type  # float, bool or list (of floats)
+    kind: type  # float, int, bool or list (of floats)
     default: Any
     doc: str
     positive: bool = False  # numbers must be > 0; lists must hold finite numbers > 0
@@ -133,6 +133,9 @@ class RopeMethod:
     params: ClassVar[Mapping[str, Param]] = {}
     dynamic: ClassVar[bool] = False  # recomputed from the current length at run time
     switches_at_original: ClassVar[bool] = False  # dynamic with two states only: up to L, and beyond L (longrope)
+    # Acts on attention (self-extend, dual-chunk): the RoPE stays the original one and `install_attention` remaps
+    # the positions attention sees; stock loaders serve the original model.
+    acts_on_attention: ClassVar[bool] = False
     static_counterpart: ClassVar[str | None] = None  # the static method a dynamic one becomes where it cannot run
     needs_factor: ClassVar[bool] = True
     # The transformers `rope_type` written to the config slot; stock loaders build this method from it.
@@ -160,6 +163,15 @@ class RopeMethod:
     # -- spec -------------------------------------------------------------------------------------------------
     def validate(self, spec: RopeSpec) -> None:
         """Cross-parameter rules; raise ValueError naming the values and the fix."""
+
+    def fill_params(self, spec: RopeSpec) -> RopeSpec:
+        """The resolved spec with derived parameters written out (attention methods pick G/W from the target
+        length); raise SpecError for impossible combinations. Default: unchanged."""
+        return spec
+
+    def install_attention(self, model, plan) -> list[Any]:
+        """Attention-level methods: install on `model` and return removable handles (`.remove()` restores)."""
+        return []
 
     def defaults(self) -> dict[str, Any]:
         return {key: p.default for key, p in self.params.items()}

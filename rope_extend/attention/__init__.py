@@ -1,0 +1,12 @@
+"""Attention-level extension methods (self-extend, dual-chunk): the heavy parts, imported lazily.
+
+- `kernels`: the math. Position maps (`SelfExtendMap`, `DualChunkMap`) and `remapped_attention`, a query-blocked
+  attention that re-rotates the already-rotated queries and keys to the mapped positions (rotations compose) and
+  merges the maps per (query, key) pair before one softmax, never holding more than one block of scores.
+- `runtime`: how a patched model reaches the kernel. A dispatcher in transformers' attention-function registry
+  (eager and SDPA; unpatched modules go to the original function untouched), a forward pre-hook per attention
+  module that records the position of every key in the KV cache alongside it, and the handles that undo both.
+
+`rope_extend.methods.self_extend` / `dual_chunk` import this package only when a model is patched, so listing
+methods or parsing a spec does not import it.
+"""

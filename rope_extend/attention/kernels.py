@@ -1,0 +1,167 @@
+"""The attention of self-extend and dual chunk attention, computed on queries and keys the model already rotated.
+
+Both methods give each (query i, key j) pair a *mapped* relative distance instead of i - j, chosen from a few
+position maps. A map is a pair of position shifts (one per query, one per key): RoPE rotations compose, so a key
+rotated at position p is moved to p + delta by one more rotation of delta·θ, and q·k then sees the mapped
+distance. `remapped_attention` scores each map, picks per pair, applies the mask, softmax, values, per block of
+queries (at most `BLOCK_ELEMENTS` scores at a time, never an n×n matrix per head).
+
+SelfExtend (Jin et al. 2024, "LLM Maybe LongLM"), group size G, neighbour window W, positions p (not indices):
+  distance(i, j) = p_i - p_j                                   if p_i - p_j < W   (neighbour map: the original)
+                 = (p_i // G + W - W // G) - p_j // G            otherwise          (grouped map)
+
+Dual chunk attention (An et al. 2024, ChunkLlama), chunk_size c, local_window w, chunk length s = c - w:
+  keys sit at p_j mod s; for a query at offset t = p_i mod s of chunk p_i // s, and a key in chunk p_j // s:
+  same chunk: the original distance; previous chunk: min(t + s, c) - p_j mod s; older chunks: c - p_j mod s.
+  Largest distance: c.
+
+`log_n` multiplies each query's logits by max(1, ln(p_i + 1) / ln(L)) (Qwen's logn attention; p_i its position).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+BLOCK_ELEMENTS = 1 << 24  # scores per block (B · heads · queries · keys): 64 MiB in float32
+
+
+@dataclass(frozen=True)
+class SelfExtendMap:
+    group_size: int
+    neighbor_window: int
+
+    def shifts(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
+        """[(query shift or None, key shift or None)] per map; None = not rotated (the original position)."""
+        g, w = self.group_size, self.neighbor_window
+        return [(None, None), (q_pos // g + (w - w // g) - q_pos, k_pos // g - k_pos)]
+
+    def select(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Which map each (query, key) pair uses: q_pos [B, q, 1], k_pos [B, 1, k] -> [B, q, k] int."""
+        return (q_pos - k_pos >= self.neighbor_window).to(torch.int8)
+
+    def is_identity(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
+        """Every pair uses the original distance (all distances < W)."""
+        return int(q_pos.max()) - int(k_pos.min()) < self.neighbor_window
+
+
+@dataclass(frozen=True)
+class DualChunkMap:
+    chunk_size: int
+    local_window: int
+
+    @property
+    def chunk_len(self) -> int:
+        return self.chunk_size - self.local_window
+
+    def shifts(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
+        s, c = self.chunk_len, self.chunk_size
+        offset = q_pos % s
+        key = k_pos % s - k_pos
+        successive = torch.clamp(offset + s, max=c) - q_pos
+        return [(None, None), (successive, key), (c - q_pos, key)]
+
+    def select(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        s = self.chunk_len
+        gap = q_pos // s - k_pos // s  # 0: same chunk, 1: previous, >= 2: older (negative: future, masked)
+        return torch.clamp(gap, min=0, max=2).to(torch.int8)
+
+    def is_identity(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
+        """Everything lies in the first chunk."""
+        return max(int(q_pos.max()), int(k_pos.max())) < self.chunk_len
+
+
+def rotation(shift: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [B, 1, n, rotary_dim] (float32) of a rotation by `shift` [B, n] positions (angles in float64)."""
+    angles = shift.to(torch.float64)[..., None] * inv_freq.to(device=shift.device, dtype=torch.float64)
+    angles = torch.cat((angles, angles), dim=-1)[:, None]
+    return angles.cos().float(), angles.sin().float()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, n, D] rotated in its first rotary_dim dims (transformers' rotate_half layout), in x's dtype."""
+    rdim = cos.shape[-1]
+    xr = x[..., :rdim].float()
+    x1, x2 = xr[..., : rdim // 2], xr[..., rdim // 2 :]
+    out = xr * cos + torch.cat((-x2, x1), dim=-1) * sin
+    if rdim < x.shape[-1]:
+        out = torch.cat((out, x[..., rdim:].float()), dim=-1)
+    return out.to(x.dtype)
+
+
+def log_n_factor(q_pos: torch.Tensor, original: int) -> torch.Tensor:
+    """max(1, ln(p + 1) / ln(L)) per query [B, q] (float32)."""
+    return torch.clamp(torch.log1p(q_pos.to(torch.float64)) / math.log(original), min=1.0).float()
+
+
+def remapped_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    mapping,
+    inv_freq: torch.Tensor,
+    *,
+    softcap: float | None = None,
+    log_n_original: int | None = None,
+    block_elements: int = BLOCK_ELEMENTS,
+) -> torch.Tensor:
+    """Attention output [B, q, Hq, Dv] (transformers' attention-function layout).
+
+    query [B, Hq, q, D] rotated at q_pos [B, q]; key/value [B, Hkv, K, D] with the first k_pos.shape[1] keys rotated
+    at k_pos [B, k] (later ones are unfilled static-cache slots). attention_mask: None (causal by index, the queries
+    being the last q of the k keys), a boolean mask (True = attend) or an additive float mask, [B or 1, 1 or Hq, q,
+    >= k]. Causality by index always holds (transformers' decoder masks are causal), so each block reads only the
+    keys it can see.
+    """
+    batch, heads, n_q, dim = query.shape
+    kv_heads, n_k = key.shape[1], k_pos.shape[1]
+    rep = heads // kv_heads
+    q_pos = q_pos.to(query.device).expand(batch, n_q)
+    k_pos = k_pos.to(query.device).expand(batch, n_k)
+    key, value = key[:, :, :n_k], value[:, :, :n_k]
+
+    maps = []
+    for q_shift, k_shift in mapping.shifts(q_pos, k_pos):
+        q_v = query if q_shift is None else rotate(query, *rotation(q_shift, inv_freq))
+        k_v = key if k_shift is None else rotate(key, *rotation(k_shift, inv_freq))
+        maps.append((q_v.reshape(batch, kv_heads, rep, n_q, dim), k_v[:, :, None]))
+    values = value[:, :, None]
+    factor = log_n_factor(q_pos, log_n_original) if log_n_original else None
+    mask = attention_mask
+    if mask is not None and mask.dim() == 4:
+        mask = mask.reshape(mask.shape[0], kv_heads if mask.shape[1] == heads else 1, rep if mask.shape[1] == heads
+                            else 1, mask.shape[2], mask.shape[3])
+
+    out = value.new_empty(batch, kv_heads, rep, n_q, value.shape[-1])
+    block = max(1, min(n_q, block_elements // max(1, batch * heads * n_k)))
+    offset = n_k - n_q  # index of the first query among the keys
+    for start in range(0, n_q, block):
+        stop = min(n_q, start + block)
+        visible = offset + stop  # causal: no query of the block sees keys beyond this index
+        which = mapping.select(q_pos[:, start:stop, None], k_pos[:, None, :visible])[:, None, None]
+        scores = None
+        for index, (q_v, k_v) in enumerate(maps):
+            part = torch.matmul(q_v[..., start:stop, :], k_v[..., :visible, :].transpose(-1, -2))
+            scores = part if scores is None else torch.where(which == index, part, scores)
+        scores = scores.float() * scaling
+        if factor is not None:
+            scores = scores * factor[:, None, None, start:stop, None]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if mask is None:
+            rows = torch.arange(offset + start, offset + stop, device=query.device)[:, None]
+            allowed = torch.arange(visible, device=query.device)[None, :] <= rows
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        elif mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask[..., start:stop, :visible], torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask[..., start:stop, :visible].float()
+        probs = torch.softmax(scores, dim=-1).to(value.dtype)
+        out[..., start:stop, :] = torch.matmul(probs, values[..., :visible, :])
+    return out.reshape(batch, heads, n_q, -1).transpose(1, 2).contiguous()

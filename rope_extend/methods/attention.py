@@ -1,0 +1,90 @@
+"""What self-extend and dual-chunk share: methods that act on attention, on top of the model's original RoPE.
+
+The frequencies stay the original ones (`compute` returns them), so the config keeps the original RoPE slot and
+`max_position_embeddings` = L: stock loaders (transformers, vLLM, SGLang) serve the *original* model from such a
+checkpoint, and the `rope_extend` marker carries the spec, which `patch_model(model)` re-applies in-process. The
+attention itself lives in `rope_extend.attention`, imported only by `install_attention`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ..errors import SpecError
+from .registry import EngineRule, Param, RopeContext, RopeMethod, default_inv_freq, gguf_refusal
+
+LOG_N = Param(bool, False, "multiply each query's logits by max(1, ln(p+1)/ln(L)) (Qwen's logn attention)")
+
+
+class AttentionMethod(RopeMethod):
+    acts_on_attention = True
+    hf_rope_type = "default"
+    attention = "1 (the attention itself is remapped)"
+    llama_cpp_note: ClassVar[str]
+
+    # -- math -------------------------------------------------------------------------------------------------
+    def _compute(self, ctx: RopeContext):
+        return default_inv_freq(ctx.rotary_dim, ctx.base, ctx.device), 1.0
+
+    def mapping(self, spec) -> Any:
+        """The position map `rope_extend.attention.kernels` applies (from a spec `fill_params` completed)."""
+        raise NotImplementedError
+
+    def install_attention(self, model, plan) -> list[Any]:
+        from ..attention import runtime
+
+        return runtime.install(model, plan, self.mapping(plan.spec), bool(plan.spec.log_n))
+
+    @staticmethod
+    def _error(message: str, field: str, value: Any) -> SpecError:
+        return SpecError(message, field=field, value=value)
+
+    # -- config -----------------------------------------------------------------------------------------------
+    def max_position_embeddings(self, spec) -> int:
+        return int(spec.original_max_position_embeddings)  # stock loaders serve the original model
+
+    def marker_note(self, spec) -> str | None:
+        return (
+            f"the original model (RoPE and max_position_embeddings {spec.original_max_position_embeddings} "
+            f"unchanged): {self.name} acts on attention; call rope_extend.patch_model(model) after loading to "
+            "re-apply it"
+        )
+
+    def loader_notes(self, spec) -> list[str]:
+        return [
+            f"{self.name} acts on attention, which no config key carries: stock transformers, vLLM and SGLang serve "
+            f"the ORIGINAL model (up to {spec.original_max_position_embeddings} tokens) from this checkpoint; call "
+            "rope_extend.patch_model(model) after loading to re-apply it in-process"
+        ]
+
+    def engine_rule(self, engine, plan, version):
+        L = plan.spec.original_max_position_embeddings
+        if engine == "transformers":
+            return EngineRule(max_len=L, warnings=[
+                f"stock transformers loads this checkpoint as the ORIGINAL model (original RoPE, "
+                f"max_position_embeddings {L}): {self.name} acts on attention and no config key carries it; call "
+                "rope_extend.patch_model(model) after loading to re-apply it from the rope_extend marker"
+            ])
+        if engine in ("vllm", "sglang"):
+            return EngineRule(max_len=L, warnings=[
+                f"{version} serves the ORIGINAL model from this checkpoint, so the command serves {L} tokens: it has "
+                f"no {self.name} for LLaMA-family models; beyond {L} tokens only rope_extend.patch_model serves "
+                f"{self.name}"
+            ])
+        return self.llama_cpp_rule(plan)
+
+    def llama_cpp_rule(self, plan) -> EngineRule:
+        L = plan.spec.original_max_position_embeddings
+        return EngineRule(max_len=L, flags=None, convertible=False, warnings=[
+            f"llama.cpp serves the ORIGINAL model from this checkpoint (up to {L} tokens): {self.llama_cpp_note}"
+        ])
+
+    def gguf_rope(self, spec, base, rope_dim, inv_freq, attention_factor):
+        raise gguf_refusal(
+            self.name,
+            "it acts on attention at run time and nothing in a GGUF carries it",
+            self.llama_cpp_note,
+        )
+
+    def tune_candidates(self, factor: float):
+        return []  # not a closed-form frequency curve

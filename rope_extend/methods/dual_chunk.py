@@ -1,0 +1,65 @@
+"""Dual chunk attention (An et al. 2024, "Training-Free Long-Context Scaling of LLMs", ChunkLlama).
+
+Keys sit at their position modulo the chunk length s = chunk_size - local_window. A query at offset t of its
+chunk sees keys of its own chunk at the original distance (intra-chunk), keys of the previous chunk from position
+min(t + s, chunk_size) (successive-chunk: the first local_window queries keep exact distances across the
+boundary), and keys of older chunks from position chunk_size (inter-chunk). The largest distance is chunk_size,
+whatever the length, so there is no reach limit. Defaults as in the authors' code: chunk_size = 3L/4,
+local_window = L/16.
+"""
+
+from __future__ import annotations
+
+from .attention import LOG_N, AttentionMethod
+from .registry import Param, register
+
+
+class DualChunk(AttentionMethod):
+    name = "dual-chunk"
+    aliases = ("dca", "chunkllama", "dual-chunk-attention")
+    needs_factor = False
+    params = {
+        "chunk_size": Param(int, None, "the largest distance attention sees; chunks are chunk_size - local_window "
+                            "long (default 3L/4)", positive=True),
+        "local_window": Param(int, None, "queries this close to a chunk boundary keep exact distances to the "
+                              "previous chunk (default L/16)", positive=True),
+        "log_n": LOG_N,
+    }
+    formula = "original θ_i; keys at j mod s; queries intra / successive / inter-chunk (largest distance chunk_size)"
+    use_when = ("Retrieval and perplexity far beyond L without training, served in-process with "
+                "rope_extend.patch_model (stock engines serve the original model)")
+    paper = "https://arxiv.org/abs/2402.17463"
+    llama_cpp_note = (
+        "llama.cpp has no dual chunk attention; its nearest training-free option is self-extend (`-gan G -gaw W` in "
+        "llama-completion and llama-passkey)"
+    )
+
+    def validate(self, spec) -> None:
+        chunk, local = spec.chunk_size, spec.local_window
+        if chunk is not None and local is not None and local >= chunk:
+            raise ValueError(
+                f"local_window {local} must be below chunk_size {chunk} (chunks are chunk_size - local_window "
+                "tokens long); lower local_window or raise chunk_size"
+            )
+
+    def fill_params(self, spec):
+        L = spec.original_max_position_embeddings
+        chunk = spec.chunk_size if spec.chunk_size is not None else (3 * L) // 4
+        local = spec.local_window if spec.local_window is not None else max(1, L // 16)
+        if chunk >= L:
+            raise self._error(
+                f"chunk_size {chunk} is the largest distance dual-chunk attention keeps and must be below the "
+                f"original length L = {L}; choose e.g. {(3 * L) // 4}", "chunk_size", chunk)
+        if local >= chunk:
+            raise self._error(
+                f"local_window {local} must be below chunk_size {chunk} (chunks are chunk_size - local_window "
+                f"tokens long); choose e.g. {max(1, L // 16)}", "local_window", local)
+        return spec.model_copy(update={"chunk_size": int(chunk), "local_window": int(local)})
+
+    def mapping(self, spec):
+        from ..attention.kernels import DualChunkMap
+
+        return DualChunkMap(int(spec.chunk_size), int(spec.local_window))
+
+
+DUAL_CHUNK = register(DualChunk())

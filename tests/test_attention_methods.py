@@ -1,0 +1,343 @@
+"""self-extend and dual-chunk: exact against a naive reference written from the papers' formulas, on tiny models.
+
+The reference (`reference_attention`) never re-rotates anything: it takes the un-rotated queries and keys and, for
+every (query, key) pair, the mapped distance computed by the scalar formulas below (`self_extend_distance`,
+`dual_chunk_distance`), and scores the pair as RoPE does for that distance: sum_f Re(z_q conj(z_k) e^{i d θ_f}),
+in float64. The implementation under test re-rotates the model's already-rotated keys block by block.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+
+import pytest
+import tiny
+import torch
+
+from rope_extend import SpecError, UnsupportedModelError, load_spec, patch_model, plan_patch, unpatch_model
+from rope_extend.attention import kernels, runtime
+from rope_extend.attention.kernels import DualChunkMap, SelfExtendMap
+
+warnings.filterwarnings("ignore", message=".*acts on attention.*")
+
+
+# --- the papers' formulas, one pair at a time -------------------------------------------------------------------------
+def self_extend_distance(i: int, j: int, group: int, window: int) -> int:
+    """LongLM: neighbour tokens keep their distance; the rest use floor-divided positions, the query's shifted by
+    W - W // G."""
+    if i - j < window:
+        return i - j
+    return (i // group + window - window // group) - j // group
+
+
+def dual_chunk_distance(i: int, j: int, chunk_size: int, local_window: int) -> int:
+    """ChunkLlama: key position j mod s; query position t (same chunk), min(t + s, c) (previous chunk), c (older)."""
+    s = chunk_size - local_window
+    t, key = i % s, j % s
+    if i // s == j // s:
+        return t - key
+    if i // s == j // s + 1:
+        return min(t + s, chunk_size) - key
+    return chunk_size - key
+
+
+def distances(fn, q_pos: list[int], k_pos: list[int], *params) -> torch.Tensor:
+    return torch.tensor([[fn(i, j, *params) for j in k_pos] for i in q_pos], dtype=torch.float64)
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """transformers' rotate_half RoPE at positions pos [B, n] on the first 2·len(inv_freq) dims."""
+    rdim = 2 * inv_freq.numel()
+    angles = pos.double()[..., None] * inv_freq.double()
+    cos, sin = torch.cat((angles, angles), -1).cos()[:, None], torch.cat((angles, angles), -1).sin()[:, None]
+    xr = x[..., :rdim].double()
+    half = torch.cat((-xr[..., rdim // 2 :], xr[..., : rdim // 2]), -1)
+    return torch.cat(((xr * cos + half * sin), x[..., rdim:].double()), -1).to(x.dtype)
+
+
+def pair_scores(q: torch.Tensor, k: torch.Tensor, dist: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """RoPE scores of un-rotated q [q, D] and k [k, D] at the given distances [q, k] (float64)."""
+    F = inv_freq.numel()
+    zq = torch.complex(q[:, :F].double(), q[:, F : 2 * F].double())
+    zk = torch.complex(k[:, :F].double(), k[:, F : 2 * F].double())
+    phase = torch.exp(1j * dist[..., None] * inv_freq.double())
+    rotary = (zq[:, None, :] * zk.conj()[None, :, :] * phase).real.sum(-1)
+    return rotary + q[:, 2 * F :].double() @ k[:, 2 * F :].double().T
+
+
+def reference_attention(q_raw, k_raw, v, q_pos, k_pos, allowed, scaling, dist_fn, params, inv_freq,
+                        softcap=None, log_n_original=None):
+    """Naive attention: [B, Hq, q, D] un-rotated inputs, per-row positions, allowed [B, q, k] -> [B, q, Hq, Dv]."""
+    B, H, nq, _ = q_raw.shape
+    rep = H // k_raw.shape[1]
+    out = torch.zeros(B, nq, H, v.shape[-1], dtype=torch.float64)
+    for b in range(B):
+        dist = distances(dist_fn, q_pos[b].tolist(), k_pos[b].tolist(), *params)
+        for h in range(H):
+            s = pair_scores(q_raw[b, h], k_raw[b, h // rep], dist, inv_freq) * scaling
+            if log_n_original:
+                s = s * torch.tensor([max(1.0, math.log(p + 1) / math.log(log_n_original)) for p in q_pos[b].tolist()],
+                                     dtype=torch.float64)[:, None]
+            if softcap:
+                s = torch.tanh(s / softcap) * softcap
+            s = s.masked_fill(~allowed[b], float("-inf"))
+            out[b, :, h] = torch.softmax(s, -1) @ v[b, h // rep].double()
+    return out
+
+
+CASES = [
+    (SelfExtendMap(2, 4), self_extend_distance, (2, 4)),
+    (SelfExtendMap(3, 8), self_extend_distance, (3, 8)),
+    (SelfExtendMap(4, 6), self_extend_distance, (4, 6)),  # G does not divide W
+    (DualChunkMap(12, 4), dual_chunk_distance, (12, 4)),
+    (DualChunkMap(10, 7), dual_chunk_distance, (10, 7)),  # local window longer than the chunk length 3
+    (DualChunkMap(16, 1), dual_chunk_distance, (16, 1)),
+]
+
+
+def _case_id(case):
+    return f"{type(case[0]).__name__}{case[2]}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("log_n", [False, True])
+def test_kernel_equals_the_papers_formulas(case, log_n):
+    """Every pair of a 70-token prompt (positions crossing every window, group and chunk boundary) and a chunk of
+    5 queries over a 40-key cache, GQA (4 query heads on 2 key heads), partial rotary dims, blocks of 7 queries."""
+    mapping, dist_fn, params = case
+    torch.manual_seed(0)
+    B, H, Hkv, D, rdim = 2, 4, 2, 12, 8
+    inv_freq = 1.0 / (100.0 ** (torch.arange(0, rdim, 2).double() / rdim))
+    for n_q, n_k, start in ((70, 70, 0), (5, 45, 0), (3, 30, 17)):
+        q_raw, k_raw = torch.randn(B, H, n_q, D), torch.randn(B, Hkv, n_k, D)
+        v = torch.randn(B, Hkv, n_k, D)
+        k_pos = (torch.arange(n_k) + start)[None].repeat(B, 1)
+        q_pos = k_pos[:, n_k - n_q :]
+        q, k = rope(q_raw, q_pos, inv_freq), rope(k_raw, k_pos, inv_freq)
+        got = kernels.remapped_attention(q, k, v, q_pos, k_pos, None, D**-0.5, mapping, inv_freq.float(),
+                                         log_n_original=20 if log_n else None, block_elements=7 * B * H * n_k)
+        allowed = (torch.arange(n_k)[None, :] <= torch.arange(n_k - n_q, n_k)[:, None])[None].repeat(B, 1, 1)
+        want = reference_attention(q_raw, k_raw, v, q_pos, k_pos, allowed, D**-0.5, dist_fn, params, inv_freq,
+                                   log_n_original=20 if log_n else None)
+        torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=0)
+
+
+def test_kernel_masks_and_softcap():
+    """A boolean mask and an additive mask with padded keys give the reference's answer; softcap applies."""
+    torch.manual_seed(1)
+    mapping, params = SelfExtendMap(2, 4), (2, 4)
+    B, H, D, n = 2, 2, 8, 24
+    inv_freq = 1.0 / (100.0 ** (torch.arange(0, D, 2).double() / D))
+    q_raw, k_raw, v = torch.randn(B, H, n, D), torch.randn(B, H, n, D), torch.randn(B, H, n, D)
+    pad = torch.tensor([0, 5])  # row 1 is left-padded by 5
+    pos = torch.stack([(torch.arange(n) - p).clamp(min=0) for p in pad])
+    allowed = (torch.arange(n)[None, :] <= torch.arange(n)[:, None])[None] & (torch.arange(n)[None, None, :] >= pad[:, None, None])
+    q, k = rope(q_raw, pos, inv_freq), rope(k_raw, pos, inv_freq)
+    want = reference_attention(q_raw, k_raw, v, pos, pos, allowed, 0.3, self_extend_distance, params, inv_freq,
+                               softcap=5.0)
+    additive = torch.zeros(B, 1, n, n).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
+    for mask in (allowed[:, None], additive):
+        got = kernels.remapped_attention(q, k, v, pos, pos, mask, 0.3, mapping, inv_freq.float(), softcap=5.0)
+        rows = torch.arange(n) >= 5  # padded query rows are garbage in every implementation
+        torch.testing.assert_close(got[1, rows].double(), want[1, rows], atol=2e-5, rtol=0)
+        torch.testing.assert_close(got[0].double(), want[0], atol=2e-5, rtol=0)
+
+
+# --- whole models ---------------------------------------------------------------------------------------------------------
+SPECS = {
+    "self-extend": {"method": "self-extend", "group_size": 4, "neighbor_window": 8},
+    "dual-chunk": {"method": "dual-chunk", "chunk_size": 20, "local_window": 6},
+}
+WINDOW = {"self-extend": 8, "dual-chunk": 14}  # below these lengths the model is the original
+
+
+def _patched(arch: str, method: str, impl: str = "eager", **extra):
+    model = tiny.make_model(arch)
+    if impl != "eager":
+        model.set_attn_implementation(impl)
+    patch_model(model, **{**SPECS[method], "factor": 3, **extra})
+    return model
+
+
+def _reference_kernel(monkeypatch, spec):
+    """Swap the kernel for the reference: un-rotate the model's q/k at their positions, then the naive formulas."""
+    def reference(query, key, value, q_pos, k_pos, mask, scaling, mapping, inv_freq, *, softcap=None,
+                  log_n_original=None, block_elements=None):
+        unrotate = lambda x, p: rope(x.double(), -p, inv_freq.double()).float()
+        n_k = k_pos.shape[1]
+        B = query.shape[0]
+        q_pos, k_pos = q_pos.expand(B, -1), k_pos.expand(B, -1)
+        allowed = (torch.arange(n_k)[None, :] <= torch.arange(n_k - query.shape[2], n_k)[:, None])[None].repeat(B, 1, 1)
+        if isinstance(mapping, SelfExtendMap):
+            fn, params = self_extend_distance, (mapping.group_size, mapping.neighbor_window)
+        else:
+            fn, params = dual_chunk_distance, (mapping.chunk_size, mapping.local_window)
+        out = reference_attention(unrotate(query, q_pos), unrotate(key[:, :, :n_k], k_pos), value[:, :, :n_k], q_pos,
+                                  k_pos, allowed, scaling, fn, params, inv_freq, softcap, log_n_original)
+        return out.to(query.dtype)
+
+    monkeypatch.setattr(runtime, "remapped_attention", reference)
+
+
+@pytest.mark.parametrize("arch", list(tiny.ARCHS))
+@pytest.mark.parametrize("method", list(SPECS))
+def test_every_rotary_architecture_equals_the_reference(arch, method, monkeypatch):
+    """Each architecture of the rotary matrix: exactly the original below the window, and beyond it the naive
+    reference's logits (96 tokens: three times the original length)."""
+    ids = tiny.input_ids(96)
+    unpatched = tiny.make_model(arch)
+    model = _patched(arch, method)
+    with torch.no_grad():
+        base, got = unpatched(ids).logits, model(ids).logits
+        short = ids[:, : WINDOW[method]]
+        assert torch.equal(model(short).logits, unpatched(short).logits)
+        _reference_kernel(monkeypatch, SPECS[method])
+        want = model(ids).logits
+    assert (got - base).abs().max() > 1e-3  # it changes the model beyond the window...
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)  # ...exactly as the formulas say
+
+
+@pytest.mark.parametrize("method", list(SPECS))
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_decoding_with_the_cache_equals_one_forward(method, impl):
+    """Prefill in pieces, token-by-token decoding, and a reused (copied, then cropped) KV prefix all give the
+    logits of one forward over the final sequence, to 1e-4."""
+    from transformers import DynamicCache
+
+    model = _patched("llama", method, impl)
+    ids = tiny.input_ids(80)
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = DynamicCache(config=model.config)
+        pieces = [model(ids[:, :30], cache=cache, use_cache=True).logits,
+                  model(ids[:, 30:47], cache=cache, use_cache=True).logits]
+        for t in range(47, 80):
+            pieces.append(model(ids[:, t : t + 1], cache=cache, use_cache=True).logits)
+        torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=0)
+
+        prefix = DynamicCache(config=model.config)
+        model(ids[:, :50], cache=prefix, use_cache=True)
+        for suffix in (ids[:, 50:80], tiny.input_ids(30, seed=7)):
+            reused = copy.deepcopy(prefix)
+            got = model(suffix, cache=reused, use_cache=True).logits
+            want = model(torch.cat((ids[:, :50], suffix), 1)).logits[:, 50:]
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+        prefix.crop(-10)  # keep the first 40
+        got = model(ids[:, 40:80], cache=prefix, use_cache=True).logits
+        torch.testing.assert_close(got, full[:, 40:], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("method", list(SPECS))
+def test_generate_matches_and_left_padded_batch_equals_rows(method):
+    """generate() with the cache (greedy) continues as one-shot argmax does; a left-padded batch gives each row's
+    logits of that row alone (eager and SDPA)."""
+    for impl in ("eager", "sdpa"):
+        model = _patched("llama", method, impl)
+        rows = [tiny.input_ids(70, seed=3)[0], tiny.input_ids(55, seed=4)[0]]
+        width = max(len(r) for r in rows)
+        ids = torch.stack([torch.cat((torch.zeros(width - len(r), dtype=torch.long), r)) for r in rows])
+        mask = (torch.arange(width)[None] >= torch.tensor([width - len(r) for r in rows])[:, None]).long()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            batch = model(ids, attention_mask=mask, position_ids=positions).logits
+            for b, row in enumerate(rows):
+                alone = model(row[None]).logits
+                torch.testing.assert_close(batch[b, width - len(row) :], alone[0], atol=1e-4, rtol=0)
+            out = model.generate(ids[:1, -70:], max_new_tokens=6, do_sample=False, pad_token_id=0)
+            logits = model(out[:, :-1]).logits
+        assert torch.equal(logits[0, 69:].argmax(-1), out[0, 70:])
+
+
+@pytest.mark.parametrize("method", list(SPECS))
+def test_unpatch_restores_bit_exactly_and_double_patching_is_a_no_op(method):
+    model = tiny.make_model("llama")
+    ids = tiny.input_ids(96)
+    with torch.no_grad():
+        before = model(ids).logits
+    config = model.config.to_dict()
+    report = patch_model(model, **SPECS[method], factor=3)
+    assert report.changed
+    assert not patch_model(model, **SPECS[method], factor=3).changed
+    assert unpatch_model(model)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+    assert model.config.to_dict() == config
+    from rope_extend.compat import attention_functions
+
+    assert not any(module in runtime._LIVE for module in model.modules())
+    # the dispatchers leave the registry with the last patched module
+    assert (attention_functions().get_local("sdpa") is None) == (not runtime._LIVE)
+
+
+def test_marker_reapplies_in_process(tmp_path):
+    """A saved checkpoint is the original model for stock loaders; patch_model(model) re-applies the marker."""
+    from transformers import AutoModelForCausalLM
+
+    model = _patched("llama", "self-extend")
+    ids = tiny.input_ids(96)
+    with torch.no_grad():
+        want = model(ids).logits
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        stock = loaded(ids).logits
+        torch.testing.assert_close(stock, tiny.make_model("llama")(ids).logits, atol=1e-5, rtol=0)
+    report = patch_model(loaded)
+    assert (report.spec.group_size, report.spec.neighbor_window) == (4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, want, atol=1e-5, rtol=0)
+
+
+# --- specs -------------------------------------------------------------------------------------------------------------
+def test_defaults_follow_the_reach_rule():
+    config = tiny.make_config("llama")
+    config.max_position_embeddings = 8192
+    for factor, group in ((2, 4), (4, 8)):
+        plan = plan_patch(config, method="self-extend", factor=factor)
+        assert (plan.spec.group_size, plan.spec.neighbor_window) == (group, 1024)
+        largest = (plan.spec.target_length - 1) // group + 1024 - 1024 // group
+        assert largest <= 0.625 * 8192
+    plan = plan_patch(config, method="self-extend", factor=2, group_size=16)
+    assert plan.spec.group_size == 16  # explicit values override
+    plan = plan_patch(config, method="dual-chunk")
+    assert (plan.spec.chunk_size, plan.spec.local_window) == (6144, 512)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"method": "self-extend", "factor": 4, "group_size": 2}, r"reach rule is N <= \(L - W\)·G \+ W"),
+        ({"method": "self-extend", "factor": 2, "neighbor_window": 8192}, "below the original length"),
+        ({"method": "dual-chunk", "chunk_size": 8192}, "must be below the original length"),
+        ({"method": "dual-chunk", "chunk_size": 100, "local_window": 100}, "must be below chunk_size"),
+        ({"method": "self-extend", "factor": 2, "group_size": 0}, "must be > 0"),
+        ({"method": "self-extend", "factor": 2, "group_size": 2.5}, "group_size"),
+        ({"method": "self-extend"}, "needs 'factor' or 'target_length'"),
+        ({"method": "dual-chunk", "factor": 2, "beta_fast": 3.0}, "does not apply to method 'dual-chunk'"),
+    ],
+)
+def test_spec_errors_name_the_rule(kwargs, match):
+    config = tiny.make_config("llama")
+    config.max_position_embeddings = 8192
+    with pytest.raises(SpecError, match=match):
+        plan_patch(config, **kwargs)
+
+
+def test_refusals_name_why():
+    from rope_extend import gguf  # noqa: F401  (the refusal is the method's)
+    from rope_extend.methods import get_method
+
+    with pytest.raises(SpecError, match="-gan G -gaw W"):
+        get_method("self-extend").gguf_rope(load_spec(method="self-extend", factor=2), 1e4, 16, None, 1.0)
+    with pytest.raises(SpecError, match="no dual chunk attention"):
+        get_method("dual-chunk").gguf_rope(load_spec(method="dual-chunk"), 1e4, 16, None, 1.0)
+    model = tiny.make_model("mistral")
+    model.config.sliding_window = 16
+    for layer in model.model.layers:
+        layer.self_attn.sliding_window = 16
+    with pytest.raises(UnsupportedModelError, match="sliding-window attention"):
+        patch_model(model, method="self-extend", factor=4)
+    assert not hasattr(model, "_rope_extend_state")
+    assert not any(runtime.CONTEXT in module.__dict__ for module in model.modules())
