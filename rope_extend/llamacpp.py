@@ -39,7 +39,7 @@ from .demo_model import CACHE_ENV
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 VENDOR_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
-DEFAULT_TARGETS = ("llama-perplexity", "llama-tokenize")
+DEFAULT_TARGETS = ("llama-passkey", "llama-perplexity", "llama-tokenize")
 NATIVE_ENV = "ROPE_EXTEND_LLAMACPP_NATIVE"  # "0" builds portable binaries (e.g. for a cache shared by CI runners)
 LOG_TAIL_LINES = 40
 
@@ -50,6 +50,17 @@ class LlamaCppError(RuntimeError):
 
 class LlamaCppBuildError(LlamaCppError):
     """Downloading, configuring or building llama.cpp failed; the message ends with the build log's tail."""
+
+
+@dataclass(frozen=True)
+class PasskeyResult:
+    """One ``llama-passkey`` run: the key it inserted, the prompt length, its answer and whether it holds the key."""
+
+    key: int
+    prompt_tokens: int
+    answer: str
+    found: bool
+    command: str
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,31 @@ class LlamaCpp:
             if "Final estimate: PPL =" in line:
                 return float(line.split("PPL =")[1].split()[0])
         raise LlamaCppError(f"no perplexity in the output of {' '.join(cmd)}:\n{(proc.stdout + proc.stderr)[-3000:]}")
+
+    def passkey(
+        self, model: str | os.PathLike, *, junk: int, position: int, group: int = 1, batch: int = 512,
+        seed: int = 1234, threads: int | None = None,
+    ) -> PasskeyResult:
+        """``llama-passkey``: its own repeated-filler prompt with a random 5-digit key after `position` of `junk`
+        filler sentences, greedy answer. ``group`` > 1 is llama.cpp's self-extend (``-gan``): before each batch of
+        ``batch`` tokens (its neighbour window) the cached positions are shifted and divided by the group size."""
+        cmd = [str(self.tool("llama-passkey")), "-m", str(model), "--junk", str(junk), "--pos", str(position),
+               "-gan", str(group), "-b", str(batch), "-ub", str(batch), "--seed", str(seed),
+               "-t", str(threads or os.cpu_count() or 2)]
+        proc = _run_tool(cmd)
+        text = proc.stdout + proc.stderr
+        key = tokens = None
+        for line in text.splitlines():
+            if "passkey = " in line and "inserted at position" in line:
+                key = int(line.split("passkey = ")[1].split(",")[0])
+            if "prompt tokens:" in line:
+                tokens = int(line.split("prompt tokens:")[1].split()[0])
+        answer = text.split("The pass key is", 2)[-1] if text.count("The pass key is") else ""
+        if key is None or tokens is None:
+            raise LlamaCppError(f"no passkey result in the output of {' '.join(cmd)}:\n{text[-3000:]}")
+        answer = answer.split("main: decoded")[0].strip()
+        return PasskeyResult(key=key, prompt_tokens=tokens, answer=answer, found=str(key) in answer[:40],
+                             command=" ".join(cmd))
 
     def convert_hf_to_gguf(
         self, model_dir: str | os.PathLike, out: str | os.PathLike, *, outtype: str = "f32", python: str | None = None
@@ -158,7 +194,7 @@ def _cmake_options(native: bool) -> list[str]:
         f"-DGGML_NATIVE={'ON' if native else 'OFF'}",
         "-DLLAMA_OPENSSL=OFF",  # no HTTPS model download (this llama.cpp replaced LLAMA_CURL with it)
         "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=ON",  # examples/passkey: llama-passkey (llama.cpp's own self-extend)
         "-DLLAMA_BUILD_SERVER=OFF",
         "-DLLAMA_BUILD_APP=OFF",
         "-DLLAMA_BUILD_TOOLS=ON",
@@ -315,7 +351,9 @@ def ensure_llamacpp(
     def complete() -> bool:
         try:
             stamp = json.loads(stamp_path.read_text())
-            return all(stamp.get(k) == v for k, v in wanted.items()) and all((bin_dir / t).is_file() for t in targets)
+            same = all(stamp.get(k) == v for k, v in wanted.items() if k != "targets")
+            return same and set(targets) <= set(stamp.get("targets", ())) and all(
+                (bin_dir / t).is_file() for t in targets)
         except (OSError, ValueError):
             return False
 
@@ -329,6 +367,13 @@ def ensure_llamacpp(
             fcntl.flock(lock, fcntl.LOCK_EX)
         if complete():  # another process finished it while we waited
             return LlamaCpp(root, src, bin_dir)
+        try:  # keep what an earlier build with the same options built (an incremental build adds targets)
+            previous = json.loads(stamp_path.read_text())
+            if all(previous.get(k) == v for k, v in wanted.items() if k != "targets"):
+                targets = tuple(sorted(set(targets) | set(previous.get("targets", ()))))
+                wanted = _stamp(targets, native)
+        except (OSError, ValueError):
+            pass
         t0 = time.monotonic()
         log = root / "build.log"
         log.write_text(f"# llama.cpp build, llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}, {time.ctime()}\n")

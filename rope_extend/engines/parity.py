@@ -250,6 +250,14 @@ def _report(inputs: _Inputs, here, other) -> ParityReport:
     rows: list[Row] = []
 
     def row(engine, route, results, hint_engine):
+        if plan.method.acts_on_attention:  # the RoPE matches, the attention is the original model's
+            results = [
+                r if isinstance(r, NotServed) else NotServed(
+                    f"serves the ORIGINAL model (its RoPE and attention); {spec.method} acts on attention, which "
+                    "only rope_extend.patch_model applies"
+                )
+                for r in results
+            ]
         short, long = (r if isinstance(r, NotServed) else compare(r, refs[n], n) for n, r in zip(lengths, results))
         rows.append(Row(engine, route, short, long, list(hints[hint_engine].warnings)))
 

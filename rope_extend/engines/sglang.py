@@ -125,7 +125,7 @@ def serving_rule(plan, out: str) -> EngineHint:
     (`engine_rule`) adds what SGLang does differently."""
     full = full_slot(plan)
     rule = plan.method.engine_rule("sglang", plan, VERSION)
-    L, target = plan.spec.original_max_position_embeddings, plan.spec.target_length
+    L, target = plan.spec.original_max_position_embeddings, rule.max_len or plan.spec.target_length
     rope_parameters = dict(full)
     fix: dict = {}
     if full.get("rope_type") == "yarn":

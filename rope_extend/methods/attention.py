@@ -83,8 +83,12 @@ class AttentionMethod(RopeMethod):
         raise gguf_refusal(
             self.name,
             "it acts on attention at run time and nothing in a GGUF carries it",
-            self.llama_cpp_note,
+            f"serve the original GGUF instead; {self.llama_cpp_flags(spec)}",
         )
+
+    def llama_cpp_flags(self, spec) -> str:
+        """What to run in llama.cpp instead (the run-time flags, where llama.cpp has an equivalent)."""
+        return self.llama_cpp_note
 
     def tune_candidates(self, factor: float):
         return []  # not a closed-form frequency curve

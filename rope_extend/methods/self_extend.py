@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from ..errors import SpecError
 from .attention import LOG_N, AttentionMethod
 from .registry import Param, register
 
@@ -86,6 +87,14 @@ class SelfExtend(AttentionMethod):
         from ..attention.kernels import SelfExtendMap
 
         return SelfExtendMap(int(spec.group_size), int(spec.neighbor_window))
+
+    def llama_cpp_flags(self, spec) -> str:
+        try:
+            filled = self.fill_params(spec)
+            flags = f"-gan {filled.group_size} -gaw {filled.neighbor_window}"
+        except (SpecError, TypeError):  # an unresolved or impossible spec: name the flags only
+            flags = "-gan G -gaw W"
+        return f"run llama-completion or llama-passkey with {flags} ({self.llama_cpp_note})"
 
     def llama_cpp_rule(self, plan):
         rule = super().llama_cpp_rule(plan)
