@@ -33,10 +33,14 @@ class SelfExtendMap:
     group_size: int
     neighbor_window: int
 
-    def shifts(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
-        """[(query shift or None, key shift or None)] per map; None = not rotated (the original position)."""
+    def key_shift(self, k_pos: torch.Tensor) -> torch.Tensor:
+        """The one key shift the moved maps share (elementwise in the position, so it can be cached by position)."""
+        return k_pos // self.group_size - k_pos
+
+    def query_shifts(self, q_pos: torch.Tensor) -> list[torch.Tensor | None]:
+        """Per map, the query shift; None = the original map (queries and keys as the model rotated them)."""
         g, w = self.group_size, self.neighbor_window
-        return [(None, None), (q_pos // g + (w - w // g) - q_pos, k_pos // g - k_pos)]
+        return [None, q_pos // g + (w - w // g) - q_pos]
 
     def select(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """Which map each (query, key) pair uses: q_pos [B, q, 1], k_pos [B, 1, k] -> [B, q, k] int."""
@@ -56,12 +60,12 @@ class DualChunkMap:
     def chunk_len(self) -> int:
         return self.chunk_size - self.local_window
 
-    def shifts(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
+    def key_shift(self, k_pos: torch.Tensor) -> torch.Tensor:
+        return k_pos % self.chunk_len - k_pos
+
+    def query_shifts(self, q_pos: torch.Tensor) -> list[torch.Tensor | None]:
         s, c = self.chunk_len, self.chunk_size
-        offset = q_pos % s
-        key = k_pos % s - k_pos
-        successive = torch.clamp(offset + s, max=c) - q_pos
-        return [(None, None), (successive, key), (c - q_pos, key)]
+        return [None, torch.clamp(q_pos % s + s, max=c) - q_pos, c - q_pos]
 
     def select(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         s = self.chunk_len
@@ -91,6 +95,27 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return out.to(x.dtype)
 
 
+def key_rotation(mapping, k_pos: torch.Tensor, inv_freq: torch.Tensor, memo: dict | None):
+    """cos/sin of the mapping's key shift at k_pos, reused from `memo` (shared by the layers of a model) when the
+    positions are the same or extend the ones it holds (every layer of a forward, every decoding step)."""
+    if memo is None:
+        return rotation(mapping.key_shift(k_pos), inv_freq)
+    entry = memo.get(mapping)
+    if entry is not None:
+        held, cos, sin = entry
+        n_old = held.shape[1]
+        if (held.shape[0] == k_pos.shape[0] and held.device == k_pos.device and n_old <= k_pos.shape[1]
+                and torch.equal(held, k_pos[:, :n_old])):
+            if n_old < k_pos.shape[1]:
+                more = rotation(mapping.key_shift(k_pos[:, n_old:]), inv_freq)
+                cos, sin = torch.cat((cos, more[0]), dim=2), torch.cat((sin, more[1]), dim=2)
+                memo[mapping] = (k_pos, cos, sin)
+            return cos, sin
+    cos, sin = rotation(mapping.key_shift(k_pos), inv_freq)
+    memo[mapping] = (k_pos, cos, sin)
+    return cos, sin
+
+
 def log_n_factor(q_pos: torch.Tensor, original: int) -> torch.Tensor:
     """max(1, ln(p + 1) / ln(L)) per query [B, q] (float32)."""
     return torch.clamp(torch.log1p(q_pos.to(torch.float64)) / math.log(original), min=1.0).float()
@@ -110,6 +135,7 @@ def remapped_attention(
     softcap: float | None = None,
     log_n_original: int | None = None,
     block_elements: int = BLOCK_ELEMENTS,
+    memo: dict | None = None,
 ) -> torch.Tensor:
     """Attention output [B, q, Hq, Dv] (transformers' attention-function layout).
 
@@ -126,11 +152,11 @@ def remapped_attention(
     k_pos = k_pos.to(query.device).expand(batch, n_k)
     key, value = key[:, :, :n_k], value[:, :, :n_k]
 
+    moved = rotate(key, *key_rotation(mapping, k_pos, inv_freq, memo))[:, :, None]
     maps = []
-    for q_shift, k_shift in mapping.shifts(q_pos, k_pos):
-        q_v = query if q_shift is None else rotate(query, *rotation(q_shift, inv_freq))
-        k_v = key if k_shift is None else rotate(key, *rotation(k_shift, inv_freq))
-        maps.append((q_v.reshape(batch, kv_heads, rep, n_q, dim), k_v[:, :, None]))
+    for q_shift in mapping.query_shifts(q_pos):
+        q_v = query * scaling if q_shift is None else rotate(query, *rotation(q_shift, inv_freq)) * scaling
+        maps.append((q_v.reshape(batch, kv_heads, rep, n_q, dim), key[:, :, None] if q_shift is None else moved))
     values = value[:, :, None]
     factor = log_n_factor(q_pos, log_n_original) if log_n_original else None
     mask = attention_mask
@@ -148,8 +174,8 @@ def remapped_attention(
         scores = None
         for index, (q_v, k_v) in enumerate(maps):
             part = torch.matmul(q_v[..., start:stop, :], k_v[..., :visible, :].transpose(-1, -2))
-            scores = part if scores is None else torch.where(which == index, part, scores)
-        scores = scores.float() * scaling
+            scores = part if scores is None else torch.where(which == index, part, scores, out=part)
+        scores = scores.float()
         if factor is not None:
             scores = scores * factor[:, None, None, start:stop, None]
         if softcap is not None:
@@ -157,9 +183,9 @@ def remapped_attention(
         if mask is None:
             rows = torch.arange(offset + start, offset + stop, device=query.device)[:, None]
             allowed = torch.arange(visible, device=query.device)[None, :] <= rows
-            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+            scores = scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
         elif mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask[..., start:stop, :visible], torch.finfo(scores.dtype).min)
+            scores = scores.masked_fill_(~mask[..., start:stop, :visible], torch.finfo(scores.dtype).min)
         else:
             scores = scores + mask[..., start:stop, :visible].float()
         probs = torch.softmax(scores, dim=-1).to(value.dtype)

@@ -42,6 +42,7 @@ class AttentionContext:
     mapping: Any
     inv_freq: torch.Tensor
     log_n_original: int | None
+    memo: dict  # key-rotation tables by position, shared by the layers of one RoPE slot (see kernels.key_rotation)
 
 
 def _original_function(impl: str, module):
@@ -72,7 +73,7 @@ def _dispatcher(impl: str):
         output = remapped_attention(
             query, key, value, q_pos, k_pos, attention_mask, float(scaling), context.mapping,
             context.inv_freq.to(query.device), softcap=kwargs.get("softcap"),
-            log_n_original=context.log_n_original,
+            log_n_original=context.log_n_original, memo=context.memo,
         )
         return output, None
 
@@ -194,6 +195,7 @@ def install(model, plan, mapping, log_n: bool) -> list[_Handle]:
         )
     handles: list[_Handle] = []
     original = plan.spec.original_max_position_embeddings if log_n else None
+    memos: dict = {}
     for name, module in modules:
         slot = _layer_slot(module, config, plan.targets)
         if slot is False:
@@ -208,7 +210,7 @@ def install(model, plan, mapping, log_n: bool) -> list[_Handle]:
                 "full-attention layer type"
             )
         inv_freq, _ = plan.compute(slot)
-        module.__dict__[CONTEXT] = AttentionContext(mapping, inv_freq.float(), original)
+        module.__dict__[CONTEXT] = AttentionContext(mapping, inv_freq.float(), original, memos.setdefault(slot, {}))
         _LIVE.add(module)
         handles.append(_Handle(module, module.register_forward_pre_hook(record_positions, with_kwargs=True)))
     if not handles:

@@ -1,0 +1,78 @@
+"""self-extend and dual-chunk against plain SDPA with YaRN: prefill time, peak RSS and decode step, side by side.
+
+    python bench/attention_methods.py [--lengths 4096 16384] [--decode 8] [--threads 2]
+
+Each (method, length) runs in a fresh child process (SmolLM2-135M, float32, attn_implementation="sdpa", factor 2
+specs with the methods' defaults; self-extend and dual-chunk on top of the original RoPE): one prefill of `length`
+random tokens with the KV cache on, then `--decode` single-token steps with the cache (the median step). Peak RSS
+is the child's (model + KV cache + activations). Ratios are against YaRN at the same length.
+Goals (issue 19): prefill at 16k <= 1.6x, peak RSS at 32k <= 1.3x, decode step at 16k <= 1.3x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from common import demo_model, run_child
+
+CHILD = r"""
+import json, statistics, sys, time, warnings
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+from rope_extend import patch_model
+path, method, length, steps, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+torch.set_num_threads(threads)
+model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    report = patch_model(model, method=method, factor=2)
+ids = torch.randint(100, 40000, (1, length + steps), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    cache = DynamicCache(config=model.config)
+    started = time.perf_counter()
+    model(ids[:, :length], cache=cache, use_cache=True)
+    prefill = time.perf_counter() - started
+    times = []
+    for t in range(length, length + steps):
+        started = time.perf_counter()
+        model(ids[:, t : t + 1], cache=cache, use_cache=True)
+        times.append(time.perf_counter() - started)
+spec = {k: v for k, v in report.spec.method_params().items()}
+print(json.dumps({"prefill_s": prefill, "decode_s": statistics.median(times), "spec": spec}))
+"""
+
+METHODS = ("yarn", "self-extend", "dual-chunk")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--decode", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args()
+    path = demo_model()
+    rows = []
+    for length in args.lengths:
+        results = {m: run_child(CHILD, str(path), m, str(length), str(args.decode), str(args.threads))
+                   for m in METHODS}
+        base = results["yarn"]
+        for method, r in results.items():
+            row = {
+                "length": length, "method": method, "spec": r["spec"],
+                "prefill_s": round(r["prefill_s"], 2), "prefill_ratio": round(r["prefill_s"] / base["prefill_s"], 3),
+                "peak_rss_mib": round(r["peak_rss_mib"]), "rss_ratio": round(r["peak_rss_mib"] / base["peak_rss_mib"], 3),
+                "decode_ms": round(1000 * r["decode_s"], 1), "decode_ratio": round(r["decode_s"] / base["decode_s"], 3),
+            }
+            rows.append(row)
+            print(f"{length:>6} {method:<12} prefill {row['prefill_s']:8.2f} s ({row['prefill_ratio']:.2f}x)  "
+                  f"peak RSS {row['peak_rss_mib']:6d} MiB ({row['rss_ratio']:.2f}x)  decode {row['decode_ms']:7.1f} ms "
+                  f"({row['decode_ratio']:.2f}x)  {row['spec']}", flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(rows, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
