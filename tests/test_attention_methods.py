@@ -19,6 +19,10 @@ import torch
 from rope_extend import SpecError, UnsupportedModelError, load_spec, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, runtime
 from rope_extend.attention.kernels import DualChunkMap, SelfExtendMap
+from rope_extend.compat import GENERATE_CACHE_KEYWORD, TRANSFORMERS_V5
+
+# transformers 4.x calls its eager attention directly (refused, see test_refusals_name_why): SDPA only there
+IMPLS = ["eager", "sdpa"] if TRANSFORMERS_V5 else ["sdpa"]
 
 warnings.filterwarnings("ignore", message=".*acts on attention.*")
 
@@ -153,10 +157,19 @@ SPECS = {
 WINDOW = {"self-extend": 8, "dual-chunk": 14}  # below these lengths the model is the original
 
 
-def _patched(arch: str, method: str, impl: str = "eager", **extra):
+def make(arch: str, impl: str | None = None):
     model = tiny.make_model(arch)
-    if impl != "eager":
-        model.set_attn_implementation(impl)
+    if (impl or IMPLS[0]) != "eager":
+        model.set_attn_implementation(impl or IMPLS[0])
+    return model
+
+
+def _cache(cache) -> dict:
+    return {GENERATE_CACHE_KEYWORD: cache, "use_cache": True}
+
+
+def _patched(arch: str, method: str, impl: str | None = None, **extra):
+    model = make(arch, impl)
     patch_model(model, **{**SPECS[method], "factor": 3, **extra})
     return model
 
@@ -186,7 +199,7 @@ def test_every_rotary_architecture_equals_the_reference(arch):
     """Each architecture of the rotary matrix, both methods: exactly the original below the window, and beyond it
     the naive reference's logits (80 tokens: 2.5 times the original length)."""
     ids = tiny.input_ids(80)
-    unpatched = tiny.make_model(arch)
+    unpatched = make(arch)
     with torch.no_grad():
         base = unpatched(ids).logits
     for method in SPECS:
@@ -202,7 +215,7 @@ def test_every_rotary_architecture_equals_the_reference(arch):
 
 
 @pytest.mark.parametrize("method", list(SPECS))
-@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+@pytest.mark.parametrize("impl", IMPLS)
 def test_decoding_with_the_cache_equals_one_forward(method, impl):
     """Prefill in pieces, token-by-token decoding, and a reused (copied, then cropped) KV prefix all give the
     logits of one forward over the final sequence, to 1e-4."""
@@ -213,21 +226,21 @@ def test_decoding_with_the_cache_equals_one_forward(method, impl):
     with torch.no_grad():
         full = model(ids).logits
         cache = DynamicCache(config=model.config)
-        pieces = [model(ids[:, :30], cache=cache, use_cache=True).logits,
-                  model(ids[:, 30:47], cache=cache, use_cache=True).logits]
+        pieces = [model(ids[:, :30], **_cache(cache)).logits,
+                  model(ids[:, 30:47], **_cache(cache)).logits]
         for t in range(47, 64):
-            pieces.append(model(ids[:, t : t + 1], cache=cache, use_cache=True).logits)
+            pieces.append(model(ids[:, t : t + 1], **_cache(cache)).logits)
         torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=0)
 
         prefix = DynamicCache(config=model.config)
-        model(ids[:, :50], cache=prefix, use_cache=True)
+        model(ids[:, :50], **_cache(prefix))
         for suffix in (ids[:, 50:64], tiny.input_ids(14, seed=7)):
             reused = copy.deepcopy(prefix)
-            got = model(suffix, cache=reused, use_cache=True).logits
+            got = model(suffix, **_cache(reused)).logits
             want = model(torch.cat((ids[:, :50], suffix), 1)).logits[:, 50:]
             torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
         prefix.crop(-10)  # keep the first 40
-        got = model(ids[:, 40:64], cache=prefix, use_cache=True).logits
+        got = model(ids[:, 40:64], **_cache(prefix)).logits
         torch.testing.assert_close(got, full[:, 40:], atol=1e-4, rtol=0)
 
 
@@ -235,7 +248,7 @@ def test_decoding_with_the_cache_equals_one_forward(method, impl):
 def test_generate_matches_and_left_padded_batch_equals_rows(method):
     """generate() with the cache (greedy) continues as one-shot argmax does; a left-padded batch gives each row's
     logits of that row alone (eager and SDPA)."""
-    for impl in ("eager", "sdpa"):
+    for impl in IMPLS:
         model = _patched("llama", method, impl)
         rows = [tiny.input_ids(70, seed=3)[0], tiny.input_ids(55, seed=4)[0]]
         width = max(len(r) for r in rows)
@@ -254,7 +267,7 @@ def test_generate_matches_and_left_padded_batch_equals_rows(method):
 
 @pytest.mark.parametrize("method", list(SPECS))
 def test_unpatch_restores_bit_exactly_and_double_patching_is_a_no_op(method):
-    model = tiny.make_model("llama")
+    model = make("llama")
     ids = tiny.input_ids(96)
     with torch.no_grad():
         before = model(ids).logits
@@ -282,10 +295,10 @@ def test_marker_reapplies_in_process(tmp_path):
     with torch.no_grad():
         want = model(ids).logits
     model.save_pretrained(tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=IMPLS[0]).eval()
     with torch.no_grad():
         stock = loaded(ids).logits
-        torch.testing.assert_close(stock, tiny.make_model("llama")(ids).logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(stock, make("llama")(ids).logits, atol=1e-5, rtol=0)
     report = patch_model(loaded)
     assert (report.spec.group_size, report.spec.neighbor_window) == (4, 8)
     with torch.no_grad():
@@ -335,7 +348,10 @@ def test_refusals_name_why():
         get_method("self-extend").gguf_rope(load_spec(method="self-extend", factor=2), 1e4, 16, None, 1.0)
     with pytest.raises(SpecError, match="no dual chunk attention"):
         get_method("dual-chunk").gguf_rope(load_spec(method="dual-chunk"), 1e4, 16, None, 1.0)
-    model = tiny.make_model("mistral")
+    if not TRANSFORMERS_V5:
+        with pytest.raises(UnsupportedModelError, match="calls its eager attention directly"):
+            patch_model(tiny.make_model("llama"), method="self-extend", factor=4)
+    model = make("mistral")
     model.config.sliding_window = 16
     for layer in model.model.layers:
         layer.self_attn.sliding_window = 16
@@ -343,3 +359,24 @@ def test_refusals_name_why():
         patch_model(model, method="self-extend", factor=4)
     assert not hasattr(model, "_rope_extend_state")
     assert not any(runtime.CONTEXT in module.__dict__ for module in model.modules())
+
+
+def test_cli_patch_and_validate(tmp_path, capsys):
+    """`rope-extend patch --method self-extend --set group_size=4` writes the resolved spec into the marker;
+    `rope-extend validate` applies the reach rule once it knows the original length."""
+    import json
+
+    from rope_extend.cli import run
+
+    source, out = tmp_path / "src", tmp_path / "out"
+    tiny.make_model("llama").save_pretrained(source)
+    assert run(["patch", str(source), "-o", str(out), "--method", "self-extend", "--factor", "3", "--set",
+                "group_size=4"]) == 0
+    marker = json.loads((out / "config.json").read_text())["rope_extend"]
+    assert marker["spec"]["group_size"] == 4 and marker["spec"]["neighbor_window"] == 4
+    assert "ORIGINAL model" in capsys.readouterr().out
+    spec = tmp_path / "se.yaml"
+    spec.write_text("method: self-extend\nfactor: 4\ngroup_size: 2\n")
+    assert run(["validate", str(spec)]) == 0
+    assert run(["validate", str(spec), "--original-length", "8192"]) == 2
+    assert "reach rule" in capsys.readouterr().err

@@ -29,6 +29,7 @@ def validate(
     spec = load_spec(spec_file)
     if original_length is not None:
         spec = spec.resolve(original_length)
+        spec = spec.rope_method.fill_params(spec)  # derived parameters and their rules (self-extend's reach)
     out.print(f"[green]valid[/green]: {spec_file}")
     out.print(spec.to_yaml().rstrip(), markup=False, highlight=False)
 
