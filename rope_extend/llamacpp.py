@@ -126,9 +126,12 @@ class LlamaCpp:
                 key = int(line.split("passkey = ")[1].split(",")[0])
             if "prompt tokens:" in line:
                 tokens = int(line.split("prompt tokens:")[1].split()[0])
-        answer = text.split("The pass key is", 2)[-1] if text.count("The pass key is") else ""
         if key is None or tokens is None:
             raise LlamaCppError(f"no passkey result in the output of {' '.join(cmd)}:\n{text[-3000:]}")
+        # the answer is printed at output level (stdout); the log (stderr) ends the prompt with its suffix
+        answer = proc.stdout.strip()
+        if not answer and "The pass key is" in proc.stderr:
+            answer = proc.stderr.rsplit("The pass key is", 1)[1]
         answer = answer.split("main: decoded")[0].strip()
         return PasskeyResult(key=key, prompt_tokens=tokens, answer=answer, found=str(key) in answer[:40],
                              command=" ".join(cmd))

@@ -177,7 +177,7 @@ def _patched(arch: str, method: str, impl: str | None = None, **extra):
 def _reference_kernel(monkeypatch, spec):
     """Swap the kernel for the reference: un-rotate the model's q/k at their positions, then the naive formulas."""
     def reference(query, key, value, q_pos, k_pos, mask, scaling, mapping, inv_freq, *, softcap=None,
-                  log_n_original=None, block_elements=None):
+                  log_n_original=None, block_elements=None, memo=None):
         unrotate = lambda x, p: rope(x.double(), -p, inv_freq.double()).float()
         n_k = k_pos.shape[1]
         B = query.shape[0]

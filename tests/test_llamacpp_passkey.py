@@ -19,7 +19,7 @@ from rope_extend.llamacpp import LlamaCppError, ensure_llamacpp
 
 pytestmark = pytest.mark.slow
 
-JUNK, POSITION, GROUP, BATCH = 48, 20, 2, 256
+JUNK, POSITION, GROUP, BATCH = 30, 12, 2, 128
 
 
 def passkey_prompt(key: int, junk: int, position: int) -> str:

@@ -42,6 +42,10 @@ class SelfExtendMap:
         g, w = self.group_size, self.neighbor_window
         return [None, q_pos // g + (w - w // g) - q_pos]
 
+    def far_threshold(self, q_min: int) -> int:
+        """Keys at positions below this use the last map for every query at positions >= q_min."""
+        return q_min - self.neighbor_window + 1
+
     def select(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """Which map each (query, key) pair uses: q_pos [B, q, 1], k_pos [B, 1, k] -> [B, q, k] int."""
         return (q_pos - k_pos >= self.neighbor_window).to(torch.int8)
@@ -66,6 +70,9 @@ class DualChunkMap:
     def query_shifts(self, q_pos: torch.Tensor) -> list[torch.Tensor | None]:
         s, c = self.chunk_len, self.chunk_size
         return [None, torch.clamp(q_pos % s + s, max=c) - q_pos, c - q_pos]
+
+    def far_threshold(self, q_min: int) -> int:
+        return (q_min // self.chunk_len - 1) * self.chunk_len  # chunks two or more before the first query's
 
     def select(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         s = self.chunk_len
@@ -167,14 +174,25 @@ def remapped_attention(
     out = value.new_empty(batch, kv_heads, rep, n_q, value.shape[-1])
     block = max(1, min(n_q, block_elements // max(1, batch * heads * n_k)))
     offset = n_k - n_q  # index of the first query among the keys
+    # With positions increasing along the keys (no padding), the keys far enough behind a block use the last map
+    # (grouped / inter-chunk) for all its queries: only the band after them needs every map.
+    monotone = n_k < 2 or bool((k_pos[:, 1:] >= k_pos[:, :-1]).all())
     for start in range(0, n_q, block):
         stop = min(n_q, start + block)
         visible = offset + stop  # causal: no query of the block sees keys beyond this index
-        which = mapping.select(q_pos[:, start:stop, None], k_pos[:, None, :visible])[:, None, None]
-        scores = None
-        for index, (q_v, k_v) in enumerate(maps):
-            part = torch.matmul(q_v[..., start:stop, :], k_v[..., :visible, :].transpose(-1, -2))
-            scores = part if scores is None else torch.where(which == index, part, scores, out=part)
+        far = 0
+        if monotone:
+            threshold = torch.full((batch, 1), mapping.far_threshold(int(q_pos[:, start:stop].min())),
+                                   dtype=k_pos.dtype, device=k_pos.device)
+            far = min(visible, int(torch.searchsorted(k_pos[:, :visible].contiguous(), threshold).min()))
+        q_last, k_last = maps[-1]
+        scores = torch.matmul(q_last[..., start:stop, :], k_last[..., :visible, :].transpose(-1, -2))
+        if far < visible:
+            which = mapping.select(q_pos[:, start:stop, None], k_pos[:, None, far:visible])[:, None, None]
+            band = scores[..., far:visible]
+            for index, (q_v, k_v) in enumerate(maps[:-1]):
+                part = torch.matmul(q_v[..., start:stop, :], k_v[..., far:visible, :].transpose(-1, -2))
+                band.copy_(torch.where(which == index, part, band, out=part))
         scores = scores.float()
         if factor is not None:
             scores = scores * factor[:, None, None, start:stop, None]
