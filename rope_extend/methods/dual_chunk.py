@@ -31,7 +31,7 @@ class DualChunk(AttentionMethod):
     paper = "https://arxiv.org/abs/2402.17463"
     llama_cpp_note = (
         "llama.cpp has no dual chunk attention; its nearest training-free option is self-extend (`-gan G -gaw W` in "
-        "llama-completion and llama-passkey)"
+        "llama-completion, `-gan G` in llama-passkey)"
     )
 
     def validate(self, spec) -> None:

@@ -52,9 +52,9 @@ class SelfExtend(AttentionMethod):
                 "(stock engines serve the original model)")
     paper = "https://arxiv.org/abs/2401.01325"
     llama_cpp_note = (
-        "llama.cpp's own self-extend is `-gan G -gaw W` in llama-completion and llama-passkey (not llama-server): a "
-        "block-wise approximation that divides the cached KV positions by G batch by batch, not the paper's "
-        "two-map merge, so its numbers differ from rope-extend's"
+        "llama.cpp's own self-extend is `-gan G -gaw W` in llama-completion (`-gan G` in llama-passkey, whose window "
+        "is the batch size -b; not in llama-server): a block-wise approximation that divides the cached KV positions "
+        "by G batch by batch, not the paper's two-map merge, so its numbers differ from rope-extend's"
     )
 
     def validate(self, spec) -> None:
@@ -94,15 +94,15 @@ class SelfExtend(AttentionMethod):
             flags = f"-gan {filled.group_size} -gaw {filled.neighbor_window}"
         except (SpecError, TypeError):  # an unresolved or impossible spec: name the flags only
             flags = "-gan G -gaw W"
-        return f"run llama-completion or llama-passkey with {flags} ({self.llama_cpp_note})"
+        return f"run llama-completion with {flags} ({self.llama_cpp_note})"
 
     def llama_cpp_rule(self, plan):
         rule = super().llama_cpp_rule(plan)
         G, W = plan.spec.group_size, plan.spec.neighbor_window
         rule.notes.append(
             f"llama.cpp's nearest equivalent: `llama-completion -m model.gguf -c {plan.spec.target_length} -gan {G} "
-            f"-gaw {W}` (also llama-passkey); a block-wise approximation by KV-position division, not the paper's "
-            "merge"
+            f"-gaw {W}` (llama-passkey: `-gan {G} -b {W}`); a block-wise approximation by KV-position division, not "
+            "the paper's merge"
         )
         return rule
 
