@@ -381,3 +381,26 @@ def test_cli_patch_and_validate(tmp_path, capsys):
     assert run(["validate", str(spec)]) == 0
     assert run(["validate", str(spec), "--original-length", "8192"]) == 2
     assert "reach rule" in capsys.readouterr().err
+
+
+def test_smollm2_smoke_with_small_windows(smollm2_path):
+    """SmolLM2-135M with G/W and chunks shrunk to a 150-token prompt: the original below the window, a real change
+    beyond it, and cached decoding equal to one forward."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    ids = torch.randint(100, 20000, (1, 150), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = model(ids).logits
+    for spec in ({"method": "self-extend", "factor": 1, "group_size": 2, "neighbor_window": 48},
+                 {"method": "dual-chunk", "chunk_size": 96, "local_window": 16}):
+        patch_model(model, **spec)
+        with torch.no_grad():
+            full = model(ids).logits
+            assert torch.equal(model(ids[:, :40]).logits, base[:, :40])  # every distance below the window
+            cache = DynamicCache(config=model.config)
+            steps = [model(ids[:, :145], **_cache(cache)).logits]
+            steps += [model(ids[:, t : t + 1], **_cache(cache)).logits for t in range(145, 150)]
+        assert (full[0, 100:] - base[0, 100:]).abs().max() > 0.1
+        torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=0)
+        unpatch_model(model)
