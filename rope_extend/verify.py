@@ -3,9 +3,13 @@
 A patch is verified when (1) stock transformers, given the rewritten config, builds exactly the inverse frequencies
 and attention factor rope-extend computed, AND (2) a real forward pass runs beyond the original length and agrees:
 rope-extend's patched model and the stock-loaded model give the same outputs on a few tokens placed at positions
-up to the target length. The forward runs on a small model of the same config with random weights (one layer per
-layer type, small vocabulary: cheap, and enough because RoPE lives in attention), or, on the full checkpoint path,
-on the real saved model against the real patched one. A checkpoint that would not run is never called verified.
+up to the target length. The forward runs on a small model of the same config with random weights, or, on the full
+checkpoint path, on the real saved model against the real patched one. The small model keeps everything RoPE and
+attention depend on (head_dim, the ratio of attention to KV heads, the rope fields, layer types, partial rotary,
+sliding windows, attention-scaling knobs) and shrinks what they do not (width, MLP, vocabulary, experts, repeated
+layers: one layer per distinct layer signature), so its rotary modules and attention are the ones the checkpoint
+builds, and verifying a 70B-shaped config costs what a 135M one does. A checkpoint that would not run is never
+called verified.
 
 It depends on planning (`plan`) and the module layer (`rotary`), not on `patch`, which calls it.
 """
@@ -24,8 +28,19 @@ from .errors import VerificationError
 from .plan import PatchPlan, verify_stock_config
 from .rotary import apply_plan, find_rotary_modules
 
+# What the small model shrinks. RoPE and attention depend on head_dim, the ratio of attention to KV heads, the rope
+# fields, layer types, partial rotary, sliding windows and attention-scaling knobs; these are kept. They do not
+# depend on the model's width, MLP, vocabulary, expert count or number of layers of the same type.
 PROBE_VOCAB = 256
 SMALL_INTERMEDIATE = 64
+SMALL_EXPERTS = 4
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", "top_k", "num_selected_experts")
+GROUP_KEYS = ("n_group", "topk_group", "num_expert_group", "moe_n_group", "moe_topk_group")
+MLP_KEYS = ("ffn_hidden_size", "d_ff", "d_inner")  # besides every *intermediate* key
+# How far each attempt shrinks: (narrow width, one layer per layer signature). The first that builds, runs and
+# holds the planned rotary modules and at least one attention layer is used; the last is the old, wide model.
+LEVELS = ((True, True), (True, False), (False, True))
 RTOL = {torch.float32: 1e-4, torch.float64: 1e-6}  # relative to the output scale; half precision below
 HALF_RTOL = 3e-2
 
@@ -80,23 +95,105 @@ def _cannot_run(config, exc: Exception) -> str:
     return f"the patched model cannot run a forward pass ({type(exc).__name__}: {reason}){hint}"
 
 
-def _small_config(config):
-    """The same config with one layer per layer type, a small vocabulary and a small MLP (RoPE is untouched)."""
-    small = copy.deepcopy(compat.text_config(config))
-    layer_types = getattr(small, "layer_types", None)
-    if isinstance(layer_types, list) and layer_types:
-        small.layer_types = list(dict.fromkeys(layer_types))
-        small.num_hidden_layers = len(small.layer_types)
-    else:
-        small.num_hidden_layers = 1
+
+
+def _layer_lists(config) -> tuple[int | None, dict[str, list], dict[int, dict]]:
+    """num_hidden_layers, the per-layer lists (layer_types, mlp_layer_types, no_rope_layers, ...) and the per-layer
+    overrides of a heterogeneous config (transformers 5: per-layer head_dim, KV heads...)."""
+    count = config.__dict__.get("num_hidden_layers")
+    if not isinstance(count, int) or count < 1:
+        return None, {}, {}
+    lists = {
+        key: value for key, value in vars(config).items()
+        if isinstance(value, list) and len(value) == count and not key.startswith("_") and "token" not in key
+    }
+    spec = config.__dict__.get("_heterogeneity_spec")
+    overrides = copy.deepcopy(getattr(spec, "per_layer_overrides", None) or {})
+    return count, lists, overrides
+
+
+def _keep_one_layer_per_signature(small) -> None:
+    """One layer for each distinct combination of per-layer settings (e.g. one sliding, one full attention)."""
+    count, lists, overrides = _layer_lists(small)
+    if count is None:
+        return
+    seen, kept = set(), []
+    for index in range(count):
+        signature = tuple(repr(value[index]) for value in lists.values()) + (repr(sorted(overrides.get(index, {}).items())),)
+        if signature not in seen:
+            seen.add(signature)
+            kept.append(index)
+    if len(kept) == count:
+        return
+    heterogeneous = "_heterogeneity_spec" in small.__dict__
+    small.__dict__.pop("_heterogeneity_spec", None)
+    for key, value in lists.items():
+        small.__dict__[key] = [value[index] for index in kept]
+    small.num_hidden_layers = len(kept)
+    shared = small.__dict__.get("num_kv_shared_layers")
+    if isinstance(shared, int) and shared:  # KV sharing across the dropped layers: every kept layer computes its own
+        small.num_kv_shared_layers = 0
+    if heterogeneous:
+        small.per_layer_config = {new: overrides[old] for new, old in enumerate(kept) if old in overrides}
+
+
+def _narrow(small) -> None:
+    """Fewest heads with the same attention-to-KV ratio, the same explicit head_dim, and the width they span."""
+    if "_heterogeneity_spec" in small.__dict__:
+        return  # per-layer head counts and head_dim: keep the widths
+    heads, hidden = getattr(small, "num_attention_heads", None), getattr(small, "hidden_size", None)
+    kv = getattr(small, "num_key_value_heads", None) or heads
+    if not all(isinstance(v, int) and v > 0 for v in (heads, hidden, kv)) or heads % kv:
+        return
+    head_dim = getattr(small, "head_dim", None)
+    head_dim = head_dim if isinstance(head_dim, int) and head_dim > 0 else hidden // heads
+    group = heads // kv
+    if hasattr(small, "num_key_value_heads"):
+        small.num_key_value_heads = 1
+    small.num_attention_heads = group
+    small.head_dim = head_dim
+    small.hidden_size = group * head_dim
+
+
+def _shrink_vocab_mlp_experts(small) -> None:
     vocab = int(getattr(small, "vocab_size", PROBE_VOCAB) or PROBE_VOCAB)
     small.vocab_size = min(vocab, PROBE_VOCAB)
-    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        value = getattr(small, key, None)
-        if isinstance(value, int) and value >= small.vocab_size:
-            setattr(small, key, None)
-    if isinstance(getattr(small, "intermediate_size", None), int):
-        small.intermediate_size = min(small.intermediate_size, SMALL_INTERMEDIATE)
+    for key, value in list(vars(small).items()):
+        if key.endswith("_token_id"):
+            if isinstance(value, int) and value >= small.vocab_size:
+                setattr(small, key, None)
+            elif isinstance(value, list) and any(isinstance(v, int) and v >= small.vocab_size for v in value):
+                setattr(small, key, [v for v in value if v < small.vocab_size] or None)
+        elif "intermediate" in key or key in MLP_KEYS:
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(small, key, min(value, SMALL_INTERMEDIATE))
+            elif isinstance(value, list) and all(isinstance(v, int) for v in value):
+                setattr(small, key, [min(v, SMALL_INTERMEDIATE) for v in value])
+    experts = None
+    for key in EXPERT_KEYS:
+        value = small.__dict__.get(key)
+        if isinstance(value, int) and value > SMALL_EXPERTS:
+            setattr(small, key, SMALL_EXPERTS)
+            experts = SMALL_EXPERTS
+    if experts is not None:
+        for key in TOP_K_KEYS:
+            value = small.__dict__.get(key)
+            if isinstance(value, int) and value > experts:
+                setattr(small, key, experts)
+        for key in GROUP_KEYS:
+            if isinstance(small.__dict__.get(key), int):
+                setattr(small, key, 1)
+
+
+def _small_config(config, narrow: bool = True, per_signature: bool = True):
+    """The same text config, shrunk where RoPE and attention do not look (see LEVELS); the rope fields, head_dim,
+    head ratio, layer types, sliding windows and attention-scaling knobs are untouched."""
+    small = copy.deepcopy(compat.text_config(config))
+    if per_signature:
+        _keep_one_layer_per_signature(small)
+    _shrink_vocab_mlp_experts(small)
+    if narrow:
+        _narrow(small)
     return small
 
 
@@ -116,30 +213,49 @@ def _small_model(config):
             ) from None
 
 
-def _small_pair(source_config, stock_config, plan: PatchPlan):
-    """rope-extend's patched small model and the stock-built small model, with the same random weights."""
+def _small_run(source_config, stock_config, plan: PatchPlan):
+    """(rope-extend's patched small model's outputs, the stock-built small model, its outputs), same weights."""
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # config advice about the small copies is noise here
     try:
-        return _build_pair(source_config, stock_config, plan)
+        for number, (narrow, per_signature) in enumerate(LEVELS):
+            last = number == len(LEVELS) - 1
+            try:
+                patched, stock = _build_pair(_small_config(source_config, narrow, per_signature),
+                                             _small_config(stock_config, narrow, per_signature), plan)
+                _check_modules(stock, plan)
+                if not last and not _has_attention(stock):
+                    continue
+                return probe_outputs(patched, plan), stock, probe_outputs(stock, plan)
+            except VerificationError:
+                if last:
+                    raise
+            except Exception as exc:  # a shrunk config the modeling code rejects: try a wider one
+                if last:
+                    raise VerificationError(_cannot_run(source_config, exc)) from None
+        raise AssertionError("unreachable")
     finally:
         hf_logging.set_verbosity(verbosity)
 
 
-def _build_pair(source_config, stock_config, plan: PatchPlan):
+def _has_attention(model) -> bool:
+    return any(type(module).__name__.endswith("Attention") for module in model.modules())
+
+
+def _build_pair(small_source, small_stock, plan: PatchPlan):
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(0)
-        patched = _small_model(_small_config(source_config))
+        patched = _small_model(small_source)
     finally:
         torch.random.set_rng_state(state)
     weights = patched.state_dict()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         apply_plan(patched, plan)
-    stock = _small_model(_small_config(stock_config))
+    stock = _small_model(small_stock)
     missing, unexpected = stock.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise VerificationError(
@@ -201,7 +317,5 @@ def verify_plan(
             _compare(patched_outputs, probe_outputs(stock_model, plan), plan, RTOL.get(dtype, HALF_RTOL),
                      "saved model")
             return
-    patched, stock = _small_pair(source_config, stock_config, plan)
-    _check_modules(stock, plan)
-    _compare(probe_outputs(patched, plan), probe_outputs(stock, plan), plan, RTOL[torch.float32],
-             "small model of this config")
+    patched_small, stock, stock_small = _small_run(source_config, stock_config, plan)
+    _compare(patched_small, stock_small, plan, RTOL[torch.float32], "small model of this config")

@@ -1,0 +1,119 @@
+"""The verification forward's small model: built from the checkpoint's own config with width, MLP, vocabulary,
+experts and repeated layers shrunk, it must hold the same rotary modules and attention as the full config builds.
+
+The references are independent of rope-extend's shrinking: the full-width config (on the meta device, so a 70B shape
+costs nothing) for the attention modules, and the rotary class instantiated from the full config for the
+frequencies.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel
+
+from rope_extend import patch_model, verify
+from rope_extend.rotary import find_rotary_modules
+
+REAL = Path(__file__).parent / "real_configs"
+REAL_CONFIGS = sorted(p.stem for p in REAL.glob("*.json"))
+# Attention attributes that follow the model's width (shrunk on purpose); every other plain attribute must match.
+WIDTH_ATTRIBUTES = {"config", "layer_idx", "training", "hidden_size", "num_heads", "num_attention_heads",
+                    "num_key_value_heads", "num_kv_heads", "embed_dim"}
+
+
+def real_config(name: str):
+    return AutoConfig.for_model(**json.loads((REAL / f"{name}.json").read_text()))
+
+
+def _build(config, device: str):
+    with warnings.catch_warnings(), torch.device(device):
+        warnings.simplefilter("ignore")
+        return AutoModel.from_config(config, attn_implementation="eager")
+
+
+def _attention(model) -> list[tuple[str, dict]]:
+    out = []
+    for module in model.modules():
+        if type(module).__name__.endswith("Attention"):
+            plain = {k: v for k, v in vars(module).items()
+                     if not k.startswith("_") and k not in WIDTH_ATTRIBUTES and isinstance(v, (int, float, str, bool, type(None)))}
+            out.append((type(module).__name__, plain))
+    return out
+
+
+def _rotary_from_full_config(module, config):
+    for args in ((), (None,)):
+        try:
+            return type(module)(config, *args)
+        except TypeError:
+            continue
+    raise AssertionError(f"cannot instantiate {type(module).__name__} from the full config")
+
+
+def assert_small_model_is_faithful(full) -> torch.nn.Module:
+    small = verify._small_config(full)
+    model = _build(small, "cpu")
+    reference = copy.deepcopy(full)
+    verify._keep_one_layer_per_signature(reference)  # the same layers, at full width, vocabulary and experts
+    assert _attention(model) == _attention(_build(reference, "meta"))
+    assert _attention(model), "the small model has no attention layer"
+    rotary = find_rotary_modules(model)
+    assert rotary
+    for name, module, prefixes in rotary:
+        want = _rotary_from_full_config(module, full)
+        for prefix in prefixes:
+            torch.testing.assert_close(getattr(module, f"{prefix}inv_freq"), getattr(want, f"{prefix}inv_freq"),
+                                       rtol=0, atol=0, msg=f"{name} {prefix}inv_freq")
+            assert getattr(module, f"{prefix}attention_scaling") == getattr(want, f"{prefix}attention_scaling")
+    return model
+
+
+@pytest.mark.parametrize("name", REAL_CONFIGS)
+def test_small_model_of_a_real_config_has_its_rope_and_attention(name):
+    full = real_config(name)
+    model = assert_small_model_is_faithful(full)
+    # ...at a size that does not follow the checkpoint's (the 70B shape: 2.8M parameters, Gemma-3-1B 5.9M)
+    assert sum(p.numel() for p in model.parameters()) < 1e7
+
+
+def test_gemma3_keeps_one_layer_of_each_type_with_its_own_rope():
+    small = verify._small_config(real_config("gemma-3-1b"))
+    assert small.layer_types == ["sliding_attention", "full_attention"]
+    assert small.head_dim == 256 and small.num_attention_heads == 4 and small.num_key_value_heads == 1
+    assert small.query_pre_attn_scalar == 256 and small.sliding_window == 512
+    assert small.vocab_size == verify.PROBE_VOCAB
+
+
+def test_seventy_b_shape_is_verified_on_a_narrow_model():
+    """Llama-3.1-70B: 64 heads over 8 KV heads becomes 8 over 1, head_dim 128 kept, one layer, vocabulary 256."""
+    full = real_config("llama-3.1-70b")
+    small = verify._small_config(full)
+    assert (small.num_attention_heads, small.num_key_value_heads, small.head_dim) == (8, 1, 128)
+    assert (small.num_hidden_layers, small.hidden_size, small.vocab_size) == (1, 1024, verify.PROBE_VOCAB)
+    assert small.rope_parameters == full.rope_parameters
+
+
+def test_verification_of_a_real_shape_catches_a_wrong_patch(monkeypatch):
+    """The narrow model still disagrees when rope-extend's frequencies are wrong (so it is not a vacuous check)."""
+    from transformers import AutoModelForCausalLM
+
+    config = real_config("qwen2.5-7b")
+    small = verify._small_config(config)
+    small.max_position_embeddings = 64
+    model = AutoModelForCausalLM.from_config(small)
+    from rope_extend import plan as planning
+
+    real_compute = planning.PatchPlan.compute
+    monkeypatch.setattr(planning.PatchPlan, "compute",
+                        lambda self, slot, seq_len=None, device=None: (real_compute(self, slot, seq_len, device)[0] * 1.01,
+                                                                       real_compute(self, slot, seq_len, device)[1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(verify.VerificationError, match="disagree beyond the original length"):
+            patch_model(model, method="yarn", factor=4)
