@@ -90,9 +90,32 @@ def read_slots(config) -> dict[str | None, dict]:
     return {FLAT: full}
 
 
-def rotary_dim(config, params: dict) -> int:
-    """head_dim (explicit if the config has one) x partial_rotary_factor."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+def layer_config(config, slot: str | None):
+    """The config one layer type's layers see: transformers 5 heterogeneous configs (Gemma 4, DeepSeek-V4...) keep
+    per-layer values such as head_dim in `per_layer_config`, and reading them globally raises."""
+    if slot is not None and "_heterogeneity_spec" in getattr(config, "__dict__", {}):
+        try:
+            return config.per_layer_config[slot]
+        except (ValueError, KeyError, IndexError, TypeError):
+            pass
+    return config
+
+
+def rotary_dim(config, params: dict, slot: str | None = None) -> int:
+    """head_dim (explicit if the config has one; per layer type where the config varies it) x
+    partial_rotary_factor."""
+    config = layer_config(config, slot)
+    try:
+        head_dim = getattr(config, "head_dim", None)
+        head_dim = head_dim or config.hidden_size // config.num_attention_heads
+    except (AttributeError, RuntimeError, TypeError, ZeroDivisionError) as exc:
+        from .errors import UnsupportedModelError
+
+        raise UnsupportedModelError(
+            f"model type {getattr(config, 'model_type', '?')!r}: its config has no head_dim nor hidden_size and "
+            f"num_attention_heads at top level ({type(exc).__name__}), so the rotary dimension it rotates is not "
+            "known; rope-extend rescales models whose config gives them"
+        ) from None
     partial = params.get("partial_rotary_factor")
     if partial is None:
         partial = getattr(config, "partial_rotary_factor", None)
@@ -103,7 +126,7 @@ def rotary_dim(config, params: dict) -> int:
 
 def write_slots(config, slots: dict[str | None, dict], max_position_embeddings: int, marker: dict | None) -> None:
     """Rewrite an in-memory config in the running transformers' own layout (and the legacy keys it keeps)."""
-    full = slots.get("full_attention", slots.get(FLAT))
+    full = slots.get("full_attention", slots.get(FLAT)) or next(iter(slots.values()))
     if TRANSFORMERS_V5:
         if FLAT in slots:
             config.rope_parameters = _plain(slots[FLAT])
@@ -173,15 +196,27 @@ def portable_config_dict(
     Phi-3's top-level ``original_max_position_embeddings``, ``max_position_embeddings`` and the provenance marker.
     """
     out = copy.deepcopy(config_dict)
-    full = slots.get("full_attention", slots.get(FLAT))
+    full = slots.get("full_attention", slots.get(FLAT)) or next(iter(slots.values()))
+    legacy_local = False
     if FLAT in slots:
         out["rope_parameters"] = _plain(slots[FLAT])
     else:
-        out["rope_parameters"] = _nested_truncate({key: _plain(value) for key, value in slots.items()}, full)
-        if "sliding_attention" in slots and ("rope_local_base_freq" in out or out.get("model_type", "").startswith("gemma3")):
+        # Nested entries of layer types no layer uses stay too: some config classes (Mellum, Laguna) read a nested
+        # table only when all its layer types are there, and would take a partial one for a flat one.
+        kept = {key: _plain(value) for key, value in (config_dict.get("rope_parameters") or {}).items()
+                if isinstance(value, dict) and key not in slots}
+        out["rope_parameters"] = _nested_truncate({**kept, **{key: _plain(value) for key, value in slots.items()}}, full)
+        # Gemma 3's 4.x form: rope_scaling + rope_theta for full attention, rope_local_base_freq for sliding layers
+        legacy_local = "rope_local_base_freq" in out or out.get("model_type", "").startswith("gemma3")
+        if "sliding_attention" in slots and legacy_local:
             out["rope_local_base_freq"] = slots["sliding_attention"]["rope_theta"]
     out["rope_theta"] = full["rope_theta"]
     out["rope_scaling"] = scaling_dict(full, out.get("model_type", ""))
+    if FLAT not in slots and not legacy_local:
+        # Per-layer-type RoPE that only 5.x config classes nest: there a config.json `rope_scaling` would replace
+        # the nested table (Mellum, Laguna; even `null` does) or be applied to the sliding layers too
+        # (ModernBERT-decoder).
+        out.pop("rope_scaling")
     if "partial_rotary_factor" in full:
         out["partial_rotary_factor"] = full["partial_rotary_factor"]
     for alias, key in LEGACY_ALIASES.get(out.get("model_type", ""), {}).items():
@@ -345,7 +380,7 @@ def stock_rope(config, slot: str | None, device=None) -> tuple[torch.Tensor, flo
     params = read_slots(config)[slot]
     rope_type = params["rope_type"]
     if rope_type == "default":
-        dim = rotary_dim(config, params)
+        dim = rotary_dim(config, params, slot)
         inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         return inv_freq, 1.0
     fn = ROPE_INIT_FUNCTIONS[rope_type]

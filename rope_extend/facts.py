@@ -18,7 +18,10 @@ from typing import Any
 
 from . import compat
 
-FLAT_KEY = "_all"  # JSON name of the flat slot (None) in the marker
+FLAT_KEY = "_all"
+# rope_types that are a model's own RoPE, not a scaling of it ("proportional": Gemma 4's and LFM3's partial rotation
+# at frequencies spread over the whole head_dim).
+UNSCALED_TYPES = ("default", "proportional")  # JSON name of the flat slot (None) in the marker
 
 
 def encode_slots(slots: dict[str | None, dict]) -> dict[str, dict]:
@@ -72,7 +75,9 @@ class RopeFacts:
     @property
     def is_scaled(self) -> bool:
         """True when the config already carries a scheme (its own or an earlier rope-extend patch)."""
-        return self.marker is not None or any(p.get("rope_type", "default") != "default" for p in self.slots.values())
+        return self.marker is not None or any(
+            p.get("rope_type", "default") not in UNSCALED_TYPES for p in self.slots.values()
+        )
 
 
 def read_rope(config) -> RopeFacts:
@@ -91,7 +96,7 @@ def read_rope(config) -> RopeFacts:
         config=config,
         model_type=getattr(config, "model_type", "?"),
         slots=slots,
-        rotary_dims={key: compat.rotary_dim(config, params) for key, params in pristine.items()},
+        rotary_dims={key: compat.rotary_dim(config, params, key) for key, params in pristine.items()},
         max_position_embeddings=max_pos,
         marker=marker,
         pristine_slots=pristine,

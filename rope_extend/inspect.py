@@ -158,7 +158,7 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
     current_type = params.get("rope_type", "default")
     notes: list[str] = []
     if spec is None and not kwargs:
-        dim = compat.rotary_dim(config, params)
+        dim = compat.rotary_dim(config, params, slot)
         base = float(params["rope_theta"])
         original = facts.original_length()
         old = default_inv_freq(dim, base)

@@ -32,6 +32,24 @@ NO_ROPE_MODELS = {
     "opt": "it uses learned absolute position embeddings; RoPE scaling does not apply",
     "bert": "it uses learned absolute position embeddings; RoPE scaling does not apply",
     "gpt_bigcode": "it uses learned absolute position embeddings; RoPE scaling does not apply",
+    "inkling2_text": "its text layers use a relative position bias; only its vision tower rotates (2-D axial RoPE "
+    "over image patches), which does not bound the context length; RoPE scaling does not apply",
+    "xlnet": "it uses Transformer-XL relative sinusoidal position encodings, not RoPE; RoPE scaling does not apply",
+}
+# Models that rotate queries and keys without transformers' RoPE modules or config fields, with why and what works.
+FIXED_ROTARY_MODELS = {
+    "codegen": "rotates queries and keys with a fixed sin/cos table (embed_positions, n_positions rows) computed at "
+    "load from rotary_dim, not with a RoPE module or rope fields transformers can rescale; no config.json field "
+    "changes it, so rope-extend cannot extend it (a model with a RoPE config, e.g. qwen2 or llama, can be)",
+    "gptj": "rotates queries and keys with a fixed sin/cos table (embed_positions, n_positions rows) computed at "
+    "load from rotary_dim, not with a RoPE module or rope fields transformers can rescale; no config.json field "
+    "changes it, so rope-extend cannot extend it (a model with a RoPE config, e.g. qwen2 or llama, can be)",
+}
+# rope_types that are a model's own RoPE variant, which transformers has no YaRN/NTK/llama3 form of.
+VARIANT_ROPE = {
+    "proportional": "proportional RoPE (only the first partial_rotary_factor of each head rotates, at frequencies "
+    "spread over the whole head_dim): it is the model's own RoPE variant, not a scaling, and transformers has no "
+    "YaRN, NTK, llama3 or longrope form of it, so a rescaled config would not load as the same model",
 }
 
 
@@ -95,6 +113,8 @@ def check_rope_model(config) -> None:
         raise UnsupportedModelError(
             f"model type {model_type!r} has no rotary position embedding: {NO_ROPE_MODELS[model_type]}"
         )
+    if model_type in FIXED_ROTARY_MODELS:
+        raise UnsupportedModelError(f"model type {model_type!r} {FIXED_ROTARY_MODELS[model_type]}")
     if not (getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None)) and not hasattr(
         config, "rope_scaling"
     ):
@@ -138,6 +158,16 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         )
     targets = _targets(facts.slots, spec)
     pristine = facts.pristine_slots
+    for target in targets:
+        variant = pristine[target].get("rope_type")
+        if variant in VARIANT_ROPE:
+            others = [key for key in pristine if key not in targets and pristine[key].get("rope_type") == "default"]
+            hint = f"; its {', '.join(others)} layers use plain RoPE (layer_types: [{others[0]}])" if others else ""
+            where = "its layers" if target is None else f"its {target} layers"
+            raise UnsupportedModelError(
+                f"model type {facts.model_type!r}: {where} use {VARIANT_ROPE[variant]}; rope-extend cannot rescale "
+                f"them{hint}"
+            )
     resolved = spec.resolve(spec.original_max_position_embeddings or facts.original_length(targets[0]))
     method = resolved.rope_method
     resolved = method.fill_params(resolved)  # derived parameters written out (self-extend's G and W, ...)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import math
 import warnings
 
@@ -97,29 +98,40 @@ def _cannot_run(config, exc: Exception) -> str:
 
 
 
-def _layer_lists(config) -> tuple[int | None, dict[str, list], dict[int, dict]]:
-    """num_hidden_layers, the per-layer lists (layer_types, mlp_layer_types, no_rope_layers, ...) and the per-layer
-    overrides of a heterogeneous config (transformers 5: per-layer head_dim, KV heads...)."""
+def _layer_lists(config) -> tuple[int | None, dict[str, list], dict[str, list], dict[int, dict]]:
+    """num_hidden_layers; the per-layer lists (layer_types, mlp_layer_types, no_rope_layers, ...); the lists of layer
+    indices (attn_layer_indices, mlp_only_layers, ...); and the per-layer overrides of a heterogeneous config
+    (transformers 5: per-layer head_dim, KV heads...)."""
     count = config.__dict__.get("num_hidden_layers")
     if not isinstance(count, int) or count < 1:
-        return None, {}, {}
-    lists = {
-        key: value for key, value in vars(config).items()
-        if isinstance(value, list) and len(value) == count and not key.startswith("_") and "token" not in key
-    }
+        return None, {}, {}, {}
+    lists, indices = {}, {}
+    for key, value in vars(config).items():
+        if not isinstance(value, list) or key.startswith("_") or "token" in key:
+            continue
+        if len(value) == count:
+            lists[key] = value
+        elif ("layer" in key or "idx" in key or "ids" in key or "indices" in key) and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < count for v in value
+        ):
+            indices[key] = value
     spec = config.__dict__.get("_heterogeneity_spec")
     overrides = copy.deepcopy(getattr(spec, "per_layer_overrides", None) or {})
-    return count, lists, overrides
+    return count, lists, indices, overrides
 
 
 def _keep_one_layer_per_signature(small) -> None:
     """One layer for each distinct combination of per-layer settings (e.g. one sliding, one full attention)."""
-    count, lists, overrides = _layer_lists(small)
+    count, lists, indices, overrides = _layer_lists(small)
     if count is None:
         return
     seen, kept = set(), []
     for index in range(count):
-        signature = tuple(repr(value[index]) for value in lists.values()) + (repr(sorted(overrides.get(index, {}).items())),)
+        signature = (
+            tuple(repr(value[index]) for value in lists.values())
+            + tuple(index in value for value in indices.values())
+            + (repr(sorted(overrides.get(index, {}).items())),)
+        )
         if signature not in seen:
             seen.add(signature)
             kept.append(index)
@@ -129,6 +141,8 @@ def _keep_one_layer_per_signature(small) -> None:
     small.__dict__.pop("_heterogeneity_spec", None)
     for key, value in lists.items():
         small.__dict__[key] = [value[index] for index in kept]
+    for key, value in indices.items():
+        small.__dict__[key] = [new for new, old in enumerate(kept) if old in value]
     small.num_hidden_layers = len(kept)
     shared = small.__dict__.get("num_kv_shared_layers")
     if isinstance(shared, int) and shared:  # KV sharing across the dropped layers: every kept layer computes its own
@@ -161,7 +175,7 @@ def _shrink_vocab_mlp_experts(small) -> None:
     for key, value in list(vars(small).items()):
         if key.endswith("_token_id"):
             if isinstance(value, int) and value >= small.vocab_size:
-                setattr(small, key, None)
+                setattr(small, key, 0)  # (some config classes want an int; the probe's tokens start at 3)
             elif isinstance(value, list) and any(isinstance(v, int) and v >= small.vocab_size for v in value):
                 setattr(small, key, [v for v in value if v < small.vocab_size] or None)
         elif "intermediate" in key or key in MLP_KEYS:
@@ -197,13 +211,28 @@ def _small_config(config, narrow: bool = True, per_signature: bool = True):
     return small
 
 
-def _small_model(config):
+def _base_model_class(config):
+    """The base (no head) model class of a config: AutoModel's, or for the text config of a multimodal model that
+    AutoModel does not map (Emu3, Mllama), the model class of the same modeling module built on that config."""
     from transformers import AutoModel
 
+    with contextlib.suppress(KeyError, ValueError):
+        return AutoModel._model_mapping[type(config)]
+    module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+    classes = [obj for obj in vars(module).values()
+               if isinstance(obj, type) and getattr(obj, "config_class", None) is type(config)]
+    bases = [cls for cls in classes if "For" not in cls.__name__] or classes
+    if not bases:
+        raise ValueError(f"no model class of {type(config).__name__} in {module.__name__}")
+    return bases[0]
+
+
+def _small_model(config):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return AutoModel.from_config(config, attn_implementation="eager").float().eval()
+            cls = _base_model_class(config)
+            return cls._from_config(config, attn_implementation="eager").float().eval()
         except Exception as exc:
             reason = " ".join(str(exc).split())[:200]
             raise VerificationError(

@@ -213,7 +213,7 @@ def show(
         rows = [
             ("rope_type", params["rope_type"]),
             ("rope_theta", f"{params['rope_theta']:g}"),
-            ("rotary dim", str(compat.rotary_dim(config, params))),
+            ("rotary dim", str(compat.rotary_dim(config, params, key))),
             ("factor", _brief(params.get("factor", "-"))),
             ("original length", str(params.get("original_max_position_embeddings", config.max_position_embeddings))),
         ] + [(name, _brief(value)) for name, value in other.items()]

@@ -125,6 +125,14 @@ def default_inv_freq(dim: int, base: float, device=None) -> torch.Tensor:
     return 1.0 / (base**exponent)
 
 
+# Keys of a RoPE slot that describe a scaling scheme (replaced by the new method's), as opposed to the model's own.
+SCHEME_KEYS = frozenset({
+    "rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
+    "beta_slow", "mscale", "mscale_all_dim", "low_freq_factor", "high_freq_factor", "short_factor", "long_factor",
+    "truncate", "short_mscale", "long_mscale",
+})
+
+
 class RopeMethod:
     """A scaling method. Subclass it in one file under `methods/` and `register()` an instance."""
 
@@ -188,8 +196,9 @@ class RopeMethod:
         `base_slot` is the pristine slot (its `partial_rotary_factor` and model-provided lists are kept).
         """
         slot: dict[str, Any] = {"rope_type": self.hf_rope_type, "rope_theta": base_theta}
-        if "partial_rotary_factor" in base_slot:
-            slot["partial_rotary_factor"] = base_slot["partial_rotary_factor"]
+        # Keys the model's own code reads besides the scaling (partial_rotary_factor, Ministral 3's
+        # llama_4_scaling_beta, mrope sections...) are kept; the old scheme's keys are not.
+        slot.update({key: value for key, value in base_slot.items() if key not in SCHEME_KEYS})
         if self.hf_rope_type == "default":
             return slot
         slot["factor"] = spec.factor
