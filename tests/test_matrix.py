@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 import tiny
 import torch
+import transformers
 
 from rope_extend import UnsupportedModelError, patch_model
+from rope_extend.compat import TRANSFORMERS_V5
 
 pytestmark = pytest.mark.portability
 OTHER = os.environ.get("ROPE_EXTEND_OTHER_PYTHON")
@@ -101,3 +104,100 @@ def test_per_layer_type_models_keep_sliding_rope(method):
     assert after["sliding_attention"] == before
     assert all("sliding" not in name for name in report.modules)
     assert any(name.endswith("[full_attention]") or "local" not in name for name in report.modules)
+
+
+# --- every RoPE causal-LM type of the running transformers (generated from its registry at test time) ------------
+ZOO = tiny.zoo_types()
+
+
+def _zoo_case(model_type: str) -> dict:
+    """Patch a tiny random model of the type with yarn x2 (rope-extend) and build transformers' own yarn x2 with
+    the same weights; logits on 1.5 L tokens."""
+    ids = tiny.input_ids(tiny.ZOO_SEQ)
+    if model_type in tiny.ZOO_NOT_ATTEMPTED:
+        return {"unbuilt": "not attempted (tiny.ZOO_NOT_ATTEMPTED)"}
+    try:
+        model = tiny.zoo_model(model_type)
+    except Exception as exc:  # recorded and asserted against the reviewed list
+        return {"unbuilt": f"{type(exc).__name__}: {exc}"}
+    before = model.config.to_dict()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            patch_model(model, method="yarn", factor=tiny.ZOO_FACTOR)
+        except Exception as exc:  # asserted in the test
+            return {"refused": exc, "unchanged": model.config.to_dict() == before}
+        try:
+            with torch.no_grad():
+                patched = model(ids).logits
+            unpatched_model = tiny.zoo_model(model_type)
+            with torch.no_grad():
+                unpatched = unpatched_model(ids).logits
+            reference = type(unpatched_model)._from_config(tiny.zoo_yarn_reference(unpatched_model.config),
+                                                           attn_implementation="eager").eval().float()
+            reference.load_state_dict(weights, strict=True)
+            with torch.no_grad():
+                stock = reference(ids).logits
+        except Exception as exc:  # asserted in the test (a type whose patched or reference model does not run)
+            return {"failed": f"{type(exc).__name__}: {exc}"}
+    return {"patched": patched, "unpatched": unpatched, "stock": stock}
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    results = {model_type: _zoo_case(model_type) for model_type in ZOO}
+    opened = sum(t in tiny.ZOO_OPEN for t in results)
+    refused = sum(t in tiny.ZOO_REFUSED for t in results)
+    print(f"\nzoo (transformers {transformers.__version__}): {len(ZOO)} RoPE causal-LM types: "
+          f"{len(ZOO) - opened - refused} expected exact, {refused} expected refused, {opened} open")
+    return results
+
+
+@pytest.mark.parametrize("model_type", ZOO)
+def test_every_rope_model_type_is_exact_versus_its_own_yarn_or_refused_in_one_line(zoo, model_type):
+    result = zoo[model_type]
+    if model_type in tiny.ZOO_OPEN:
+        try:
+            _check_zoo_case(model_type, result)
+        except AssertionError:
+            pytest.xfail(f"open: {tiny.ZOO_OPEN[model_type]}")
+        raise AssertionError(f"{model_type} works now: take it off tiny.ZOO_OPEN")
+    _check_zoo_case(model_type, result)
+
+
+def _check_zoo_case(model_type: str, result: dict) -> None:
+    assert "unbuilt" not in result, result.get("unbuilt")
+    if model_type in tiny.ZOO_REFUSED:
+        want, _why = tiny.ZOO_REFUSED[model_type]
+        error = result.get("refused")
+        assert error is not None, f"{model_type} is patched now: take it off tiny.ZOO_REFUSED"
+        assert isinstance(error, ValueError), repr(error)
+        assert "\n" not in str(error) and want in str(error), str(error)
+        assert result["unchanged"]
+        return
+    assert "refused" not in result, f"{type(result['refused']).__name__}: {result['refused']}"
+    assert "failed" not in result, result.get("failed")
+    patched, unpatched, stock = result["patched"], result["unpatched"], result["stock"]
+    beyond = slice(tiny.ZOO_ORIGINAL, None)
+    scale = float(stock.abs().max())
+    # the patch moves the logits beyond L clearly (std 0.2 init)...
+    assert float((patched - unpatched)[:, beyond].abs().max()) > 1e-3 * max(scale, 1.0)
+    # ...to exactly transformers' own YaRN x2 of this architecture
+    assert float((patched - stock).abs().max()) <= 1e-5 * max(scale, 1.0)
+
+
+DOCS = Path(__file__).parent.parent / "docs" / "architectures.md"
+
+
+@pytest.mark.skipif(not TRANSFORMERS_V5, reason="docs/architectures.md describes the pinned transformers 5.x line")
+def test_architectures_page_is_current(zoo):
+    """docs/architectures.md's table is the zoo's outcome (ROPE_EXTEND_UPDATE_DOCS=1 rewrites it)."""
+    outcomes = {t: "unbuilt" if t in tiny.ZOO_OPEN else "refused" if t in tiny.ZOO_REFUSED else "exact" for t in zoo}
+    table = tiny.zoo_table(outcomes)
+    text = DOCS.read_text(encoding="utf-8")
+    head, rest = text.split(tiny.DOCS_BEGIN + "\n", 1)
+    tail = rest.split(tiny.DOCS_END, 1)[1]
+    if os.environ.get("ROPE_EXTEND_UPDATE_DOCS"):
+        DOCS.write_text(head + tiny.DOCS_BEGIN + "\n" + table + tiny.DOCS_END + tail, encoding="utf-8")
+    assert rest.split(tiny.DOCS_END, 1)[0] == table, "docs/architectures.md is stale: rerun with ROPE_EXTEND_UPDATE_DOCS=1"
