@@ -32,6 +32,7 @@ print(json.dumps({"seconds": time.perf_counter() - t, "cpu_s": time.process_time
 
 def main() -> None:
     configs = {"SmolLM2-135M (demo)": demo_model() / "config.json"}
+    configs.update({p.parent.name: p for p in sorted((ROOT / "tests" / "data" / "hub").glob("*/config.json"))})
     configs.update({p.stem: p for p in sorted((ROOT / "tests" / "real_configs").glob("*.json"))})
     rows = {name: run_child(CHILD, str(path)) for name, path in configs.items()}
     base = rows["SmolLM2-135M (demo)"]

@@ -20,15 +20,18 @@ from transformers import AutoConfig, AutoModel
 from rope_extend import patch_model, verify
 from rope_extend.rotary import find_rotary_modules
 
-REAL = Path(__file__).parent / "real_configs"
-REAL_CONFIGS = sorted(p.stem for p in REAL.glob("*.json"))
+# The Hub fixtures' real config.json files (tests/data/hub/<org>--<name>/) and a MoE one (tests/real_configs/).
+HERE = Path(__file__).parent
+REAL = {p.parent.name: p for p in (HERE / "data" / "hub").glob("*/config.json")}
+REAL.update({p.stem: p for p in (HERE / "real_configs").glob("*.json")})
+REAL_CONFIGS = sorted(REAL)
 # Attention attributes that follow the model's width (shrunk on purpose); every other plain attribute must match.
 WIDTH_ATTRIBUTES = {"config", "layer_idx", "training", "hidden_size", "num_heads", "num_attention_heads",
                     "num_key_value_heads", "num_kv_heads", "embed_dim"}
 
 
 def real_config(name: str):
-    return AutoConfig.for_model(**json.loads((REAL / f"{name}.json").read_text()))
+    return AutoConfig.for_model(**json.loads(REAL[name].read_text()))
 
 
 def _build(config, device: str):
@@ -83,7 +86,7 @@ def test_small_model_of_a_real_config_has_its_rope_and_attention(name):
 
 
 def test_gemma3_keeps_one_layer_of_each_type_with_its_own_rope():
-    small = verify._small_config(real_config("gemma-3-1b"))
+    small = verify._small_config(real_config("google--gemma-3-1b-pt"))
     assert small.layer_types == ["sliding_attention", "full_attention"]
     assert small.head_dim == 256 and small.num_attention_heads == 4 and small.num_key_value_heads == 1
     assert small.query_pre_attn_scalar == 256 and small.sliding_window == 512
@@ -92,7 +95,7 @@ def test_gemma3_keeps_one_layer_of_each_type_with_its_own_rope():
 
 def test_seventy_b_shape_is_verified_on_a_narrow_model():
     """Llama-3.1-70B: 64 heads over 8 KV heads becomes 8 over 1, head_dim 128 kept, one layer, vocabulary 256."""
-    full = real_config("llama-3.1-70b")
+    full = real_config("meta-llama--Llama-3.1-70B")
     small = verify._small_config(full)
     assert (small.num_attention_heads, small.num_key_value_heads, small.head_dim) == (8, 1, 128)
     assert (small.num_hidden_layers, small.hidden_size, small.vocab_size) == (1, 1024, verify.PROBE_VOCAB)
@@ -103,7 +106,7 @@ def test_verification_of_a_real_shape_catches_a_wrong_patch(monkeypatch):
     """The narrow model still disagrees when rope-extend's frequencies are wrong (so it is not a vacuous check)."""
     from transformers import AutoModelForCausalLM
 
-    config = real_config("qwen2.5-7b")
+    config = real_config("Qwen--Qwen2.5-7B")
     small = verify._small_config(config)
     small.max_position_embeddings = 64
     model = AutoModelForCausalLM.from_config(small)
