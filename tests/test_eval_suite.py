@@ -113,7 +113,7 @@ def test_plan_shares_one_forward_only_for_length_independent_variants():
 
     # finished cases are not planned again; a partly finished text still gets one forward for the rest
     v = variants[1]
-    done = {(v.name, v.fingerprint, c.case_id) for c in cases if c.case_id in ("perplexity/a/L256", "passkey/L300/d0/s0")}
+    done = {(v.name, v.fingerprint, c.case_id) for c in cases if c.case_id in ("perplexity/a/L256", "passkey/filler/L300/d0/s0")}
     again = [j for j in plan_jobs(cases, variants[1:2], done)]
     assert sum(len(j.cases) for j in again) == len(cases) - 2
     assert [len(j.cases) for j in again if j.kind == "perplexity"] == [2, 3]

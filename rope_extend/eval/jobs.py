@@ -80,6 +80,11 @@ def probes_share_within_length(variant: Variant) -> bool:
     return spec is None or "callable" not in spec
 
 
+def applies(case: Case, variant: Variant) -> bool:
+    """Whether *variant* runs *case*: inside-window ceiling cases are for the unpatched model only."""
+    return not case.ceiling_only or variant.spec is None
+
+
 def _rounds(cases: list[Case]) -> dict[str, int]:
     """Rank of each probe case within its (task, length) cell, in suite order; other cases are round 0."""
     seen: dict[tuple, int] = defaultdict(int)
@@ -112,7 +117,7 @@ def plan_jobs(
     rounds = _rounds(cases)
     jobs: list[Job] = []
     for v in variants:
-        pending = [c for c in cases if (v.name, v.fingerprint, c.case_id) not in done]
+        pending = [c for c in cases if (v.name, v.fingerprint, c.case_id) not in done and applies(c, v)]
         groups: dict[tuple, list[Case]] = {}
         static = share and length_independent(v)
         for c in pending:
@@ -191,8 +196,9 @@ class Evaluator:
     def probe(self, case: Case):
         from .probes import make_probe
 
+        params = {k: v for k, v in case.params.items() if k != "ceiling"}
         return make_probe(self.tok, case.kind, case.length, 0.5 if case.depth is None else case.depth,
-                          index=case.index, seed=self.seed, **case.params)
+                          index=case.index, seed=self.seed, **params)
 
     def preflight(self, cases: list[Case]) -> None:
         """Fail fast, before any model work: every text must be long enough and every probe prompt must fit its

@@ -6,6 +6,15 @@ fixed parts (instructions, needles, question) do not fit is an error, never trun
 
 Samples are deterministic: the random state is seeded from a string that names the task,
 length, depth, sample index and the user seed.
+
+Depth is measured over the filler *before the question's guard*: at least ``MIN_FILLER_AFTER`` filler tokens
+always sit between the last needle and the question, so depth 100 % is "the needle, a few sentences of filler,
+then the question" and never "the needle glued to the question" (which small models answer by copying the
+question's own words: a format artifact, not a retrieval failure).
+
+Two haystacks (reported separately, like the two perplexity texts): ``filler``, the classic repeated sentences,
+and real prose (``pydoc_topics``: the stdlib docs text of :mod:`.texts`, or any text file). The Debian licence
+text is the tune command's held-out text; do not use it as a haystack for anything that picks parameters.
 """
 
 from __future__ import annotations
@@ -29,6 +38,13 @@ PASSKEY_PREFIX = (
 )
 PASSKEY_NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 PASSKEY_QUESTION = "What is the pass key? The pass key is"
+
+FILLER = "filler"  # the classic repeated passkey sentences; any other haystack name is a text (see .texts)
+PROSE = "pydoc_topics"
+HAYSTACKS = (FILLER, PROSE)
+# Filler tokens always kept between the last needle and the question (a quarter of the filler if the prompt has
+# less than four times this much).
+MIN_FILLER_AFTER = 64
 
 NEEDLE_TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "vt")
 
@@ -94,14 +110,32 @@ def special_prefix(tokenizer) -> list[int]:
 
 
 class Haystack:
-    """Sentence-granular filler token stream (the classic passkey sentences, or any text)."""
+    """Sentence-granular filler token stream (the classic passkey sentences, or any text).
 
-    def __init__(self, tokenizer, sentences: list[str] | None = None):
-        sentences = sentences or PASSKEY_FILLER
-        # Leading space so sentences concatenate the way they would in running text.
-        self.sentences = [_encode(tokenizer, " " + s.strip()) for s in sentences if s.strip()]
-        if not self.sentences:
-            raise ValueError("haystack has no sentences")
+    Sentences are tokenised on demand (a long prose text costs only what a prompt uses)."""
+
+    def __init__(self, tokenizer, sentences: list[str] | None = None, name: str = FILLER):
+        self.name = name
+        self._tok = tokenizer
+        self._raw = [s.strip() for s in (sentences or PASSKEY_FILLER) if s.strip()]
+        if not self._raw:
+            raise ValueError(f"haystack {name!r} has no sentences")
+        self._ids: list[list[int]] = []
+
+    @classmethod
+    def from_text(cls, tokenizer, text: str, name: str) -> Haystack:
+        """A prose haystack: *text* split into sentences (after ``.``, ``!``, ``?`` and at line breaks)."""
+        return cls(tokenizer, re.split(r"(?<=[.!?])\s+|\s*\n\s*", text), name=name)
+
+    def _sentence(self, i: int) -> list[int]:
+        i %= len(self._raw)
+        while len(self._ids) <= i:  # leading space: sentences concatenate the way they would in running text
+            self._ids.append(_encode(self._tok, " " + self._raw[len(self._ids)]))
+        return self._ids[i]
+
+    @property
+    def sentences(self) -> list[list[int]]:
+        return [self._sentence(i) for i in range(len(self._raw))]
 
     def tokens(self, n: int, offset: int = 0) -> tuple[list[int], list[int]]:
         """First *n* filler tokens (cycling) and the sentence-boundary offsets within them."""
@@ -109,7 +143,7 @@ class Haystack:
         bounds = [0]
         i = offset
         while len(out) < n:
-            out.extend(self.sentences[i % len(self.sentences)])
+            out.extend(self._sentence(i))
             bounds.append(len(out))
             i += 1
         out = out[:n]
@@ -117,6 +151,31 @@ class Haystack:
         if bounds[-1] != n:
             bounds.append(n)
         return out, bounds
+
+
+_HAYSTACK_CACHE: dict[tuple, Haystack] = {}
+
+
+def haystack(tokenizer, name: str | Haystack | None = None) -> Haystack:
+    """The haystack called *name*: ``"filler"`` (default, the classic sentences), a built-in text
+    (``pydoc_topics``) or a UTF-8 text file path; cached per tokenizer."""
+    if isinstance(name, Haystack):
+        return name
+    name = name or FILLER
+    key = (type(tokenizer).__name__, getattr(tokenizer, "name_or_path", ""), len(tokenizer), str(name))
+    if key not in _HAYSTACK_CACHE:
+        if name == FILLER:
+            _HAYSTACK_CACHE[key] = Haystack(tokenizer)
+        else:
+            from .texts import load_text, text_label
+
+            _HAYSTACK_CACHE[key] = Haystack.from_text(tokenizer, load_text(name), text_label(name))
+    return _HAYSTACK_CACHE[key]
+
+
+def filler_after(n_fill: int) -> int:
+    """Filler tokens kept between the last needle and the question for a prompt with *n_fill* filler tokens."""
+    return min(MIN_FILLER_AFTER, n_fill // 4)
 
 
 def _assemble(
@@ -129,7 +188,10 @@ def _assemble(
     tail: list[int],
     haystack: Haystack,
 ) -> tuple[list[int], list[int]]:
-    """Place *needles* at fractional *depths* of the filler so the prompt is exactly *length* tokens."""
+    """Place *needles* at fractional *depths* of the filler so the prompt is exactly *length* tokens.
+
+    Depth runs over the filler that may precede a needle: ``0`` is right after the instructions, ``1`` leaves
+    :func:`filler_after` filler tokens (whole sentences) between the needle and the question."""
     fixed = len(head) + sum(len(n) for n in needles) + len(tail)
     n_fill = length - fixed
     if n_fill < 0:
@@ -139,11 +201,13 @@ def _assemble(
             f"{length}; refusing to truncate"
         )
     filler, bounds = haystack.tokens(n_fill)
+    usable = n_fill - filler_after(n_fill)
+    allowed = [b for b in bounds if b <= usable]  # bounds[0] == 0 is always allowed
     order = sorted(range(len(needles)), key=lambda k: depths[k])
     cuts = []
     for k in order:
-        target = depths[k] * n_fill
-        cuts.append(min(bounds, key=lambda b: abs(b - target)))
+        target = depths[k] * usable
+        cuts.append(min(allowed, key=lambda b: abs(b - target)))
     ids = list(head)
     positions = [0] * len(needles)
     prev = 0
@@ -159,7 +223,7 @@ def _assemble(
 
 
 def make_passkey(
-    tokenizer, length: int, depth: float, index: int = 0, seed: int = 0, haystack: Haystack | None = None
+    tokenizer, length: int, depth: float, index: int = 0, seed: int = 0, haystack: Haystack | str | None = None
 ) -> ProbeSample:
     """Classic passkey prompt of exactly *length* tokens with a 5-digit key at *depth* (0..1)."""
     if not 0.0 <= depth <= 1.0:
@@ -168,10 +232,13 @@ def make_passkey(
     head = special_prefix(tokenizer) + _encode(tokenizer, PASSKEY_PREFIX)
     needle = _encode(tokenizer, " " + PASSKEY_NEEDLE.format(key=key))
     tail = _encode(tokenizer, " " + PASSKEY_QUESTION)
-    ids, pos = _assemble(
-        tokenizer, "passkey", length, head, [needle], [depth], tail, haystack or Haystack(tokenizer)
-    )
+    hay = _haystack_of(tokenizer, haystack)
+    ids, pos = _assemble(tokenizer, "passkey", length, head, [needle], [depth], tail, hay)
     return ProbeSample("passkey", length, depth, index, ids, [key], pos, max_new_tokens=8)
+
+
+def _haystack_of(tokenizer, h) -> Haystack:
+    return h if isinstance(h, Haystack) else haystack(tokenizer, h)
 
 
 def _value(rng: random.Random) -> str:
@@ -190,7 +257,7 @@ def make_needle(
     index: int = 0,
     seed: int = 0,
     num_needles: int = 4,
-    haystack: Haystack | None = None,
+    haystack: Haystack | str | None = None,
 ) -> ProbeSample:
     """RULER-style probe of exactly *length* tokens.
 
@@ -204,7 +271,7 @@ def make_needle(
     if task not in NEEDLE_TASKS:
         raise ValueError(f"unknown needle task {task!r}; expected one of {NEEDLE_TASKS}")
     rng = _rng(task, seed, length, depth, index, num_needles)
-    hay = haystack or Haystack(tokenizer)
+    hay = _haystack_of(tokenizer, haystack)
     bos = special_prefix(tokenizer)
 
     def enc(s: str) -> list[int]:

@@ -97,12 +97,109 @@ def _ppl_cell(m: dict | None) -> str:
 # ---------------------------------------------------------------- retrieval cells
 
 
+OLD_PROBE = "filler, old probe"  # records of the probe before the question's guard (needle could touch it)
+FLAG_BELOW = 0.5  # a depth is flagged when the unpatched model inside its window retrieves less than this there
+
+
+def haystack_of(r: dict) -> str:
+    """The haystack a probe record was run on (records of the old probe format carry none)."""
+    return r.get("haystack") or OLD_PROBE
+
+
+def task_label(r: dict) -> str:
+    """``task/haystack``: the unit retrieval is reported in (each haystack on its own, like the texts)."""
+    return f"{r['kind']}/{haystack_of(r)}"
+
+
 def probe_cells(records: list[dict]) -> dict[tuple, dict[str, float]]:
-    """``{(task, variant, length): {case_id: score}}``."""
+    """``{(task/haystack, variant, length): {case_id: score}}``."""
     cells: dict[tuple, dict[str, float]] = defaultdict(dict)
     for r in _probe_records(records):
-        cells[(r["kind"], r["variant"], r["length"])][r["case_id"]] = float(r["metrics"]["score"])
+        cells[(task_label(r), r["variant"], r["length"])][r["case_id"]] = float(r["metrics"]["score"])
     return cells
+
+
+def ceilings(records: list[dict]) -> dict[str, dict]:
+    """Per ``task/haystack``: the unpatched model's retrieval at the largest length inside the original window
+    (``{"length": L, "depths": {depth: [scores]}, "flagged": [depths whose format fails there]}``)."""
+    orig = _orig(records)
+    out: dict[str, dict] = {}
+    if not orig:
+        return out
+    inside = [r for r in _probe_records(records) if r["variant"] == BASELINE and r["length"] <= orig]
+    for label in dict.fromkeys(task_label(r) for r in inside):
+        recs = [r for r in inside if task_label(r) == label]
+        L = max(r["length"] for r in recs)
+        depths: dict = defaultdict(list)
+        for r in recs:
+            if r["length"] == L:
+                depths[r["depth"]].append(float(r["metrics"]["score"]))
+        flagged = [d for d, sc in depths.items() if sum(sc) / len(sc) < FLAG_BELOW]
+        out[label] = {"length": L, "depths": dict(depths), "flagged": sorted(flagged, key=lambda d: (d is None, d))}
+    return out
+
+
+def _depth_label(d) -> str:
+    return "–" if d is None else f"{d:.0%}"
+
+
+def ceiling_table(records: list[dict]) -> str:
+    """The unpatched model inside its window, per haystack and depth: k/n by length (the ceiling every
+    beyond-window number reads against)."""
+    orig = _orig(records)
+    recs = [r for r in _probe_records(records) if r["variant"] == BASELINE and orig and r["length"] <= orig]
+    if not recs:
+        return ""
+    lengths = sorted({r["length"] for r in recs})
+    by: dict = defaultdict(list)
+    for r in recs:
+        by[(task_label(r), r["depth"], r["length"])].append(float(r["metrics"]["score"]))
+    rows = []
+    for label in dict.fromkeys(task_label(r) for r in recs):
+        depths = sorted({r["depth"] for r in recs if task_label(r) == label}, key=lambda d: (d is None, d))
+        for d in depths + ["all"]:
+            row = [label, "all depths" if d == "all" else _depth_label(d)]
+            for L in lengths:
+                sc = [x for (lb, dd, LL), v in by.items() if lb == label and LL == L and (d == "all" or dd == d)
+                      for x in v]
+                row.append(_acc_cell(sc) if d == "all" else (f"{sum(sc):g}/{len(sc)}" if sc else "–"))
+            rows.append(row)
+    return _table(["task/haystack", "depth"] + [_fmt_len(L) for L in lengths], rows)
+
+
+def beyond_window_table(records: list[dict]) -> str:
+    """Every beyond-window retrieval cell next to its inside-window ceiling: accuracy over all depths and over
+    the depths whose prompt format the unpatched model passes inside its window (flagged depths named)."""
+    orig = _orig(records)
+    recs = [r for r in _probe_records(records) if orig and r["length"] > orig]
+    if not recs:
+        return ""
+    ceil = ceilings(records)
+    variants = _variants(recs)
+    rows = []
+    for label in dict.fromkeys(task_label(r) for r in recs):
+        c = ceil.get(label)
+        for L in sorted({r["length"] for r in recs if task_label(r) == label}):
+            if c is None:
+                note, flagged = "not measured (run the unpatched model inside the window)", None
+            else:
+                allc = [x for v in c["depths"].values() for x in v]
+                note = f"{_fmt_len(c['length'])}: {sum(allc):g}/{len(allc)}"
+                flagged = c["flagged"]
+                note += "; flagged: " + (", ".join(_depth_label(d) for d in flagged) if flagged else "none")
+            row = [label, _fmt_len(L), note]
+            for v in variants:
+                sc = [r for r in recs if task_label(r) == label and r["length"] == L and r["variant"] == v]
+                if not sc:
+                    row.append("–")
+                    continue
+                cell = _acc_cell(float(r["metrics"]["score"]) for r in sc)
+                if flagged:
+                    ok = [float(r["metrics"]["score"]) for r in sc if r["depth"] not in flagged]
+                    cell += f"; valid depths {_acc_cell(ok)}" if ok else "; no valid depth"
+                row.append(cell)
+            rows.append(row)
+    return _table(["task/haystack", "length", "ceiling (unpatched inside the window)"] + variants, rows)
 
 
 def accuracy(scores) -> tuple[float, float, float, int]:
@@ -229,14 +326,14 @@ def probe_table(records: list[dict], max_length: int | None = None) -> str:
     cells = probe_cells(recs)
     variants = _variants(recs)
     orig = _orig(recs)
-    kinds = list(dict.fromkeys(r["kind"] for r in recs))
+    kinds = list(dict.fromkeys(task_label(r) for r in recs))
     rows = []
     for k in kinds:
-        for L in sorted({r["length"] for r in recs if r["kind"] == k}):
+        for L in sorted({r["length"] for r in recs if task_label(r) == k}):
             if max_length is not None and L > max_length:
                 continue
             rows.append([k, _len_label(L, orig)] + [_acc_cell(cells.get((k, v, L), {}).values()) for v in variants])
-    return _table(["task", "length"] + variants, rows)
+    return _table(["task/haystack", "length"] + variants, rows)
 
 
 def short_context_section(records: list[dict]) -> str:
@@ -282,6 +379,9 @@ def summary_tables(records: list[dict]) -> str:
     t = probe_table(records)
     if t:
         out.append("**Retrieval accuracy [95 % interval] k/n (passkey / needle)**\n\n" + t)
+    t = beyond_window_table(records)
+    if t:
+        out.append("**Retrieval beyond the window against the unpatched model's inside-window ceiling**\n\n" + t)
     t = entropy_table(records)
     if t:
         out.append("**Mean attention entropy (nats)**\n\n" + t)
@@ -327,6 +427,10 @@ def write_report(records: list[dict], out_dir, plots: bool = True, meta: dict | 
         ("Perplexity [95 % interval] by context length", perplexity_table(records)),
         ("Loss by position", position_table(records)),
         ("Passkey and needle retrieval: accuracy [95 % interval] k/n", probe_table(records)),
+        ("Retrieval ceiling: the unpatched model inside its window, per depth (k/n)", ceiling_table(records)),
+        ("Retrieval beyond the window, read against the ceiling (a depth is flagged when the unpatched model "
+         f"retrieves under {FLAG_BELOW:.0%} of its prompts inside the window: its format fails there)",
+         beyond_window_table(records)),
         ("Differences vs the unpatched model (paired, same samples)",
          (significance_sentence(diffs) + "\n\n" + differences_table(diffs)) if diffs else ""),
         ("Attention entropy (nats, mean over layers; grows with length, YaRN's temperature lowers it)",
@@ -424,16 +528,17 @@ def plot_passkey_heatmap(plt, records: list[dict], path: Path) -> bool:
     if not pk:
         return False
     variants = _variants(pk)
+    hays = list(dict.fromkeys(haystack_of(r) for r in pk))
     lengths = sorted({r["length"] for r in pk})
     depths = sorted({r["depth"] for r in pk})
-    fig, axes = plt.subplots(1, len(variants), figsize=(2.2 + 2.6 * len(variants), 0.6 + 0.45 * max(len(depths), 3)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(hays), len(variants), figsize=(2.2 + 2.6 * len(variants),
+                             len(hays) * (0.9 + 0.45 * max(len(depths), 3))), squeeze=False)
     im = None
-    for ax, v in zip(axes[0], variants):
+    for ax, (h, v) in zip(axes.flat, [(h, v) for h in hays for v in variants]):
         grid = [[float("nan")] * len(lengths) for _ in depths]
         cell = defaultdict(list)
         for r in pk:
-            if r["variant"] == v:
+            if r["variant"] == v and haystack_of(r) == h:
                 cell[(r["depth"], r["length"])].append(r["metrics"]["score"])
         for (d, L), s in cell.items():
             grid[depths.index(d)][lengths.index(L)] = sum(s) / len(s)
@@ -441,12 +546,13 @@ def plot_passkey_heatmap(plt, records: list[dict], path: Path) -> bool:
         for (d, L), s in cell.items():
             ax.text(lengths.index(L), depths.index(d), f"{sum(s):g}/{len(s)}", ha="center", va="center", fontsize=7)
         ax.set_xticks(range(len(lengths)), [_fmt_len(L) for L in lengths], rotation=45)
-        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths] if ax is axes[0][0] else [])
-        ax.set_title(v, fontsize=9)
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths] if v == variants[0] else [])
+        ax.set_title(f"{v} ({h})", fontsize=9)
         ax.set_xlabel("length")
-    axes[0][0].set_ylabel("needle depth")
+        if v == variants[0]:
+            ax.set_ylabel("needle depth")
     if im is not None:
-        fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="accuracy (cells: found/prompts)")
+        fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="accuracy (cells: found/prompts)")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
@@ -480,7 +586,7 @@ def plot_retrieval_accuracy(plt, records: list[dict], path: Path) -> bool:
         return False
     cells = probe_cells(recs)
     orig = _orig(records)
-    tasks = list(dict.fromkeys(r["kind"] for r in recs))
+    tasks = list(dict.fromkeys(task_label(r) for r in recs))
     fig, axes = plt.subplots(1, len(tasks), figsize=(1 + 3.6 * len(tasks), 3.6), squeeze=False)
     for ax, t in zip(axes[0], tasks):
         for v in _variants(recs):

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .jobs import Evaluator, Job, plan_jobs
+from .jobs import Evaluator, Job, applies, plan_jobs
 from .suite import Suite, load_suite
 from .variants import Variant, apply_spec, load_model, make_variants, original_length
 
@@ -131,7 +131,7 @@ def run_eval(
     done = {_key(r): r for r in read_results(results_path)}
     jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave)
     meta = _run_meta(model_path, original, suite_obj, variants, dtype, device_map)
-    meta["expected_records"] = len(cases) * len(variants)
+    meta["expected_records"] = sum(applies(c, v) for c in cases for v in variants)
     (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
 
     if jobs:
@@ -215,6 +215,7 @@ def execute_job(ev: Evaluator, job: Job, original: int, patch_report=None) -> li
             "depth": case.depth,
             "index": case.index,
             "original_length": original,
+            **({"haystack": case.haystack} if case.is_probe else {}),
             "metrics": m,
             "seconds": seconds,
             "finished_at": finished,

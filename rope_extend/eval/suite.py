@@ -15,8 +15,10 @@ Suite YAML (see ``eval/suites/*.yaml``)::
       block_size: 128              # contiguous token blocks for the bootstrap interval
     passkey:
       lengths: ["1.5x", "2x"]
-      depths: [0.0, 0.25, 0.5, 0.75, 1.0]
-      samples: 2                   # samples per (length, depth): here 10 per length
+      depths: [0.0, 0.25, 0.5, 0.75, 1.0]   # over the filler before the question's guard (see eval.probes)
+      samples: 2                   # samples per (length, depth): here 10 per length and haystack
+      haystacks: [filler, pydoc_topics]     # classic repeated sentences / real prose; each reported separately
+      ceiling: true                # also run the unpatched model on the same prompt format at the window
     needle:
       tasks: [niah_single, niah_multikey, niah_multivalue, vt]
       lengths: [4096, 12288]
@@ -30,6 +32,10 @@ Suite YAML (see ``eval/suites/*.yaml``)::
 An unknown or misspelled key is an error that names it. ``short_context`` lengths (clipped to the original
 window; never empty -- it falls back to ``min(2048, window)``) are merged into every section so short-context
 regressions always show up in the report.
+
+``ceiling`` (probe sections, on by default): when a section has lengths beyond the original window, the unpatched
+model also answers the same prompt format (every depth and haystack) at exactly the window; the report reads each
+beyond-window cell against that inside-window ceiling and flags the depths whose format fails there.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from typing import Annotated
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -110,10 +117,21 @@ class PerplexitySection(_Model):
         return data
 
 
+def _check_haystacks(names: list[str]) -> list[str]:
+    if len(set(names)) != len(names):
+        raise ValueError(f"haystacks {names} repeat a name")
+    return names
+
+
+Haystacks = Annotated[list[str], Field(min_length=1), AfterValidator(_check_haystacks)]
+
+
 class PasskeySection(_Model):
     lengths: list[Length] = Field(default_factory=list)
     depths: list[Depth] = Field(default_factory=lambda: [0.5], min_length=1)
     samples: int = Field(1, ge=1)
+    haystacks: Haystacks = Field(default_factory=lambda: ["filler"])
+    ceiling: bool = True
 
 
 class NeedleSection(_Model):
@@ -122,6 +140,8 @@ class NeedleSection(_Model):
     depths: list[Depth] = Field(default_factory=lambda: [0.5], min_length=1)
     samples: int = Field(1, ge=1)
     num_needles: int = Field(4, ge=1)
+    haystacks: Haystacks = Field(default_factory=lambda: ["filler"])
+    ceiling: bool = True
 
     @field_validator("tasks")
     @classmethod
@@ -155,6 +175,8 @@ class Case:
         parts = [self.kind]
         if self.kind == "perplexity":
             parts.append(text_label(self.params.get("text")))
+        elif self.is_probe:  # probe ids name their haystack (ids of the old probe format had none: never reused)
+            parts.append(text_label(self.params.get("haystack", "filler")))
         parts.append(f"L{self.length}")
         if self.depth is not None:
             parts.append(f"d{self.depth:g}")
@@ -165,6 +187,15 @@ class Case:
     @property
     def is_probe(self) -> bool:
         return self.kind not in ("perplexity", "entropy")
+
+    @property
+    def ceiling_only(self) -> bool:
+        """An inside-window ceiling case: run on the unpatched model only."""
+        return bool(self.params.get("ceiling"))
+
+    @property
+    def haystack(self) -> str | None:
+        return text_label(self.params.get("haystack", "filler")) if self.is_probe else None
 
 
 class Suite(_Model):
@@ -214,22 +245,36 @@ class Suite(_Model):
                 out += [Case("perplexity", L, params={"text": text, **params})
                         for L in _lengths(p.lengths, original_length, short)]
         if p := self.passkey:
-            for L in _lengths(p.lengths, original_length, short):
-                out += [Case("passkey", L, d, i) for i in range(p.samples) for d in p.depths]
+            for h in p.haystacks:
+                for L, ceiling in _probe_lengths(p, original_length, short):
+                    out += [Case("passkey", L, d, i, {"haystack": h} | ceiling)
+                            for i in range(p.samples) for d in p.depths]
         if p := self.needle:
-            lengths = _lengths(p.lengths, original_length, short)
             for t in p.tasks:
                 # tasks whose needles sit at random depths get as many prompts per length as the others
                 if t in ("niah_multivalue", "vt"):
                     depths, samples = [None], p.samples * len(p.depths)
                 else:
                     depths, samples = p.depths, p.samples
-                for L in lengths:
-                    out += [Case(t, L, d, i, {"num_needles": p.num_needles}) for i in range(samples) for d in depths]
+                for h in p.haystacks:
+                    for L, ceiling in _probe_lengths(p, original_length, short):
+                        out += [Case(t, L, d, i, {"num_needles": p.num_needles, "haystack": h} | ceiling)
+                                for i in range(samples) for d in depths]
         if p := self.entropy:
             params = {"queries": p.queries} | ({"text": p.text} if p.text else {})
             out += [Case("entropy", L, params=dict(params)) for L in _lengths(p.lengths, original_length, short)]
         return out
+
+
+def _probe_lengths(section, original_length: int, short: list[int]) -> list[tuple[int, dict]]:
+    """``(length, extra params)`` of a probe section: its lengths, then the inside-window ceiling (the window
+    itself, unpatched model only) when a length lies beyond the window and the window is not already a length."""
+    lengths = _lengths(section.lengths, original_length, short)
+    out = [(L, {}) for L in lengths]
+    if section.ceiling and max(lengths) > original_length and original_length not in lengths:
+        out.append((original_length, {"ceiling": True}))
+        out.sort(key=lambda x: x[0])
+    return out
 
 
 def _lengths(raw, original_length: int, short: list[int]) -> list[int]:
