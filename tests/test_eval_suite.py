@@ -132,3 +132,28 @@ def test_interleaved_plan_goes_round_by_round():
     ]  # after each round every variant has the same prompts
     # the prompts of one sample index (all depths and lengths) form one job sharing a KV prefix
     assert {len(j.cases) for j in jobs if j.kind == "passkey"} == {6}
+
+
+def test_ceiling_cases_run_on_the_unpatched_model_only_and_haystacks_get_their_own_jobs():
+    """Beyond-window probe sections add the same prompts at the window for the unpatched model (the ceiling);
+    an interleaved plan has one job per haystack and sample index, round by round across variants."""
+    suite = Suite.from_dict({"short_context": [], "passkey": {"lengths": ["2x"], "depths": [0.0, 1.0], "samples": 2,
+                                                               "haystacks": ["filler", "pydoc_topics"]}})
+    cases = suite.cases(4096)  # the short-context check falls back to 2048 (inside the window, every variant)
+    assert sorted({(c.length, c.ceiling_only) for c in cases}) == [(2048, False), (4096, True), (8192, False)]
+    assert len([c for c in cases if c.ceiling_only]) == 2 * 2 * 2  # depths x samples x haystacks
+    assert len({c.case_id for c in cases}) == len(cases)  # the haystack is part of every probe case id
+    variants = make_variants([{"method": "yarn", "factor": 2}])
+    jobs = plan_jobs(cases, variants, set(), interleave=True)
+    assert not any(c.ceiling_only for j in jobs if j.variant.name == "yarn-x2" for c in j.cases)
+    assert sum(c.ceiling_only for j in jobs for c in j.cases) == 8
+    assert all(len({c.haystack for c in j.cases}) == 1 and len({c.index for c in j.cases}) == 1 for j in jobs)
+    order = [(j.round, j.variant.name, j.cases[0].haystack) for j in jobs]
+    assert order[:4] == [(0, "unpatched", "filler"), (0, "unpatched", "pydoc_topics"),
+                         (0, "yarn-x2", "filler"), (0, "yarn-x2", "pydoc_topics")]
+    off = Suite.from_dict({"passkey": {"lengths": ["2x"], "ceiling": False}}).cases(4096)
+    assert not any(c.ceiling_only for c in off)
+    inside = Suite.from_dict({"passkey": {"lengths": ["1x", "2x"]}}).cases(256)  # the window is already a length
+    assert not any(c.ceiling_only for c in inside)
+    with pytest.raises(SuiteError, match="repeat"):
+        Suite.from_dict({"passkey": {"haystacks": ["filler", "filler"]}})

@@ -2,7 +2,8 @@
 # Evidence for docs/results-retrieval.md; each step is resumable: rerun the same command and finished cases are
 # skipped (a case is written when its job, one KV-prefix group of prompts, finishes).
 #   tools/run_retrieval_evidence.sh ceiling   # unpatched passkey at 2k/4k/6k/8k, 5 depths x 2 keys, both haystacks
-#   tools/run_retrieval_evidence.sh 2x        # passkey at 16k: unpatched, yarn x2, dynamic NTK x2, llama3 x2
+#   tools/run_retrieval_evidence.sh 2x        # passkey at 16k: unpatched, yarn x2, self-extend x2, dual-chunk x2,
+#                                             # dynamic NTK x2, llama3 x2 (defaults)
 set -e
 cd "$(dirname "$0")/.."
 PY=${PY:-/work/main/.venv/bin/python}
@@ -11,7 +12,8 @@ case "$1" in
   ceiling)
     exec nice -n 10 $PY -m rope_extend eval smollm2 --suite ceiling --interleave -o eval/reports/smollm2-ceiling ;;
   2x)
-    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite passkey-2x --interleave -o eval/reports/smollm2-passkey-2x \
-      --spec method=yarn,factor=2 --spec method=dynamic,factor=2 --spec method=llama3,factor=2 ;;
+    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite ${SUITE:-passkey-2x} --interleave -o eval/reports/smollm2-passkey-2x \
+      --spec method=yarn,factor=2 --spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2 \
+      --spec method=dynamic,factor=2 --spec method=llama3,factor=2 ;;
   *) echo "usage: $0 ceiling|2x" >&2; exit 2 ;;
 esac

@@ -86,13 +86,13 @@ def applies(case: Case, variant: Variant) -> bool:
 
 
 def _rounds(cases: list[Case]) -> dict[str, int]:
-    """Rank of each probe case within its (task, length) cell, in suite order; other cases are round 0."""
+    """Rank of each probe case within its (task, haystack, length) cell, in suite order; other cases are round 0."""
     seen: dict[tuple, int] = defaultdict(int)
     out = {}
     for c in cases:
         if c.is_probe:
-            out[c.case_id] = seen[(c.kind, c.length)]
-            seen[(c.kind, c.length)] += 1
+            out[c.case_id] = seen[(c.kind, c.haystack, c.length)]
+            seen[(c.kind, c.haystack, c.length)] += 1
         else:
             out[c.case_id] = 0
     return out
@@ -111,7 +111,8 @@ def plan_jobs(
     ``share``: one forward for all perplexity lengths of a text when the variant is length-independent; probe
     prompts share KV prefixes (across lengths when static, within one length when dynamic).
     ``interleave``: order by sample round, section (perplexity first), length, then variant, so a run stopped
-    early has every variant with the same samples (the model is reloaded when the variant changes: cheap for
+    early has every variant with the same samples (one job per haystack and sample index, so records land often;
+    the model is reloaded when the variant changes: cheap for
     small models); otherwise variant by variant, one load each.
     """
     rounds = _rounds(cases)
@@ -124,9 +125,9 @@ def plan_jobs(
             if c.kind == "perplexity" and static:
                 key = ("perplexity", tuple(sorted(c.params.items())))
             elif c.is_probe and static:  # prompts of one task share instructions and filler up to the needle
-                key = (c.kind,) + ((c.index,) if interleave else ())
+                key = (c.kind,) + ((c.haystack, c.index) if interleave else ())
             elif c.is_probe and share and probes_share_within_length(v):  # dynamic: only prompts of one length
-                key = (c.kind, c.length) + ((c.index,) if interleave else ())
+                key = (c.kind, c.length) + ((c.haystack, c.index) if interleave else ())
             else:
                 key = (c.case_id,)
             groups.setdefault(key, []).append(c)
