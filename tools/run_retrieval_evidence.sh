@@ -7,7 +7,7 @@
 set -e
 cd "$(dirname "$0")/.."
 PY=${PY:-/work/main/.venv/bin/python}
-export PYTHONPATH=$PWD OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+export PYTHONPATH=$PWD OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread: on a shared, oversubscribed CPU two threads wait for each other (README)
 case "$1" in
   ceiling)
     exec nice -n 10 $PY -m rope_extend eval smollm2 --suite ceiling --interleave -o eval/reports/smollm2-ceiling ;;
