@@ -6,15 +6,40 @@ prompt run in two folders counts once). Records of the old probe (no haystack) a
 ``--exclude-depth 1.0`` drops one depth (e.g. to read old-probe cells without their depth-100 % format artifact)."""
 
 import argparse
+from collections import defaultdict
 
 from rope_extend.eval.report import (
+    _acc_cell,
+    _table,
+    _variants,
     beyond_window_table,
     ceiling_table,
     differences,
     differences_table,
     probe_table,
+    task_label,
 )
 from rope_extend.eval.runner import read_results
+
+
+def per_depth_table(records: list[dict], min_length: int = 0) -> str:
+    """k/n per task/haystack, length and depth for every variant (lengths >= *min_length*), plus each cell's
+    accuracy [95 % Wilson] over all its depths."""
+    recs = [r for r in records if r["kind"] != "perplexity" and r["length"] >= min_length]
+    variants = _variants(recs)
+    by = defaultdict(list)
+    for r in recs:
+        by[(task_label(r), r["length"], r["depth"], r["variant"])].append(float(r["metrics"]["score"]))
+    rows = []
+    for label in dict.fromkeys(task_label(r) for r in recs):
+        for L in sorted({r["length"] for r in recs if task_label(r) == label}):
+            depths = sorted({r["depth"] for r in recs if task_label(r) == label and r["length"] == L})
+            for d in depths:
+                cells = [by.get((label, L, d, v)) for v in variants]
+                rows.append([label, str(L), f"{d:.0%}"] + [f"{sum(c):g}/{len(c)}" if c else "–" for c in cells])
+            rows.append([label, str(L), "all"] + [_acc_cell(x for d in depths for x in by.get((label, L, d, v), []))
+                                                  for v in variants])
+    return _table(["task/haystack", "length", "depth"] + variants, rows)
 
 
 def main() -> None:
@@ -22,6 +47,7 @@ def main() -> None:
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--vs", action="append", default=[], help="reference variant for paired differences")
     ap.add_argument("--exclude-depth", type=float, action="append", default=[], help="leave out this depth")
+    ap.add_argument("--per-depth-from", type=int, help="also print k/n per depth for lengths >= this")
     args = ap.parse_args()
     seen, records = set(), []
     for d in args.dirs:
@@ -30,6 +56,8 @@ def main() -> None:
             if key not in seen and r.get("depth") not in args.exclude_depth:
                 seen.add(key)
                 records.append(r)
+    if args.per_depth_from is not None:
+        print("## Per depth\n\n" + per_depth_table(records, args.per_depth_from) + "\n")
     print("## Ceiling (unpatched, inside the window)\n\n" + ceiling_table(records) + "\n")
     print("## All cells\n\n" + probe_table(records) + "\n")
     t = beyond_window_table(records)
