@@ -43,3 +43,8 @@ class CheckpointError(RopeExtendError, ValueError):
 
 class VerificationError(RopeExtendError, RuntimeError):
     """A written checkpoint does not load back to the frequencies rope-extend computed."""
+
+
+class ModelRunError(VerificationError):
+    """Verification could not build or run a model of the config at all (as opposed to a mismatch of frequencies or
+    outputs): `patch.verify_or_explain` then checks whether the unpatched config runs."""

@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from . import compat, dynamic
-from .errors import ModelConfigError, SpecError, UnsupportedModelError, VerificationError
+from .errors import ModelConfigError, ModelRunError, SpecError, UnsupportedModelError
 from .plan import PatchPlan, check_rope_model, plan_patch
 from .rotary import ModuleChange, apply_plan, find_rotary_modules
 from .spec import RopeSpec, load_spec
@@ -183,9 +183,7 @@ def verify_or_explain(plan: PatchPlan, config) -> None:
     is at fault, not the patch, and a ModelConfigError (a ValueError) names the field to fix."""
     try:
         verify_plan(plan, source_config=config)
-    except VerificationError as exc:
-        if not _cannot_run(exc):
-            raise  # a mismatch of frequencies or outputs: the patch is what fails
+    except ModelRunError:  # not a mismatch of frequencies or outputs (then the patch is what fails): does it run?
         runs, reason = _runs_unpatched(plan, config)
         if runs is not False:
             raise  # the unpatched model runs (or that cannot be told): the patch is what fails
@@ -205,12 +203,6 @@ def verify_or_explain(plan: PatchPlan, config) -> None:
         ) from None
 
 
-def _cannot_run(exc: VerificationError) -> bool:
-    """A verification failure because the small model could not be built or run (rope_extend.verify's wording)."""
-    text = str(exc)
-    return "cannot run a forward pass" in text or "cannot build" in text
-
-
 def _runs_unpatched(plan: PatchPlan, config) -> tuple[bool | None, str]:
     """Whether a small model of the config runs the probe with its RoPE left as it is (None: cannot be told), and
     why not: the verification of linear x1 from the same original length (the unscaled frequencies)."""
@@ -222,9 +214,7 @@ def _runs_unpatched(plan: PatchPlan, config) -> tuple[bool | None, str]:
                 original_max_position_embeddings=plan.spec.original_max_position_embeddings,
             ))
             verify_plan(identity, source_config=config)
-    except VerificationError as exc:
-        if not _cannot_run(exc):
-            return None, ""
+    except ModelRunError as exc:
         reason = str(exc).split("; the config sets")[0]  # verify's hint is replaced by the field found here
         return False, reason.replace("the patched model cannot run a forward pass", "").strip(" ()") or reason
     except (ValueError, RuntimeError, AttributeError, TypeError):

@@ -25,7 +25,7 @@ import warnings
 import torch
 
 from . import compat
-from .errors import VerificationError
+from .errors import ModelRunError, VerificationError
 from .plan import PatchPlan, verify_stock_config
 from .rotary import apply_plan, find_rotary_modules
 
@@ -69,7 +69,7 @@ def probe_outputs(model, plan: PatchPlan) -> torch.Tensor:
     try:
         output = model(input_ids=ids.to(device), position_ids=positions.to(device), use_cache=True)
     except Exception as exc:  # whatever the modeling code raises: the model cannot run
-        raise VerificationError(_cannot_run(model.config, exc)) from None
+        raise ModelRunError(_cannot_run(model.config, exc)) from None
     values = getattr(output, "logits", None)
     if values is None:
         values = output.last_hidden_state
@@ -235,7 +235,7 @@ def _small_model(config):
             return cls._from_config(config, attn_implementation="eager").float().eval()
         except Exception as exc:
             reason = " ".join(str(exc).split())[:200]
-            raise VerificationError(
+            raise ModelRunError(
                 f"stock transformers cannot build a {getattr(config, 'model_type', '?')} model from the patched "
                 f"config ({type(exc).__name__}: {reason}), so the patch cannot be verified; --no-verify "
                 "(patch_model(..., verify=False)) skips the check"
@@ -263,7 +263,7 @@ def _small_run(source_config, stock_config, plan: PatchPlan):
                     raise
             except Exception as exc:  # a shrunk config the modeling code rejects: try a wider one
                 if last:
-                    raise VerificationError(_cannot_run(source_config, exc)) from None
+                    raise ModelRunError(_cannot_run(source_config, exc)) from None
         raise AssertionError("unreachable")
     finally:
         hf_logging.set_verbosity(verbosity)
