@@ -1,12 +1,13 @@
 """A real llama.cpp (built from the llama-cpp-python 0.3.36 sdist) against rope-extend's transformers evaluation.
 
-Perplexity of the second half of a 16k-token window (what ``llama-perplexity -c 16384 --chunks 1`` scores) on the
-demo model (native window 8192), the same tokens on both sides (llama.cpp's own tokenisation fed to transformers):
-unpatched, and YaRN x2, llama3 x2 and NTK x2 in the GGUF rope-extend writes, within 1 %; the demo's Q4_1 GGUF
-patched in place within a looser bound. Every other route a user has (the llama.cpp flags rope-extend prints,
-convert_hf_to_gguf.py of the checkpoint `rope-extend patch` writes) must give llama.cpp the same RoPE as that GGUF:
-the same llama.cpp perplexity on a 2048-token window (RoPE parameters act at every position, so a route that differs
-shows there at 1/20 of the cost of a 16k run). A missing or failed build fails these tests with the build log's tail.
+Perplexity of the second half of a 12k-token window (what ``llama-perplexity -c 12288 --chunks 1`` scores: tokens
+6144..12287, a third of them beyond the window) on the demo model (native window 8192), the same tokens on both
+sides (llama.cpp's own tokenisation fed to transformers): unpatched, and YaRN x2, llama3 x2 and NTK x2 in the GGUF
+rope-extend writes, within 1 %; the demo's Q4_1 GGUF patched in place within a looser bound. Every other route a
+user has (the llama.cpp flags rope-extend prints, convert_hf_to_gguf.py of the checkpoint `rope-extend patch`
+writes) must give llama.cpp the same RoPE as that GGUF: the same llama.cpp perplexity on a 2048-token window (RoPE
+parameters act at every position, so a route that differs shows there at a fraction of the cost). A missing or
+failed build fails these tests with the build log's tail.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from rope_extend.llamacpp import LlamaCppError, ensure_llamacpp
 
 pytestmark = pytest.mark.slow
 
-CTX = 16384
+# 1.5x the native window: past it, at ~55 % of a 16k run's cost (attention dominates a 135M model's long forward).
+# ROPE_EXTEND_PARITY_CTX=16384 reruns the file at 2x, the table in docs/serving.md.
+CTX = int(os.environ.get("ROPE_EXTEND_PARITY_CTX", "12288"))
+BEYOND_WINDOW_RATIO = {12288: 1.2, 16384: 2.0}  # unpatched / YaRN perplexity at least (measured 1.34 and 7.8)
 ROUTE_CTX = 2048  # route equivalence: same RoPE => same llama.cpp perplexity (to float noise)
 ROUTE_TOLERANCE = 1e-3  # ntk's printed flag rounds the base to 6 digits: 204522 vs 204522.28 (5e-6 relative)
 F32_TOLERANCE = 0.01  # llama.cpp on an f32 GGUF vs transformers fp32: relative perplexity difference
@@ -237,10 +241,15 @@ def test_other_routes_give_llamacpp_the_same_rope(parity, method, route):
 
 
 def test_beyond_window_effect_shows_in_llamacpp(parity):
-    """Past the native 8192 tokens the unpatched model degrades; YaRN x2 does not (in llama.cpp as in transformers)."""
+    """Past the native 8192 tokens the unpatched model degrades; YaRN x2 does not (in llama.cpp as in transformers).
+
+    Measured, unpatched vs YaRN: 11.47 vs 8.59 at 12k (a third of the scored tokens past the window), 75.7 vs 9.67
+    at 16k (all of them). Inside the window YaRN is the slightly worse one (the 2048-token rows)."""
+    beyond = BEYOND_WINDOW_RATIO.get(CTX, 1.2)
     unpatched, yarn = parity.llamacpp("unpatched"), parity.llamacpp("yarn:gguf")
-    assert unpatched > 2 * yarn, (unpatched, yarn)
-    assert parity.transformers("unpatched") > 2 * parity.transformers("yarn")
+    assert unpatched > beyond * yarn, (unpatched, yarn)
+    assert parity.transformers("unpatched") > beyond * parity.transformers("yarn")
+    assert parity.llamacpp("unpatched", ROUTE_CTX) < parity.llamacpp("yarn:gguf", ROUTE_CTX)
 
 
 def test_q4_1_gguf_patched_in_place(parity):
