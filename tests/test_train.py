@@ -177,16 +177,24 @@ def test_sigterm_saves_and_a_rerun_after_sigkill_resumes_to_the_same_weights(ref
     assert [r["step"] for r in log if "loss" in r] == list(range(1, STEPS + 1))
 
 
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
 def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global_batch(reference, tiny_source,
-                                                                                        tmp_path):
-    """torchrun --nproc_per_node 2 (DDP over gloo on the CPU): each process takes one window of the 2-window global
-    batch instead of one process accumulating both. Tolerance: 1e-5 absolute (the gradient all-reduce sums in
-    another order than accumulation)."""
+                                                                                        tmp_path, launcher):
+    """DDP over gloo on the CPU, launched by `torchrun --nproc_per_node 2` or by `accelerate launch --multi_gpu
+    --num_processes 2` (accelerate's torchrun path; its `--cpu` path starts one process, and its multi-CPU path needs
+    mpirun): each process takes one window of the 2-window global batch instead of one process accumulating both.
+    Tolerance: 1e-5 absolute (the gradient all-reduce sums in another order than accumulation)."""
     source, text = tiny_source
     out = tmp_path / "ddp"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(29500 + os.getpid() % 1000), "-m", "rope_extend", *_args(source, text, out)]
-    result = subprocess.run(command, env=_child_env(), capture_output=True, text=True, timeout=400)
+    port = str(29500 + os.getpid() % 1000 + (500 if launcher == "accelerate" else 0))
+    if launcher == "torchrun":
+        start = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
+    else:  # every launch setting given, so no user accelerate config (HF_HOME below is empty) is read
+        start = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                 "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port]
+    command = [sys.executable, *start, "-m", "rope_extend", *_args(source, text, out)]
+    env = {**_child_env(), "HF_HOME": str(tmp_path / "hf-home"), "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     errors = [line for line in result.stderr.splitlines() if "rope-extend: error" in line or "Error" in line]
     assert result.returncode == 0, "\n".join(errors[:20]) or result.stderr[-3000:]
     summary = json.loads((out / "training.json").read_text())
@@ -199,3 +207,54 @@ def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global
     same = ("architectures", "rope_scaling", "rope_parameters", "max_position_embeddings", "tie_word_embeddings")
     a, b = json.loads((out / "config.json").read_text()), json.loads((reference / "config.json").read_text())
     assert {k: a.get(k) for k in same} == {k: b.get(k) for k in same}
+
+
+def test_eval_suite_runs_before_and_after_under_their_own_names_with_the_evals_numbers(tiny_source, tmp_path):
+    """--eval-suite end to end (2 steps, a tiny suite): the card and training.json show SOURCE unpatched, SOURCE
+    with yarn x4 training-free and the trained checkpoint ('trained yarn-x4', never 'unpatched'), and their numbers
+    are the eval's own records; the trained row's perplexity is recomputed here from a stock reload of OUT."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rope_extend.eval.perplexity import tokenize_text
+    from rope_extend.eval.runner import read_results
+
+    source, text = tiny_source
+    heldout = tmp_path / "heldout.txt"
+    heldout.write_text(" ".join(f"v{(7 * i) % 53:02d}" for i in range(600)) + "\n")  # shares no text with toy.txt
+    suite = tmp_path / "tiny-suite.yaml"
+    suite.write_text(f"name: tiny-train\nsmoke: true\nseed: 0\nshort_context: []\nperplexity:\n  texts: [{heldout}]\n"
+                     "  lengths: [64, 128]\n  block_size: 16\n  bucket_size: 32\n")
+    out = tmp_path / "ev"
+    args = ["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--window", "32",
+            "--steps", "2", "--batch-tokens", "64", "--lr", "3e-3", "--warmup", "0", "--eval-suite", str(suite),
+            "--no-verify", "-o", str(out)]  # the writer's verification is tested above
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert run(args) == 0
+    before = read_results(tmp_path / "ev-eval" / "before" / "results.jsonl")
+    after = read_results(tmp_path / "ev-eval" / "after" / "results.jsonl")
+    assert {r["variant"] for r in before} == {"unpatched", "yarn-x4"}
+    assert {r["variant"] for r in after} == {"trained yarn-x4"} and len(after) == 2
+    summary = json.loads((out / "training.json").read_text())
+    rows = {(r["variant"], r["case_id"]): r for r in summary["eval"]["records"]}
+    assert len(rows) == len(before) + len(after) == 6
+    for rec in before + after:  # copied from the eval's records, not recomputed or rounded
+        row = rows[(rec["variant"], rec["case_id"])]
+        assert row["ppl"] == rec["metrics"]["ppl"] and row["ppl_ci"] == rec["metrics"]["ppl_ci"]
+    card = (out / "README.md").read_text()
+    block = card[card.index("### Before / after"):]
+    assert "| unpatched | yarn-x4 | trained yarn-x4 |" in block and "'unpatched' because" not in card
+    assert "Suite `tiny-train`" in block and "ev-eval/after/report.md" in block
+    for rec in before + after:
+        assert f"{rec['metrics']['ppl']:.2f} [" in block
+    with warnings.catch_warnings():  # an independent reference for the trained row: stock reload of OUT, HF's loss
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = tokenize_text(AutoTokenizer.from_pretrained(out), heldout.read_text())[None]
+    for rec in after:
+        L = rec["length"]
+        with torch.no_grad():
+            loss = model(input_ids=ids[:, :L], labels=ids[:, :L]).loss
+        assert rec["metrics"]["ppl"] == pytest.approx(float(torch.exp(loss)), rel=1e-4)
+    free = {r["length"]: r["metrics"]["ppl"] for r in before if r["variant"] == "yarn-x4"}
+    assert all(abs(r["metrics"]["ppl"] - free[r["length"]]) > 1e-3 * free[r["length"]] for r in after)  # trained

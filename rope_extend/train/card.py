@@ -9,6 +9,7 @@ from typing import Any
 LOSS_PLOT = "training_loss.png"
 LOG_FILE = "training_log.jsonl"
 SUMMARY_FILE = "training.json"
+EVAL_START, EVAL_END = "<!-- rope-extend train: before/after eval -->", "<!-- /rope-extend train: before/after eval -->"
 
 
 def write_files(folder: Path, summary: dict[str, Any], history: list[dict]) -> None:
@@ -78,3 +79,11 @@ Data (documents are never packed across boundaries unmarked; BOS/EOS as the toke
     if eval_summary:
         text += f"\n### Before / after\n\n{eval_summary.rstrip()}\n"
     return text
+
+
+def replace_eval(readme: str, block: str) -> str:
+    """The card with its eval block (between EVAL_START and EVAL_END) replaced by *block*."""
+    start, end = readme.find(EVAL_START), readme.find(EVAL_END)
+    if start < 0 or end < start:
+        raise ValueError("the model card has no before/after eval block to replace (was it written by rope-extend train?)")
+    return readme[:start] + block + readme[end + len(EVAL_END):]

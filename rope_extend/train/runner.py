@@ -111,6 +111,13 @@ def prepare(spec: TrainSpec) -> Prepared:
         p = Path(path).expanduser()
         if p.is_file():
             data.check_no_overlap(train_docs, p.read_text(encoding="utf-8", errors="replace"), str(path))
+    if spec.eval_suite is not None:  # an unknown or invalid suite is refused here, and so is a suite text trained on
+        from ..eval.suite import load_suite
+        from ..eval.texts import load_text
+
+        suite = load_suite(spec.eval_suite)
+        for name in (suite.perplexity.texts if suite.perplexity is not None else []):
+            data.check_no_overlap(train_docs, load_text(name), f"{name} (suite {suite.name})")
     target, original = plan.spec.target_length, plan.spec.original_max_position_embeddings
     window = spec.window
     if window is None:
@@ -375,7 +382,7 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     say(f"data: {len(prep.corpus.streams)} streams, {prep.corpus.tokens:,} tokens; window {prep.window}"
         f"{' (PoSE, positions to ' + str(prep.plan.spec.target_length) + ')' if prep.window < prep.plan.spec.target_length else ''}; "
         f"global batch {prep.global_windows} windows ({world} process(es) x {spec.micro_batch} x {prep.accumulation})")
-    eval_before = _eval(prep, "before") if (spec.eval_suite and main) else None
+    eval_before = _eval_before(prep) if (spec.eval_suite and main) else None
     resume_from = _open_state(prep, main)
     state_dir = spec.state_dir()
     model = load_patched_model(prep)
@@ -408,6 +415,8 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     train_seconds = history[-1]["train_seconds"] if history else time.perf_counter() - started
     tokens = trainer.state.global_step * prep.global_windows * prep.window
     summary = _summary(prep, trainer.state.global_step, tokens, train_seconds, losses)
+    if eval_before is not None:
+        summary["eval"] = _eval_summary(prep, eval_before, None)
     if not main:
         return TrainResult(None, trainer.state.global_step, tokens, train_seconds, *(losses[:1] or [None]),
                            *(losses[-1:] or [None]), resumed, False, summary)
@@ -424,9 +433,12 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
             shutil.copytree(adapter, folder / "adapter")
 
     result = write_model_checkpoint(final, prep.source, prep.out, prep.plan, overwrite=spec.overwrite,
-                                    verify=spec.verify, training=card.section(summary, eval_before), extra=extra)
-    if spec.eval_suite:
-        _append_after(prep, result.out)
+                                    verify=spec.verify, extra=extra,
+                                    training=card.section(summary, None if eval_before is None
+                                                          else _eval_section(prep, eval_before, None)))
+    if eval_before is not None:
+        say("evaluating the trained checkpoint")
+        _write_after(prep, result.out, eval_before, _eval_after(prep, result.out), summary)
     shutil.rmtree(state_dir, ignore_errors=True)
     return TrainResult(result.out, trainer.state.global_step, tokens, train_seconds, losses[0] if losses else None,
                        losses[-1] if losses else None, resumed, result.verified, summary)
@@ -472,23 +484,79 @@ def _eval_dir(prep: Prepared) -> Path:
     return prep.out.parent / f"{prep.out.name}-eval"
 
 
-def _eval(prep: Prepared, which: str) -> str:
-    from ..eval.runner import run_eval, summary_markdown
+def training_free_label(prep: Prepared) -> str:
+    """The eval's name for SOURCE with the plan applied training-free ('yarn-x2', as `rope-extend eval` names it)."""
+    from ..eval.variants import variant_name
 
-    records = run_eval(str(prep.source), [prep.plan.spec], prep.spec.eval_suite, _eval_dir(prep) / which,
-                       progress=False)
-    return (f"Before training (unpatched, and {prep.plan.spec.method} x{prep.plan.spec.factor:g} training-free):\n\n"
-            + summary_markdown(records))
+    return variant_name(prep.plan.spec, set())
 
 
-def _append_after(prep: Prepared, out: Path) -> None:
-    from ..eval.runner import run_eval, summary_markdown
+def trained_label(prep: Prepared) -> str:
+    """The eval's name for the trained checkpoint: 'trained yarn-x2'."""
+    return f"trained {training_free_label(prep)}"
 
-    records = run_eval(str(out), [], prep.spec.eval_suite, _eval_dir(prep) / "after", progress=False)
-    text = ("\nAfter training (this checkpoint as stock transformers loads it; the table calls it 'unpatched' "
-            "because no further spec is applied):\n\n" + summary_markdown(records) + "\n")
+
+def _eval_before(prep: Prepared) -> list[dict]:
+    """SOURCE unpatched and with the plan training-free, on the suite (resumable: finished cases are kept)."""
+    from ..eval.runner import run_eval
+
+    return run_eval(str(prep.source), [prep.plan.spec], prep.spec.eval_suite, _eval_dir(prep) / "before",
+                    progress=False)
+
+
+def _eval_after(prep: Prepared, out: Path) -> list[dict]:
+    """OUT as stock transformers loads it (its own config carries the scaling: no spec is applied on top), under
+    its own name rather than the eval runner's 'unpatched'."""
+    from ..eval.runner import run_eval
+
+    return run_eval(str(out), {trained_label(prep): None}, prep.spec.eval_suite, _eval_dir(prep) / "after",
+                    include_baseline=False, progress=False)
+
+
+def _eval_summary(prep: Prepared, before: list[dict], after: list[dict] | None) -> dict:
+    """training.json's `eval`: every case's headline number, copied from the eval's own records."""
+    from ..eval.suite import load_suite
+    from ..eval.variants import BASELINE
+
+    rows = []
+    for r in before + (after or []):
+        m = r["metrics"]
+        row = {"variant": r["variant"], "case_id": r["case_id"], "kind": r["kind"], "length": r["length"]}
+        if "ppl" in m:
+            row.update(ppl=m["ppl"], ppl_ci=m.get("ppl_ci"))
+        elif "score" in m:
+            row["score"] = m["score"]
+        rows.append(row)
+    folder = _eval_dir(prep)
+    return {"suite": load_suite(prep.spec.eval_suite).name, "before": str(folder / "before"),
+            "after": str(folder / "after") if after is not None else None,
+            "variants": {BASELINE: "SOURCE as loaded", training_free_label(prep): "SOURCE patched, training-free",
+                         trained_label(prep): "this checkpoint (trained), as stock transformers loads it"},
+            "records": rows}
+
+
+def _eval_section(prep: Prepared, before: list[dict], after: list[dict] | None) -> str:
+    """The card's eval block: the eval's own summary tables, one column per variant."""
+    from ..eval.runner import summary_markdown
+    from ..eval.suite import load_suite
+
+    plan, folder = prep.plan.spec, _eval_dir(prep).name
+    head = (f"Suite `{load_suite(prep.spec.eval_suite).name}`: `unpatched` is SOURCE as loaded, "
+            f"`{training_free_label(prep)}` SOURCE with {plan.method} x{plan.factor:g} training-free, ")
+    if after is None:
+        head += "before training (the trained checkpoint's column is added when the run finishes)."
+    else:
+        head += (f"`{trained_label(prep)}` this checkpoint as stock transformers loads it (no spec applied on top). "
+                 f"Full reports: `{folder}/before/report.md`, `{folder}/after/report.md` (beside this folder).")
+    return f"{card.EVAL_START}\n{head}\n\n{summary_markdown(before + (after or [])).rstrip()}\n{card.EVAL_END}"
+
+
+def _write_after(prep: Prepared, out: Path, before: list[dict], after: list[dict], summary: dict) -> None:
+    """Replace the card's before-only eval block with before + after, and add both to training.json."""
     readme = out / "README.md"
-    readme.write_text(readme.read_text() + text)
+    readme.write_text(card.replace_eval(readme.read_text(), _eval_section(prep, before, after)))
+    summary["eval"] = _eval_summary(prep, before, after)
+    (out / card.SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def progress_printer(stream=None) -> Callable[[str], None]:
