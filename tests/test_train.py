@@ -117,6 +117,8 @@ def test_bad_input_is_refused_in_one_line_before_any_work(tiny_source, tmp_path,
     source, text = tiny_source
     short = tmp_path / "short.txt"
     short.write_text("Too short for one window.")
+    suite = tmp_path / "trained-on.yaml"  # a suite whose perplexity text is the training text
+    suite.write_text(f"name: trained-on\nperplexity:\n  texts: [{text}]\n  lengths: [64]\n")
     out = tmp_path / "out"
     base = ["--window", "32", "--steps", "2", "-o", str(out)]
     cases = [
@@ -129,6 +131,8 @@ def test_bad_input_is_refused_in_one_line_before_any_work(tiny_source, tmp_path,
           "-o", str(source / "inside")], "inside SOURCE"),
         (["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--eval-text", str(text),
           *base], "training texts"),
+        (["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--eval-suite", str(suite),
+          *base], "one of the training texts"),
     ]
     for args, needle in cases:
         started = time.perf_counter()
