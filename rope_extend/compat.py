@@ -49,6 +49,12 @@ def _layer_types(config) -> list[str]:
     return list(dict.fromkeys(getattr(config, "layer_types", None) or []))
 
 
+def _rope_slot_keys(config) -> list[str]:
+    """Keys a 5.x nested `rope_parameters` may use: the layer types, or the rope labels a config class declares
+    instead (DeepSeek-V4: `main` for sliding layers, `compress` for its compressed-attention layers)."""
+    return _layer_types(config) + [label for label in getattr(type(config), "_rope_type_labels", ()) or ()]
+
+
 def _normalise(params: dict | None, rope_theta: float | None) -> dict:
     params = dict(params or {})
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
@@ -65,7 +71,7 @@ def read_slots(config) -> dict[str | None, dict]:
     rope_parameters = getattr(config, "rope_parameters", None) if TRANSFORMERS_V5 else None
     layer_types = _layer_types(config)
     if TRANSFORMERS_V5 and rope_parameters:
-        nested = [key for key in rope_parameters if key in layer_types]
+        nested = [key for key in rope_parameters if key in _rope_slot_keys(config)]
         if nested:
             return {key: _normalise(rope_parameters[key], None) for key in nested if rope_parameters[key] is not None}
         return {FLAT: _normalise(rope_parameters, getattr(config, "rope_theta", None))}

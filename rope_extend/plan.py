@@ -45,6 +45,15 @@ FIXED_ROTARY_MODELS = {
     "load from rotary_dim, not with a RoPE module or rope fields transformers can rescale; no config.json field "
     "changes it, so rope-extend cannot extend it (a model with a RoPE config, e.g. qwen2 or llama, can be)",
 }
+# Models whose RoPE lives in several sub-models' configs with lengths of their own, with why and what works.
+SUB_MODEL_ROPE_MODELS = {
+    "blt": "is a byte latent transformer: its RoPE lives in four sub-models (patcher_config, encoder_config, "
+    "decoder_config, global_config), each with its own rope_parameters and max_position_embeddings (bytes for the "
+    "local ones, patches for the global one), and its top-level config has none, so no one context length or RoPE "
+    "config extends it; rope-extend rescales models with one text RoPE config (llama, qwen2/3, gemma, mistral...)",
+}
+# Configs that can select RoPE or none: position_embedding_type values meaning RoPE (Granite 4.0-H defaults to NoPE).
+ROPE_POSITION_EMBEDDING_TYPES = ("rope", "rotary")
 # rope_types that are a model's own RoPE variant, which transformers has no YaRN/NTK/llama3 form of.
 VARIANT_ROPE = {
     "proportional": "proportional RoPE (only the first partial_rotary_factor of each head rotates, at frequencies "
@@ -115,6 +124,15 @@ def check_rope_model(config) -> None:
         )
     if model_type in FIXED_ROTARY_MODELS:
         raise UnsupportedModelError(f"model type {model_type!r} {FIXED_ROTARY_MODELS[model_type]}")
+    if model_type in SUB_MODEL_ROPE_MODELS:
+        raise UnsupportedModelError(f"model type {model_type!r} {SUB_MODEL_ROPE_MODELS[model_type]}")
+    kind = getattr(config, "position_embedding_type", ROPE_POSITION_EMBEDDING_TYPES[0])
+    if kind not in ROPE_POSITION_EMBEDDING_TYPES:
+        raise UnsupportedModelError(
+            f"model type {model_type!r} has position_embedding_type {kind!r}: its layers use no rotary position "
+            f"embedding (NoPE), so there is no RoPE to rescale; a checkpoint of it with position_embedding_type "
+            f"'rope' can be extended"
+        )
     if not (getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None)) and not hasattr(
         config, "rope_scaling"
     ):

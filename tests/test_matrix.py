@@ -110,9 +110,9 @@ def test_per_layer_type_models_keep_sliding_rope(method):
 ZOO = tiny.zoo_types()
 
 
-def _zoo_case(model_type: str) -> dict:
+def _zoo_case(model_type: str, layer_types: list[str] | None = None) -> dict:
     """Patch a tiny random model of the type with yarn x2 (rope-extend) and build transformers' own yarn x2 with
-    the same weights; logits on 1.5 L tokens."""
+    the same weights (of `layer_types`' one slot when given); logits on 1.5 L tokens."""
     ids = tiny.input_ids(tiny.ZOO_SEQ)
     if model_type in tiny.ZOO_NOT_ATTEMPTED:
         return {"unbuilt": "not attempted (tiny.ZOO_NOT_ATTEMPTED)"}
@@ -125,7 +125,8 @@ def _zoo_case(model_type: str) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            patch_model(model, method="yarn", factor=tiny.ZOO_FACTOR)
+            patch_model(model, method="yarn", factor=tiny.ZOO_FACTOR,
+                        **({"layer_types": layer_types} if layer_types else {}))
         except Exception as exc:  # asserted in the test
             return {"refused": exc, "unchanged": model.config.to_dict() == before}
         try:
@@ -134,7 +135,8 @@ def _zoo_case(model_type: str) -> dict:
             unpatched_model = tiny.zoo_model(model_type)
             with torch.no_grad():
                 unpatched = unpatched_model(ids).logits
-            reference = type(unpatched_model)._from_config(tiny.zoo_yarn_reference(unpatched_model.config),
+            reference = type(unpatched_model)._from_config(tiny.zoo_yarn_reference(unpatched_model.config,
+                                                                                   *(layer_types or [])),
                                                            attn_implementation="eager").eval().float()
             reference.load_state_dict(weights, strict=True)
             with torch.no_grad():
@@ -173,9 +175,20 @@ def test_every_rope_model_type_is_exact_versus_its_own_yarn_or_refused_in_one_li
     _check_zoo_case(model_type, result)
 
 
-def _check_zoo_case(model_type: str, result: dict) -> None:
+@pytest.mark.parametrize("model_type", [t for t in tiny.ZOO_LAYER_TYPES if t in ZOO])
+def test_refused_types_are_exact_with_the_layer_types_their_message_names(zoo, model_type):
+    """The refusal's "what would work" is true: with those layer_types the patch equals transformers' own YaRN x2
+    of that slot."""
+    want = tiny.ZOO_LAYER_TYPES[model_type]
+    assert f"use e.g. layer_types: [{want[0]}]" in str(zoo[model_type].get("refused"))
+    _check_zoo_case(model_type, _zoo_case(model_type, want), refused=False)
+
+
+def _check_zoo_case(model_type: str, result: dict, refused: bool | None = None) -> None:
     assert "unbuilt" not in result, result.get("unbuilt")
-    if model_type in tiny.ZOO_REFUSED:
+    if refused is None:
+        refused = model_type in tiny.ZOO_REFUSED
+    if refused:
         want, _why = tiny.ZOO_REFUSED[model_type]
         error = result.get("refused")
         assert error is not None, f"{model_type} is patched now: take it off tiny.ZOO_REFUSED"

@@ -211,6 +211,19 @@ def test_models_without_rope_are_refused(model_type, why):
         patch_model(model, method="yarn", factor=2)
 
 
+def test_nope_configs_of_a_rope_capable_type_are_refused_in_one_line():
+    """Granite 4.0-H (granitemoehybrid) defaults to position_embedding_type None: no rotary module is built."""
+    pytest.importorskip("transformers.models.granitemoehybrid")
+    config = tiny.zoo_config("granitemoehybrid")
+    config.position_embedding_type = None
+    model = AutoModelForCausalLM.from_config(config)
+    before = model.config.to_dict()
+    with pytest.raises(UnsupportedModelError, match="position_embedding_type None: its layers use no rotary") as err:
+        patch_model(model, method="yarn", factor=2)
+    assert "\n" not in str(err.value) and "'rope' can be extended" in str(err.value)
+    assert model.config.to_dict() == before
+
+
 def test_layer_types_that_match_nothing_are_a_spec_error():
     model = tiny.make_model("gemma3_text")
     with pytest.raises(SpecError, match="layer_types"):

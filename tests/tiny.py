@@ -227,15 +227,43 @@ def zoo_types() -> list[str]:
 ZOO_FIXUPS: dict[str, dict] = {
     "bamba": {"num_hidden_layers": 2, "attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_d_head": 16},
     "falcon_h1": {"num_hidden_layers": 1, "mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16},
-    "granitemoehybrid": {"layer_types": ["mamba", "attention"], "mamba_n_heads": 8, "mamba_d_head": 16},
     "recurrent_gemma": {"num_hidden_layers": 2, "block_types": ["recurrent", "attention"], "lru_width": 64},
     "zamba2": {"layers_block_type": ["mamba", "hybrid"], "mamba_headdim": 16, "n_mamba_heads": 8,
                "attention_head_dim": 16, "num_attention_heads": 4, "use_mem_rope": True},
     "deepseek_v4": {"head_dim": 128},
     "mimo_v2_flash": {"head_dim": 48},
-    "blt": {"encoder_hash_byte_group_vocab": 64, "encoder_hash_byte_group_nb_functions": 1},
+    # byte latent transformer: four sub-transformers of one layer each (the defaults allocate several GB)
+    "blt": {"encoder_hash_byte_group_vocab": 64, "encoder_hash_byte_group_nb_functions": 1,
+            "encoder_hash_byte_group_size": [3], "vocab_size": 260,
+            **{f"{part}_config": {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "intermediate_size": 64, "num_hidden_layers": 1, "max_position_embeddings": 32,
+                                  "initializer_range": ZOO_INIT,
+                                  **({"vocab_size": 260} if part != "global" else {}),
+                                  **({"hidden_size_global": 64} if part in ("encoder", "decoder") else {})}
+               for part in ("patcher", "encoder", "decoder", "global")}},
     "xlnet": {"d_head": 16},
     "zaya": {"num_experts_per_tok": 1},
+    # types whose class defaults do not build a model at all (a size or a RoPE slot the checkpoints always set)
+    "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    "dbrx": {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}, "d_model": 64, "n_heads": 4, "n_layers": 2,
+             "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2}},
+    "dots1": {"n_shared_experts": 1},
+    # input / recurrent (looped) / output layer split of 8 / rest / 8 layers by default: one layer each
+    "dory": {"num_hidden_layers": 3, "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+             "n_input_layers": 1, "n_recurrent_layers": 1, "n_output_layers": 1},
+    # Granite 4.0-H's default is NoPE (position_embedding_type None: refused, see test_patch); its RoPE variant:
+    "granitemoehybrid": {"num_hidden_layers": 2, "layer_types": ["mamba", "attention"], "mamba_n_heads": 8,
+                         "mamba_d_head": 16, "position_embedding_type": "rope"},
+    "lfm2_moe": {"num_hidden_layers": 2, "layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    "qwen4_exp": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+                  "indexer_compress_ratio": 4},
+}
+ZOO_FIXUPS["qwen4_exp_text"] = ZOO_FIXUPS["qwen4_exp"]
+# The same for sub-configs (vision, audio) of multimodal types: sub-config key -> values.
+ZOO_SUB_FIXUPS: dict[str, dict[str, dict]] = {
+    # a dense one-layer vision tower (the default's per-layer expert pyramid names layers 25-41), adapters to 64
+    "dots3_note": {"vision_config": {"pyramid_num_routed": [-1], "adapter_in_dim": 32, "adapter_out_dim": 64},
+                   "audio_config": {"adapter_input_size": 32, "adapter_out_dim": 64}},
 }
 
 
@@ -307,7 +335,7 @@ def zoo_config(model_type: str):
         if sub is text:
             subs[key] = values
         elif hasattr(sub, "to_dict") and hasattr(sub, "model_type"):
-            subs[key] = _known(sub, ZOO_OTHER)
+            subs[key] = {**_known(sub, ZOO_OTHER), **ZOO_SUB_FIXUPS.get(model_type, {}).get(key, {})}
     return AutoConfig.for_model(model_type, **subs, **_known(default, {"initializer_range": ZOO_INIT}))
 
 
@@ -320,17 +348,8 @@ def zoo_model(model_type: str, seed: int = 0):
 # Open problems, reviewed: type -> what fails. The test expects each to still fail (xfail) and fails when one works,
 # so a fix shows up; they are counted and listed in docs/architectures.md, never claimed supported or refused.
 ZOO_OPEN: dict[str, str] = {
-    "blt": "the tiny-config builder cannot shrink its byte-patch encoder (hash vocabularies) enough to build it",
-    "cohere_compass_text": "the tiny-config builder makes an inconsistent config (KeyError 'full_attention')",
-    "dbrx": "the tiny-config builder cannot set its nested attn_config (no rope_theta there)",
-    "dory": "verification's small model of its input/recurrent/output layer split does not run",
-    "dots1": "the tiny-config builder leaves a derived MoE size unset",
-    "dots3_note": "the tiny-config builder keeps per-layer overrides for dropped layers",
-    "gemma3n": "its vision tower needs the timm package, not installed in the test environments",
-    "granitemoehybrid": "the tiny-config builder's layer_types/num_hidden_layers disagree",
-    "lfm2_moe": "the tiny-config builder leaves a derived size unset",
-    "qwen4_exp": "the tiny-config builder leaves a derived size unset",
-    "qwen4_exp_text": "the tiny-config builder leaves a derived size unset",
+    "gemma3n": "its vision tower is a timm model (TimmWrapper), and timm needs torchvision built for the exact torch "
+               "in use, which the test environments do not install; its text model gemma3n_text is exact here",
 }
 if not TRANSFORMERS_V5:  # transformers 4.x (the same test under `-m portability` in the 4.x environment)
     ZOO_OPEN.update({
@@ -345,8 +364,8 @@ if not TRANSFORMERS_V5:  # transformers 4.x (the same test under `-m portability
         "phimoe": "4.x: rope-extend finds no inv_freq buffer in PhimoeForCausalLM",
     })
 
-# Open types the test does not even build: the blt builder above still allocates several GB.
-ZOO_NOT_ATTEMPTED = {"blt"}
+# Open types the test does not even build (none now; the test stays able to skip a type that allocates GBs).
+ZOO_NOT_ATTEMPTED: set[str] = set()
 # Reviewed refusals: model type -> (what the one-line error must say, why that is right).
 ZOO_REFUSED: dict[str, tuple[str, str]] = {
     "phi3": ("reject method 'yarn'", "its config class accepts only longrope (use --method longrope)"),
@@ -365,27 +384,35 @@ ZOO_REFUSED: dict[str, tuple[str, str]] = {
     "zaya": ("match none of the model's RoPE layer types", "its layer types are hybrid/hybrid_sliding, not "
              "full_attention: the message names layer_types: [hybrid]"),
     "recurrent_gemma": ("no max_position_embeddings", "its config has no length to extend from"),
-    "deepseek_v4": ("builds different inv_freq", "transformers builds its YaRN with other frequencies than YaRN's "
-                    "definition, so the written config would not load to the planned RoPE"),
+    "deepseek_v4": ("use e.g. layer_types: [compress]", "its rope_parameters are keyed by rope labels, main (sliding "
+                    "layers) and compress (compressed-attention layers, where its checkpoints put YaRN), not "
+                    "full_attention; with layer_types: [compress] it is exact (ZOO_LAYER_TYPES)"),
     **({} if TRANSFORMERS_V5 else {
         t: ("reject method 'yarn'", "4.x OLMo configs accept only {type: linear|dynamic, factor}")
         for t in ("olmo", "olmo2")
     }),
+    "blt": ("four sub-models", "byte latent transformer: its RoPE lives in four sub-models' configs, each with its "
+            "own length (bytes or patches); the top-level config has none to extend"),
+    "dots3_note": ("match none of the model's RoPE layer types", "as dots3_note_text (its text model)"),
     "dots3_note_text": ("match none of the model's RoPE layer types", "its layer types are indexed_attention/"
-                        "sliding_attention: the message names layer_types: [indexed_attention]"),
+                        "sliding_attention: the message names layer_types: [indexed_attention], exact with it "
+                        "(ZOO_LAYER_TYPES)"),
 }
+# Refused types whose one-line message names the layer_types that would work: each is asserted exact with them.
+ZOO_LAYER_TYPES: dict[str, list[str]] = {"deepseek_v4": ["compress"], "dots3_note_text": ["indexed_attention"]}
 
 
-def zoo_yarn_reference(config):
-    """transformers' own YaRN x ZOO_FACTOR for this config: the same config with its (full-attention) RoPE set to
-    yarn from ZOO_ORIGINAL, written the way a user would (rope_parameters in 5.x, rope_scaling in 4.x)."""
+def zoo_yarn_reference(config, slot: str = "full_attention"):
+    """transformers' own YaRN x ZOO_FACTOR for this config: the same config with its (full-attention, or `slot`)
+    RoPE set to yarn from ZOO_ORIGINAL, written the way a user would (rope_parameters in 5.x, rope_scaling in
+    4.x)."""
     data = config.to_dict()
     text = data["text_config"] if isinstance(data.get("text_config"), dict) else data
     yarn = {"rope_type": "yarn", "factor": float(ZOO_FACTOR), "original_max_position_embeddings": ZOO_ORIGINAL}
     if TRANSFORMERS_V5:
         params = text["rope_parameters"]
-        if isinstance(params.get("full_attention"), dict):
-            params["full_attention"] = {**params["full_attention"], **yarn}
+        if isinstance(params.get(slot), dict):
+            params[slot] = {**params[slot], **yarn}
         else:
             params.update(yarn)
     else:
