@@ -39,6 +39,12 @@ MARKER_KEY = "rope_extend"
 # Top-level legacy names some config classes read instead of rope_theta / partial_rotary_factor (both lines).
 LEGACY_ALIASES = {"gpt_neox": {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}}
 FLAT = None  # slot key of a model whose layers share one RoPE
+# Model types whose modeling code in the running transformers builds RoPE without reading any scaling field, with
+# why and what works (so rope-extend refuses them instead of writing a scaling that would load unscaled).
+NO_SCALING_FIELD = {} if TRANSFORMERS_V5 else {
+    "dbrx": "transformers 4.x builds DBRX's RoPE from attn_config.rope_theta alone and reads no rope_scaling, so no "
+    "scaled config.json would load as scaled; transformers >= 5 reads DBRX's rope_parameters and can extend it",
+}
 
 
 def _plain(value: Any) -> Any:

@@ -126,6 +126,8 @@ def check_rope_model(config) -> None:
         raise UnsupportedModelError(f"model type {model_type!r} {FIXED_ROTARY_MODELS[model_type]}")
     if model_type in SUB_MODEL_ROPE_MODELS:
         raise UnsupportedModelError(f"model type {model_type!r} {SUB_MODEL_ROPE_MODELS[model_type]}")
+    if model_type in compat.NO_SCALING_FIELD:
+        raise UnsupportedModelError(f"model type {model_type!r}: {compat.NO_SCALING_FIELD[model_type]}")
     kind = getattr(config, "position_embedding_type", ROPE_POSITION_EMBEDDING_TYPES[0])
     if kind not in ROPE_POSITION_EMBEDDING_TYPES:
         raise UnsupportedModelError(

@@ -388,8 +388,10 @@ ZOO_REFUSED: dict[str, tuple[str, str]] = {
                     "layers) and compress (compressed-attention layers, where its checkpoints put YaRN), not "
                     "full_attention; with layer_types: [compress] it is exact (ZOO_LAYER_TYPES)"),
     **({} if TRANSFORMERS_V5 else {
-        t: ("reject method 'yarn'", "4.x OLMo configs accept only {type: linear|dynamic, factor}")
-        for t in ("olmo", "olmo2")
+        **{t: ("reject method 'yarn'", "4.x OLMo configs accept only {type: linear|dynamic, factor}")
+           for t in ("olmo", "olmo2")},
+        "dbrx": ("reads no rope_scaling", "no transformers 4.x reference: its 4.x modeling code builds RoPE from "
+                 "attn_config.rope_theta alone (5.x extends it, exact above)"),
     }),
     "blt": ("four sub-models", "byte latent transformer: its RoPE lives in four sub-models' configs, each with its "
             "own length (bytes or patches); the top-level config has none to extend"),
