@@ -241,7 +241,7 @@ ZOO_FIXUPS: dict[str, dict] = {
                                   **({"vocab_size": 260} if part != "global" else {}),
                                   **({"hidden_size_global": 64} if part in ("encoder", "decoder") else {})}
                for part in ("patcher", "encoder", "decoder", "global")}},
-    "xlnet": {"d_head": 16},
+    "xlnet": {"d_head": 16, "d_model": 64, "n_head": 4},  # 4.x checks d_head against its own d_model // n_head
     "zaya": {"num_experts_per_tok": 1},
     # types whose class defaults do not build a model at all (a size or a RoPE slot the checkpoints always set)
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
@@ -357,7 +357,6 @@ if not TRANSFORMERS_V5:  # transformers 4.x (the same test under `-m portability
         "llama4": "4.x: the tiny-config builder does not reach Llama4Config's nested text config (no vocab_size)",
         "mllama": "4.x: the tiny-config builder leaves a nested size unset",
         "phi4_multimodal": "4.x: the tiny-config builder leaves its audio/vision configs unset",
-        "xlnet": "4.x: the tiny-config builder's d_head disagrees with d_model // n_head",
         "llama4_text": "4.x: verification's small model fails (KeyError low_freq_factor in the stock build)",
         "nemotron": "4.x: the stock reload builds other inv_freq than planned (partial rotary)",
         "olmo3": "4.x: the stock reload builds other sliding-layer inv_freq than planned",
