@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from rope_extend.demo_model import demo_gguf_path
-from rope_extend.llamacpp import ensure_llamacpp
+from rope_extend.llamacpp import LlamaCppError, ensure_llamacpp
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,19 +49,28 @@ def main(argv: list[str] | None = None) -> int:
         if (group, batch, junk, position, seed) in done:
             continue
         t0 = time.monotonic()
-        r = lc.passkey(model, junk=junk, position=position, group=group, batch=batch, seed=seed,
-                       threads=args.threads)
         record = {"group": group, "batch": batch, "junk": junk, "position": position, "depth": position / junk,
-                  "seed": seed, "key": r.key, "prompt_tokens": r.prompt_tokens, "found": r.found,
-                  "answer": r.answer[:80], "seconds": round(time.monotonic() - t0, 1), "command": r.command}
+                  "seed": seed}
+        try:
+            r = lc.passkey(model, junk=junk, position=position, group=group, batch=batch, seed=seed,
+                           threads=args.threads)
+        except LlamaCppError as exc:  # e.g. -gan 1 beyond n_ctx_train: llama-passkey's context shift exits 1
+            record.update(found=None, error=str(exc).splitlines()[0][-300:], log_tail=str(exc)[-600:])
+            outcome = "failed"
+        else:
+            record.update(key=r.key, prompt_tokens=r.prompt_tokens, found=r.found, answer=r.answer[:80],
+                          command=r.command)
+            outcome = f"{'found' if r.found else 'missed'} ({r.prompt_tokens} tokens) {r.answer[:40]!r}"
+        record["seconds"] = round(time.monotonic() - t0, 1)
         with args.output.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        print(f"[{i}/{len(runs)}] -gan {group} pos {position}/{junk}: {'found' if r.found else 'missed'} "
-              f"({r.prompt_tokens} tokens, {record['seconds']} s) {r.answer[:40]!r}", flush=True)
+        print(f"[{i}/{len(runs)}] -gan {group} pos {position}/{junk}: {outcome}, {record['seconds']} s", flush=True)
     rows = [json.loads(line) for line in args.output.read_text().splitlines()]
     for group in sorted({r["group"] for r in rows}):
-        hits = [r["found"] for r in rows if r["group"] == group and r["junk"] == args.junk]
-        print(f"-gan {group}: {sum(hits)}/{len(hits)} found")
+        cell = [r for r in rows if r["group"] == group and r["junk"] == args.junk]
+        found = sum(r["found"] is True for r in cell)
+        failed = sum(r["found"] is None for r in cell)
+        print(f"-gan {group}: {found}/{len(cell) - failed} found" + (f", {failed} runs failed" if failed else ""))
     return 0
 
 
