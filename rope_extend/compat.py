@@ -432,3 +432,12 @@ EAGER_THROUGH_ATTENTION_REGISTRY = TRANSFORMERS_V5
 
 def attention_functions() -> _AttentionRegistry:
     return _AttentionRegistry()
+
+
+def cache_layer_keys(cache, layer: int):
+    """The key tensor a KV cache holds for one layer (transformers 4.56+ and 5.x: `cache.layers[i].keys`), or None
+    for a cache of another layout (the caller then treats whatever it derived from the keys as stale)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or not 0 <= layer < len(layers):
+        return None
+    return getattr(layers[layer], "keys", None)

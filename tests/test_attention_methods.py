@@ -107,21 +107,32 @@ def _case_id(case):
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("log_n", [False, True])
-def test_kernel_equals_the_papers_formulas(case, log_n):
-    """Every pair of a 70-token prompt (positions crossing every window, group and chunk boundary) and a chunk of
-    5 queries over a 40-key cache, GQA (4 query heads on 2 key heads), partial rotary dims, blocks of 7 queries."""
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "general"])
+def test_kernel_equals_the_papers_formulas(case, log_n, fused):
+    """Every pair of a 70-token prompt (positions crossing every window, group and chunk boundary), a chunk of
+    5 queries over a 45-key cache, 3 over 30 keys starting at position 17, and single decoding queries, GQA (4 query
+    heads on 2 key heads), partial rotary dims, blocks of 7 queries; the fused path (segments merged by log-sum-exp)
+    and the general one (per-pair selection), with the moved keys reused from a store built call by call."""
     mapping, dist_fn, params = case
     torch.manual_seed(0)
     B, H, Hkv, D, rdim = 2, 4, 2, 12, 8
     inv_freq = 1.0 / (100.0 ** (torch.arange(0, rdim, 2).double() / rdim))
-    for n_q, n_k, start in ((70, 70, 0), (5, 45, 0), (3, 30, 17)):
+    memo = {}
+    for n_q, n_k, start in ((70, 70, 0), (5, 45, 0), (3, 30, 17), (1, 31, 17), (1, 32, 17)):
         q_raw, k_raw = torch.randn(B, H, n_q, D), torch.randn(B, Hkv, n_k, D)
         v = torch.randn(B, Hkv, n_k, D)
         k_pos = (torch.arange(n_k) + start)[None].repeat(B, 1)
         q_pos = k_pos[:, n_k - n_q :]
         q, k = rope(q_raw, q_pos, inv_freq), rope(k_raw, k_pos, inv_freq)
+        if n_q == 1:  # a decoding step: the previous call's keys and one new one, the earlier moved keys reused
+            k_raw[:, :, :-1], v[:, :, :-1] = previous
+            k = torch.cat((k_prev, rope(k_raw[:, :, -1:], k_pos[:, -1:], inv_freq)), dim=2)
+        else:  # new keys: a new store (runtime empties it when the cache's key tensor changes)
+            store = {}
         got = kernels.remapped_attention(q, k, v, q_pos, k_pos, None, D**-0.5, mapping, inv_freq.float(),
-                                         log_n_original=20 if log_n else None, block_elements=7 * B * H * n_k)
+                                         log_n_original=20 if log_n else None, block_elements=7 * B * H * n_k,
+                                         block_queries=7, fused=fused, memo=memo, key_store=store)
+        previous, k_prev = (k_raw, v), k
         allowed = (torch.arange(n_k)[None, :] <= torch.arange(n_k - n_q, n_k)[:, None])[None].repeat(B, 1, 1)
         want = reference_attention(q_raw, k_raw, v, q_pos, k_pos, allowed, D**-0.5, dist_fn, params, inv_freq,
                                    log_n_original=20 if log_n else None)
@@ -177,7 +188,7 @@ def _patched(arch: str, method: str, impl: str | None = None, **extra):
 def _reference_kernel(monkeypatch, spec):
     """Swap the kernel for the reference: un-rotate the model's q/k at their positions, then the naive formulas."""
     def reference(query, key, value, q_pos, k_pos, mask, scaling, mapping, inv_freq, *, softcap=None,
-                  log_n_original=None, block_elements=None, memo=None):
+                  log_n_original=None, block_elements=None, memo=None, key_store=None):
         unrotate = lambda x, p: rope(x.double(), -p, inv_freq.double()).float()
         n_k = k_pos.shape[1]
         B = query.shape[0]

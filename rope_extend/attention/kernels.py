@@ -16,6 +16,16 @@ Dual chunk attention (An et al. 2024, ChunkLlama), chunk_size c, local_window w,
   Largest distance: c.
 
 `log_n` multiplies each query's logits by max(1, ln(p_i + 1) / ln(L)) (Qwen's logn attention; p_i its position).
+
+Two paths compute the same attention:
+- the fused path (`_fused_attention`, the common case: CPU, no mask or softcap, every row at the same contiguous
+  positions, as in a prefill or a decoding step without padding). For a block of queries, each map's keys form a few
+  contiguous key ranges ("segments"): the keys every query of the block sees through that map (no mask), and a band
+  near the boundaries where a mask picks the pairs. Each segment is one call of torch's fused CPU attention kernel,
+  which returns the softmax's log-sum-exp, and the segments are merged exactly by log-sum-exp: the same softmax over
+  the union, without a score matrix in Python and with each key scored once per query (twice only in the band).
+- the general path (`_blocked_attention`: masks, left padding, softcap, other devices): scores each map per block
+  of queries, picks per pair, applies the mask, softmax, values.
 """
 
 from __future__ import annotations
@@ -25,7 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-BLOCK_ELEMENTS = 1 << 24  # scores per block (B · heads · queries · keys): 64 MiB in float32
+BLOCK_ELEMENTS = 1 << 24  # general path: scores per block (B · heads · queries · keys), 64 MiB in float32
+QUERY_BLOCK = 256  # fused path: queries per block (the band of keys scored by two maps grows with it)
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,15 @@ class SelfExtendMap:
     def is_identity(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
         """Every pair uses the original distance (all distances < W)."""
         return int(q_pos.max()) - int(k_pos.min()) < self.neighbor_window
+
+    def split_points(self, start: int, stop: int) -> list[int]:
+        return []  # any block of query positions works
+
+    def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool]]:
+        """(map, first key, key stop, every query uses that map there) for the queries at positions [a, b), keys at
+        positions >= 0 (a key range may overlap none: dropped by the caller)."""
+        w = self.neighbor_window
+        return [(1, 0, a - w + 1, True), (1, a - w + 1, b - w, False), (0, a - w + 1, b, False)]
 
 
 @dataclass(frozen=True)
@@ -82,6 +102,16 @@ class DualChunkMap:
     def is_identity(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
         """Everything lies in the first chunk."""
         return max(int(q_pos.max()), int(k_pos.max())) < self.chunk_len
+
+    def split_points(self, start: int, stop: int) -> list[int]:
+        """The chunk starts inside (start, stop): a block of queries must lie in one chunk."""
+        s = self.chunk_len
+        return list(range((start // s + 1) * s, stop, s))
+
+    def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool]]:
+        s = self.chunk_len
+        first = (a // s) * s  # the queries' chunk
+        return [(2, 0, first - s, True), (1, first - s, first, True), (0, first, a, True), (0, a, b, False)]
 
 
 def rotation(shift: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,6 +158,11 @@ def log_n_factor(q_pos: torch.Tensor, original: int) -> torch.Tensor:
     return torch.clamp(torch.log1p(q_pos.to(torch.float64)) / math.log(original), min=1.0).float()
 
 
+def fused_kernel():
+    """torch's fused CPU attention that also returns the log-sum-exp of each query's scores, or None."""
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
 def remapped_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -142,7 +177,10 @@ def remapped_attention(
     softcap: float | None = None,
     log_n_original: int | None = None,
     block_elements: int = BLOCK_ELEMENTS,
+    block_queries: int = QUERY_BLOCK,
     memo: dict | None = None,
+    key_store: dict | None = None,
+    fused: bool | None = None,
 ) -> torch.Tensor:
     """Attention output [B, q, Hq, Dv] (transformers' attention-function layout).
 
@@ -150,8 +188,154 @@ def remapped_attention(
     at k_pos [B, k] (later ones are unfilled static-cache slots). attention_mask: None (causal by index, the queries
     being the last q of the k keys), a boolean mask (True = attend) or an additive float mask, [B or 1, 1 or Hq, q,
     >= k]. Causality by index always holds (transformers' decoder masks are causal), so each block reads only the
-    keys it can see.
+    keys it can see. `memo` holds rotation tables by position (shared by the layers of a model); `key_store` holds
+    this layer's keys moved by the map's key shift, extended call by call (see `moved_keys`). `fused`: None picks
+    the fused path whenever it applies (True insists, for tests; False takes the general path).
     """
+    n_q, n_k = query.shape[2], k_pos.shape[1]
+    q_pos = q_pos.to(query.device)
+    k_pos = k_pos.to(query.device)
+    moved = moved_keys(mapping, key, k_pos.expand(query.shape[0], n_k), inv_freq, memo, key_store)
+    start = _fused_start(query, q_pos, k_pos, attention_mask, softcap, mapping) if fused is not False else None
+    if start is None:
+        if fused:
+            raise ValueError("the fused path needs a CPU tensor, no mask or softcap, and the same contiguous "
+                             "positions in every row")
+        return _blocked_attention(query, key, value, q_pos, k_pos, attention_mask, scaling, mapping, inv_freq,
+                                  moved, softcap, log_n_original, block_elements, memo)
+    return _fused_attention(query, key, value, moved, q_pos, start, scaling, mapping, inv_freq, log_n_original,
+                            max(1, block_queries), memo)
+
+
+def moved_keys(mapping, key, k_pos, inv_freq, memo, store) -> torch.Tensor:
+    """The first k_pos.shape[1] keys rotated by the map's key shift [B, Hkv, k, D]. With a `store` (this layer's,
+    kept on the KV cache by `runtime`, which empties it when the cache's key tensor is not the one it last saw)
+    the keys moved at earlier calls at the same positions are reused and only the new ones are rotated: a decoding
+    step rotates one key per layer, not the whole cache."""
+    n_k = k_pos.shape[1]
+    held = store.get("moved") if store is not None else None
+    if held is not None:
+        positions = store["positions"]
+        n_old = min(positions.shape[1], n_k)
+        if (held.shape[0] != key.shape[0] or held.dtype != key.dtype or held.device != key.device
+                or not torch.equal(positions[:, :n_old], k_pos[:, :n_old])):
+            held, n_old = None, 0
+        else:
+            held = held[:, :, :n_old]
+    else:
+        n_old = 0
+    if held is None or n_old < n_k:
+        cos, sin = key_rotation(mapping, k_pos, inv_freq, memo)
+        fresh = rotate(key[:, :, n_old:n_k], cos[:, :, n_old:], sin[:, :, n_old:])
+        held = fresh if held is None or n_old == 0 else torch.cat((held, fresh), dim=2)
+    if store is not None:
+        store.update(moved=held, positions=k_pos, keys=key)
+    return held
+
+
+def _fused_start(query, q_pos, k_pos, mask, softcap, mapping) -> int | None:
+    """The position of key 0 when the fused path applies (CPU, no mask or softcap, the same contiguous positions
+    in every row, queries the last keys), else None."""
+    if (mask is not None or softcap is not None or query.device.type != "cpu" or fused_kernel() is None
+            or not hasattr(mapping, "segments") or query.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
+        return None
+    n_q, n_k = q_pos.shape[1], k_pos.shape[1]
+    first = int(k_pos[0, 0])
+    if first < 0 or not torch.equal(k_pos, (torch.arange(n_k, device=k_pos.device) + first).expand_as(k_pos)):
+        return None
+    if not torch.equal(q_pos, k_pos[:, n_k - n_q :].expand_as(q_pos)):
+        return None
+    return first
+
+
+def _fused_attention(query, key, value, moved, q_pos, first, scaling, mapping, inv_freq, log_n_original, block,
+                     memo):
+    """See the module docstring: per block of queries, one fused-kernel call per segment, merged by log-sum-exp."""
+    kernel = fused_kernel()
+    batch, heads, n_q, dim = query.shape
+    kv_heads = key.shape[1]
+    rep = heads // kv_heads
+    n_k = moved.shape[2]
+    offset = n_k - n_q
+    row = q_pos[:1]
+    factor = log_n_factor(row, log_n_original)[0] if log_n_original else None
+    queries = []  # per map, [B, Hkv, rep, q, D] (GQA: a key head's query heads stacked along the queries)
+    for index, q_shift in enumerate(mapping.query_shifts(row)):
+        q_v = query if q_shift is None else rotate(query, *query_rotation(mapping, index, row, q_shift, inv_freq,
+                                                                        memo))
+        if factor is not None:
+            q_v = q_v * factor[:, None].to(q_v.dtype)
+        queries.append(q_v.reshape(batch, kv_heads, rep, n_q, dim))
+    keys = [key if q_shift is None else moved for q_shift in mapping.query_shifts(row[:, :1])]
+    out = value.new_empty(batch, kv_heads, rep, n_q, value.shape[-1])
+    edges = [0, *[p - first - offset for p in mapping.split_points(first + offset, first + n_k)], n_q]
+    bounds, masks = [], memo.setdefault("masks", {}) if memo is not None else {}
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        bounds += [(s, min(hi, s + block)) for s in range(lo, hi, block)]
+    for start, stop in bounds:
+        a, b = first + offset + start, first + offset + stop  # the block's query positions [a, b)
+        parts = []
+        for index, k_lo, k_hi, full in mapping.segments(a, b):
+            k_lo, k_hi = max(k_lo, first), min(k_hi, b)
+            if k_hi <= k_lo:
+                continue
+            q_b = queries[index][:, :, :, start:stop].reshape(batch, kv_heads, rep * (stop - start), dim)
+            ks, vs = keys[index][:, :, k_lo - first : k_hi - first], value[:, :, k_lo - first : k_hi - first]
+            mask = empty = None
+            if not full:
+                mask, empty = _segment_mask(mapping, index, a, b, k_lo, k_hi, rep, query, masks)
+                if mask is False:
+                    continue
+            o, lse = kernel(q_b, ks, vs, attn_mask=mask, scale=scaling)
+            if empty is not None:
+                lse = lse.masked_fill(empty, float("-inf"))
+            parts.append((o, lse.float()))
+        if len(parts) == 1:
+            merged = parts[0][0]
+        else:
+            total = torch.logsumexp(torch.stack([lse for _, lse in parts]), dim=0)
+            merged = sum(o.float() * torch.exp(lse - total)[..., None] for o, lse in parts).to(value.dtype)
+        out[:, :, :, start:stop] = merged.reshape(batch, kv_heads, rep, stop - start, -1)
+    return out.reshape(batch, heads, n_q, -1).transpose(1, 2).contiguous()
+
+
+def _segment_mask(mapping, index, a, b, k_lo, k_hi, rep, query, masks):
+    """The additive mask [rep·(b - a), k_hi - k_lo] of a partial segment (None: every pair attends, False: none)
+    and its rows that attend nothing (None if none), from the map's own `select` and causality. A partial segment's
+    mask depends only on its shape and the gap a - k_lo (self-extend: on distances; dual-chunk: the causal square
+    of one chunk), so it is kept in `masks` and reused by the other blocks and layers."""
+    key = (mapping, index, a - k_lo, b - a, k_hi - k_lo, rep, query.dtype, query.device)
+    if key not in masks:
+        q_p = torch.arange(a, b, device=query.device)[None, :, None]
+        k_p = torch.arange(k_lo, k_hi, device=query.device)[None, None, :]
+        allowed = ((mapping.select(q_p, k_p) == index) & (k_p <= q_p))[0]
+        if not bool(allowed.any()):
+            masks[key] = (False, None)
+        elif bool(allowed.all()):
+            masks[key] = (None, None)
+        else:
+            rows = allowed.any(-1)
+            mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+            mask = mask.masked_fill_(~allowed, float("-inf")).repeat(rep, 1)
+            masks[key] = (mask, None if bool(rows.all()) else ~rows.repeat(rep))
+    return masks[key]
+
+
+def query_rotation(mapping, index, q_pos, q_shift, inv_freq, memo):
+    """cos/sin of map `index`'s query shift at q_pos, reused from `memo` by the layers of one forward."""
+    if memo is None:
+        return rotation(q_shift, inv_freq)
+    entry = memo.get(("query", mapping, index))
+    if entry is not None and entry[0].shape == q_pos.shape and torch.equal(entry[0], q_pos):
+        return entry[1], entry[2]
+    cos, sin = rotation(q_shift, inv_freq)
+    memo[("query", mapping, index)] = (q_pos, cos, sin)
+    return cos, sin
+
+
+def _blocked_attention(query, key, value, q_pos, k_pos, attention_mask, scaling, mapping, inv_freq, moved,
+                       softcap, log_n_original, block_elements, memo):
+    """The general path: every map scored per block of queries, picked per pair, masked, one softmax."""
     batch, heads, n_q, dim = query.shape
     kv_heads, n_k = key.shape[1], k_pos.shape[1]
     rep = heads // kv_heads
@@ -159,7 +343,7 @@ def remapped_attention(
     k_pos = k_pos.to(query.device).expand(batch, n_k)
     key, value = key[:, :, :n_k], value[:, :, :n_k]
 
-    moved = rotate(key, *key_rotation(mapping, k_pos, inv_freq, memo))[:, :, None]
+    moved = moved[:, :, None]
     maps = []
     for q_shift in mapping.query_shifts(q_pos):
         q_v = query * scaling if q_shift is None else rotate(query, *rotation(q_shift, inv_freq)) * scaling

@@ -12,6 +12,10 @@ Three pieces, installed by `install(model, plan, mapping)` and removed by the ha
    cache object itself (`cache.__dict__`, one tensor per layer), so they follow the cache when it is copied
    (a reused prefix), cropped (only the first `past` positions are read), or extended piece by piece; a cache that
    arrives without them (filled before patching) is taken as contiguous positions ending before the new tokens.
+   Next to them, per layer, the keys the kernel moved by the map's key shift (`kernels.moved_keys`), so a decoding
+   step rotates only its new key. They are reused only while the cache still holds the very key tensor they were
+   computed from (`compat.cache_layer_keys`): a copied, cropped, reordered (beam search) or offloaded cache holds a
+   new tensor, and they are recomputed.
 3. The context on the module: the method's map, the original inverse frequencies of its RoPE slot, log-n.
 
 Every other attention implementation (flash, flex, paged) is refused at patch time, naming why.
@@ -32,6 +36,7 @@ from .kernels import remapped_attention
 
 CONTEXT = "_rope_extend_attention"
 POSITIONS = "_rope_extend_positions"
+MOVED = "_rope_extend_moved_keys"
 SUPPORTED = ("eager", "sdpa")
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # patched attention modules; the dispatchers leave when it empties
 _SAVED: dict[str, Any] = {}  # implementation -> what the registry held before (None = nothing local)
@@ -59,11 +64,11 @@ def _dispatcher(impl: str):
         context = module.__dict__.get(CONTEXT)
         if context is None:
             return original(module, query, key, value, attention_mask, *args, **kwargs)
-        q_pos, k_pos = module.__dict__.pop(POSITIONS, (None, None))
+        q_pos, k_pos, store = module.__dict__.pop(POSITIONS, (None, None, None))
         n_q, n_k = query.shape[2], key.shape[2]
         if q_pos is None or k_pos is None or q_pos.shape[-1] != n_q or k_pos.shape[-1] > n_k:
             k_pos = torch.arange(n_k, device=query.device)[None]
-            q_pos = k_pos[:, n_k - n_q :]
+            q_pos, store = k_pos[:, n_k - n_q :], None
         long_enough = context.log_n_original and int(q_pos.max()) >= context.log_n_original
         if context.mapping.is_identity(q_pos, k_pos) and not long_enough:
             return original(module, query, key, value, attention_mask, *args, **kwargs)
@@ -73,7 +78,7 @@ def _dispatcher(impl: str):
         output = remapped_attention(
             query, key, value, q_pos, k_pos, attention_mask, float(scaling), context.mapping,
             context.inv_freq.to(query.device), softcap=kwargs.get("softcap"),
-            log_n_original=context.log_n_original, memo=context.memo,
+            log_n_original=context.log_n_original, memo=context.memo, key_store=store,
         )
         return output, None
 
@@ -126,7 +131,7 @@ def record_positions(module, args, kwargs):
         )
     positions = positions.to(hidden.device).expand(batch, n_q)
     if cache is None:
-        module.__dict__[POSITIONS] = (positions, positions)
+        module.__dict__[POSITIONS] = (positions, positions, None)
         return None
     store = cache.__dict__.setdefault(POSITIONS, {})
     previous = store.get(layer)
@@ -136,7 +141,12 @@ def record_positions(module, args, kwargs):
         before = positions[:, :1] - past + torch.arange(past, device=positions.device)[None]
     keys = torch.cat((before, positions), dim=1)
     store[layer] = keys
-    module.__dict__[POSITIONS] = (positions, keys)
+    moved = cache.__dict__.setdefault(MOVED, {}).setdefault(layer, {})
+    if moved.get("keys") is None or compat.cache_layer_keys(cache, layer) is not moved["keys"]:
+        moved.clear()
+    elif moved["positions"].shape[1] > past:  # a static cache reset or refilled from `past` on
+        moved["positions"] = moved["positions"][:, :past]
+    module.__dict__[POSITIONS] = (positions, keys, moved)
     return None
 
 
