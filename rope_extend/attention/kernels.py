@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 BLOCK_ELEMENTS = 1 << 24  # general path: scores per block (B · heads · queries · keys), 64 MiB in float32
+STORE_SLACK = 256  # moved keys kept on the cache: spare rows for the next decoding steps
 QUERY_BLOCK = 256  # fused path: queries per block (the band of keys scored by two maps grows with it)
 
 
@@ -227,7 +228,17 @@ def moved_keys(mapping, key, k_pos, inv_freq, memo, store) -> torch.Tensor:
     if held is None or n_old < n_k:
         cos, sin = key_rotation(mapping, k_pos, inv_freq, memo)
         fresh = rotate(key[:, :, n_old:n_k], cos[:, :, n_old:], sin[:, :, n_old:])
-        held = fresh if held is None or n_old == 0 else torch.cat((held, fresh), dim=2)
+        if store is None:
+            return fresh
+        buffer = store.get("buffer") if n_old else None
+        if buffer is None or buffer.shape[2] < n_k:  # room for the next decoding steps, so a step writes one key
+            extra = max(STORE_SLACK, n_k // 8) if n_old else STORE_SLACK
+            grown = fresh.new_empty(*fresh.shape[:2], n_k + extra, fresh.shape[3])
+            if n_old:
+                grown[:, :, :n_old] = held
+            buffer = grown
+        buffer[:, :, n_old:n_k] = fresh
+        store["buffer"], held = buffer, buffer[:, :, :n_k]
     if store is not None:
         store.update(moved=held, positions=k_pos, keys=key)
     return held
