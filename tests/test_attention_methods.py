@@ -117,7 +117,7 @@ def test_kernel_equals_the_papers_formulas(case, log_n, fused):
     torch.manual_seed(0)
     B, H, Hkv, D, rdim = 2, 4, 2, 12, 8
     inv_freq = 1.0 / (100.0 ** (torch.arange(0, rdim, 2).double() / rdim))
-    memo = {}
+    memo, previous = {}, None
     for n_q, n_k, start in ((70, 70, 0), (5, 45, 0), (3, 30, 17), (1, 31, 17), (1, 32, 17)):
         q_raw, k_raw = torch.randn(B, H, n_q, D), torch.randn(B, Hkv, n_k, D)
         v = torch.randn(B, Hkv, n_k, D)
@@ -125,14 +125,14 @@ def test_kernel_equals_the_papers_formulas(case, log_n, fused):
         q_pos = k_pos[:, n_k - n_q :]
         q, k = rope(q_raw, q_pos, inv_freq), rope(k_raw, k_pos, inv_freq)
         if n_q == 1:  # a decoding step: the previous call's keys and one new one, the earlier moved keys reused
-            k_raw[:, :, :-1], v[:, :, :-1] = previous
+            (k_raw[:, :, :-1], v[:, :, :-1]), k_prev = previous
             k = torch.cat((k_prev, rope(k_raw[:, :, -1:], k_pos[:, -1:], inv_freq)), dim=2)
         else:  # new keys: a new store (runtime empties it when the cache's key tensor changes)
             store = {}
         got = kernels.remapped_attention(q, k, v, q_pos, k_pos, None, D**-0.5, mapping, inv_freq.float(),
                                          log_n_original=20 if log_n else None, block_elements=7 * B * H * n_k,
                                          block_queries=7, fused=fused, memo=memo, key_store=store)
-        previous, k_prev = (k_raw, v), k
+        previous = (k_raw, v), k
         allowed = (torch.arange(n_k)[None, :] <= torch.arange(n_k - n_q, n_k)[:, None])[None].repeat(B, 1, 1)
         want = reference_attention(q_raw, k_raw, v, q_pos, k_pos, allowed, D**-0.5, dist_fn, params, inv_freq,
                                    log_n_original=20 if log_n else None)

@@ -2,7 +2,9 @@
 
 - `kernels`: the math. Position maps (`SelfExtendMap`, `DualChunkMap`) and `remapped_attention`, a query-blocked
   attention that re-rotates the already-rotated queries and keys to the mapped positions (rotations compose) and
-  merges the maps per (query, key) pair before one softmax, never holding more than one block of scores.
+  merges the maps into one softmax: by log-sum-exp over key segments, each one call of torch's fused CPU attention
+  kernel (the common case), or per (query, key) pair (masks, padding, softcap, other devices), never holding more
+  than one block of scores.
 - `runtime`: how a patched model reaches the kernel. A dispatcher in transformers' attention-function registry
   (eager and SDPA; unpatched modules go to the original function untouched), a forward pre-hook per attention
   module that records the position of every key in the KV cache alongside it, and the handles that undo both.

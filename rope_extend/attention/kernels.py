@@ -3,8 +3,8 @@
 Both methods give each (query i, key j) pair a *mapped* relative distance instead of i - j, chosen from a few
 position maps. A map is a pair of position shifts (one per query, one per key): RoPE rotations compose, so a key
 rotated at position p is moved to p + delta by one more rotation of delta·θ, and q·k then sees the mapped
-distance. `remapped_attention` scores each map, picks per pair, applies the mask, softmax, values, per block of
-queries (at most `BLOCK_ELEMENTS` scores at a time, never an n×n matrix per head).
+distance. `remapped_attention` computes one softmax over the merged maps, per block of queries, never an n×n
+score matrix per head (two paths, below).
 
 SelfExtend (Jin et al. 2024, "LLM Maybe LongLM"), group size G, neighbour window W, positions p (not indices):
   distance(i, j) = p_i - p_j                                   if p_i - p_j < W   (neighbour map: the original)
@@ -69,11 +69,14 @@ class SelfExtendMap:
     def split_points(self, start: int, stop: int) -> list[int]:
         return []  # any block of query positions works
 
-    def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool]]:
-        """(map, first key, key stop, every query uses that map there) for the queries at positions [a, b), keys at
-        positions >= 0 (a key range may overlap none: dropped by the caller)."""
+    moves_keys = True  # the fused path needs the keys moved by the key shift (it differs from key to key)
+
+    def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool, int | None]]:
+        """The fused path's key segments for the queries at positions [a, b): (map, first key position, key stop,
+        every query of the block uses that map there (else a mask picks the pairs), the one key shift of the
+        segment or None). Ranges may reach below the first key or be empty: the caller clips and drops them."""
         w = self.neighbor_window
-        return [(1, 0, a - w + 1, True), (1, a - w + 1, b - w, False), (0, a - w + 1, b, False)]
+        return [(1, 0, a - w + 1, True, None), (1, a - w + 1, b - w, False, None), (0, a - w + 1, b, False, None)]
 
 
 @dataclass(frozen=True)
@@ -109,10 +112,17 @@ class DualChunkMap:
         s = self.chunk_len
         return list(range((start // s + 1) * s, stop, s))
 
-    def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool]]:
+    moves_keys = False  # the key shift is one per chunk: the fused path rotates the queries by its inverse instead
+
+    def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool, int | None]]:
+        """As SelfExtendMap.segments, for queries [a, b) inside one chunk: each older chunk (inter-chunk), the
+        previous chunk (successive), the own chunk before the block and the causal square (intra). A key in chunk
+        c moves by -c·s, so each earlier chunk is its own segment with that one shift."""
         s = self.chunk_len
         first = (a // s) * s  # the queries' chunk
-        return [(2, 0, first - s, True), (1, first - s, first, True), (0, first, a, True), (0, a, b, False)]
+        older = [(2, c * s, (c + 1) * s, True, -c * s) for c in range(first // s - 1)]
+        previous = [(1, first - s, first, True, s - first)] if first else []
+        return [*older, *previous, (0, first, a, True, None), (0, a, b, False, None)]
 
 
 def rotation(shift: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,19 +203,21 @@ def remapped_attention(
     this layer's keys moved by the map's key shift, extended call by call (see `moved_keys`). `fused`: None picks
     the fused path whenever it applies (True insists, for tests; False takes the general path).
     """
-    n_q, n_k = query.shape[2], k_pos.shape[1]
+    n_k = k_pos.shape[1]
     q_pos = q_pos.to(query.device)
     k_pos = k_pos.to(query.device)
-    moved = moved_keys(mapping, key, k_pos.expand(query.shape[0], n_k), inv_freq, memo, key_store)
     start = _fused_start(query, q_pos, k_pos, attention_mask, softcap, mapping) if fused is not False else None
+    if start is None and fused:
+        raise ValueError("the fused path needs a CPU tensor, no mask or softcap, and the same contiguous positions "
+                         "in every row")
+    moved = None
+    if start is None or mapping.moves_keys:
+        moved = moved_keys(mapping, key, k_pos.expand(query.shape[0], n_k), inv_freq, memo, key_store)
     if start is None:
-        if fused:
-            raise ValueError("the fused path needs a CPU tensor, no mask or softcap, and the same contiguous "
-                             "positions in every row")
         return _blocked_attention(query, key, value, q_pos, k_pos, attention_mask, scaling, mapping, inv_freq,
                                   moved, softcap, log_n_original, block_elements, memo)
-    return _fused_attention(query, key, value, moved, q_pos, start, scaling, mapping, inv_freq, log_n_original,
-                            max(1, block_queries), memo)
+    return _fused_attention(query, key, value, moved, q_pos, n_k, start, scaling, mapping, inv_freq,
+                            log_n_original, max(1, block_queries), memo)
 
 
 def moved_keys(mapping, key, k_pos, inv_freq, memo, store) -> torch.Tensor:
@@ -259,14 +271,13 @@ def _fused_start(query, q_pos, k_pos, mask, softcap, mapping) -> int | None:
     return first
 
 
-def _fused_attention(query, key, value, moved, q_pos, first, scaling, mapping, inv_freq, log_n_original, block,
+def _fused_attention(query, key, value, moved, q_pos, n_k, first, scaling, mapping, inv_freq, log_n_original, block,
                      memo):
     """See the module docstring: per block of queries, one fused-kernel call per segment, merged by log-sum-exp."""
     kernel = fused_kernel()
     batch, heads, n_q, dim = query.shape
     kv_heads = key.shape[1]
     rep = heads // kv_heads
-    n_k = moved.shape[2]
     offset = n_k - n_q
     row = q_pos[:1]
     factor = log_n_factor(row, log_n_original)[0] if log_n_original else None
@@ -286,12 +297,18 @@ def _fused_attention(query, key, value, moved, q_pos, first, scaling, mapping, i
     for start, stop in bounds:
         a, b = first + offset + start, first + offset + stop  # the block's query positions [a, b)
         parts = []
-        for index, k_lo, k_hi, full in mapping.segments(a, b):
+        for index, k_lo, k_hi, full, key_shift in mapping.segments(a, b):
             k_lo, k_hi = max(k_lo, first), min(k_hi, b)
             if k_hi <= k_lo:
                 continue
-            q_b = queries[index][:, :, :, start:stop].reshape(batch, kv_heads, rep * (stop - start), dim)
-            ks, vs = keys[index][:, :, k_lo - first : k_hi - first], value[:, :, k_lo - first : k_hi - first]
+            q_b = queries[index][:, :, :, start:stop]
+            if key_shift is None:  # the map's keys (moved by its key shift, or the original ones)
+                ks = keys[index][:, :, k_lo - first : k_hi - first]
+            else:  # one shift for every key of the segment: the query takes its inverse, the keys stay as they are
+                q_b = rotate(q_b, *rotation(torch.full((1, 1), -key_shift, device=query.device), inv_freq))
+                ks = key[:, :, k_lo - first : k_hi - first]
+            q_b = q_b.reshape(batch, kv_heads, rep * (stop - start), dim)
+            vs = value[:, :, k_lo - first : k_hi - first]
             mask = empty = None
             if not full:
                 mask, empty = _segment_mask(mapping, index, a, b, k_lo, k_hi, rep, query, masks)
