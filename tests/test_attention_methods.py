@@ -255,6 +255,33 @@ def test_decoding_with_the_cache_equals_one_forward(method, impl):
         torch.testing.assert_close(got, full[:, 40:], atol=1e-4, rtol=0)
 
 
+@pytest.mark.skipif(kernels.fused_kernel() is None, reason="this torch has no fused CPU attention with log-sum-exp")
+@pytest.mark.parametrize("method", list(SPECS))
+def test_sdpa_prefill_and_decoding_take_the_fused_path(method, monkeypatch):
+    """Without padding, SDPA prefill and decoding run the fused path, and a decoding step rotates only its new
+    key (self-extend's moved keys live on the cache) or no key at all (dual-chunk rotates the queries instead)."""
+    from transformers import DynamicCache
+
+    model = _patched("llama", method, "sdpa")
+    paths, key_rows = [], []
+    for name in ("_fused_attention", "_blocked_attention"):
+        original = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _f=original, _n=name, **k: paths.append(_n) or _f(*a, **k))
+    rotate = kernels.rotate
+    monkeypatch.setattr(kernels, "rotate", lambda x, *a: key_rows.append(x.shape[2]) or rotate(x, *a)
+                        if x.dim() == 4 and x.shape[1] == model.config.num_key_value_heads else rotate(x, *a))
+    ids = tiny.input_ids(64)
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(ids[:, :60], **_cache(cache))
+        key_rows.clear()
+        for t in range(60, 64):
+            model(ids[:, t : t + 1], **_cache(cache))
+    assert set(paths) == {"_fused_attention"}
+    layers = model.config.num_hidden_layers
+    assert key_rows == ([1] * 4 * layers if method == "self-extend" else [])
+
+
 @pytest.mark.parametrize("method", list(SPECS))
 def test_generate_matches_and_left_padded_batch_equals_rows(method):
     """generate() with the cache (greedy) continues as one-shot argmax does; a left-padded batch gives each row's

@@ -37,6 +37,7 @@ import torch
 
 BLOCK_ELEMENTS = 1 << 24  # general path: scores per block (B · heads · queries · keys), 64 MiB in float32
 STORE_SLACK = 256  # moved keys kept on the cache: spare rows for the next decoding steps
+MASKS_KEPT = 64  # fused path: band masks kept for reuse (a few per prompt length), cleared beyond this
 QUERY_BLOCK = 256  # fused path: queries per block (the band of keys scored by two maps grows with it)
 
 
@@ -334,6 +335,8 @@ def _segment_mask(mapping, index, a, b, k_lo, k_hi, rep, query, masks):
     of one chunk), so it is kept in `masks` and reused by the other blocks and layers."""
     key = (mapping, index, a - k_lo, b - a, k_hi - k_lo, rep, query.dtype, query.device)
     if key not in masks:
+        if len(masks) >= MASKS_KEPT:  # prompts of many lengths: their last blocks' masks would pile up
+            masks.clear()
         q_p = torch.arange(a, b, device=query.device)[None, :, None]
         k_p = torch.arange(k_lo, k_hi, device=query.device)[None, None, :]
         allowed = ((mapping.select(q_p, k_p) == index) & (k_p <= q_p))[0]
