@@ -30,6 +30,7 @@ Two paths compute the same attention:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -170,9 +171,16 @@ def log_n_factor(q_pos: torch.Tensor, original: int) -> torch.Tensor:
     return torch.clamp(torch.log1p(q_pos.to(torch.float64)) / math.log(original), min=1.0).float()
 
 
+@functools.cache
 def fused_kernel():
-    """torch's fused CPU attention that also returns the log-sum-exp of each query's scores, or None."""
-    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    """torch's fused CPU attention that also returns the log-sum-exp of each query's scores, or None (a torch
+    without it, or whose version of it takes no ``attn_mask`` and ``scale``: the general path runs instead)."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    try:
+        schema = str(op.default._schema) if op is not None else ""
+    except AttributeError:
+        return None
+    return op if "attn_mask" in schema and "scale" in schema else None
 
 
 def remapped_attention(
