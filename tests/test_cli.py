@@ -105,3 +105,22 @@ def test_eval_with_a_bad_spec_leaves_no_folder(ckpt, tmp_path, capsys):
         assert not out.exists(), args
     assert run(["eval", str(tmp_path / "missing"), "--spec", "method=yarn,factor=2", "-o", str(out)]) == 2
     assert not out.exists()
+
+
+def test_eval_name_evaluates_the_checkpoint_as_it_loads_under_its_own_name(ckpt, tmp_path, capsys):
+    """--name: MODEL's own row under that name (a trained checkpoint is not 'unpatched'), the same numbers as the
+    unpatched row of a plain run, and no unpatched row; the reserved name is one line, exit 2."""
+    plain, named = tmp_path / "plain", tmp_path / "named"
+    assert run(["eval", str(ckpt), "--suite", "smoke", "-o", str(plain), "--no-plots"]) == 0
+    assert run(["eval", str(ckpt), "--name", "trained yarn-x2", "--spec", "method=yarn,factor=2", "--suite", "smoke",
+                "-o", str(named), "--no-plots"]) == 0
+    records = [json.loads(line) for line in (named / "results.jsonl").read_text().splitlines()]
+    assert {r["variant"] for r in records} == {"trained yarn-x2", "yarn-x2"}
+    reference = {r["case_id"]: r["metrics"] for r in map(json.loads, (plain / "results.jsonl").read_text().splitlines())}
+    mine = [r for r in records if r["variant"] == "trained yarn-x2"]
+    assert mine and all(r["metrics"].get("ppl") == reference[r["case_id"]].get("ppl") for r in mine)
+    assert any("ppl" in r["metrics"] for r in mine)
+    capsys.readouterr()
+    assert run(["eval", str(ckpt), "--name", "unpatched", "-o", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--name 'unpatched'" in err[0] and not (tmp_path / "bad").exists()

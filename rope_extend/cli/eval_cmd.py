@@ -20,6 +20,8 @@ EXAMPLES = """Examples:
   rope-extend eval ./my-model --spec configs/yarn-x8.yaml --suite eval/suites/full.yaml --device-map auto -o report/
 
   rope-extend eval smollm2 --suite paper --interleave -o report/ --spec method=yarn,factor=2 --spec method=ntk,factor=2
+
+  rope-extend eval out/smollm2-16k --name "trained yarn-x2" --suite paper -o report-trained/
 """
 
 
@@ -34,6 +36,7 @@ def eval_command(
     device_map: Annotated[str | None, typer.Option("--device-map", help="e.g. auto (accelerate) for models larger than one device.")] = None,
     device: Annotated[str | None, typer.Option(help="e.g. cuda (ignored with --device-map).")] = None,
     no_baseline: Annotated[bool, typer.Option("--no-baseline", help="Skip the unpatched model.")] = False,
+    name: Annotated[str | None, typer.Option("--name", help="Name MODEL's own row (evaluated as it loads) instead of 'unpatched', e.g. 'trained yarn-x2' for a checkpoint that already carries its scaling; there is then no unpatched row.")] = None,
     no_resume: Annotated[bool, typer.Option("--no-resume", help="Start a fresh results.jsonl instead of resuming.")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
     interleave: Annotated[bool, typer.Option("--interleave", help="Sample round by round across variants, so a stopped run compares like with like.")] = False,
@@ -46,9 +49,17 @@ def eval_command(
         from ..demo_model import smollm2_path
 
         model = str(smollm2_path())
+    variants = [parse_spec_arg(s) for s in specs or []]
+    if name is not None:
+        from ..eval.variants import BASELINE
+
+        if name == BASELINE or not name.strip():
+            raise ValueError(f"--name {name!r}: {BASELINE!r} (or an empty name) is what MODEL is called without "
+                             "--name; give the checkpoint a name of its own, e.g. --name 'trained yarn-x2'")
+        variants, no_baseline = [(name, None), *variants], True
     records = run_eval(
         model,
-        [parse_spec_arg(s) for s in specs or []],
+        variants,
         suite,
         output,
         dtype=dtype,
