@@ -44,7 +44,17 @@ FLAT = None  # slot key of a model whose layers share one RoPE
 NO_SCALING_FIELD = {} if TRANSFORMERS_V5 else {
     "dbrx": "transformers 4.x builds DBRX's RoPE from attn_config.rope_theta alone and reads no rope_scaling, so no "
     "scaled config.json would load as scaled; transformers >= 5 reads DBRX's rope_parameters and can extend it",
+    "nemotron": "transformers 4.x's Nemotron rotary module hard-codes the default RoPE and reads no rope_scaling, so "
+    "no scaled config.json would load as scaled; transformers >= 5 reads Nemotron's rope_parameters and can extend it",
 }
+# Model types whose rotary module in the running transformers picks the scaling type itself whenever rope_scaling is
+# set, whatever its rope_type says (4.x Llama 4: llama3), so only that type (or no rope_scaling) loads as planned.
+FORCED_SCALING_TYPE = {} if TRANSFORMERS_V5 else {"llama4_text": "llama3", "llama4": "llama3"}
+
+# Model types whose config.json `rope_scaling` reaches only the full-attention layers, the sliding ones rotating with
+# the default RoPE at `rope_theta`: 4.x builds their sliding module with rope_type "default" and 5.x's config class
+# applies a legacy `rope_scaling` to `rope_parameters["full_attention"]` alone (OLMo 3).
+FULL_ATTENTION_SCALING = {"olmo3"}
 
 
 def _plain(value: Any) -> Any:
@@ -99,6 +109,8 @@ def read_slots(config) -> dict[str | None, dict]:
     local_base = getattr(config, "rope_local_base_freq", None)
     if local_base is not None and "sliding_attention" in layer_types:
         return {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": float(local_base)}}
+    if getattr(config, "model_type", None) in FULL_ATTENTION_SCALING and "sliding_attention" in layer_types:
+        return {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": full["rope_theta"]}}
     return {FLAT: full}
 
 
@@ -219,8 +231,10 @@ def portable_config_dict(
                 if isinstance(value, dict) and key not in slots}
         out["rope_parameters"] = _nested_truncate({**kept, **{key: _plain(value) for key, value in slots.items()}}, full)
         # Gemma 3's 4.x form: rope_scaling + rope_theta for full attention, rope_local_base_freq for sliding layers
-        legacy_local = "rope_local_base_freq" in out or out.get("model_type", "").startswith("gemma3")
-        if "sliding_attention" in slots and legacy_local:
+        # (OLMo 3's: the same without a local base)
+        gemma3_form = "rope_local_base_freq" in out or out.get("model_type", "").startswith("gemma3")
+        legacy_local = gemma3_form or out.get("model_type") in FULL_ATTENTION_SCALING
+        if "sliding_attention" in slots and gemma3_form:
             out["rope_local_base_freq"] = slots["sliding_attention"]["rope_theta"]
     out["rope_theta"] = full["rope_theta"]
     out["rope_scaling"] = scaling_dict(full, out.get("model_type", ""))
@@ -319,7 +333,10 @@ def module_slots(name: str, module, slots: dict[str | None, dict]) -> list[tuple
         return [(key, f"{key}_") for key in prefixed]
     if FLAT in slots:
         return [(FLAT, "")]
-    if "local" in name.rsplit(".", 1)[-1] and "sliding_attention" in slots:
+    last = name.rsplit(".", 1)[-1]
+    if last in slots:  # 4.x OLMo 3: a ModuleDict of one module per layer type
+        return [(last, "")]
+    if "local" in last and "sliding_attention" in slots:
         return [("sliding_attention", "")]
     return [("full_attention", "")]
 

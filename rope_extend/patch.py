@@ -20,9 +20,9 @@ from typing import Any
 from torch import nn
 
 from . import compat, dynamic
-from .errors import ModelConfigError, ModelRunError, SpecError, UnsupportedModelError
+from .errors import ModelConfigError, ModelRunError, SpecError
 from .plan import PatchPlan, check_rope_model, plan_patch
-from .rotary import ModuleChange, apply_plan, find_rotary_modules
+from .rotary import ModuleChange, apply_plan, find_rotary_modules, no_rotary_modules_error
 from .spec import RopeSpec, load_spec
 from .verify import verify_plan
 
@@ -133,10 +133,7 @@ def patch_model(
         spec = RopeSpec(**marker["spec"])
     spec = load_spec(spec, **kwargs)
     if not find_rotary_modules(model):
-        raise UnsupportedModelError(
-            f"no rotary-embedding module (an `inv_freq` buffer) found in {type(model).__name__}; "
-            "rope-extend patches transformers' RoPE modules (transformers >= 4.45 layout)"
-        )
+        raise no_rotary_modules_error(model)
     plan = plan_patch(config, spec)
     if verify and plan.changed:  # before anything is touched (re-patching plans from the marker's pristine RoPE)
         verify_or_explain(plan, config)

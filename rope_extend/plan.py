@@ -263,6 +263,14 @@ def _check_stock_accepts(config, plan: PatchPlan) -> None:
             f"{compat.TRANSFORMERS_VERSION}: {reason}; choose a method this model type accepts (e.g. ntk, which "
             "is a plain rope_theta change)"
         ) from None
+    forced = compat.FORCED_SCALING_TYPE.get(getattr(config, "model_type", None))
+    scaling = getattr(rebuilt, "rope_scaling", None)
+    if forced and isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) != forced:
+        raise UnsupportedModelError(
+            f"{config.model_type} in transformers {compat.TRANSFORMERS_VERSION} applies {forced} scaling whenever "
+            f"rope_scaling is set (its rotary module ignores the type), so {plan.spec.method!r} would load as "
+            f"{forced}; use --method {forced}, or transformers >= 5 for {plan.spec.method!r}"
+        )
     try:
         verify_stock_config(rebuilt, plan)
     except VerificationError as exc:

@@ -31,6 +31,16 @@ def find_rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module, list[str
     return found
 
 
+def no_rotary_modules_error(model: nn.Module) -> UnsupportedModelError:
+    """The one-line refusal for a model without a rotary module rope-extend can patch in place."""
+    return UnsupportedModelError(
+        f"no rotary-embedding module with an `inv_freq` buffer in {type(model).__name__}: rope-extend patches RoPE "
+        "modules that keep their frequencies in that buffer (transformers >= 4.45 builds them for most models); one "
+        "that recomputes them from the config in every forward (transformers 4.x's Phi-MoE) has nothing to "
+        "patch: use transformers >= 5, whose RoPE modules keep the buffer"
+    )
+
+
 def _target_device(model: nn.Module, buffer: torch.Tensor | None) -> torch.device:
     if buffer is not None and buffer.device.type != "meta":
         return buffer.device
@@ -103,10 +113,7 @@ def apply_plan(model: nn.Module, plan: PatchPlan, dynamic_mode: str = "consisten
     """Recompute every target slot's buffers on the module's device and dtype (recording the originals)."""
     modules = find_rotary_modules(model)
     if not modules:
-        raise UnsupportedModelError(
-            f"no rotary-embedding module (an `inv_freq` buffer) found in {type(model).__name__}; "
-            "rope-extend patches transformers' RoPE modules (transformers >= 4.45 layout)"
-        )
+        raise no_rotary_modules_error(model)
     method = plan.method
     # Stock dynamic machinery must stay inert: our hook owns dynamic behaviour.
     stock_type = "default" if method.dynamic else method.hf_rope_type

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from rope_extend.compat import TRANSFORMERS_V5
 
@@ -341,7 +342,12 @@ def zoo_config(model_type: str):
 
 def zoo_model(model_type: str, seed: int = 0):
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(zoo_config(model_type), attn_implementation="eager")
+    config = zoo_config(model_type)
+    if not TRANSFORMERS_V5:  # 4.x maps some composite types' causal LM to a text-only class (Llama 4, Emu3)
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        if not isinstance(config, cls.config_class) and hasattr(config, "get_text_config"):
+            return cls._from_config(config.get_text_config(), attn_implementation="eager").eval().float()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     return model.eval().float()
 
 
@@ -353,14 +359,8 @@ ZOO_OPEN: dict[str, str] = {
 }
 if not TRANSFORMERS_V5:  # transformers 4.x (the same test under `-m portability` in the 4.x environment)
     ZOO_OPEN.update({
-        "emu3": "4.x: the tiny-config builder does not reach Emu3Config's nested text config (no vocab_size)",
-        "llama4": "4.x: the tiny-config builder does not reach Llama4Config's nested text config (no vocab_size)",
         "mllama": "4.x: the tiny-config builder leaves a nested size unset",
         "phi4_multimodal": "4.x: the tiny-config builder leaves its audio/vision configs unset",
-        "llama4_text": "4.x: verification's small model fails (KeyError low_freq_factor in the stock build)",
-        "nemotron": "4.x: the stock reload builds other inv_freq than planned (partial rotary)",
-        "olmo3": "4.x: the stock reload builds other sliding-layer inv_freq than planned",
-        "phimoe": "4.x: rope-extend finds no inv_freq buffer in PhimoeForCausalLM",
     })
 
 # Open types the test does not even build (none now; the test stays able to skip a type that allocates GBs).
@@ -391,6 +391,14 @@ ZOO_REFUSED: dict[str, tuple[str, str]] = {
            for t in ("olmo", "olmo2")},
         "dbrx": ("reads no rope_scaling", "no transformers 4.x reference: its 4.x modeling code builds RoPE from "
                  "attn_config.rope_theta alone (5.x extends it, exact above)"),
+        "nemotron": ("reads no rope_scaling", "no transformers 4.x reference: its 4.x rotary module hard-codes the "
+                     "default RoPE (5.x extends it, exact above)"),
+        "llama4_text": ("applies llama3 scaling whenever rope_scaling is set", "4.x's Llama 4 rotary module uses "
+                        "llama3 scaling for any rope_scaling (5.x reads the type, exact above)"),
+        "llama4": ("applies llama3 scaling whenever rope_scaling is set", "as llama4_text (4.x's causal LM of "
+                   "Llama 4 is its text model)"),
+        "phimoe": ("no rotary-embedding module with an `inv_freq` buffer", "4.x's Phi-MoE rotary module recomputes "
+                   "its frequencies from the config in every forward (and its config accepts only longrope)"),
     }),
     "blt": ("four sub-models", "byte latent transformer: its RoPE lives in four sub-models' configs, each with its "
             "own length (bytes or patches); the top-level config has none to extend"),
