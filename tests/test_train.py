@@ -262,3 +262,25 @@ def test_eval_suite_runs_before_and_after_under_their_own_names_with_the_evals_n
         assert rec["metrics"]["ppl"] == pytest.approx(float(torch.exp(loss)), rel=1e-4)
     free = {r["length"]: r["metrics"]["ppl"] for r in before if r["variant"] == "yarn-x4"}
     assert all(abs(r["metrics"]["ppl"] - free[r["length"]]) > 1e-3 * free[r["length"]] for r in after)  # trained
+
+
+def test_the_pose_flop_bound_counts_what_torch_counts_in_a_forward():
+    """bench/train_speed.py's bound on PoSE's per-token speed-up: its matrix-product FLOPs per token against torch's
+    own FLOP counter on a forward of a tiny GQA llama (eager attention scores every query-key pair, a causal count
+    (n + 1) / 2n of them)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from train_speed import matmul_flops_per_token
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, vocab_size=300, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    model.config._attn_implementation = "eager"
+    n = 40
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.randint(0, 300, (1, n)))
+    ours = matmul_flops_per_token(config, n)
+    assert counter.get_total_flops() / n == pytest.approx(ours["weights"] + ours["attention"] * 2 * n / (n + 1))
+    assert ours["weights"] == 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))

@@ -4,6 +4,9 @@
 #   tools/run_retrieval_evidence.sh ceiling   # unpatched passkey at 2k/4k/6k/8k, 5 depths x 2 keys, both haystacks
 #   tools/run_retrieval_evidence.sh 2x        # passkey at 16k: unpatched, yarn x2, self-extend x2, dual-chunk x2,
 #                                             # dynamic NTK x2, llama3 x2 (defaults)
+#   tools/run_retrieval_evidence.sh 2x-attn   # the same prompts, split in two folders that can run side by side
+#   tools/run_retrieval_evidence.sh 2x-freq   # (one process per core; tools/retrieval_tables.py pools the folders):
+#                                             # attn = yarn, self-extend, dual-chunk; freq = unpatched, dynamic, llama3
 set -e
 cd "$(dirname "$0")/.."
 PY=${PY:-/work/main/.venv/bin/python}
@@ -15,5 +18,11 @@ case "$1" in
     exec nice -n 10 $PY -m rope_extend eval smollm2 --suite ${SUITE:-passkey-2x} --interleave -o eval/reports/smollm2-passkey-2x \
       --spec method=yarn,factor=2 --spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2 \
       --spec method=dynamic,factor=2 --spec method=llama3,factor=2 ;;
-  *) echo "usage: $0 ceiling|2x" >&2; exit 2 ;;
+  2x-attn)
+    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite ${SUITE:-passkey-2x} --interleave -o eval/reports/smollm2-passkey-2x-attn \
+      --no-baseline --spec method=yarn,factor=2 --spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2 ;;
+  2x-freq)
+    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite ${SUITE:-passkey-2x} --interleave -o eval/reports/smollm2-passkey-2x \
+      --spec method=dynamic,factor=2 --spec method=llama3,factor=2 ;;
+  *) echo "usage: $0 ceiling|2x|2x-attn|2x-freq" >&2; exit 2 ;;
 esac
