@@ -265,7 +265,14 @@ ZOO_SUB_FIXUPS: dict[str, dict[str, dict]] = {
     # a dense one-layer vision tower (the default's per-layer expert pyramid names layers 25-41), adapters to 64
     "dots3_note": {"vision_config": {"pyramid_num_routed": [-1], "adapter_in_dim": 32, "adapter_out_dim": 64},
                    "audio_config": {"adapter_input_size": 32, "adapter_out_dim": 64}},
+    # its text model is the top-level config; a one-block conformer audio encoder (1024 channels by default)
+    "phi4_multimodal": {"vision_config": {}, "audio_config": {"num_blocks": 1, "ext_pw_out_channel": 32,
+                                                              "depthwise_separable_out_channel": 32,
+                                                              "nemo_conv_channels": 32}},
 }
+# 4.x's Mllama rotary module reads rope_scaling["rope_type"], None by default (its checkpoints ship llama3).
+if not TRANSFORMERS_V5:
+    ZOO_FIXUPS["mllama"] = {"rope_scaling": {"rope_type": "default"}}
 
 
 def _known(config, values: dict) -> dict:
@@ -329,14 +336,17 @@ def zoo_config(model_type: str):
     values = {**_known(text, ZOO_TEXT), **_kept_layers(text), **_plain_rope(text), **ZOO_FIXUPS.get(model_type, {})}
     if "kv_lora_rank" in vars(text):  # multi-head latent attention: as many KV heads as heads
         values["num_key_value_heads"] = values["num_attention_heads"]
-    if text is default:
-        return AutoConfig.for_model(model_type, **values)
+    sub_fixups = ZOO_SUB_FIXUPS.get(model_type, {})
     subs = {}
     for key, sub in vars(default).items():
+        if sub is None and key in sub_fixups:  # 4.x Phi-4-multimodal's __init__ builds its vision default and drops it
+            sub = type(default).sub_configs[key]()
         if sub is text:
             subs[key] = values
-        elif hasattr(sub, "to_dict") and hasattr(sub, "model_type"):
-            subs[key] = {**_known(sub, ZOO_OTHER), **ZOO_SUB_FIXUPS.get(model_type, {}).get(key, {})}
+        elif hasattr(sub, "to_dict") and hasattr(sub, "model_type") and (text is not default or key in sub_fixups):
+            subs[key] = {**_known(sub, ZOO_OTHER), **sub_fixups.get(key, {})}
+    if text is default:  # the text model is the top-level config; its other sub-models are shrunk where listed
+        return AutoConfig.for_model(model_type, **values, **subs)
     return AutoConfig.for_model(model_type, **subs, **_known(default, {"initializer_range": ZOO_INIT}))
 
 
@@ -357,11 +367,6 @@ ZOO_OPEN: dict[str, str] = {
     "gemma3n": "its vision tower is a timm model (TimmWrapper), and timm needs torchvision built for the exact torch "
                "in use, which the test environments do not install; its text model gemma3n_text is exact here",
 }
-if not TRANSFORMERS_V5:  # transformers 4.x (the same test under `-m portability` in the 4.x environment)
-    ZOO_OPEN.update({
-        "mllama": "4.x: the tiny-config builder leaves a nested size unset",
-        "phi4_multimodal": "4.x: the tiny-config builder leaves its audio/vision configs unset",
-    })
 
 # Open types the test does not even build (none now; the test stays able to skip a type that allocates GBs).
 ZOO_NOT_ATTEMPTED: set[str] = set()
