@@ -364,8 +364,11 @@ def zoo_model(model_type: str, seed: int = 0):
 # Open problems, reviewed: type -> what fails. The test expects each to still fail (xfail) and fails when one works,
 # so a fix shows up; they are counted and listed in docs/architectures.md, never claimed supported or refused.
 ZOO_OPEN: dict[str, str] = {
-    "gemma3n": "its vision tower is a timm model (TimmWrapper), and timm needs torchvision built for the exact torch "
-               "in use, which the test environments do not install; its text model gemma3n_text is exact here",
+    # checked on 2026-12-01 against the test index: see docs/architectures.md for the commands
+    "gemma3n": "its vision tower is a timm model (TimmWrapper) and timm 1.0.31 needs torchvision: the one build that "
+               "requires torch 2.13.0 is 0.28.0+cu130, which does not import on the CPU torch (its ops need "
+               "libtorch_cuda), 0.28.0+cpu is not on the index, and an unpinned install upgrades torch to 2.14.1 "
+               "with CUDA; its text model gemma3n_text is exact",
 }
 
 # Open types the test does not even build (none now; the test stays able to skip a type that allocates GBs).
