@@ -106,11 +106,12 @@ def read_slots(config) -> dict[str | None, dict]:
         full["original_max_position_embeddings"] = top or full.get(
             "original_max_position_embeddings", config.max_position_embeddings
         )
+    # Sliding layers with their own default RoPE: at rope_local_base_freq (Gemma 3), or at rope_theta (OLMo 3)
     local_base = getattr(config, "rope_local_base_freq", None)
+    if local_base is None and getattr(config, "model_type", None) in FULL_ATTENTION_SCALING:
+        local_base = full["rope_theta"]
     if local_base is not None and "sliding_attention" in layer_types:
         return {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": float(local_base)}}
-    if getattr(config, "model_type", None) in FULL_ATTENTION_SCALING and "sliding_attention" in layer_types:
-        return {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": full["rope_theta"]}}
     return {FLAT: full}
 
 
@@ -180,7 +181,7 @@ def write_slots(config, slots: dict[str | None, dict], max_position_embeddings: 
 # both lines then derive the factor and attention factor from max_position_embeddings / original length.
 LONGROPE_ONLY = {"phi3", "phimoe", "phi4_multimodal"}
 # Config classes whose 4.x validator accepts only {type: linear|dynamic, factor} (OLMo family, Fuyu...).
-TYPE_FACTOR_ONLY = {"olmo", "olmo2", "olmo3", "fuyu", "chameleon"}
+TYPE_FACTOR_ONLY = {"olmo", "olmo2", "fuyu", "chameleon"}
 
 
 def _top_level_original(current, full: dict) -> bool:

@@ -110,9 +110,9 @@ def test_per_layer_type_models_keep_sliding_rope(method):
 ZOO = tiny.zoo_types()
 
 
-def _zoo_case(model_type: str, layer_types: list[str] | None = None) -> dict:
-    """Patch a tiny random model of the type with yarn x2 (rope-extend) and build transformers' own yarn x2 with
-    the same weights (of `layer_types`' one slot when given); logits on 1.5 L tokens."""
+def _zoo_case(model_type: str, layer_types: list[str] | None = None, method: str = "yarn") -> dict:
+    """Patch a tiny random model of the type with yarn (or `method`) x2 (rope-extend) and build transformers' own
+    one with the same weights (of `layer_types`' one slot when given); logits on 1.5 L tokens."""
     ids = tiny.input_ids(tiny.ZOO_SEQ)
     if model_type in tiny.ZOO_NOT_ATTEMPTED:
         return {"unbuilt": "not attempted (tiny.ZOO_NOT_ATTEMPTED)"}
@@ -125,7 +125,7 @@ def _zoo_case(model_type: str, layer_types: list[str] | None = None) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            patch_model(model, method="yarn", factor=tiny.ZOO_FACTOR,
+            patch_model(model, method=method, factor=tiny.ZOO_FACTOR,
                         **({"layer_types": layer_types} if layer_types else {}))
         except Exception as exc:  # asserted in the test
             return {"refused": exc, "unchanged": model.config.to_dict() == before}
@@ -135,8 +135,9 @@ def _zoo_case(model_type: str, layer_types: list[str] | None = None) -> dict:
             unpatched_model = tiny.zoo_model(model_type)
             with torch.no_grad():
                 unpatched = unpatched_model(ids).logits
-            reference = type(unpatched_model)._from_config(tiny.zoo_yarn_reference(unpatched_model.config,
-                                                                                   *(layer_types or [])),
+            reference = type(unpatched_model)._from_config(tiny.zoo_reference(unpatched_model.config,
+                                                                              *(layer_types or ["full_attention"]),
+                                                                              method=method),
                                                            attn_implementation="eager").eval().float()
             reference.load_state_dict(weights, strict=True)
             with torch.no_grad():
@@ -182,6 +183,14 @@ def test_refused_types_are_exact_with_the_layer_types_their_message_names(zoo, m
     want = tiny.ZOO_LAYER_TYPES[model_type]
     assert f"use e.g. layer_types: [{want[0]}]" in str(zoo[model_type].get("refused"))
     _check_zoo_case(model_type, _zoo_case(model_type, want), refused=False)
+
+
+@pytest.mark.parametrize("model_type", [t for t in ("olmo3",) if t in ZOO])
+def test_full_attention_scaling_types_are_exact_with_linear_too(model_type):
+    """OLMo 3 (compat.FULL_ATTENTION_SCALING): a config.json rope_scaling reaches only its full-attention layers,
+    so linear x2 is exact versus transformers' own on both lines (4.x's config validates rope_type, not the
+    OLMo / OLMo 2 {type, factor} dialect)."""
+    _check_zoo_case(model_type, _zoo_case(model_type, method="linear"), refused=False)
 
 
 def _check_zoo_case(model_type: str, result: dict, refused: bool | None = None) -> None:

@@ -419,21 +419,23 @@ ZOO_REFUSED: dict[str, tuple[str, str]] = {
 ZOO_LAYER_TYPES: dict[str, list[str]] = {"deepseek_v4": ["compress"], "dots3_note_text": ["indexed_attention"]}
 
 
-def zoo_yarn_reference(config, slot: str = "full_attention"):
-    """transformers' own YaRN x ZOO_FACTOR for this config: the same config with its (full-attention, or `slot`)
-    RoPE set to yarn from ZOO_ORIGINAL, written the way a user would (rope_parameters in 5.x, rope_scaling in
-    4.x)."""
+def zoo_reference(config, slot: str = "full_attention", method: str = "yarn"):
+    """transformers' own YaRN (or `method`) x ZOO_FACTOR for this config: the same config with its (full-attention,
+    or `slot`) RoPE set to yarn from ZOO_ORIGINAL, written the way a user would (rope_parameters in 5.x,
+    rope_scaling in 4.x)."""
     data = config.to_dict()
     text = data["text_config"] if isinstance(data.get("text_config"), dict) else data
-    yarn = {"rope_type": "yarn", "factor": float(ZOO_FACTOR), "original_max_position_embeddings": ZOO_ORIGINAL}
+    scaling = {"rope_type": method, "factor": float(ZOO_FACTOR)}
+    if method == "yarn":
+        scaling["original_max_position_embeddings"] = ZOO_ORIGINAL
     if TRANSFORMERS_V5:
         params = text["rope_parameters"]
         if isinstance(params.get(slot), dict):
-            params[slot] = {**params[slot], **yarn}
+            params[slot] = {**params[slot], **scaling}
         else:
-            params.update(yarn)
+            params.update(scaling)
     else:
-        text["rope_scaling"] = yarn
+        text["rope_scaling"] = scaling
     text["max_position_embeddings"] = ZOO_ORIGINAL * ZOO_FACTOR
     data.pop("transformers_version", None)
     return type(config).from_dict(data)
