@@ -270,9 +270,13 @@ ZOO_SUB_FIXUPS: dict[str, dict[str, dict]] = {
                                                               "depthwise_separable_out_channel": 32,
                                                               "nemo_conv_channels": 32}},
 }
-# 4.x's Mllama rotary module reads rope_scaling["rope_type"], None by default (its checkpoints ship llama3).
 if not TRANSFORMERS_V5:
+    # 4.x's Mllama rotary module reads rope_scaling["rope_type"], None by default (its checkpoints ship llama3).
     ZOO_FIXUPS["mllama"] = {"rope_scaling": {"rope_type": "default"}}
+    # 4.x's LongCat-Flash config maps none of num_hidden_layers / intermediate_size / num_experts_per_tok to its
+    # own names (5.x does): the sizes 5.x gets, instead of 28 layers of 12288-wide FFNs (177M weights, 6 minutes)
+    ZOO_FIXUPS["longcat_flash"] = {"num_layers": 1, "ffn_hidden_size": 64, "expert_ffn_hidden_size": 32,
+                                   "moe_topk": 2}
 
 
 def _known(config, values: dict) -> dict:
