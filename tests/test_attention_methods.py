@@ -272,14 +272,42 @@ def test_sdpa_prefill_and_decoding_take_the_fused_path(method, monkeypatch):
                         if x.dim() == 4 and x.shape[1] == model.config.num_key_value_heads else rotate(x, *a))
     ids = tiny.input_ids(64)
     with torch.no_grad():
+        one_shot = model(ids).logits[0, -1]
         cache = DynamicCache(config=model.config)
-        model(ids[:, :60], **_cache(cache))
+        model(ids[:, :40], **_cache(cache))
+        masks = []  # the second piece (20 queries after 40 cached keys) comes with transformers' causal mask
+        original_start = kernels._fused_start
+        monkeypatch.setattr(kernels, "_fused_start", lambda q, qp, kp, mask, *a: masks.append(mask is not None)
+                            or original_start(q, qp, kp, mask, *a))
+        model(ids[:, 40:60], **_cache(cache))
         key_rows.clear()
         for t in range(60, 64):
-            model(ids[:, t : t + 1], **_cache(cache))
+            last = model(ids[:, t : t + 1], **_cache(cache)).logits[0, -1]
+    assert any(masks), "the prefill after a cached prefix is expected to carry a mask tensor"
     assert set(paths) == {"_fused_attention"}
     layers = model.config.num_hidden_layers
     assert key_rows == ([1] * 4 * layers if method == "self-extend" else [])
+    torch.testing.assert_close(last, one_shot, atol=1e-4, rtol=0)
+
+
+def test_plain_causal_recognises_exactly_the_causal_mask_of_the_last_queries():
+    """The fused path treats a mask as absent only when it is exactly the causal mask of the last n_q of n_k
+    keys (boolean or additive, every row); padding, another diagonal or a full mask keep the general path."""
+    n_q, n_k = 2500, 3000  # more rows than one comparison block
+    causal = torch.arange(n_k) <= torch.arange(n_q)[:, None] + (n_k - n_q)
+    boolean = causal[None, None].expand(2, 1, n_q, n_k).clone()
+    additive = torch.zeros(2, 1, n_q, n_k).masked_fill(~boolean, torch.finfo(torch.float32).min)
+    assert kernels.plain_causal(boolean, n_q, n_k) and kernels.plain_causal(additive, n_q, n_k)
+    padded = boolean.clone()
+    padded[1, :, :, :3] = False  # row 1 left-padded by 3 tokens
+    shifted = (torch.arange(n_k) <= torch.arange(n_q)[:, None] + (n_k - n_q) - 1)[None, None]
+    late = boolean.clone()
+    late[0, 0, -1, -1] = False  # one pair in the last comparison block
+    for mask in (padded, shifted, torch.ones(1, 1, n_q, n_k, dtype=torch.bool), late):
+        assert not kernels.plain_causal(mask, n_q, n_k)
+    assert not kernels.plain_causal(boolean, n_q, n_k + 1)
+    boolean[0, 0, 0, -1] = True  # changed in place: the kept answer is not reused
+    assert not kernels.plain_causal(boolean, n_q, n_k)
 
 
 @pytest.mark.parametrize("method", list(SPECS))

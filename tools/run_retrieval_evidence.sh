@@ -7,6 +7,8 @@
 #   tools/run_retrieval_evidence.sh 2x-attn   # the same prompts, split in two folders that can run side by side
 #   tools/run_retrieval_evidence.sh 2x-freq   # (one process per core; tools/retrieval_tables.py pools the folders):
 #                                             # attn = yarn, self-extend, dual-chunk; freq = unpatched, dynamic, llama3
+#   tools/run_retrieval_evidence.sh ppl-attn  # perplexity of self-extend x2 and dual-chunk x2 on the paper suite's
+#                                             # cases (pooled with eval/reports/smollm2-paper's unpatched and yarn-x2)
 set -e
 cd "$(dirname "$0")/.."
 PY=${PY:-/work/main/.venv/bin/python}
@@ -24,5 +26,8 @@ case "$1" in
   2x-freq)
     exec nice -n 10 $PY -m rope_extend eval smollm2 --suite ${SUITE:-passkey-2x} --interleave -o eval/reports/smollm2-passkey-2x \
       --spec method=dynamic,factor=2 --spec method=llama3,factor=2 ;;
-  *) echo "usage: $0 ceiling|2x|2x-attn|2x-freq" >&2; exit 2 ;;
+  ppl-attn)
+    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-ppl-attn/suite.yaml --interleave \
+      -o eval/reports/smollm2-ppl-attn --no-baseline --spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2 ;;
+  *) echo "usage: $0 ceiling|2x|2x-attn|2x-freq|ppl-attn" >&2; exit 2 ;;
 esac

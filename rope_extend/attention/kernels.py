@@ -19,7 +19,9 @@ Dual chunk attention (An et al. 2024, ChunkLlama), chunk_size c, local_window w,
 
 Two paths compute the same attention:
 - the fused path (`_fused_attention`, the common case: CPU, no mask or softcap, every row at the same contiguous
-  positions, as in a prefill or a decoding step without padding). For a block of queries, each map's keys form a few
+  positions, as in a prefill or a decoding step without padding; a mask that is exactly the causal mask of queries
+  that are the last keys, which transformers builds for a prompt prefilled after a cached prefix, counts as none:
+  `plain_causal`). For a block of queries, each map's keys form a few
   contiguous key ranges ("segments"): the keys every query of the block sees through that map (no mask), and a band
   near the boundaries where a mask picks the pairs. Each segment is one call of torch's fused CPU attention kernel,
   which returns the softmax's log-sum-exp, and the segments are merged exactly by log-sum-exp: the same softmax over
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -217,8 +220,8 @@ def remapped_attention(
     k_pos = k_pos.to(query.device)
     start = _fused_start(query, q_pos, k_pos, attention_mask, softcap, mapping) if fused is not False else None
     if start is None and fused:
-        raise ValueError("the fused path needs a CPU tensor, no mask or softcap, and the same contiguous positions "
-                         "in every row")
+        raise ValueError("the fused path needs a CPU tensor, no softcap, no mask but the plain causal one, and the "
+                         "same contiguous positions in every row")
     moved = None
     if start is None or mapping.moves_keys:
         moved = moved_keys(mapping, key, k_pos.expand(query.shape[0], n_k), inv_freq, memo, key_store)
@@ -265,13 +268,43 @@ def moved_keys(mapping, key, k_pos, inv_freq, memo, store) -> torch.Tensor:
     return held
 
 
+_CAUSAL_SEEN: list = [None, None, False]  # plain_causal's last answer: (mask weakref, its version, the answer)
+CAUSAL_ROWS = 1024  # plain_causal compares the mask in blocks of this many query rows
+
+
+def plain_causal(mask: torch.Tensor, n_q: int, n_k: int) -> bool:
+    """Whether *mask* ([B, 1 or heads, n_q, n_k], boolean or additive) lets exactly each query see the keys up to
+    its own, the queries being the last n_q of n_k keys, in every row: the mask transformers builds for a prompt
+    prefilled after a cached prefix (no padding), which the fused path applies by construction. The answer for
+    the last mask is kept while that tensor lives unchanged (all layers of one forward share it)."""
+    if mask.dim() != 4 or tuple(mask.shape[-2:]) != (n_q, n_k) or n_q > n_k:
+        return False
+    ref, version, answer = _CAUSAL_SEEN
+    if ref is not None and ref() is mask and version == mask._version:
+        return answer
+    allowed = mask if mask.dtype == torch.bool else None
+    answer = True
+    keys = torch.arange(n_k, device=mask.device)
+    for a in range(0, n_q, CAUSAL_ROWS):
+        rows = mask[..., a : a + CAUSAL_ROWS, :]
+        block = rows if allowed is not None else rows == 0  # additive masks: 0 where a key is seen
+        causal = keys <= torch.arange(a, a + rows.shape[-2], device=mask.device)[:, None] + (n_k - n_q)
+        if not bool((block == causal).all()):
+            answer = False
+            break
+    _CAUSAL_SEEN[:] = [weakref.ref(mask), mask._version, answer]
+    return answer
+
+
 def _fused_start(query, q_pos, k_pos, mask, softcap, mapping) -> int | None:
-    """The position of key 0 when the fused path applies (CPU, no mask or softcap, the same contiguous positions
-    in every row, queries the last keys), else None."""
-    if (mask is not None or softcap is not None or query.device.type != "cpu" or fused_kernel() is None
+    """The position of key 0 when the fused path applies (CPU, no softcap, no mask or the plain causal one, the
+    same contiguous positions in every row, queries the last keys), else None."""
+    if (softcap is not None or query.device.type != "cpu" or fused_kernel() is None
             or not hasattr(mapping, "segments") or query.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
         return None
     n_q, n_k = q_pos.shape[1], k_pos.shape[1]
+    if mask is not None and not plain_causal(mask, n_q, n_k):
+        return None
     first = int(k_pos[0, 0])
     if first < 0 or not torch.equal(k_pos, (torch.arange(n_k, device=k_pos.device) + first).expand_as(k_pos)):
         return None
