@@ -306,8 +306,14 @@ def test_plain_causal_recognises_exactly_the_causal_mask_of_the_last_queries():
     for mask in (padded, shifted, torch.ones(1, 1, n_q, n_k, dtype=torch.bool), late):
         assert not kernels.plain_causal(mask, n_q, n_k)
     assert not kernels.plain_causal(boolean, n_q, n_k + 1)
+    assert kernels.plain_causal(boolean, n_q, n_k)
     boolean[0, 0, 0, -1] = True  # changed in place: the kept answer is not reused
     assert not kernels.plain_causal(boolean, n_q, n_k)
+    with torch.inference_mode():  # generate() builds its masks there: inference tensors have no version counter
+        made = causal[None, None].clone()
+        assert kernels.plain_causal(made, n_q, n_k)
+        made[0, 0, 0, -1] = True
+        assert not kernels.plain_causal(made, n_q, n_k)
 
 
 @pytest.mark.parametrize("method", list(SPECS))
@@ -470,3 +476,29 @@ def test_smollm2_smoke_with_small_windows(smollm2_path):
         assert (full[0, 100:] - base[0, 100:]).abs().max() > 0.1
         torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=0)
         unpatch_model(model)
+
+
+@pytest.mark.parametrize("method", list(SPECS))
+def test_generate_after_a_reused_prefix_takes_the_fused_path_in_inference_mode(method, monkeypatch):
+    """The eval's probes: generate() under inference_mode on a cache cropped back to a shared prefix (its prefill
+    carries transformers' causal mask, an inference tensor) continues exactly as generate() from scratch, on the
+    fused path."""
+    from transformers import DynamicCache
+
+    model = _patched("llama", method, "sdpa")
+    paths = []
+    for name in ("_fused_attention", "_blocked_attention"):
+        original = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda *a, _f=original, _n=name, **k: paths.append(_n) or _f(*a, **k))
+    first, second = tiny.input_ids(70, seed=5), tiny.input_ids(70, seed=5).clone()
+    second[0, 30:] = tiny.input_ids(40, seed=6)[0]  # shares its first 30 tokens with the first prompt
+    settings = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    with torch.inference_mode():
+        alone = model.generate(second, attention_mask=torch.ones_like(second), **settings)
+        cache = DynamicCache(config=model.config)
+        model.generate(first, attention_mask=torch.ones_like(first), **_cache(cache), **settings)
+        cache.crop(30 - cache.get_seq_length())
+        paths.clear()
+        reused = model.generate(second, attention_mask=torch.ones_like(second), **_cache(cache), **settings)
+    assert torch.equal(reused, alone)
+    assert set(paths) == {"_fused_attention"}

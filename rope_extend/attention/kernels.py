@@ -276,11 +276,13 @@ def plain_causal(mask: torch.Tensor, n_q: int, n_k: int) -> bool:
     """Whether *mask* ([B, 1 or heads, n_q, n_k], boolean or additive) lets exactly each query see the keys up to
     its own, the queries being the last n_q of n_k keys, in every row: the mask transformers builds for a prompt
     prefilled after a cached prefix (no padding), which the fused path applies by construction. The answer for
-    the last mask is kept while that tensor lives unchanged (all layers of one forward share it)."""
+    the last mask is kept while that tensor lives unchanged (all layers of one forward share it); a mask made under
+    `torch.inference_mode` has no version counter, so it is compared again at each call."""
     if mask.dim() != 4 or tuple(mask.shape[-2:]) != (n_q, n_k) or n_q > n_k:
         return False
-    ref, version, answer = _CAUSAL_SEEN
-    if ref is not None and ref() is mask and version == mask._version:
+    version = None if mask.is_inference() else mask._version  # inference tensors keep no version: not kept
+    ref, seen_version, answer = _CAUSAL_SEEN
+    if version is not None and ref is not None and ref() is mask and seen_version == version:
         return answer
     allowed = mask if mask.dtype == torch.bool else None
     answer = True
@@ -292,7 +294,7 @@ def plain_causal(mask: torch.Tensor, n_q: int, n_k: int) -> bool:
         if not bool((block == causal).all()):
             answer = False
             break
-    _CAUSAL_SEEN[:] = [weakref.ref(mask), mask._version, answer]
+    _CAUSAL_SEEN[:] = [weakref.ref(mask), version, answer]
     return answer
 
 
