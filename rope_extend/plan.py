@@ -289,8 +289,8 @@ def verify_stock_config(stock_config, plan: PatchPlan, rtol: float = 1e-6) -> No
         else:
             want_freq, want_attn = got_freq, got_attn
             old = plan.old_slots.get(slot)
-            loaded = old if old is None else compat.read_slots(stock_config)[slot]
-            if old is not None and not compat.params_close(loaded, old, rel=rtol):
+            loaded = None if old is None else compat.read_slots(stock_config)[slot]
+            if loaded is not None and not compat.params_close(loaded, old, rel=rtol):
                 raise VerificationError(f"layer type {slot!r} was not supposed to change but loads as {loaded} "
                                         f"instead of {old}")
         if got_freq.shape != want_freq.shape or not torch.allclose(got_freq.float(), want_freq.float(), rtol=rtol, atol=0):

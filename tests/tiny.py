@@ -425,7 +425,7 @@ ZOO_LAYER_TYPES: dict[str, list[str]] = {"deepseek_v4": ["compress"], "dots3_not
 
 def zoo_reference(config, slot: str = "full_attention", method: str = "yarn"):
     """transformers' own YaRN (or `method`) x ZOO_FACTOR for this config: the same config with its (full-attention,
-    or `slot`) RoPE set to yarn from ZOO_ORIGINAL, written the way a user would (rope_parameters in 5.x,
+    or `slot`) RoPE set to that method (yarn from ZOO_ORIGINAL), written the way a user would (rope_parameters in 5.x,
     rope_scaling in 4.x)."""
     data = config.to_dict()
     text = data["text_config"] if isinstance(data.get("text_config"), dict) else data

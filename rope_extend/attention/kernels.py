@@ -284,12 +284,11 @@ def plain_causal(mask: torch.Tensor, n_q: int, n_k: int) -> bool:
     ref, seen_version, answer = _CAUSAL_SEEN
     if version is not None and ref is not None and ref() is mask and seen_version == version:
         return answer
-    allowed = mask if mask.dtype == torch.bool else None
     answer = True
     keys = torch.arange(n_k, device=mask.device)
     for a in range(0, n_q, CAUSAL_ROWS):
         rows = mask[..., a : a + CAUSAL_ROWS, :]
-        block = rows if allowed is not None else rows == 0  # additive masks: 0 where a key is seen
+        block = rows if mask.dtype == torch.bool else rows == 0  # additive masks: 0 where a key is seen
         causal = keys <= torch.arange(a, a + rows.shape[-2], device=mask.device)[:, None] + (n_k - n_q)
         if not bool((block == causal).all()):
             answer = False
@@ -305,12 +304,12 @@ def _fused_start(query, q_pos, k_pos, mask, softcap, mapping) -> int | None:
             or not hasattr(mapping, "segments") or query.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
         return None
     n_q, n_k = q_pos.shape[1], k_pos.shape[1]
-    if mask is not None and not plain_causal(mask, n_q, n_k):
-        return None
     first = int(k_pos[0, 0])
     if first < 0 or not torch.equal(k_pos, (torch.arange(n_k, device=k_pos.device) + first).expand_as(k_pos)):
         return None
     if not torch.equal(q_pos, k_pos[:, n_k - n_q :].expand_as(q_pos)):
+        return None
+    if mask is not None and not plain_causal(mask, n_q, n_k):  # last: the one check that reads n_q x n_k values
         return None
     return first
 
