@@ -1,5 +1,6 @@
-"""Markdown tables for docs/results-retrieval.md from eval folders: the inside-window ceiling, the beyond-window
-cells read against it, and paired differences. Usage: python tools/retrieval_tables.py DIR [DIR ...] [--vs NAME]
+"""Markdown tables for docs/results-retrieval.md and docs/train.md from eval folders: the inside-window ceiling, the
+beyond-window cells read against it, perplexity where the folders have it, and paired differences.
+Usage: python tools/retrieval_tables.py DIR [DIR ...] [--vs NAME] [--variant NAME ...]
 
 Records of several folders are pooled (a case is identified by variant, spec fingerprint and case id, so the same
 prompt run in two folders counts once). Records of the old probe (no haystack) are labelled "filler, old probe";
@@ -16,6 +17,7 @@ from rope_extend.eval.report import (
     ceiling_table,
     differences,
     differences_table,
+    perplexity_table,
     probe_table,
     task_label,
 )
@@ -48,23 +50,31 @@ def main() -> None:
     ap.add_argument("--vs", action="append", default=[], help="reference variant for paired differences")
     ap.add_argument("--exclude-depth", type=float, action="append", default=[], help="leave out this depth")
     ap.add_argument("--per-depth-from", type=int, help="also print k/n per depth for lengths >= this")
+    ap.add_argument("--skip-old-probe", action="store_true", help="leave out probe records of the old probe")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="keep only these variants (repeatable; the unpatched rows are kept for the ceiling)")
     args = ap.parse_args()
     seen, records = set(), []
     for d in args.dirs:
         for r in read_results(d):
             key = (r["variant"], r.get("fingerprint"), r["case_id"])
-            if key not in seen and r.get("depth") not in args.exclude_depth:
+            wanted = not args.variant or r["variant"] in args.variant or r["variant"] == "unpatched"
+            wanted = wanted and not (args.skip_old_probe and r["kind"] != "perplexity" and "haystack" not in r)
+            if key not in seen and wanted and r.get("depth") not in args.exclude_depth:
                 seen.add(key)
                 records.append(r)
     if args.per_depth_from is not None:
         print("## Per depth\n\n" + per_depth_table(records, args.per_depth_from) + "\n")
+    t = perplexity_table(records)
+    if t:
+        print("## Perplexity [95 % block bootstrap]\n\n" + t + "\n")
     print("## Ceiling (unpatched, inside the window)\n\n" + ceiling_table(records) + "\n")
     print("## All cells\n\n" + probe_table(records) + "\n")
     t = beyond_window_table(records)
     if t:
         print("## Beyond the window, against the ceiling\n\n" + t + "\n")
     for ref in args.vs or ["unpatched"]:
-        diffs = [d for d in differences(records, reference=ref) if "passkey" in d.what]
+        diffs = differences(records, reference=ref)
         if diffs:
             print(f"## Paired differences vs {ref}\n\n" + differences_table(diffs) + "\n")
 
