@@ -73,6 +73,17 @@ def reference(tiny_source, tmp_path_factory):
     return out
 
 
+def test_the_loss_line_adds_the_means_of_the_first_and_last_tenth_of_the_steps():
+    from rope_extend.train.card import loss_line
+    from rope_extend.train.runner import loss_means
+
+    losses = [2.5, 3.5] + [3.0] * 16 + [2.0, 3.0]  # 20 steps: a tenth is 2
+    summary = {"first_loss": losses[0], "last_loss": losses[-1], "loss_means": loss_means(losses)}
+    assert summary["loss_means"] == {"steps": 2, "first": 3.0, "last": 2.5}
+    assert loss_line(summary) == "first 2.5000 -> last 3.0000 (mean of the first / last 2 steps: 3.0000 -> 2.5000)"
+    assert loss_means([]) is None and loss_line({"first_loss": None}) is None
+
+
 def _child_env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
@@ -91,8 +102,10 @@ def test_loss_falls_on_a_learnable_text_and_the_card_records_the_run(reference):
     assert summary["tokens_trained"] == STEPS * 64 and summary["recipe"]["pose"] is True
     assert summary["data"][0]["sha256"] == __import__("hashlib").sha256(
         _toy_text().encode()).hexdigest()
+    assert summary["loss_means"] == {"steps": 1, "first": losses[0], "last": losses[-1]}  # 6 steps: a tenth is 1
     card = (reference / "README.md").read_text()
     assert "## Training" in card and "PoSE positions spanning 256" in card and "training_loss.png" in card
+    assert f"| loss | first {losses[0]:.4f} -> last {losses[-1]:.4f} |" in card
     assert (reference / "training_loss.png").stat().st_size > 1000
     config = json.loads((reference / "config.json").read_text())
     assert config["max_position_embeddings"] == 256 and config["rope_scaling"]["rope_type"] == "yarn"

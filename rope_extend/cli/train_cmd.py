@@ -76,6 +76,7 @@ def train_command(
         eval_suite=eval_suite, eval_texts=[str(t) for t in eval_text or []], overwrite=overwrite, resume=not restart,
         verify=not no_verify,
     )
+    from ..train.card import loss_line
     from ..train.runner import TrainingInterrupted, progress_printer, train_model
 
     try:
@@ -91,6 +92,6 @@ def train_command(
     if result.first_loss is None:
         fail("training logged no loss")
     out.print(f"wrote {result.out}: {result.steps} steps, {result.tokens:,} tokens in {result.seconds:.1f} s; loss "
-              f"{result.first_loss:.4f} -> {result.last_loss:.4f}; "
+              f"{loss_line(result.summary)}; "
               f"{'verified with stock transformers (reload equals the trained model)' if result.verified else 'NOT verified'}",
               markup=False, highlight=False)

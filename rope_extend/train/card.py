@@ -38,6 +38,16 @@ def plot_loss(points: list[tuple[int, float]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def loss_line(summary: dict[str, Any]) -> str | None:
+    """"first A -> last B (mean of the first / last k steps: C -> D)", or None when no loss was logged."""
+    if summary.get("first_loss") is None:
+        return None
+    line = f"first {summary['first_loss']:.4f} -> last {summary['last_loss']:.4f}"
+    if (m := summary.get("loss_means")) and m["steps"] > 1:
+        line += f" (mean of the first / last {m['steps']} steps: {m['first']:.4f} -> {m['last']:.4f})"
+    return line
+
+
 def section(summary: dict[str, Any], eval_summary: str | None = None) -> str:
     """Markdown: recipe, data (names, token counts, hashes), steps, tokens, wall time, loss, eval."""
     r = summary["recipe"]
@@ -56,8 +66,7 @@ def section(summary: dict[str, Any], eval_summary: str | None = None) -> str:
         ("tokens trained", f"{summary['tokens_trained']:,}"),
         ("wall time", f"{summary['wall_seconds']:.1f} s ({summary['tokens_per_second']:.0f} tokens/s, "
                       f"{summary['device']})"),
-        ("loss", f"first {summary['first_loss']:.4f} -> last {summary['last_loss']:.4f}"
-         if summary.get("first_loss") is not None else "-"),
+        ("loss", loss_line(summary) or "-"),
     ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     data = "\n".join(f"| `{s['name']}` | {s['documents']} | {s['chars']:,} | {s['tokens']:,} | `{s['sha256'][:16]}` |"

@@ -476,7 +476,17 @@ def _summary(prep: Prepared, steps: int, tokens: int, seconds: float, losses: li
         "device": f"{_device()} x{prep.world}, torch {torch.__version__}",
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
+        "loss_means": loss_means(losses),
     }
+
+
+def loss_means(losses: list[float]) -> dict | None:
+    """Mean loss of the first and the last tenth of the logged steps (at least one each): one step's loss depends on
+    its batch, so first -> last alone can read as divergence on a short, noisy run."""
+    if not losses:
+        return None
+    k = max(1, len(losses) // 10)
+    return {"steps": k, "first": sum(losses[:k]) / k, "last": sum(losses[-k:]) / k}
 
 
 # --- before/after eval -----------------------------------------------------------------------------------------------
