@@ -10,6 +10,7 @@ import argparse
 from collections import defaultdict
 
 from rope_extend.eval.report import (
+    OLD_PROBE,
     _acc_cell,
     _table,
     _variants,
@@ -17,11 +18,13 @@ from rope_extend.eval.report import (
     ceiling_table,
     differences,
     differences_table,
+    haystack_of,
     perplexity_table,
     probe_table,
     task_label,
 )
 from rope_extend.eval.runner import read_results
+from rope_extend.eval.variants import BASELINE
 
 
 def per_depth_table(records: list[dict], min_length: int = 0) -> str:
@@ -58,8 +61,8 @@ def main() -> None:
     for d in args.dirs:
         for r in read_results(d):
             key = (r["variant"], r.get("fingerprint"), r["case_id"])
-            wanted = not args.variant or r["variant"] in args.variant or r["variant"] == "unpatched"
-            wanted = wanted and not (args.skip_old_probe and r["kind"] != "perplexity" and "haystack" not in r)
+            wanted = not args.variant or r["variant"] in args.variant or r["variant"] == BASELINE
+            wanted = wanted and not (args.skip_old_probe and r["kind"] != "perplexity" and haystack_of(r) == OLD_PROBE)
             if key not in seen and wanted and r.get("depth") not in args.exclude_depth:
                 seen.add(key)
                 records.append(r)
@@ -73,7 +76,7 @@ def main() -> None:
     t = beyond_window_table(records)
     if t:
         print("## Beyond the window, against the ceiling\n\n" + t + "\n")
-    for ref in args.vs or ["unpatched"]:
+    for ref in args.vs or [BASELINE]:
         diffs = differences(records, reference=ref)
         if diffs:
             print(f"## Paired differences vs {ref}\n\n" + differences_table(diffs) + "\n")
