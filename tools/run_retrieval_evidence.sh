@@ -9,6 +9,11 @@
 #                                             # attn = yarn, self-extend, dual-chunk; freq = unpatched, dynamic, llama3
 #   tools/run_retrieval_evidence.sh ppl-attn  # perplexity of self-extend x2 and dual-chunk x2 on the paper suite's
 #                                             # cases (pooled with eval/reports/smollm2-paper's unpatched and yarn-x2)
+#   tools/run_retrieval_evidence.sh 2x-20-attn  # 2L filler grown to 20 prompts: self-extend x2, dual-chunk x2
+#   tools/run_retrieval_evidence.sh 2x-20-dyn   # ... and dynamic NTK x2 (side by side with 2x-20-attn)
+#   tools/run_retrieval_evidence.sh 4x-attn     # passkey at 4L (32k), classic filler: self-extend x4
+#   tools/run_retrieval_evidence.sh 4x-freq     # ... dynamic NTK x4 (side by side with 4x-attn)
+#   VARIANTS='--spec method=llama3,factor=2' tools/run_retrieval_evidence.sh 2x-one   # one variant of the 2L filler
 set -e
 cd "$(dirname "$0")/.."
 PY=${PY:-/work/main/.venv/bin/python}
@@ -29,5 +34,20 @@ case "$1" in
   ppl-attn)
     exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-ppl-attn/suite.yaml --interleave \
       -o eval/reports/smollm2-ppl-attn --no-baseline --spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2 ;;
-  *) echo "usage: $0 ceiling|2x|2x-attn|2x-freq|ppl-attn" >&2; exit 2 ;;
+  2x-20-attn)
+    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-passkey-2x-20/suite-filler.yaml --interleave \
+      -o eval/reports/smollm2-passkey-2x-20 --no-baseline ${VARIANTS:---spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2} ;;
+  2x-20-dyn)
+    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-passkey-2x-20-dyn/suite-filler.yaml --interleave \
+      -o eval/reports/smollm2-passkey-2x-20-dyn --no-baseline --spec method=dynamic,factor=2 ;;
+  4x-attn)
+    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-passkey-4x/suite.yaml --interleave \
+      -o eval/reports/smollm2-passkey-4x --no-baseline ${VARIANTS:---spec method=self-extend,factor=4} ;;
+  4x-freq)
+    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-passkey-4x-dyn/suite.yaml --interleave \
+      -o eval/reports/smollm2-passkey-4x-dyn --no-baseline ${VARIANTS:---spec method=dynamic,factor=4} ;;
+  2x-one)
+    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-passkey-2x/suite-filler.yaml --interleave \
+      -o eval/reports/smollm2-passkey-2x --no-baseline $VARIANTS ;;
+  *) echo "usage: $0 ceiling|2x|2x-attn|2x-freq|ppl-attn|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|2x-one" >&2; exit 2 ;;
 esac
