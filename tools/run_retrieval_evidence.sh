@@ -13,41 +13,28 @@
 #   tools/run_retrieval_evidence.sh 2x-20-dyn   # ... and dynamic NTK x2 (side by side with 2x-20-attn)
 #   tools/run_retrieval_evidence.sh 4x-attn     # passkey at 4L (32k), classic filler: self-extend x4
 #   tools/run_retrieval_evidence.sh 4x-freq     # ... dynamic NTK x4 (side by side with 4x-attn)
-#   VARIANTS='--spec method=llama3,factor=2' tools/run_retrieval_evidence.sh 2x-one   # one variant of the 2L filler
+#   (VARIANTS='--spec ...' replaces the default variants of 2x-20-attn, 4x-attn and 4x-freq)
 set -e
 cd "$(dirname "$0")/.."
 PY=${PY:-/work/main/.venv/bin/python}
 export PYTHONPATH=$PWD OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread: on a shared, oversubscribed CPU two threads wait for each other (README)
+ev() {  # ev SUITE OUT [eval options...]: one resumable eval run, single-threaded and niced
+  suite=$1 out=$2; shift 2
+  exec nice -n 10 $PY -m rope_extend eval smollm2 --suite "$suite" --interleave -o "$out" "$@"
+}
 case "$1" in
-  ceiling)
-    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite ceiling --interleave -o eval/reports/smollm2-ceiling ;;
-  2x)
-    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite ${SUITE:-passkey-2x} --interleave -o eval/reports/smollm2-passkey-2x \
-      --spec method=yarn,factor=2 --spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2 \
-      --spec method=dynamic,factor=2 --spec method=llama3,factor=2 ;;
-  2x-attn)
-    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite ${SUITE:-passkey-2x} --interleave -o eval/reports/smollm2-passkey-2x-attn \
-      --no-baseline --spec method=yarn,factor=2 --spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2 ;;
-  2x-freq)
-    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite ${SUITE:-passkey-2x} --interleave -o eval/reports/smollm2-passkey-2x \
-      --spec method=dynamic,factor=2 --spec method=llama3,factor=2 ;;
-  ppl-attn)
-    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-ppl-attn/suite.yaml --interleave \
-      -o eval/reports/smollm2-ppl-attn --no-baseline --spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2 ;;
-  2x-20-attn)
-    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-passkey-2x-20/suite-filler.yaml --interleave \
-      -o eval/reports/smollm2-passkey-2x-20 --no-baseline ${VARIANTS:---spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2} ;;
-  2x-20-dyn)
-    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-passkey-2x-20-dyn/suite-filler.yaml --interleave \
-      -o eval/reports/smollm2-passkey-2x-20-dyn --no-baseline --spec method=dynamic,factor=2 ;;
-  4x-attn)
-    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-passkey-4x/suite.yaml --interleave \
-      -o eval/reports/smollm2-passkey-4x --no-baseline ${VARIANTS:---spec method=self-extend,factor=4} ;;
-  4x-freq)
-    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-passkey-4x-dyn/suite.yaml --interleave \
-      -o eval/reports/smollm2-passkey-4x-dyn --no-baseline ${VARIANTS:---spec method=dynamic,factor=4} ;;
-  2x-one)
-    exec nice -n 10 $PY -m rope_extend eval smollm2 --suite eval/reports/smollm2-passkey-2x/suite-filler.yaml --interleave \
-      -o eval/reports/smollm2-passkey-2x --no-baseline $VARIANTS ;;
-  *) echo "usage: $0 ceiling|2x|2x-attn|2x-freq|ppl-attn|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|2x-one" >&2; exit 2 ;;
+  ceiling)    ev ceiling eval/reports/smollm2-ceiling ;;
+  2x)         ev ${SUITE:-passkey-2x} eval/reports/smollm2-passkey-2x --spec method=yarn,factor=2 --spec method=self-extend,factor=2 \
+                --spec method=dual-chunk,factor=2 --spec method=dynamic,factor=2 --spec method=llama3,factor=2 ;;
+  2x-attn)    ev ${SUITE:-passkey-2x} eval/reports/smollm2-passkey-2x-attn --no-baseline --spec method=yarn,factor=2 \
+                --spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2 ;;
+  2x-freq)    ev ${SUITE:-passkey-2x} eval/reports/smollm2-passkey-2x --spec method=dynamic,factor=2 --spec method=llama3,factor=2 ;;
+  ppl-attn)   ev eval/reports/smollm2-ppl-attn/suite.yaml eval/reports/smollm2-ppl-attn --no-baseline --spec method=self-extend,factor=2 \
+                --spec method=dual-chunk,factor=2 ;;
+  2x-20-attn) ev eval/reports/smollm2-passkey-2x-20/suite-filler.yaml eval/reports/smollm2-passkey-2x-20 --no-baseline \
+                ${VARIANTS:---spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2} ;;
+  2x-20-dyn)  ev eval/reports/smollm2-passkey-2x-20-dyn/suite-filler.yaml eval/reports/smollm2-passkey-2x-20-dyn --no-baseline --spec method=dynamic,factor=2 ;;
+  4x-attn)    ev eval/reports/smollm2-passkey-4x/suite.yaml eval/reports/smollm2-passkey-4x --no-baseline ${VARIANTS:---spec method=self-extend,factor=4} ;;
+  4x-freq)    ev eval/reports/smollm2-passkey-4x-dyn/suite.yaml eval/reports/smollm2-passkey-4x-dyn --no-baseline ${VARIANTS:---spec method=dynamic,factor=4} ;;
+  *) echo "usage: $0 ceiling|2x|2x-attn|2x-freq|ppl-attn|2x-20-attn|2x-20-dyn|4x-attn|4x-freq" >&2; exit 2 ;;
 esac
