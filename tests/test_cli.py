@@ -97,7 +97,10 @@ def test_cli_modules_import_without_a_cycle():
 
 def test_eval_with_a_bad_spec_leaves_no_folder(ckpt, tmp_path, capsys):
     """A spec, suite or model that fails validation is one line on stderr, exit 2, and no empty report folder."""
-    for args in (["--spec", "method=yarn,factor=-2"], ["--spec", "method=bogus"], ["--suite", "nosuch"]):
+    broken = tmp_path / "broken-suite.yaml"
+    broken.write_text("name: b\ndescription: the ceiling of x: the unpatched model\n")  # an unquoted ': '
+    for args in (["--spec", "method=yarn,factor=-2"], ["--spec", "method=bogus"], ["--suite", "nosuch"],
+                 ["--suite", str(broken)]):
         out = tmp_path / "report"
         assert run(["eval", str(ckpt), *args, "-o", str(out)]) == 2, args
         err = capsys.readouterr().err.strip().splitlines()

@@ -112,6 +112,27 @@ def test_resume_after_crash(ckpt, tmp_path):
     assert changed and {r["variant"] for r in changed} == {"yarn-x3"}
 
 
+def test_another_seed_is_other_cases_not_a_resume(ckpt, tmp_path):
+    """A suite's seed picks the probes' keys: rerunning a folder with another seed must compute its prompts (with
+    other keys), never resume the first seed's records as if they were done, and the seeds' records stay apart."""
+    suite = {"name": "t", "short_context": [200], "passkey": {"lengths": [200], "depths": [0.0, 1.0]}}
+    first = run_eval(ckpt, SPECS[:1], suite, tmp_path, include_baseline=False, progress=False)
+    new = []
+    second = run_eval(ckpt, SPECS[:1], suite | {"seed": 1}, tmp_path, include_baseline=False, progress=False,
+                      on_record=new.append)
+    assert len(new) == len(second) == len(first) == 2
+    assert [r["case_id"] for r in first] == ["passkey/filler/L200/d0/s0", "passkey/filler/L200/d1/s0"]
+    assert [r["case_id"] for r in second] == [c + "/seed1" for c in ("passkey/filler/L200/d0/s0",
+                                                                       "passkey/filler/L200/d1/s0")]
+    keys = lambda recs: [r["metrics"]["answers"] for r in recs]  # noqa: E731
+    assert keys(first) != keys(second)  # other keys: really other prompts
+    assert len(read_results(tmp_path)) == 4
+    again = []
+    run_eval(ckpt, SPECS[:1], suite | {"seed": 1}, tmp_path, include_baseline=False, progress=False,
+             on_record=again.append)
+    assert again == []  # and each seed resumes its own records
+
+
 def test_resume_after_kill(ckpt, tmp_path):
     """SIGKILL a real run part-way through, then finish it."""
     script = textwrap.dedent(f"""

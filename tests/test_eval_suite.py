@@ -37,6 +37,9 @@ def test_suite_file_errors_name_the_file(tmp_path):
         load_suite(path)
     with pytest.raises(FileNotFoundError, match="bundled: .*paper"):
         load_suite("no-such-suite")
+    path.write_text("name: s\ndescription: the ceiling of x: the unpatched model\n")
+    with pytest.raises(SuiteError, match=rf"suite '{path}' is not valid YAML at line 2, column 30: mapping values"):
+        load_suite(path)
 
 
 def test_defaults_and_text_shorthand():

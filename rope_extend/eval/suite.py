@@ -5,7 +5,7 @@ Suite YAML (see ``eval/suites/*.yaml``)::
     name: quick
     description: what the suite is for
     smoke: true                    # a plumbing/smoke test: the report header says its numbers are not evidence
-    seed: 0
+    seed: 0                        # picks the probes' keys; another seed is other cases (ids end in /seed<N>)
     short_context: [2048]          # always evaluated: lengths inside the original window
     perplexity:
       texts: [pydoc_topics, debian_licenses]   # built-in corpora or UTF-8 file paths; each reported separately
@@ -169,6 +169,7 @@ class Case:
     depth: float | None = None
     index: int = 0
     params: dict = field(default_factory=dict)
+    seed: int = 0  # the suite's seed: it picks a probe's keys, so prompts of other seeds are other cases
 
     @property
     def case_id(self) -> str:
@@ -182,6 +183,8 @@ class Case:
             parts.append(f"d{self.depth:g}")
         if self.kind not in ("perplexity", "entropy"):
             parts.append(f"s{self.index}")
+            if self.seed:  # seed 0 keeps the ids of runs made before seeds were part of them
+                parts.append(f"seed{self.seed}")
         return "/".join(parts)
 
     @property
@@ -247,7 +250,7 @@ class Suite(_Model):
         if p := self.passkey:
             for h in p.haystacks:
                 for L, ceiling in _probe_lengths(p, original_length, short):
-                    out += [Case("passkey", L, d, i, {"haystack": h} | ceiling)
+                    out += [Case("passkey", L, d, i, {"haystack": h} | ceiling, seed=self.seed)
                             for i in range(p.samples) for d in p.depths]
         if p := self.needle:
             for t in p.tasks:
@@ -258,8 +261,8 @@ class Suite(_Model):
                     depths, samples = p.depths, p.samples
                 for h in p.haystacks:
                     for L, ceiling in _probe_lengths(p, original_length, short):
-                        out += [Case(t, L, d, i, {"num_needles": p.num_needles, "haystack": h} | ceiling)
-                                for i in range(samples) for d in depths]
+                        out += [Case(t, L, d, i, {"num_needles": p.num_needles, "haystack": h} | ceiling,
+                                     seed=self.seed) for i in range(samples) for d in depths]
         if p := self.entropy:
             params = {"queries": p.queries} | ({"text": p.text} if p.text else {})
             out += [Case("entropy", L, params=dict(params)) for L in _lengths(p.lengths, original_length, short)]
@@ -319,6 +322,13 @@ def load_suite(suite: str | os.PathLike | dict | Suite) -> Suite:
             raise FileNotFoundError(f"suite {str(suite)!r} not found: not a file and not a bundled suite "
                                     f"(bundled: {', '.join(avail)})")
     with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
+        try:
+            data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+            raise SuiteError(f"suite {str(path)!r} is not valid YAML{where}: {problem}; quote a value that holds "
+                             "': ' (description: \"a: b\")") from None
     bundled = path.parent.resolve() == SUITES_DIR.resolve()
     return Suite.from_dict(data, source=f"eval/suites/{path.name}" if bundled else str(path))
