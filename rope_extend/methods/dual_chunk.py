@@ -26,8 +26,9 @@ class DualChunk(AttentionMethod):
         "log_n": LOG_N,
     }
     formula = "original θ_i; keys at j mod s; queries intra / successive / inter-chunk (largest distance chunk_size)"
-    use_when = ("Retrieval and perplexity far beyond L without training, served in-process with "
-                "rope_extend.patch_model (stock engines serve the original model)")
+    use_when = ("Retrieval and perplexity beyond L without training, served in-process with rope_extend.patch_model "
+                "(stock engines serve the original model); measured ahead of frequency scaling at 2x, behind it "
+                "at 4x (docs/results-retrieval.md)")
     paper = "https://arxiv.org/abs/2402.17463"
     llama_cpp_note = (
         "llama.cpp has no dual chunk attention; its nearest training-free option is self-extend (`-gan G -gaw W` in "

@@ -49,7 +49,8 @@ class SelfExtend(AttentionMethod):
     }
     formula = "original θ_i; distance d if d < W else i//G − j//G + W − W//G"
     use_when = ("Retrieval beyond L without training, served in-process with rope_extend.patch_model "
-                "(stock engines serve the original model)")
+                "(stock engines serve the original model); measured ahead of frequency scaling at 2x, behind it "
+                "at 4x with its defaults (docs/results-retrieval.md)")
     paper = "https://arxiv.org/abs/2401.01325"
     llama_cpp_note = (
         "llama.cpp's own self-extend is `-gan G -gaw W` in llama-completion (`-gan G` in llama-passkey, whose window "
