@@ -2,6 +2,7 @@
 # Evidence for docs/results-retrieval.md; each step is resumable: rerun the same command and finished cases are
 # skipped (a case is written when its job, one KV-prefix group of prompts, finishes).
 #   tools/run_retrieval_evidence.sh ceiling   # unpatched passkey at 2k/4k/6k/8k, 5 depths x 2 keys, both haystacks
+#   tools/run_retrieval_evidence.sh ceiling-prose  # ... its prose haystack alone, in its own folder (side by side)
 #   tools/run_retrieval_evidence.sh 2x        # passkey at 16k: unpatched, yarn x2, self-extend x2, dual-chunk x2,
 #                                             # dynamic NTK x2, llama3 x2 (defaults)
 #   tools/run_retrieval_evidence.sh 2x-attn   # the same prompts, split in two folders that can run side by side
@@ -13,6 +14,14 @@
 #   tools/run_retrieval_evidence.sh 2x-20-dyn   # ... and dynamic NTK x2 (side by side with 2x-20-attn)
 #   tools/run_retrieval_evidence.sh 4x-attn     # passkey at 4L (32k), classic filler: self-extend x4
 #   tools/run_retrieval_evidence.sh 4x-freq     # ... dynamic NTK x4 (side by side with 4x-attn)
+#   tools/run_retrieval_evidence.sh 4x-dc       # ... dual-chunk x4 (own folder: one process per folder)
+#   tools/run_retrieval_evidence.sh 4x-yarn     # ... YaRN x4
+#   tools/run_retrieval_evidence.sh 4x-calib    # self-extend x4 G/W candidates on seed-1 calibration prompts
+#   tools/run_retrieval_evidence.sh 4x-logn     # the calibration's winner, self-extend x4 + log_n, on the reported prompts
+#   tools/run_retrieval_evidence.sh 4x-dc-logn  # ... and dual-chunk x4 + log_n (side by side)
+#   tools/run_retrieval_evidence.sh needles-2x  # RULER-style niah_single and niah_multikey at 16k: self-extend x2,
+#                                               # dynamic NTK x2
+#   tools/run_retrieval_evidence.sh needles-ceiling  # ... their ceiling: the unpatched model at 8k
 #   (VARIANTS='--spec ...' replaces the default variants of 2x-20-attn, 4x-attn and 4x-freq)
 set -e
 cd "$(dirname "$0")/.."
@@ -24,6 +33,7 @@ ev() {  # ev SUITE OUT [eval options...]: one resumable eval run, single-threade
 }
 case "$1" in
   ceiling)    ev ceiling eval/reports/smollm2-ceiling ;;
+  ceiling-prose) ev eval/reports/smollm2-ceiling-prose/suite.yaml eval/reports/smollm2-ceiling-prose ;;
   2x)         ev ${SUITE:-passkey-2x} eval/reports/smollm2-passkey-2x --spec method=yarn,factor=2 --spec method=self-extend,factor=2 \
                 --spec method=dual-chunk,factor=2 --spec method=dynamic,factor=2 --spec method=llama3,factor=2 ;;
   2x-attn)    ev ${SUITE:-passkey-2x} eval/reports/smollm2-passkey-2x-attn --no-baseline --spec method=yarn,factor=2 \
@@ -36,5 +46,17 @@ case "$1" in
   2x-20-dyn)  ev eval/reports/smollm2-passkey-2x-20-dyn/suite-filler.yaml eval/reports/smollm2-passkey-2x-20-dyn --no-baseline --spec method=dynamic,factor=2 ;;
   4x-attn)    ev eval/reports/smollm2-passkey-4x/suite.yaml eval/reports/smollm2-passkey-4x --no-baseline ${VARIANTS:---spec method=self-extend,factor=4} ;;
   4x-freq)    ev eval/reports/smollm2-passkey-4x-dyn/suite.yaml eval/reports/smollm2-passkey-4x-dyn --no-baseline ${VARIANTS:---spec method=dynamic,factor=4} ;;
-  *) echo "usage: $0 ceiling|2x|2x-attn|2x-freq|ppl-attn|2x-20-attn|2x-20-dyn|4x-attn|4x-freq" >&2; exit 2 ;;
+  4x-dc)      ev eval/reports/smollm2-passkey-4x-dc/suite.yaml eval/reports/smollm2-passkey-4x-dc --no-baseline --spec method=dual-chunk,factor=4 ;;
+  4x-yarn)    ev eval/reports/smollm2-passkey-4x-yarn/suite.yaml eval/reports/smollm2-passkey-4x-yarn --no-baseline --spec method=yarn,factor=4 ;;
+  4x-calib)   ev eval/reports/smollm2-passkey-4x-calib/suite.yaml eval/reports/smollm2-passkey-4x-calib --no-baseline ${VARIANTS:---spec \
+                method=self-extend,factor=4 --spec eval/reports/smollm2-passkey-4x-calib/self-extend-x4-g6-w2048.yaml \
+                --spec eval/reports/smollm2-passkey-4x-calib/self-extend-x4-logn.yaml} ;;
+  4x-logn)    ev eval/reports/smollm2-passkey-4x-logn/suite.yaml eval/reports/smollm2-passkey-4x-logn --no-baseline \
+                --spec eval/reports/smollm2-passkey-4x-calib/self-extend-x4-logn.yaml ;;
+  4x-dc-logn) ev eval/reports/smollm2-passkey-4x-dc-logn/suite.yaml eval/reports/smollm2-passkey-4x-dc-logn --no-baseline \
+                --spec eval/reports/smollm2-passkey-4x-calib/dual-chunk-x4-logn.yaml ;;
+  needles-2x) ev eval/reports/smollm2-needles-2x/suite.yaml eval/reports/smollm2-needles-2x --no-baseline \
+                --spec method=self-extend,factor=2 --spec method=dynamic,factor=2 ;;
+  needles-ceiling) ev eval/reports/smollm2-needles-ceiling/suite.yaml eval/reports/smollm2-needles-ceiling ;;
+  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|needles-2x|needles-ceiling" >&2; exit 2 ;;
 esac
