@@ -48,3 +48,12 @@ class VerificationError(RopeExtendError, RuntimeError):
 class ModelRunError(VerificationError):
     """Verification could not build or run a model of the config at all (as opposed to a mismatch of frequencies or
     outputs): `patch.verify_or_explain` then checks whether the unpatched config runs."""
+
+
+def yaml_error_detail(exc: Exception) -> str:
+    """Where and why PyYAML refused a text, as one line: `` at line 2, column 30: mapping values are not allowed
+    here`` (the position when PyYAML knows it). Shared by the spec and suite loaders."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line, whatever PyYAML wrote
+    return f"{where}: {problem}"

@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import SpecError
+from .errors import SpecError, yaml_error_detail
 from .methods import Param, all_params, canonical_name, get_method
 
 FiniteFloat = Field(default=None, allow_inf_nan=False)
@@ -320,11 +320,8 @@ def _load_yaml_text(text: str, what: str) -> Any:
     try:
         return yaml.load(text, Loader=_SpecLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())  # one line, whatever PyYAML wrote
         kind = "a valid spec" if type(exc) is yaml.YAMLError else "valid YAML"  # our bounds vs PyYAML's syntax
-        raise SpecError(f"{what} is not {kind}{where}: {problem}", field="config") from None
+        raise SpecError(f"{what} is not {kind}{yaml_error_detail(exc)}", field="config") from None
     except RecursionError:
         raise SpecError(f"{what} nests too deeply; a spec is flat key: value", field="config") from None
 

@@ -58,7 +58,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..errors import RopeExtendError
+from ..errors import RopeExtendError, yaml_error_detail
 from .texts import DEFAULT_TEXT, text_label
 
 SUITES_DIR = Path(__file__).parent / "suites"  # -> eval/suites (symlink in the repo, copied into wheels)
@@ -325,10 +325,7 @@ def load_suite(suite: str | os.PathLike | dict | Suite) -> Suite:
         try:
             data = yaml.safe_load(f) or {}
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-            raise SuiteError(f"suite {str(path)!r} is not valid YAML{where}: {problem}; quote a value that holds "
-                             "': ' (description: \"a: b\")") from None
+            raise SuiteError(f"suite {str(path)!r} is not valid YAML{yaml_error_detail(exc)}; quote a value that "
+                             "holds ': ' (description: \"a: b\")") from None
     bundled = path.parent.resolve() == SUITES_DIR.resolve()
     return Suite.from_dict(data, source=f"eval/suites/{path.name}" if bundled else str(path))
