@@ -27,6 +27,7 @@ set -e
 cd "$(dirname "$0")/.."
 PY=${PY:-/work/main/.venv/bin/python}
 export PYTHONPATH=$PWD OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread: on a shared, oversubscribed CPU two threads wait for each other (README)
+S4=eval/reports/smollm2-passkey-4x/suite.yaml  # every reported 4L step reads this one suite: the same prompts for all
 ev() {  # ev SUITE OUT [eval options...]: one resumable eval run, single-threaded and niced
   suite=$1 out=$2; shift 2
   exec nice -n 10 $PY -m rope_extend eval smollm2 --suite "$suite" --interleave -o "$out" "$@"
@@ -44,16 +45,16 @@ case "$1" in
   2x-20-attn) ev eval/reports/smollm2-passkey-2x-20/suite-filler.yaml eval/reports/smollm2-passkey-2x-20 --no-baseline \
                 ${VARIANTS:---spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2} ;;
   2x-20-dyn)  ev eval/reports/smollm2-passkey-2x-20-dyn/suite-filler.yaml eval/reports/smollm2-passkey-2x-20-dyn --no-baseline --spec method=dynamic,factor=2 ;;
-  4x-attn)    ev eval/reports/smollm2-passkey-4x/suite.yaml eval/reports/smollm2-passkey-4x --no-baseline ${VARIANTS:---spec method=self-extend,factor=4} ;;
-  4x-freq)    ev eval/reports/smollm2-passkey-4x-dyn/suite.yaml eval/reports/smollm2-passkey-4x-dyn --no-baseline ${VARIANTS:---spec method=dynamic,factor=4} ;;
-  4x-dc)      ev eval/reports/smollm2-passkey-4x-dc/suite.yaml eval/reports/smollm2-passkey-4x-dc --no-baseline --spec method=dual-chunk,factor=4 ;;
-  4x-yarn)    ev eval/reports/smollm2-passkey-4x-yarn/suite.yaml eval/reports/smollm2-passkey-4x-yarn --no-baseline --spec method=yarn,factor=4 ;;
+  4x-attn)    ev $S4 eval/reports/smollm2-passkey-4x --no-baseline ${VARIANTS:---spec method=self-extend,factor=4} ;;
+  4x-freq)    ev $S4 eval/reports/smollm2-passkey-4x-dyn --no-baseline ${VARIANTS:---spec method=dynamic,factor=4} ;;
+  4x-dc)      ev $S4 eval/reports/smollm2-passkey-4x-dc --no-baseline --spec method=dual-chunk,factor=4 ;;
+  4x-yarn)    ev $S4 eval/reports/smollm2-passkey-4x-yarn --no-baseline --spec method=yarn,factor=4 ;;
   4x-calib)   ev eval/reports/smollm2-passkey-4x-calib/suite.yaml eval/reports/smollm2-passkey-4x-calib --no-baseline ${VARIANTS:---spec \
                 method=self-extend,factor=4 --spec eval/reports/smollm2-passkey-4x-calib/self-extend-x4-g6-w2048.yaml \
                 --spec eval/reports/smollm2-passkey-4x-calib/self-extend-x4-logn.yaml} ;;
-  4x-logn)    ev eval/reports/smollm2-passkey-4x-logn/suite.yaml eval/reports/smollm2-passkey-4x-logn --no-baseline \
+  4x-logn)    ev $S4 eval/reports/smollm2-passkey-4x-logn --no-baseline \
                 --spec eval/reports/smollm2-passkey-4x-calib/self-extend-x4-logn.yaml ;;
-  4x-dc-logn) ev eval/reports/smollm2-passkey-4x-dc-logn/suite.yaml eval/reports/smollm2-passkey-4x-dc-logn --no-baseline \
+  4x-dc-logn) ev $S4 eval/reports/smollm2-passkey-4x-dc-logn --no-baseline \
                 --spec eval/reports/smollm2-passkey-4x-calib/dual-chunk-x4-logn.yaml ;;
   needles-2x) ev eval/reports/smollm2-needles-2x/suite.yaml eval/reports/smollm2-needles-2x --no-baseline \
                 --spec method=self-extend,factor=2 --spec method=dynamic,factor=2 ;;
