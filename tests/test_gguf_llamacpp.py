@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -255,3 +257,23 @@ def test_beyond_window_effect_shows_in_llamacpp(parity):
 def test_q4_1_gguf_patched_in_place(parity):
     """The demo's original Q4_1 file, patched by rope-extend, against transformers on its dequantised weights."""
     assert_close(parity.llamacpp("yarn:q4_1"), parity.transformers("yarn"), Q4_TOLERANCE)
+
+
+def test_native_builds_compile_ggml_amx_backend_out(llamacpp):
+    """The AMX backend that segfaulted stop 27's CI on every Q4_1 run is not in a native build on an AMX CPU: the
+    vendored ggml-cpu.cpp, preprocessed for Sapphire Rapids with the build's own C++ flags, no longer registers the
+    AMX buffer type, which it does without them (so the check can fail)."""
+    from rope_extend.llamacpp import _cmake_options
+
+    flags = [o.split("=", 1)[1] for o in _cmake_options(native=True) if o.startswith("-DCMAKE_CXX_FLAGS=")]
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        assert flags == []  # no AMX off x86: nothing to compile out
+        return
+    ggml = llamacpp.src / "ggml"
+    base = ["g++", "-std=c++17", "-march=sapphirerapids", f"-I{ggml / 'include'}", f"-I{ggml / 'src'}",
+            f"-I{ggml / 'src' / 'ggml-cpu'}", "-E", str(ggml / "src" / "ggml-cpu" / "ggml-cpu.cpp")]
+    registered = {}
+    for name, extra in (("stock", []), ("rope-extend", shlex.split(flags[0]))):
+        out = subprocess.run([*base, *extra], capture_output=True, text=True, check=True).stdout
+        registered[name] = "bufts.push_back(ggml_backend_amx_buffer_type())" in out
+    assert registered == {"stock": True, "rope-extend": False}
