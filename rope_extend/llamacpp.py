@@ -194,13 +194,16 @@ def _cpu_fingerprint() -> str:
 # machines (ggml-org/llama.cpp#20824, open; stop 27's CI: every Q4_1 run exited -11, F32/F16 ran). A native build
 # turns it on wherever the CPU has AMX, so it is compiled out: -march=native's predefined macros are undefined again
 # (-U runs after them, where a -mno-amx-* could be re-enabled by the flags -march=native expands to). The rest of the
-# native ISA (AVX-512, VNNI) stays, and the AVX2/AVX-512 kernels compute the same dot products.
+# native ISA (AVX-512, VNNI) stays, and those weights go through the CPU backend's ordinary kernels.
 NO_AMX_FLAGS = "-U__AMX_TILE__ -U__AMX_INT8__ -U__AMX_BF16__"
 
 
+def is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
 def _cmake_options(native: bool) -> list[str]:
-    x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-    no_amx = [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"] if native and x86 else []
+    no_amx = [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"] if native and is_x86() else []
     return [
         "-DCMAKE_BUILD_TYPE=Release",
         "-DBUILD_SHARED_LIBS=OFF",  # self-contained binaries, no rpath to get wrong

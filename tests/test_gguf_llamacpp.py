@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import re
 import shlex
 import subprocess
@@ -263,10 +262,10 @@ def test_native_builds_compile_ggml_amx_backend_out(llamacpp):
     """The AMX backend that segfaulted stop 27's CI on every Q4_1 run is not in a native build on an AMX CPU: the
     vendored ggml-cpu.cpp, preprocessed for Sapphire Rapids with the build's own C++ flags, no longer registers the
     AMX buffer type, which it does without them (so the check can fail)."""
-    from rope_extend.llamacpp import _cmake_options
+    from rope_extend.llamacpp import _cmake_options, is_x86
 
     flags = [o.split("=", 1)[1] for o in _cmake_options(native=True) if o.startswith("-DCMAKE_CXX_FLAGS=")]
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if not is_x86():
         assert flags == []  # no AMX off x86: nothing to compile out
         return
     ggml = llamacpp.src / "ggml"
