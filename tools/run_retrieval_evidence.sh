@@ -19,7 +19,9 @@
 #   tools/run_retrieval_evidence.sh 4x-calib    # self-extend x4 G/W candidates on seed-1 calibration prompts
 #   tools/run_retrieval_evidence.sh 4x-logn     # the calibration's winner, self-extend x4 + log_n, on the reported prompts
 #   tools/run_retrieval_evidence.sh 4x-dc-logn  # ... and dual-chunk x4 + log_n (side by side)
-#   tools/run_retrieval_evidence.sh ppl-4x      # perplexity at 2k/8k/16k/32k on both texts: unpatched and the 4L variants
+#   tools/run_retrieval_evidence.sh ppl-4x      # perplexity at 2k/8k/16k/32k on both texts: unpatched, yarn x4,
+#                                               # dynamic NTK x4, self-extend x4 and dual-chunk x4 + log_n
+#   tools/run_retrieval_evidence.sh ppl-4x-attn # ... self-extend x4, dual-chunk x4 (defaults), side by side
 #   tools/run_retrieval_evidence.sh needles-2x  # RULER-style niah_single and niah_multikey at 16k: self-extend x2,
 #                                               # dynamic NTK x2
 #   tools/run_retrieval_evidence.sh needles-ceiling  # ... their ceiling: the unpatched model at 8k
@@ -58,11 +60,12 @@ case "$1" in
   4x-dc-logn) ev $S4 eval/reports/smollm2-passkey-4x-dc-logn --no-baseline \
                 --spec eval/reports/smollm2-passkey-4x-calib/dual-chunk-x4-logn.yaml ;;
   ppl-4x)     ev eval/reports/smollm2-ppl-4x/suite.yaml eval/reports/smollm2-ppl-4x --spec method=yarn,factor=4 \
-                --spec method=dynamic,factor=4 --spec method=self-extend,factor=4 --spec method=dual-chunk,factor=4 \
-                --spec eval/reports/smollm2-passkey-4x-calib/self-extend-x4-logn.yaml \
+                --spec method=dynamic,factor=4 --spec eval/reports/smollm2-passkey-4x-calib/self-extend-x4-logn.yaml \
                 --spec eval/reports/smollm2-passkey-4x-calib/dual-chunk-x4-logn.yaml ;;
+  ppl-4x-attn) ev eval/reports/smollm2-ppl-4x/suite.yaml eval/reports/smollm2-ppl-4x-attn --no-baseline \
+                --spec method=self-extend,factor=4 --spec method=dual-chunk,factor=4 ;;
   needles-2x) ev eval/reports/smollm2-needles-2x/suite.yaml eval/reports/smollm2-needles-2x --no-baseline \
                 --spec method=self-extend,factor=2 --spec method=dynamic,factor=2 ;;
   needles-ceiling) ev eval/reports/smollm2-needles-ceiling/suite.yaml eval/reports/smollm2-needles-ceiling ;;
-  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|needles-2x|needles-ceiling" >&2; exit 2 ;;
+  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling" >&2; exit 2 ;;
 esac
