@@ -29,6 +29,7 @@
 #                                               # prompts): the tuned spec (configs/smollm2-tuned-16k.yaml), NTK-by-parts x2
 #   tools/run_retrieval_evidence.sh 2x-paper    # ... the paper suite's other passkey variants: NTK x2, linear x2
 #                                               # (side by side with 2x-tune)
+#   tools/run_retrieval_evidence.sh 2x-dynyarn  # ... and dynamic-yarn x2, the README results table's last row
 #   (VARIANTS='--spec ...' replaces the default variants of 2x-20-attn, 4x-attn, 4x-freq and 2x-tune)
 set -e
 cd "$(dirname "$0")/.."
@@ -74,6 +75,8 @@ case "$1" in
                 ${VARIANTS:---spec configs/smollm2-tuned-16k.yaml --spec method=ntk-by-parts,factor=2} ;;
   2x-paper)   ev eval/reports/smollm2-passkey-2x/suite-filler.yaml eval/reports/smollm2-passkey-2x-paper --no-baseline \
                 --spec method=ntk,factor=2 --spec method=linear,factor=2 ;;
+  2x-dynyarn) ev eval/reports/smollm2-passkey-2x/suite-filler.yaml eval/reports/smollm2-passkey-2x-dynyarn --no-baseline \
+                --spec method=dynamic-yarn,factor=2 ;;
   needles-ceiling) ev eval/reports/smollm2-needles-ceiling/suite.yaml eval/reports/smollm2-needles-ceiling ;;
-  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper" >&2; exit 2 ;;
+  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper|2x-dynyarn" >&2; exit 2 ;;
 esac
