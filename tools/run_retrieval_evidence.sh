@@ -10,6 +10,8 @@
 #                                             # attn = yarn, self-extend, dual-chunk; freq = unpatched, dynamic, llama3
 #   tools/run_retrieval_evidence.sh ppl-attn  # perplexity of self-extend x2 and dual-chunk x2 on the paper suite's
 #                                             # cases (pooled with eval/reports/smollm2-paper's unpatched and yarn-x2)
+#   tools/run_retrieval_evidence.sh ppl-2x-freq  # ... and of dynamic NTK x2 and llama3 x2 (the 2L frequency methods
+#                                             # the paper suite did not run)
 #   tools/run_retrieval_evidence.sh 2x-20-attn  # 2L filler grown to 20 prompts: self-extend x2, dual-chunk x2
 #   tools/run_retrieval_evidence.sh 2x-20-dyn   # ... and dynamic NTK x2 (side by side with 2x-20-attn)
 #   tools/run_retrieval_evidence.sh 4x-attn     # passkey at 4L (32k), classic filler: self-extend x4
@@ -33,7 +35,7 @@
 #   (VARIANTS='--spec ...' replaces the default variants of 2x-20-attn, 4x-attn, 4x-freq and 2x-tune)
 set -e
 cd "$(dirname "$0")/.."
-PY=${PY:-/work/main/.venv/bin/python}
+PY=${PY:-.venv/bin/python}  # the Makefile's virtualenv (make install), relative to the repository root
 export PYTHONPATH=$PWD OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread: on a shared, oversubscribed CPU two threads wait for each other (README)
 S4=eval/reports/smollm2-passkey-4x/suite.yaml  # every reported 4L step reads this one suite: the same prompts for all
 ev() {  # ev SUITE OUT [eval options...]: one resumable eval run, single-threaded and niced
@@ -50,6 +52,8 @@ case "$1" in
   2x-freq)    ev ${SUITE:-passkey-2x} eval/reports/smollm2-passkey-2x --spec method=dynamic,factor=2 --spec method=llama3,factor=2 ;;
   ppl-attn)   ev eval/reports/smollm2-ppl-attn/suite.yaml eval/reports/smollm2-ppl-attn --no-baseline --spec method=self-extend,factor=2 \
                 --spec method=dual-chunk,factor=2 ;;
+  ppl-2x-freq) ev eval/reports/smollm2-ppl-attn/suite.yaml eval/reports/smollm2-ppl-2x-freq --no-baseline \
+                --spec method=dynamic,factor=2 --spec method=llama3,factor=2 ;;
   2x-20-attn) ev eval/reports/smollm2-passkey-2x-20/suite-filler.yaml eval/reports/smollm2-passkey-2x-20 --no-baseline \
                 ${VARIANTS:---spec method=self-extend,factor=2 --spec method=dual-chunk,factor=2} ;;
   2x-20-dyn)  ev eval/reports/smollm2-passkey-2x-20-dyn/suite-filler.yaml eval/reports/smollm2-passkey-2x-20-dyn --no-baseline --spec method=dynamic,factor=2 ;;
@@ -78,5 +82,5 @@ case "$1" in
   2x-dynyarn) ev eval/reports/smollm2-passkey-2x/suite-filler.yaml eval/reports/smollm2-passkey-2x-dynyarn --no-baseline \
                 --spec method=dynamic-yarn,factor=2 ;;
   needles-ceiling) ev eval/reports/smollm2-needles-ceiling/suite.yaml eval/reports/smollm2-needles-ceiling ;;
-  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper|2x-dynyarn" >&2; exit 2 ;;
+  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|ppl-2x-freq|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper|2x-dynyarn" >&2; exit 2 ;;
 esac
