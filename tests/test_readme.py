@@ -4,6 +4,8 @@ link between the pages resolves (anchors included)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -115,3 +117,28 @@ def test_method_table_is_generated_from_the_registry():
     assert len(rows) == len(all_methods())
     for row, method in zip(rows, all_methods()):
         assert row.startswith(f"| `{method.name}`") and method.formula.replace("|", "\\|") in row
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_results_tables_are_generated_from_the_records():
+    """The README's result tables are exactly what tools/readme_results.py computes from the records committed in
+    eval/reports (regenerate with `python tools/readme_results.py README.md`), and one of its cells agrees with a
+    count made here straight from the raw records."""
+    tool = _tool("readme_results")
+    text = README.read_text()
+    tables = {name: make() for name, make in tool.TABLES.items()}
+    assert tool.rewrite(text, tables) == text, "README.md's result tables are stale: run tools/readme_results.py"
+    scores = {}
+    for folder in tool.PASSKEY:
+        for line in (ROOT / "eval" / "reports" / folder / "results.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if r["variant"] == "self-extend-x2" and r["length"] == 16384 and r.get("haystack") == "filler":
+                scores[r["case_id"]] = r["metrics"]["score"]
+    (row,) = [line for line in tables["methods"].splitlines() if line.startswith("| `self-extend` |")]
+    assert len(scores) >= 20 and f"{sum(scores.values()):g}/{len(scores)} [" in row

@@ -27,6 +27,21 @@ from rope_extend.eval.runner import read_results
 from rope_extend.eval.variants import BASELINE
 
 
+def pooled_records(dirs, variants=(), skip_old_probe: bool = False, exclude_depths=()) -> list[dict]:
+    """The records of every folder in *dirs*, each case once (by variant, spec fingerprint and case id); only
+    *variants* (and the unpatched rows) when given, without old-probe records or *exclude_depths* when asked."""
+    seen, records = set(), []
+    for d in dirs:
+        for r in read_results(d):
+            key = (r["variant"], r.get("fingerprint"), r["case_id"])
+            wanted = not variants or r["variant"] in variants or r["variant"] == BASELINE
+            wanted = wanted and not (skip_old_probe and r["kind"] != "perplexity" and haystack_of(r) == OLD_PROBE)
+            if key not in seen and wanted and r.get("depth") not in exclude_depths:
+                seen.add(key)
+                records.append(r)
+    return records
+
+
 def per_depth_table(records: list[dict], min_length: int = 0) -> str:
     """k/n per task/haystack, length and depth for every variant (lengths >= *min_length*), plus each cell's
     accuracy [95 % Wilson] over all its depths."""
@@ -57,15 +72,7 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[],
                     help="keep only these variants (repeatable; the unpatched rows are kept for the ceiling)")
     args = ap.parse_args()
-    seen, records = set(), []
-    for d in args.dirs:
-        for r in read_results(d):
-            key = (r["variant"], r.get("fingerprint"), r["case_id"])
-            wanted = not args.variant or r["variant"] in args.variant or r["variant"] == BASELINE
-            wanted = wanted and not (args.skip_old_probe and r["kind"] != "perplexity" and haystack_of(r) == OLD_PROBE)
-            if key not in seen and wanted and r.get("depth") not in args.exclude_depth:
-                seen.add(key)
-                records.append(r)
+    records = pooled_records(args.dirs, args.variant, args.skip_old_probe, args.exclude_depth)
     if args.per_depth_from is not None:
         print("## Per depth\n\n" + per_depth_table(records, args.per_depth_from) + "\n")
     t = perplexity_table(records)
