@@ -142,3 +142,25 @@ def test_readme_results_tables_are_generated_from_the_records():
                 scores[r["case_id"]] = r["metrics"]["score"]
     (row,) = [line for line in tables["methods"].splitlines() if line.startswith("| `self-extend` |")]
     assert len(scores) >= 20 and f"{sum(scores.values()):g}/{len(scores)} [" in row
+
+
+def test_gpu_records_score_like_the_cpu_records_on_the_prompts_both_ran():
+    """The GPU folders (eval/reports/*-cuda-*: bf16 on an H200) are reported next to the CPU float32 ones; that is
+    only sound while every prompt run on both devices (same variant, spec fingerprint and case id) scored the same."""
+    def records(folder: Path) -> dict:
+        out = {}
+        for line in (folder / "results.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if "score" in r.get("metrics", {}):
+                out[(r["variant"], r.get("fingerprint"), r["case_id"])] = r["metrics"]["score"]
+        return out
+
+    folders = sorted(p for p in (ROOT / "eval" / "reports").iterdir() if (p / "results.jsonl").exists())
+    gpu = [p for p in folders if "-cuda-" in p.name]
+    cpu = {}
+    for p in folders:
+        if p not in gpu:
+            cpu.update(records(p))
+    pairs = [(key, score, cpu[key]) for p in gpu for key, score in records(p).items() if key in cpu]
+    assert len(gpu) >= 3 and len(pairs) >= 90  # 70 prompts at 4L's suite (2k and 32k), 20 at 2L's
+    assert [p for p in pairs if p[1] != p[2]] == []
