@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import compat, files
+from . import compat, files, outputs
 from .engines.parity import card_section
 from .errors import CheckpointError, SpecError
 from .hub import build_model_card, resolve_source
@@ -62,20 +62,6 @@ class PatchResult:
 
 
 # --- safety checks -------------------------------------------------------------------------------------------------
-# Files a model folder holds; --overwrite replaces a folder only if rope-extend wrote it or it holds nothing else.
-MODEL_FILE_SUFFIXES = {".json", ".safetensors", ".md", ".yaml", ".txt", ".model", ".jinja", ".tiktoken", ".gguf",
-                       ".gitattributes", ".png"} | set(PICKLE_SUFFIXES)
-
-
-def _is_model_folder(folder: Path) -> bool:
-    for path in folder.rglob("*"):
-        if path.is_dir() and not path.is_symlink():
-            continue
-        if path.is_symlink() or path.suffix not in MODEL_FILE_SUFFIXES:
-            return False
-    return True
-
-
 def check_output_path(source: Path, out: Path, overwrite: bool) -> Path:
     """Validate OUT without creating anything (parents are created only when writing starts)."""
     given = str(out)
@@ -101,16 +87,11 @@ def check_output_path(source: Path, out: Path, overwrite: bool) -> Path:
         raise CheckpointError(f"OUT {given!r} is inside SOURCE {str(source)!r}; write it elsewhere")
     if resolved_out in resolved_src.parents:
         raise CheckpointError(f"SOURCE {str(source)!r} is inside OUT {given!r}; OUT would replace it")
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"OUT {given!r} is an existing file; choose a folder path")
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise CheckpointError(f"OUT {given!r} exists and is not empty; pass --overwrite to replace it")
-        if not (out / "rope_extend.yaml").is_file() and not _is_model_folder(out):
-            raise CheckpointError(
-                f"OUT {given!r} holds files that are not a model's (--overwrite replaces only a folder rope-extend "
-                "wrote, with rope_extend.yaml, or one holding only model files); choose an empty or new folder"
-            )
+    # --overwrite replaces only a checkpoint (outputs.py); anything else is refused even without it, so the
+    # message never suggests an --overwrite that would be refused next
+    outputs.check_replaceable(out, "checkpoint", given)
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise CheckpointError(f"OUT {given!r} exists and is not empty; pass --overwrite to replace it")
     existing = next((p for p in [out, *out.parents] if p.exists()), None)
     if existing is None or not existing.is_dir():
         raise CheckpointError(f"cannot create OUT {given!r}: {str(existing)!r} is not a folder; choose another -o")
@@ -251,6 +232,7 @@ def _atomic_dir(out: Path, overwrite: bool):
         if out.exists():
             if not overwrite:
                 raise CheckpointError(f"OUT {str(out)!r} appeared while writing; pass --overwrite")
+            outputs.check_replaceable(out, "checkpoint")  # again: files may have been added during a long run
             old = out.parent / f".{out.name}{TMP_TAG}{os.getpid()}-old-{uuid.uuid4().hex[:8]}"
             out.rename(old)
             tmp.rename(out)

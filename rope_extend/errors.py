@@ -41,6 +41,16 @@ class CheckpointError(RopeExtendError, ValueError):
     """A source checkpoint is missing, corrupt or unsafe, or an output location is not usable."""
 
 
+class OutputNotReplaceableError(CheckpointError):
+    """OUT exists and holds files rope-extend did not write and that are not a checkpoint's: replacing it (or
+    writing into it) could lose them (`rope_extend.outputs.check_replaceable`)."""
+
+    def __init__(self, message: str, *, path: str | None = None, files: list[str] | None = None):
+        super().__init__(message)
+        self.path = path
+        self.files = files or []
+
+
 class VerificationError(RopeExtendError, RuntimeError):
     """A written checkpoint does not load back to the frequencies rope-extend computed."""
 

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from .errors import AlreadyScaledError, CheckpointError, SpecError, UnsupportedModelError, VerificationError
+from .outputs import check_replaceable
 from .spec import RopeSpec, load_spec
 
 ROPE_FREQS = "rope_freqs.weight"
@@ -514,10 +515,9 @@ def patch_gguf(
     if out.exists():
         if out.resolve() == source.resolve() or (out.is_file() and os.path.samefile(out, source)):
             raise CheckpointError(f"OUT {str(out)!r} is SOURCE; rope-extend never modifies its source: pick another path")
+        check_replaceable(out, "gguf")  # only a GGUF file is ever replaced
         if not overwrite:
             raise CheckpointError(f"OUT {str(out)!r} exists; pass overwrite=True (--overwrite) or pick another path")
-        if out.is_dir():
-            raise CheckpointError(f"OUT {str(out)!r} is a directory; give a file name ending in .gguf")
     plan = plan_gguf(info, spec)
     if on_step:
         on_step(f"writing {out}")

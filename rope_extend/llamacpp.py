@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .demo_model import CACHE_ENV
+from .outputs import check_replaceable
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_NAME = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
@@ -145,6 +146,7 @@ class LlamaCpp:
         pass such an interpreter as *python* (default: this one).
         """
         out = Path(out)
+        check_replaceable(out, "gguf")  # only a GGUF file is ever replaced
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(self.gguf_py), os.environ.get("PYTHONPATH", "")]))

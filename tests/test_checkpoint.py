@@ -131,11 +131,10 @@ def test_output_location_errors(source, tmp_path, capsys):
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "keep.txt").write_text("mine")
-    assert cli("patch", source, "--method", "yarn", "--factor", 2, "-o", busy) == 2
-    assert "--overwrite" in one_error_line(capsys)
-    assert (busy / "keep.txt").read_text() == "mine"
-    assert cli("patch", source, "--method", "yarn", "--factor", 2, "-o", busy, "--overwrite") == 0
-    assert not (busy / "keep.txt").exists() and (busy / "config.json").exists()
+    for overwrite in ([], ["--overwrite"]):  # a folder of the user's files is never replaced (tests/test_outputs.py)
+        assert cli("patch", source, "--method", "yarn", "--factor", 2, "-o", busy, *overwrite) == 2
+        assert "keep.txt" in one_error_line(capsys)
+        assert (busy / "keep.txt").read_text() == "mine" and not (busy / "config.json").exists()
     assert cli("patch", tmp_path / "missing", "--method", "yarn", "--factor", 2, "-o", tmp_path / "o") == 2
     assert "neither an existing folder, a Hub repo id" in one_error_line(capsys)
     assert checksums(source) == before

@@ -254,6 +254,11 @@ def test_refuses_already_scaled_and_unsafe_outputs(tiny, tmp_path):
         patch_gguf(tiny, {"method": "yarn", "factor": 2}, scaled)
     patch_gguf(tiny, {"method": "linear", "factor": 2}, scaled, overwrite=True)
     assert fields(scaled)["llama.rope.scaling.type"] == "linear"
+    notes = tmp_path / "notes.gguf"  # only a GGUF file is replaced (rope_extend/outputs.py)
+    notes.write_text("my notes")
+    with pytest.raises(CheckpointError, match="is not a GGUF file.*remove it yourself"):
+        patch_gguf(tiny, {"method": "yarn", "factor": 2}, notes, overwrite=True)
+    assert notes.read_text() == "my notes"
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF\x03\x00")
     with pytest.raises(CheckpointError, match="not a readable GGUF"):

@@ -571,7 +571,7 @@ def test_overwrite_only_replaces_model_folders(pristine, tmp_path, capsys, monke
     (code_dir / ".git").mkdir(parents=True)
     (code_dir / "train.py").write_text("print('mine')")
     refused = [(".", "the current folder"), ("~", "your home folder"), ("/", "the filesystem root"),
-               (str(tmp_path), "inside OUT"), (str(code_dir), "not a model's")]
+               (str(tmp_path), "inside OUT"), (str(code_dir), "not a checkpoint")]
     for out, words in refused:
         assert run(["patch", str(src), "-o", out, *YARN, "--overwrite"]) == 2, out
         err = capsys.readouterr().err.strip().splitlines()

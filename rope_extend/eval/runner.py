@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..outputs import check_replaceable
 from .jobs import Evaluator, Job, applies, plan_jobs
 from .suite import Suite, load_suite
 from .variants import Variant, apply_spec, load_model, make_variants, original_length
@@ -111,6 +112,7 @@ def run_eval(
         All records for this run's variants (resumed + new), in suite order.
     """
     out = Path(out_dir)
+    check_replaceable(out, "eval")  # a new or empty folder, or an eval output (resumed): never a user's folder
     results_path = out / RESULTS_FILE
     suite_obj = load_suite(suite)
     if text is not None:

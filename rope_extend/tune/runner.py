@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..facts import read_rope
+from ..outputs import check_replaceable
 from ..spec import RopeSpec
 from . import heldout as ho
 from .report import write_report
@@ -79,6 +80,7 @@ def tune_model(
     from ..eval.variants import load_model
 
     output = Path(output)
+    check_replaceable(output, "tune")  # a new or empty folder, or a tune output (resumed): never a user's folder
     output.mkdir(parents=True, exist_ok=True)
     model, tokenizer = load_model(model_path, dtype=dtype, device_map=device_map, device=device)
     calib_ids = tokenize_text(tokenizer, load_text(text))
