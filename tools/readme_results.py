@@ -10,15 +10,16 @@ of tools/run_retrieval_evidence.sh; their commands and the full tables are in do
 from __future__ import annotations
 
 import sys
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from retrieval_tables import pooled_records  # noqa: E402
+from retrieval_tables import pooled_records
 
-from rope_extend.eval.report import _table, ceilings, haystack_of, task_label  # noqa: E402
-from rope_extend.eval.stats import newcombe_paired_interval, wilson_interval  # noqa: E402
-from rope_extend.eval.variants import BASELINE  # noqa: E402
+from rope_extend.eval.report import _table, ceilings, haystack_of, task_label
+from rope_extend.eval.stats import newcombe_paired_interval, wilson_interval
+from rope_extend.eval.variants import BASELINE
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = ROOT / "eval" / "reports"
@@ -33,20 +34,26 @@ NEEDLES = ["smollm2-needles-2x", "smollm2-needles-ceiling"]
 TEXTS = ("pydoc_topics", "debian_licenses")  # docs / licences, the order of every perplexity cell
 REFERENCE = "dynamic"  # paired differences against the best frequency method at 2L and 4L (by its passkey)
 
-# label, the variant at 2L (x2), the variant at 4L (x4); None where that run was not made
+# label, the variant at 2L (x2), 4L (x4) and 8L (x8); None where that run was not made
 ROWS = [
-    ("unpatched", BASELINE, BASELINE),
-    ("`linear` (PI)", "linear-x2", None),
-    ("`ntk`", "ntk-x2", None),
-    ("`yarn`", "yarn-x2", "yarn-x4"),
-    ("`dynamic-yarn`", "dynamic-yarn-x2", None),
-    ("`llama3`", "llama3-x2", None),
-    ("`dynamic` (NTK)", "dynamic-x2", "dynamic-x4"),
-    ("`self-extend`", "self-extend-x2", "self-extend-x4"),
-    ("`self-extend` + `log_n`", None, "self-extend-x4-logn"),
-    ("`dual-chunk`", "dual-chunk-x2", "dual-chunk-x4"),
-    ("`dual-chunk` + `log_n`", None, "dual-chunk-x4-logn"),
+    ("unpatched", BASELINE, BASELINE, None),
+    ("`linear` (PI)", "linear-x2", None, None),
+    ("`ntk`", "ntk-x2", None, None),
+    ("`yarn`", "yarn-x2", "yarn-x4", "yarn-x8"),
+    ("`dynamic-yarn`", "dynamic-yarn-x2", None, None),
+    ("`llama3`", "llama3-x2", None, None),
+    ("`dynamic` (NTK)", "dynamic-x2", "dynamic-x4", "dynamic-x8"),
+    ("`self-extend`", "self-extend-x2", "self-extend-x4", None),
+    ("`self-extend` + `log_n`", None, "self-extend-x4-logn", None),
+    ("`dual-chunk`", "dual-chunk-x2", "dual-chunk-x4", None),
+    ("`dual-chunk` + `log_n`", None, "dual-chunk-x4-logn", None),
 ]
+# Records measured on a GPU (folder suffix -DEVICE-DTYPE, as tools/run_retrieval_evidence.sh names them with DEVICE
+# and DTYPE set): the 8L column comes from GPU_8L alone, and the note under the table counts, over every GPU folder,
+# the prompts that the CPU float32 folders ran too and how many of them scored the same on both devices.
+GPU_DEVICE = "one NVIDIA H200, bf16, SDPA"
+GPU_8L = ["smollm2-passkey-8x-freq-cuda-bfloat16"]
+GPU = ["smollm2-passkey-2x-se-cuda-bfloat16", "smollm2-passkey-4x-freq-cuda-bfloat16", *GPU_8L]
 
 
 def _records(folders: list[str], reports: Path) -> list[dict]:
@@ -133,8 +140,8 @@ def _inside_cost(ppl: dict, base: dict, variant: str, orig: int) -> str:
 
 def methods_table(reports: Path = REPORTS) -> str:
     """One row per method: passkey at 2L and 4L (classic filler) with the accuracy on the depths the ceiling does
-    not flag and the paired difference against dynamic NTK, perplexity at 2L and 4L on both texts, and the
-    perplexity change inside the window."""
+    not flag and the paired difference against dynamic NTK, passkey at 8L from the GPU records, perplexity at 2L
+    and 4L on both texts, and the perplexity change inside the window; under it, the device note."""
     recs = _records(PASSKEY + CEILING, reports)
     orig = next(r["original_length"] for r in recs if r.get("original_length"))
     flagged = ceilings(recs).get("passkey/filler", {}).get("flagged", [])
@@ -142,11 +149,15 @@ def methods_table(reports: Path = REPORTS) -> str:
     for r in recs:
         if task_label(r) == "passkey/filler" and r["length"] > orig:
             cells[(r["variant"], r["length"])].append(r)
+    gpu = defaultdict(list)  # kept apart from the CPU cells: (variant, length) -> records
+    for r in _records(GPU_8L, reports):
+        if task_label(r) == "passkey/filler" and r["length"] == 8 * orig:
+            gpu[(r["variant"], r["length"])].append(r)
     ppl, base = _perplexities(reports)
     best: dict[int, float] = defaultdict(lambda: -1.0)
     low: dict[int, float] = defaultdict(lambda: float("inf"))
     rows = []
-    for label, v2, v4 in ROWS:
+    for label, v2, v4, v8 in ROWS:
         row = [label]
         for factor, v in ((2, v2), (4, v4)):
             got = cells.get((v, factor * orig))
@@ -157,6 +168,11 @@ def methods_table(reports: Path = REPORTS) -> str:
             best[factor] = max(best[factor], acc)
             ref = cells.get((f"{REFERENCE}-x{factor}", factor * orig), [])
             row += [cell, "·" if v == f"{REFERENCE}-x{factor}" else _paired_cell(got, ref)]
+        got = gpu.get((v8, 8 * orig))
+        if got:
+            cell, acc = _passkey_cell(got, flagged)
+            best[8] = max(best[8], acc)
+        row.append(cell if got else "–")
         for factor, v in ((2, v2), (4, v4)):
             text, values = _ppl(ppl, v, factor * orig)
             row.append(text)
@@ -165,20 +181,40 @@ def methods_table(reports: Path = REPORTS) -> str:
         inside = [f"x{f}: {_inside_cost(ppl, base, v, orig)}" for f, v in ((2, v2), (4, v4)) if v and v != BASELINE]
         row.append("; ".join(inside) if inside else "0")
         rows.append(row)
-    for row, (_, v2, v4) in zip(rows, ROWS):  # bold the best passkey rate and the lowest perplexity per column
-        for col, factor, v in ((1, 2, v2), (3, 4, v4)):
-            got = cells.get((v, factor * orig))
+    for row, (_, v2, v4, v8) in zip(rows, ROWS):  # bold the best passkey rate and the lowest perplexity per column
+        for col, got in ((1, cells.get((v2, 2 * orig))), (3, cells.get((v4, 4 * orig))), (5, gpu.get((v8, 8 * orig)))):
+            factor = {1: 2, 3: 4, 5: 8}[col]
             if got and sum(float(r["metrics"]["score"]) for r in got) / len(got) == best[factor]:
                 row[col] = f"**{row[col]}**"
-        for col, factor, v in ((5, 2, v2), (6, 4, v4)):
+        for col, factor, v in ((6, 2, v2), (7, 4, v4)):
             values = _ppl(ppl, v, factor * orig)[1]
             if values and v != BASELINE and sum(values) == low[factor]:
                 row[col] = f"**{row[col]}**"
     header = ["method", f"passkey at 2L ({2 * orig // 1024}k) [95 %] · valid depths",
               f"vs `{REFERENCE}` x2, paired [95 %], pairs", f"passkey at 4L ({4 * orig // 1024}k)",
-              f"vs `{REFERENCE}` x4", "perplexity at 2L, docs / licences", "perplexity at 4L",
+              f"vs `{REFERENCE}` x4", f"passkey at 8L ({8 * orig // 1024}k), GPU bf16",
+              "perplexity at 2L, docs / licences", "perplexity at 4L",
               "inside the window (2k, 8k): perplexity vs unpatched"]
-    return _table(header, rows)
+    return _table(header, rows) + "\n\n" + gpu_note(reports)
+
+
+def gpu_agreement(reports: Path = REPORTS) -> tuple[int, int, list[int]]:
+    """``(same, shared, lengths)``: of the prompts in the GPU folders that a CPU float32 folder also ran (same variant, spec
+    fingerprint and case id), how many scored the same on both devices, and at which prompt lengths."""
+    cpu_folders = sorted(p.name for p in reports.glob("smollm2-*") if (p / "results.jsonl").exists() and p.name not in GPU)
+    cpu = {(r["variant"], r.get("fingerprint"), r["case_id"]): r["metrics"]["score"]
+           for r in _records(cpu_folders, reports) if "score" in r["metrics"]}
+    shared = [(cpu[k], r["metrics"]["score"], r["length"]) for r in _records(GPU, reports)
+              if (k := (r["variant"], r.get("fingerprint"), r["case_id"])) in cpu]
+    return sum(a == b for a, b, _ in shared), len(shared), sorted({L for _, _, L in shared})
+
+
+def gpu_note(reports: Path = REPORTS) -> str:
+    same, shared, lengths = gpu_agreement(reports)
+    at = ", ".join(f"{L // 1024}k" for L in lengths)
+    return textwrap.fill(f"GPU bf16: {GPU_DEVICE}, this project's `rope-extend eval` (`eval/reports/*-cuda-bfloat16`); "
+                         f"every other cell: CPU fp32. The prompts run on both devices ({at}) score the same on {same} "
+                         f"of {shared}.", width=116, break_on_hyphens=False, break_long_words=False)
 
 
 def needles_table(reports: Path = REPORTS) -> str:
