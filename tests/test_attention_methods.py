@@ -276,8 +276,8 @@ def test_sdpa_prefill_and_decoding_take_the_fused_path(method, monkeypatch):
         cache = DynamicCache(config=model.config)
         model(ids[:, :40], **_cache(cache))
         masks = []  # the second piece (20 queries after 40 cached keys) comes with transformers' causal mask
-        original_start = kernels._fused_start
-        monkeypatch.setattr(kernels, "_fused_start", lambda q, qp, kp, mask, *a: masks.append(mask is not None)
+        original_start = kernels.contiguous_start
+        monkeypatch.setattr(kernels, "contiguous_start", lambda q, qp, kp, mask, *a: masks.append(mask is not None)
                             or original_start(q, qp, kp, mask, *a))
         model(ids[:, 40:60], **_cache(cache))
         key_rows.clear()

@@ -5,6 +5,9 @@
   merges the maps into one softmax: by log-sum-exp over key segments, each one call of torch's fused CPU attention
   kernel (the common case), or per (query, key) pair (masks, padding, softcap, other devices), never holding more
   than one block of scores.
+- `passes`, `primitives`: the whole-sequence passes path (CUDA's default): each position map one attention pass
+  with a block mask (FlexAttention compiled on CUDA; the CPU kernel or eager FlexAttention in tests), merged by
+  log-sum-exp; decoding steps on contiguous key slices.
 - `runtime`: how a patched model reaches the kernel. A dispatcher in transformers' attention-function registry
   (eager and SDPA; unpatched modules go to the original function untouched), a forward pre-hook per attention
   module that records the position of every key in the KV cache alongside it, and the handles that undo both.

@@ -17,7 +17,11 @@ Dual chunk attention (An et al. 2024, ChunkLlama), chunk_size c, local_window w,
 
 `log_n` multiplies each query's logits by max(1, ln(p_i + 1) / ln(L)) (Qwen's logn attention; p_i its position).
 
-Two paths compute the same attention:
+Three paths compute the same attention (`select_path` picks one per call):
+- the passes path (`passes.py`, the common case off the CPU: contiguous positions, as below): each map is one
+  whole-sequence pass of a swappable attention primitive that returns the log-sum-exp (`primitives.py`:
+  FlexAttention with block masks, compiled on CUDA), merged exactly by log-sum-exp; a decoding step runs each pass
+  on the contiguous key slice it sees.
 - the fused path (`_fused_attention`, the common case: CPU, no mask or softcap, every row at the same contiguous
   positions, as in a prefill or a decoding step without padding; a mask that is exactly the causal mask of queries
   that are the last keys, which transformers builds for a prompt prefilled after a cached prefix, counts as none:
@@ -26,14 +30,16 @@ Two paths compute the same attention:
   near the boundaries where a mask picks the pairs. Each segment is one call of torch's fused CPU attention kernel,
   which returns the softmax's log-sum-exp, and the segments are merged exactly by log-sum-exp: the same softmax over
   the union, without a score matrix in Python and with each key scored once per query (twice only in the band).
-- the general path (`_blocked_attention`: masks, left padding, softcap, other devices): scores each map per block
-  of queries, picks per pair, applies the mask, softmax, values.
+- the general path (`_blocked_attention`: masks, left padding, softcap, devices without a passes primitive):
+  scores each map per block of queries, picks per pair, applies the mask, softmax, values. Off the CPU it is a slow
+  Python loop, so taking it there warns once per process per case.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -204,6 +210,8 @@ def remapped_attention(
     memo: dict | None = None,
     key_store: dict | None = None,
     fused: bool | None = None,
+    path: str | None = None,
+    primitive=None,
 ) -> torch.Tensor:
     """Attention output [B, q, Hq, Dv] (transformers' attention-function layout).
 
@@ -212,24 +220,71 @@ def remapped_attention(
     being the last q of the k keys), a boolean mask (True = attend) or an additive float mask, [B or 1, 1 or Hq, q,
     >= k]. Causality by index always holds (transformers' decoder masks are causal), so each block reads only the
     keys it can see. `memo` holds rotation tables by position (shared by the layers of a model); `key_store` holds
-    this layer's keys moved by the map's key shift, extended call by call (see `moved_keys`). `fused`: None picks
-    the fused path whenever it applies (True insists, for tests; False takes the general path).
+    this layer's keys moved by the map's key shift, extended call by call (see `moved_keys`).
+
+    `path`: None picks by device and case (`select_path`); "fused", "passes" or "general" insist (tests, benches;
+    "fused"/"passes" raise ValueError where they do not apply). `primitive`: the passes path's primitive
+    (`primitives.py`), by default `primitives.primitive_for(query.device)`. `fused` is the older switch: True is
+    path="fused", False path="general".
     """
+    if path is None and fused is not None:
+        path = "fused" if fused else "general"
     n_k = k_pos.shape[1]
     q_pos = q_pos.to(query.device)
     k_pos = k_pos.to(query.device)
-    start = _fused_start(query, q_pos, k_pos, attention_mask, softcap, mapping) if fused is not False else None
-    if start is None and fused:
-        raise ValueError("the fused path needs a CPU tensor, no softcap, no mask but the plain causal one, and the "
-                         "same contiguous positions in every row")
+    start, case = (None, "the general path asked for") if path == "general" else \
+        contiguous_start(query, q_pos, k_pos, attention_mask, softcap)
+    if path is None:
+        if start is not None and primitive is None and query.device.type != "cpu":
+            from .primitives import primitive_for
+
+            primitive = primitive_for(query.device)
+            if primitive is None:
+                start, case = None, f"no fast attention primitive for {query.device.type} tensors"
+        path = select_path(query.device, start, case, mapping)
+    if path in ("fused", "passes") and start is None:
+        raise ValueError(f"the {path} path needs no softcap, no mask but the plain causal one, and the same "
+                         f"contiguous positions in every row; here: {case}")
+    if path == "fused" and (query.device.type != "cpu" or fused_kernel() is None or not hasattr(mapping, "segments")):
+        raise ValueError("the fused path needs a CPU tensor and torch's fused CPU attention kernel")
     moved = None
-    if start is None or mapping.moves_keys:
+    if path != "fused" or mapping.moves_keys:
         moved = moved_keys(mapping, key, k_pos.expand(query.shape[0], n_k), inv_freq, memo, key_store)
-    if start is None:
+    if path == "general":
         return _blocked_attention(query, key, value, q_pos, k_pos, attention_mask, scaling, mapping, inv_freq,
                                   moved, softcap, log_n_original, block_elements, memo)
+    if path == "passes":
+        from .passes import passes_attention
+        from .primitives import primitive_for
+
+        primitive = primitive or primitive_for(query.device)
+        if primitive is None:
+            raise ValueError(f"no passes primitive for {query.device.type} tensors")
+        return passes_attention(query, key, value, moved, start, n_k, scaling, mapping, inv_freq, log_n_original,
+                                primitive, memo)
     return _fused_attention(query, key, value, moved, q_pos, n_k, start, scaling, mapping, inv_freq,
                             log_n_original, max(1, block_queries), memo)
+
+
+_WARNED: set = set()  # the fallback cases already warned about in this process
+
+
+def select_path(device: torch.device, start: int | None, case: str | None, mapping) -> str:
+    """The path for a call: "fused" on CPU (its kernel at hand), "passes" on other devices, both for contiguous
+    positions (`start` not None); otherwise "general", with one warning per process per case off the CPU, where the
+    general path's Python loop over query blocks is far slower than attention (67-195x on an H200 at 16k-64k)."""
+    if start is not None:
+        if device.type == "cpu" and fused_kernel() is not None and hasattr(mapping, "segments"):
+            return "fused"
+        if device.type != "cpu":
+            return "passes"
+        case = "no fused CPU attention kernel in this torch"
+    if device.type != "cpu" and case not in _WARNED:
+        _WARNED.add(case)
+        warnings.warn(f"rope-extend: {case}: self-extend / dual-chunk attention on {device.type} falls back to the "
+                      "general blocked path, which is slow (a Python loop over query blocks); see "
+                      "docs/attention-methods.md, 'Speed by device'", RuntimeWarning, stacklevel=3)
+    return "general"
 
 
 def moved_keys(mapping, key, k_pos, inv_freq, memo, store) -> torch.Tensor:
@@ -297,21 +352,22 @@ def plain_causal(mask: torch.Tensor, n_q: int, n_k: int) -> bool:
     return answer
 
 
-def _fused_start(query, q_pos, k_pos, mask, softcap, mapping) -> int | None:
-    """The position of key 0 when the fused path applies (CPU, no softcap, no mask or the plain causal one, the
-    same contiguous positions in every row, queries the last keys), else None."""
-    if (softcap is not None or query.device.type != "cpu" or fused_kernel() is None
-            or not hasattr(mapping, "segments") or query.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
-        return None
+def contiguous_start(query, q_pos, k_pos, mask, softcap) -> tuple[int | None, str | None]:
+    """(the position of key 0, None) when the fused and passes paths apply: no softcap, no mask or the plain causal
+    one, the same contiguous positions in every row, queries the last keys; else (None, the case that does not)."""
+    if softcap is not None:
+        return None, "attention logit softcapping"
+    if query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return None, f"dtype {query.dtype}"
     n_q, n_k = q_pos.shape[1], k_pos.shape[1]
     first = int(k_pos[0, 0])
     if first < 0 or not torch.equal(k_pos, (torch.arange(n_k, device=k_pos.device) + first).expand_as(k_pos)):
-        return None
+        return None, "positions not contiguous or not the same in every batch row (left padding, packed sequences)"
     if not torch.equal(q_pos, k_pos[:, n_k - n_q :].expand_as(q_pos)):
-        return None
+        return None, "queries that are not the last keys"
     if mask is not None and not plain_causal(mask, n_q, n_k):  # last: the one check that reads n_q x n_k values
-        return None
-    return first
+        return None, "an attention mask other than the causal one (padding or a custom mask)"
+    return first, None
 
 
 def _fused_attention(query, key, value, moved, q_pos, n_k, first, scaling, mapping, inv_freq, log_n_original, block,

@@ -1,0 +1,177 @@
+"""The passes path: each method as a few whole-sequence attention passes, merged exactly by log-sum-exp.
+
+For contiguous positions (the queries are the last n_q of n_k keys at positions first .. first + n_k - 1, every
+batch row alike, no padding), each (query, key) pair of a method uses exactly one of its position maps, and the
+pairs of one map form a simple region of the (query, key) plane. A *pass* is one map over the whole sequence:
+
+- which queries: the model's rotated queries moved by the map's query shift (None: as the model rotated them);
+- which keys: the model's keys, or the keys moved by the method's key shift (`kernels.moved_keys`, kept on the KV
+  cache across decoding steps);
+- which pairs: a FlexAttention-style `mask_mod(b, h, q_idx, kv_idx)`, with the position of query 0 and key 0
+  closed over as tensors (so a compiled kernel does not recompile when they change), and the same region as key
+  position ranges per query position (`key_range`, what a decoding step slices).
+
+SelfExtend, window W, group G: neighbour (original q, original k, 0 <= p_i - p_j < W) and grouped (q at
+p_i // G + W - W // G, k at p_j // G, p_i - p_j >= W).
+Dual chunk, chunk length s = chunk_size - local_window, c = chunk_size; keys moved once to p_j mod s (for all three
+passes, unlike the CPU fused path, which rotates queries per chunk instead): intra (q at p_i mod s, same chunk,
+causal), successive (q at min(p_i mod s + s, c), previous chunk), inter (q at c, chunks two or more back).
+
+Each pass runs one call of a primitive (`primitives.py`: FlexAttention compiled on CUDA, the fused CPU kernel or
+eager FlexAttention for tests) that returns its output and log-sum-exp; the outputs merge exactly by their
+log-sum-exps, the softmax over the union of the passes' keys. A query a pass does not see has log-sum-exp -inf
+and weight 0. With block-sparse masks the passes cost about one causal attention: the neighbour pass reads about
+W keys per query, the grouped pass the causal rest.
+
+A decoding step (one query) sees, through each pass, one contiguous range of keys: its last W keys and the rest
+(self-extend), its own chunk, the previous chunk and the older ones (dual chunk). It runs the primitive's
+`unmasked` call on those slices: no mask, no compilation per cache length, no re-rotated cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .kernels import DualChunkMap, SelfExtendMap, log_n_factor, rotate, rotation
+
+ROTATE_QUERIES = 8192  # queries rotated per step (bounds the float32 temporaries at long prompts)
+MERGE_QUERIES = 8192  # queries merged per step (likewise)
+PLANS_KEPT = 16  # prepared masks kept in the memo (one per prompt length and offset), cleared beyond this
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    query_shift: Callable[[torch.Tensor], torch.Tensor] | None  # query positions -> shift; None: as rotated
+    moved_keys: bool  # keys moved by the map's key shift, else as the model rotated them
+    mask_mod: Callable  # (b, h, q_idx, kv_idx) -> bool: the pairs of this pass
+    key_range: Callable[[int], tuple[int, int]]  # a query position -> [lo, hi) key positions it sees here
+
+
+def method_passes(mapping, q0: int, k0: int, device) -> list[Pass]:
+    """The passes of `mapping` for queries whose index 0 sits at position q0 and keys whose index 0 sits at k0."""
+    q_base = torch.tensor(q0, device=device)
+    k_base = torch.tensor(k0, device=device)
+    if isinstance(mapping, SelfExtendMap):
+        w = mapping.neighbor_window
+
+        def neighbour(b, h, q_idx, kv_idx):
+            distance = (q_base + q_idx) - (k_base + kv_idx)
+            return (distance >= 0) & (distance < w)
+
+        def grouped(b, h, q_idx, kv_idx):
+            return (q_base + q_idx) - (k_base + kv_idx) >= w
+
+        return [
+            Pass("neighbour", None, False, neighbour, lambda p: (p - w + 1, p + 1)),
+            Pass("grouped", lambda q_pos: mapping.query_shifts(q_pos)[1], True, grouped,
+                 lambda p: (k0, p - w + 1)),
+        ]
+    if isinstance(mapping, DualChunkMap):
+        s = mapping.chunk_len
+
+        def gap(q_idx, kv_idx):
+            return (q_base + q_idx) // s - (k_base + kv_idx) // s
+
+        def intra(b, h, q_idx, kv_idx):
+            return (gap(q_idx, kv_idx) == 0) & (k_base + kv_idx <= q_base + q_idx)
+
+        def successive(b, h, q_idx, kv_idx):
+            return gap(q_idx, kv_idx) == 1
+
+        def inter(b, h, q_idx, kv_idx):
+            return gap(q_idx, kv_idx) >= 2
+
+        return [
+            Pass("intra", lambda q_pos: q_pos % s - q_pos, True, intra, lambda p: (p // s * s, p + 1)),
+            Pass("successive", lambda q_pos: mapping.query_shifts(q_pos)[1], True, successive,
+                 lambda p: (p // s * s - s, p // s * s)),
+            Pass("inter", lambda q_pos: mapping.query_shifts(q_pos)[2], True, inter,
+                 lambda p: (k0, p // s * s - s)),
+        ]
+    raise TypeError(f"no passes for {type(mapping).__name__}")
+
+
+def _plan(mapping, q0, k0, n_q, n_k, primitive, device, memo):
+    """[(pass, prepared mask or None for a decoding step)] without the passes no query sees, kept in the memo for
+    the other layers of the forward (the masks depend only on the positions and shapes)."""
+    key = ("passes", mapping, primitive.name, q0, k0, n_q, n_k, str(device))
+    plans = memo.setdefault("plans", {}) if memo is not None else {}
+    if key not in plans:
+        if len(plans) >= PLANS_KEPT:
+            plans.clear()
+        plan = []
+        last = q0 + n_q - 1  # the last query sees the most keys of every pass (ranges grow with the position)
+        for p in method_passes(mapping, q0, k0, device):
+            lo, hi = p.key_range(last)
+            if min(hi, last + 1) <= max(lo, k0):
+                continue
+            plan.append((p, None if n_q == 1 else primitive.prepare(p.mask_mod, n_q, n_k, device)))
+        plans[key] = plan
+    return plans[key]
+
+
+def _pass_queries(query, p, row, factor, mapping, inv_freq, memo):
+    """The queries moved by the pass's query shift (and log-n scaled), rotated a slice of queries at a time."""
+    if p.query_shift is None:
+        return query if factor is None else query * factor[:, None].to(query.dtype)
+    key = ("pass-query", mapping, p.name)
+    entry = memo.get(key) if memo is not None else None
+    if entry is not None and entry[0].shape == row.shape and torch.equal(entry[0], row):
+        cos, sin = entry[1], entry[2]
+    else:
+        cos, sin = rotation(p.query_shift(row), inv_freq)
+        if memo is not None:
+            memo[key] = (row, cos, sin)
+    out = torch.empty_like(query)
+    for a in range(0, query.shape[2], ROTATE_QUERIES):
+        b = a + ROTATE_QUERIES
+        moved = rotate(query[:, :, a:b], cos[:, :, a:b], sin[:, :, a:b])
+        out[:, :, a:b] = moved if factor is None else moved * factor[a:b, None].to(query.dtype)
+    return out
+
+
+def passes_attention(query, key, value, moved, first, n_k, scaling, mapping, inv_freq, log_n_original,
+                     primitive, memo) -> torch.Tensor:
+    """Attention output [B, n_q, Hq, Dv] for contiguous positions (see the module docstring): query [B, Hq, n_q, D]
+    rotated at first + n_k - n_q .., key/value [B, Hkv, >= n_k, D], `moved` the keys moved by the key shift."""
+    n_q = query.shape[2]
+    q0 = first + n_k - n_q
+    row = torch.arange(q0, q0 + n_q, device=query.device)[None]
+    factor = log_n_factor(row, log_n_original)[0] if log_n_original else None
+    keys, values = key[:, :, :n_k], value[:, :, :n_k]
+    parts = []
+    for p, prepared in _plan(mapping, q0, first, n_q, n_k, primitive, query.device, memo):
+        q_p = _pass_queries(query, p, row, factor, mapping, inv_freq, memo)
+        k_p = moved if p.moved_keys else keys
+        if n_q == 1:  # a decoding step: one contiguous key range per pass
+            lo, hi = p.key_range(q0)
+            lo, hi = max(lo, first) - first, min(hi, q0 + 1) - first
+            parts.append(primitive.unmasked(q_p, k_p[:, :, lo:hi], values[:, :, lo:hi], scaling))
+        else:
+            parts.append(primitive.masked(q_p, k_p, values, prepared, scaling))
+    return merge(parts)
+
+
+def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The passes' outputs [B, Hq, n, Dv] merged by their log-sum-exps [B, Hq, n] -> [B, n, Hq, Dv]: each weighted
+    by exp(lse - logsumexp(all lse)), in float32, a slice of queries at a time. A pass's -inf rows weigh 0."""
+    out0 = parts[0][0]
+    if len(parts) == 1:
+        return out0.transpose(1, 2).contiguous()
+    batch, heads, n, dv = out0.shape
+    total = torch.logsumexp(torch.stack([lse for _, lse in parts]), dim=0)
+    result = out0.new_empty(batch, n, heads, dv)
+    for a in range(0, n, MERGE_QUERIES):
+        b = min(n, a + MERGE_QUERIES)
+        acc = None
+        for out, lse in parts:
+            # nan_to_num: a row no pass sees (cannot happen causally) has total -inf and weight 0, not NaN
+            weight = torch.exp(lse[..., a:b] - total[..., a:b]).nan_to_num_(0.0)
+            term = out[..., a:b, :].float() * weight[..., None]
+            acc = term if acc is None else acc.add_(term)
+        result[:, a:b] = acc.transpose(1, 2)
+    return result
