@@ -32,15 +32,39 @@
 #   tools/run_retrieval_evidence.sh 2x-paper    # ... the paper suite's other passkey variants: NTK x2, linear x2
 #                                               # (side by side with 2x-tune)
 #   tools/run_retrieval_evidence.sh 2x-dynyarn  # ... and dynamic-yarn x2, the README results table's last row
+#   tools/run_retrieval_evidence.sh 8x-freq     # passkey at 8L (64k), n = 20: YaRN x8, dynamic NTK x8
+#   tools/run_retrieval_evidence.sh 8x-se       # ... self-extend x8, defaults and + log_n
+#   tools/run_retrieval_evidence.sh 8x-dc       # ... dual-chunk x8, defaults and + log_n
+#   tools/run_retrieval_evidence.sh 16x-freq    # passkey at 16L (128k), n = 20: the same variants at x16
+#   tools/run_retrieval_evidence.sh 16x-se      # ...
+#   tools/run_retrieval_evidence.sh 16x-dc      # ...
+#   tools/run_retrieval_evidence.sh ppl-8x      # perplexity at 2k-64k (the docs text only: the licences are 42k
+#                                               # tokens): unpatched and every 8L variant
+#   The 8L/16L steps run on DEVICE (cpu unless set, e.g. DEVICE=cuda) in DTYPE (float32 unless set, e.g.
+#   DTYPE=bfloat16), into eval/reports/<folder>-DEVICE-DTYPE unless cpu/float32 (resume does not check the dtype,
+#   so records of two devices never share a folder); on a CPU core a 64k prompt takes hours. DRY_RUN=1 prints a
+#   step's command instead of running it.
 #   (VARIANTS='--spec ...' replaces the default variants of 2x-20-attn, 4x-attn, 4x-freq and 2x-tune)
 set -e
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}  # the Makefile's virtualenv (make install), relative to the repository root
 export PYTHONPATH=$PWD OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread: on a shared, oversubscribed CPU two threads wait for each other (README)
 S4=eval/reports/smollm2-passkey-4x/suite.yaml  # every reported 4L step reads this one suite: the same prompts for all
+S8=eval/reports/smollm2-passkey-8x/suite.yaml    # every 8L step reads it: the prompts of the GPU 8L records
+S16=eval/reports/smollm2-passkey-16x/suite.yaml  # ... and every 16L step this one
+DEVICE=${DEVICE:-cpu} DTYPE=${DTYPE:-float32}
+TAG=$([ "$DEVICE/$DTYPE" = cpu/float32 ] || echo "-$DEVICE-$DTYPE" | tr : -)  # e.g. -cuda-bfloat16
 ev() {  # ev SUITE OUT [eval options...]: one resumable eval run, single-threaded and niced
   suite=$1 out=$2; shift 2
+  if [ -n "$DRY_RUN" ]; then echo $PY -m rope_extend eval smollm2 --suite "$suite" --interleave -o "$out" "$@"; exit 0; fi
   exec nice -n 10 $PY -m rope_extend eval smollm2 --suite "$suite" --interleave -o "$out" "$@"
+}
+evd() {  # evd SUITE OUT [eval options...]: ev on DEVICE in DTYPE, into OUT plus the device tag
+  suite=$1 out=$2; shift 2
+  ev "$suite" "$out$TAG" --device "$DEVICE" --dtype "$DTYPE" "$@"
+}
+attn() {  # attn METHOD FACTOR: the defaults and + log_n (the spec file next to the suite)
+  echo "--spec method=$1,factor=$2 --spec eval/reports/smollm2-passkey-$2x/$1-x$2-logn.yaml"
 }
 case "$1" in
   ceiling)    ev ceiling eval/reports/smollm2-ceiling ;;
@@ -82,5 +106,13 @@ case "$1" in
   2x-dynyarn) ev eval/reports/smollm2-passkey-2x/suite-filler.yaml eval/reports/smollm2-passkey-2x-dynyarn --no-baseline \
                 --spec method=dynamic-yarn,factor=2 ;;
   needles-ceiling) ev eval/reports/smollm2-needles-ceiling/suite.yaml eval/reports/smollm2-needles-ceiling ;;
-  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|ppl-2x-freq|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper|2x-dynyarn" >&2; exit 2 ;;
+  8x-freq)    evd $S8 eval/reports/smollm2-passkey-8x-freq --no-baseline --spec method=yarn,factor=8 --spec method=dynamic,factor=8 ;;
+  8x-se)      evd $S8 eval/reports/smollm2-passkey-8x-se --no-baseline $(attn self-extend 8) ;;
+  8x-dc)      evd $S8 eval/reports/smollm2-passkey-8x-dc --no-baseline $(attn dual-chunk 8) ;;
+  16x-freq)   evd $S16 eval/reports/smollm2-passkey-16x-freq --no-baseline --spec method=yarn,factor=16 --spec method=dynamic,factor=16 ;;
+  16x-se)     evd $S16 eval/reports/smollm2-passkey-16x-se --no-baseline $(attn self-extend 16) ;;
+  16x-dc)     evd $S16 eval/reports/smollm2-passkey-16x-dc --no-baseline $(attn dual-chunk 16) ;;
+  ppl-8x)     evd eval/reports/smollm2-ppl-8x/suite.yaml eval/reports/smollm2-ppl-8x --spec method=yarn,factor=8 \
+                --spec method=dynamic,factor=8 $(attn self-extend 8) $(attn dual-chunk 8) ;;
+  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|ppl-2x-freq|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper|2x-dynyarn|8x-freq|8x-se|8x-dc|16x-freq|16x-se|16x-dc|ppl-8x" >&2; exit 2 ;;
 esac
