@@ -42,8 +42,8 @@
 #                                               # tokens): unpatched and every 8L variant
 #   The 8L/16L steps run on DEVICE (cpu unless set, e.g. DEVICE=cuda) in DTYPE (float32 unless set, e.g.
 #   DTYPE=bfloat16), into eval/reports/<folder>-DEVICE-DTYPE unless cpu/float32 (resume does not check the dtype,
-#   so records of two devices never share a folder); on a CPU core a 64k prompt takes hours. DRY_RUN=1 prints a
-#   step's command instead of running it.
+#   so records of two devices never share a folder); on one CPU core a 32k job took 48-98 min, 64k is longer (not
+#   measured). DRY_RUN=1 prints a step's command instead of running it.
 #   (VARIANTS='--spec ...' replaces the default variants of 2x-20-attn, 4x-attn, 4x-freq and 2x-tune)
 set -e
 cd "$(dirname "$0")/.."
