@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -221,19 +221,43 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def folder_of(plan: PushPlan) -> Path:
-    return Path(plan.calls[1][1]["folder_path"])
-
-
 # --- push ------------------------------------------------------------------------------------------------------------
+# Every failure of a push after OUT was written ends with this: OUT is kept and one command pushes it later.
+PUSH_LATER = "OUT {out!r} is complete: push it later with `{command}`"
+
+
 @dataclass
 class PushPlan:
+    """What a push sends: computed once by `plan_push`, printed by `--dry-run`, executed by `push`."""
+
+    folder: Path
     repo_id: str
     private: bool
-    files: list[str]
+    files: list[str]  # POSIX paths relative to `folder`, exactly the files the upload sends
     commit_message: str
-    calls: list[tuple[str, dict]] = field(default_factory=list)
+    card: str | None = None  # README.md rewritten so its serving commands name `repo_id` (None: already does)
     url: str = ""
+
+    @property
+    def later(self) -> str:
+        """The one command that pushes `folder` later (what every failure prints)."""
+        import shlex
+
+        return f"rope-extend push {shlex.quote(str(self.folder))} {self.repo_id}" + (" --private" if self.private else "")
+
+    def where(self) -> str:
+        return "; " + PUSH_LATER.format(out=str(self.folder), command=self.later)
+
+    def dry_run_lines(self) -> list[str]:
+        """The dry run's report: the repo, its visibility, the commit message and every file, one per line."""
+        lines = [
+            f"dry run: would push {len(self.files)} files to {self.repo_id} "
+            f"({'private' if self.private else 'public'}; an existing repo keeps its visibility)",
+            f"commit message: {self.commit_message}",
+        ]
+        if self.card is not None:
+            lines.append(f"README.md: its serving commands would be rewritten to name {self.repo_id}")
+        return lines + [f"  + {name}" for name in self.files]
 
 
 def check_repo_id(repo_id: str) -> str:
@@ -242,38 +266,137 @@ def check_repo_id(repo_id: str) -> str:
     return repo_id
 
 
-def plan_push(folder: Path, repo_id: str, private: bool, spec_yaml: str) -> PushPlan:
+def upload_files(folder: Path) -> list[str]:
+    """The files a push uploads: every regular file under `folder` (hard-linked weights included) except hidden ones
+    (`.git*`, `.cache/`, the demo cache's `.complete`), which huggingface_hub's `upload_folder` would skip anyway.
+
+    The one list both `--dry-run` and the upload use: `push` hands it to `upload_folder` as exact patterns."""
+    names = []
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder)
+        if path.is_file() and not any(part.startswith(".") for part in rel.parts):
+            names.append(rel.as_posix())
+    return names
+
+
+def plan_push(folder: str | os.PathLike, repo_id: str, private: bool) -> PushPlan:
+    """Check OUT and the repo id and compute the upload (no network, nothing written)."""
     check_repo_id(repo_id)
-    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-    message = "rope-extend: " + " ".join(spec_yaml.split())
-    plan = PushPlan(repo_id=repo_id, private=private, files=files, commit_message=message[:1000])
-    plan.calls = [
-        ("create_repo", {"repo_id": repo_id, "private": private, "exist_ok": True, "repo_type": "model"}),
-        ("upload_folder", {"repo_id": repo_id, "folder_path": str(folder), "commit_message": plan.commit_message}),
-    ]
-    return plan
+    folder = Path(folder).expanduser()
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{str(folder)!r} is not a checkpoint folder (no config.json); give the OUT folder "
+                              "that `rope-extend patch` or `train` wrote")
+    folder = folder.resolve()
+    spec = folder / "rope_extend.yaml"
+    what = " ".join(spec.read_text().split()) if spec.is_file() else f"upload {folder.name}"
+    return PushPlan(
+        folder=folder,
+        repo_id=repo_id,
+        private=private,
+        files=upload_files(folder),
+        commit_message=("rope-extend: " + what)[:1000],
+        card=_card_for_repo(folder, repo_id),
+    )
 
 
-def push(plan: PushPlan, token: str | None = None, endpoint: str | None = None, api=None) -> str:
-    """Create the repo and upload the folder; returns the repo URL. `api` is injectable for tests."""
+def _card_for_repo(folder: Path, repo_id: str) -> str | None:
+    """OUT's model card with its serving commands naming `repo_id` (the path users of the pushed model have), or
+    None when it already does, or when OUT was not written by rope-extend (its card is left as it is)."""
+    card = folder / "README.md"
+    if not card.is_file():
+        return None
+    text = card.read_text(encoding="utf-8")
+    start = text.find(SERVING_HEADING)
+    if start < 0:
+        return None
+    from .serving import serving_hints
+
+    plan = _plan_of(folder)
+    if plan is None:
+        return None
+    serving, _ = serving_hints(plan, repo_id)
+    body_start = start + len(SERVING_HEADING)
+    end = text.find("\n## ", body_start)
+    end = len(text) if end < 0 else end
+    new = text[:body_start] + serving.strip() + "\n" + text[end:]
+    return None if new == text else new
+
+
+SERVING_HEADING = "\n## Serving\n\n"
+
+
+def _plan_of(folder: Path):
+    """The PatchPlan a rope-extend checkpoint was written with (from its config's marker), or None."""
+    from . import compat
+    from .files import load_config
+    from .plan import plan_patch
+    from .spec import RopeSpec
+
+    config = compat.text_config(load_config(folder))
+    marker = compat.read_marker(config)
+    if not marker or not isinstance(marker.get("spec"), dict):
+        return None
+    return plan_patch(config, RopeSpec(**marker["spec"]))
+
+
+def serve_command_for(folder: Path, repo_id: str) -> str | None:
+    """The serve line for the pushed model (`serving.serve_command` naming the repo id), or None for a folder
+    rope-extend did not write."""
+    from .serving import serve_command
+
+    plan = _plan_of(folder)
+    return None if plan is None else serve_command(plan, repo_id)
+
+
+def hub_token(where: str = "") -> str:
+    """HF_TOKEN, else huggingface_hub's stored token (`hf auth login`); a missing one is refused here, before any
+    network call. The token goes to huggingface_hub only: never printed, logged or written."""
+    from huggingface_hub import get_token
+
+    token = os.environ.get("HF_TOKEN") or get_token()
+    if not token:
+        raise CheckpointError(
+            "no Hugging Face token: set HF_TOKEN to a token with write access or log in once with `hf auth login`"
+            + where
+        )
+    return token
+
+
+def push(plan: PushPlan) -> str:
+    """Create the repo (`exist_ok`: a later push adds a commit) and upload exactly `plan.files`; returns the repo URL.
+
+    Checks the token, then the Hub's reachability (one TCP connection), and only then rewrites OUT's card for the
+    repo and sends anything. Every failure is one CheckpointError line ending with the push-later command; OUT is
+    never removed or left half-written."""
+    import glob
+
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
-    where = f"; OUT {str(folder_of(plan))!r} is complete: push it later with `hf upload {plan.repo_id} <OUT>`"
-    if api is None and not hub_reachable():
-        raise CheckpointError(f"cannot push to {plan.repo_id!r}: the Hub ({_endpoint()}) is unreachable{where}")
-    api = api or HfApi(token=token or os.environ.get("HF_TOKEN") or None, endpoint=endpoint)
+    token = hub_token(plan.where())
+    if not hub_reachable():
+        raise CheckpointError(f"cannot push to {plan.repo_id!r}: the Hub ({_endpoint()}) is unreachable{plan.where()}")
+    if plan.card is not None:
+        card = plan.folder / "README.md"
+        tmp = card.with_name(f".README.md.rope-extend-{os.getpid()}")
+        tmp.write_text(plan.card, encoding="utf-8")
+        os.replace(tmp, card)  # a fresh file: never written through a hard link
+    api = HfApi(token=token)
     try:
-        repo = api.create_repo(**plan.calls[0][1])
-        api.upload_folder(**plan.calls[1][1])
+        repo = api.create_repo(repo_id=plan.repo_id, private=plan.private, exist_ok=True, repo_type="model")
+        api.upload_folder(
+            repo_id=plan.repo_id,
+            folder_path=str(plan.folder),
+            commit_message=plan.commit_message,
+            allow_patterns=[glob.escape(name) for name in plan.files],
+        )
     except HfHubHTTPError as exc:
-        raise CheckpointError(
-            f"pushing to {plan.repo_id!r} failed: HTTP {_status(exc)}; check HF_TOKEN has write access{where}"
-        ) from None
+        status = _status(exc)
+        why = "; check that the token has write access to it" if status in ("401", "403") else ""
+        raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP {status}{why}{plan.where()}") from None
     except (KeyboardInterrupt, SystemExit, MemoryError):
         raise
     except Exception as exc:  # connection errors of whichever HTTP client huggingface_hub uses
-        raise CheckpointError(f"pushing to {plan.repo_id!r} failed ({type(exc).__name__}){where}") from None
-    url = str(getattr(repo, "url", None) or f"https://huggingface.co/{plan.repo_id}")
-    plan.url = url
-    return url
+        raise CheckpointError(f"pushing to {plan.repo_id!r} failed ({type(exc).__name__}){plan.where()}") from None
+    plan.url = str(getattr(repo, "url", None) or f"{_endpoint()}/{plan.repo_id}")
+    return plan.url

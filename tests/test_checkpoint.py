@@ -1,5 +1,5 @@
 """`rope-extend patch` end to end: fast path vs full path, hard links, SOURCE untouched, atomic output, errors,
-Hub-id resolution from a local Hub cache (offline), push dry-run, model card."""
+Hub-id resolution from a local Hub cache (offline), model card (the push: tests/test_hub_push.py)."""
 
 from __future__ import annotations
 
@@ -233,49 +233,6 @@ def test_hub_id_resolves_from_local_cache_offline(source, tmp_path):
     assert missing.returncode == 2
     assert missing.stderr.strip().count("\n") == 0 and "not in the local Hub cache" in missing.stderr
     assert not (tmp_path / "o2").exists()
-
-
-def test_push_dry_run_lists_exact_files_and_calls_without_the_token(source, tmp_path, capsys, monkeypatch):
-    secret = "hf_SECRETtoken1234567890"
-    monkeypatch.setenv("HF_TOKEN", secret)
-    out = tmp_path / "out"
-    assert cli("patch", source, "--method", "yarn", "--factor", 2, "-o", out, "--push-to-hub", "me/tiny-yarn",
-               "--private", "--dry-run") == 0
-    printed = capsys.readouterr()
-    assert "create_repo(repo_id='me/tiny-yarn', private=True" in printed.out
-    assert "upload_folder(repo_id='me/tiny-yarn'" in printed.out and "rope-extend: method: yarn" in printed.out
-    for name in ("README.md", "config.json", "generation_config.json", "model.safetensors", "rope_extend.yaml",
-                 "tokenizer_config.json"):
-        assert f"+ {name}" in printed.out
-    assert secret not in printed.out + printed.err
-    assert all(secret not in p.read_text(errors="ignore") for p in out.iterdir() if p.suffix in (".md", ".json", ".yaml"))
-
-
-def test_push_calls_the_hub_api(source, tmp_path, monkeypatch):
-    from rope_extend import hub
-
-    calls = []
-
-    class FakeApi:
-        def __init__(self, token=None, endpoint=None):
-            calls.append(("init", {"token_given": token is not None}))
-
-        def create_repo(self, **kwargs):
-            calls.append(("create_repo", kwargs))
-            return type("Url", (), {"url": f"https://huggingface.co/{kwargs['repo_id']}"})()
-
-        def upload_folder(self, **kwargs):
-            calls.append(("upload_folder", kwargs))
-
-    monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
-    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: True)  # no network here; the fake API answers
-    monkeypatch.setenv("HF_TOKEN", "hf_x")
-    out = tmp_path / "out"
-    assert cli("patch", source, "--method", "ntk", "--factor", 2, "-o", out, "--push-to-hub", "me/tiny-ntk") == 0
-    assert calls[0] == ("init", {"token_given": True})
-    assert calls[1] == ("create_repo", {"repo_id": "me/tiny-ntk", "private": False, "exist_ok": True, "repo_type": "model"})
-    assert calls[2][0] == "upload_folder" and calls[2][1]["folder_path"] == str(out)
-    assert calls[2][1]["commit_message"].startswith("rope-extend: method: ntk factor: 2.0")
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from . import (
     eval_cmd,  # noqa: F401  eval
     inspect_cmd,  # noqa: F401  inspect
     patch_cmd,  # noqa: F401  patch, show
+    push_cmd,  # noqa: F401  push
     spec_cmds,  # noqa: F401  validate, methods
     train_cmd,  # noqa: F401  train
     tune_cmd,  # noqa: F401  tune

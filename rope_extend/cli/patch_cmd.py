@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -83,9 +82,9 @@ def patch(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty OUT.")] = False,
     revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit) of SOURCE.")] = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip reloading OUT with stock transformers.")] = False,
-    push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", help="Upload OUT to this Hub repo id.")] = None,
+    push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", help="Then upload OUT to this Hub repo id (token: HF_TOKEN or `hf auth login`).")] = None,
     private: Annotated[bool, typer.Option("--private", help="Create the Hub repo as private.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --push-to-hub: print the upload, send nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="With --push-to-hub: write OUT, print what the push would upload, send nothing.")] = False,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Accept pickle (.bin) weights. Only for trusted sources.")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow the checkpoint's own Python code.")] = False,
     eval_suite: Annotated[str | None, typer.Option("--eval", help="Run this eval suite (e.g. quick) before/after; summary goes into the card.")] = None,
@@ -166,20 +165,9 @@ def patch(
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
     if push_to_hub:
-        from ..hub import plan_push, push
+        from .push_cmd import publish
 
-        plan_ = plan_push(result.out, push_to_hub, private, plan.spec.to_yaml())
-        if dry_run:
-            out.print(f"\n[bold]dry run[/bold]: would push {len(plan_.files)} files to {push_to_hub} ({'private' if private else 'public'})")
-            for call, kwargs in plan_.calls:
-                out.print(f"  {call}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})", markup=False, highlight=False)
-            for name in plan_.files:
-                out.print(f"  + {name}", markup=False, highlight=False)
-        else:
-            with Progress("pushing", 1) as progress:
-                progress.step(f"uploading {len(plan_.files)} files to {push_to_hub}")
-                url = push(plan_, token=os.environ.get("HF_TOKEN"))
-            out.print(f"[green]pushed[/green] {url}")
+        publish(result.out, push_to_hub, private, dry_run)
 
 
 @app.command(

@@ -21,6 +21,8 @@ EXAMPLES = """Examples:
 
   accelerate launch -m rope_extend train ./my-model --method yarn --factor 4 --text a.txt -o out/model-train
 
+  rope-extend train smollm2 --method yarn --factor 2 --text plays.txt -o out/smollm2-16k --push-to-hub me/smollm2-16k
+
 Rerunning the same command after an interruption (SIGTERM, Ctrl-C, SIGKILL) resumes from OUT.train-state/.
 """
 
@@ -60,12 +62,16 @@ def train_command(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty OUT.")] = False,
     restart: Annotated[bool, typer.Option("--restart", help="Discard OUT.train-state and start over.")] = False,
     no_verify: Annotated[bool, typer.Option("--no-verify")] = False,
+    push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", help="Then upload OUT to this Hub repo id (token: HF_TOKEN or `hf auth login`).")] = None,
+    private: Annotated[bool, typer.Option("--private", help="With --push-to-hub: create the repo as private.")] = False,
 ) -> None:
     """Fine-tune SOURCE at the extended length (YaRN recipe, PoSE windows, optional LoRA+) and write OUT."""
     from ..train import TrainSpec
     from .patch_cmd import build_spec
 
     rope = build_spec(method, factor, target_length, config, sets or [])
+    if push_to_hub:
+        _check_push(push_to_hub, output, private)
     spec = TrainSpec(
         source=source, output=str(output), rope=rope, texts=[str(t) for t in text or []], dataset=dataset,
         dataset_split=dataset_split, dataset_column=dataset_column, steps=steps, window=window,
@@ -95,3 +101,22 @@ def train_command(
               f"{loss_line(result.summary)}; "
               f"{'verified with stock transformers (reload equals the trained model)' if result.verified else 'NOT verified'}",
               markup=False, highlight=False)
+    if push_to_hub:
+        from .push_cmd import publish
+
+        publish(result.out, push_to_hub, private, dry_run=False)
+
+
+def _check_push(repo_id: str, output: Path, private: bool) -> None:
+    """Before training: a bad repo id fails now; a missing token is said now (the push at the end will fail
+    without one, keeping OUT; the warning names the command that pushes it then)."""
+    from ..errors import CheckpointError
+    from ..hub import check_repo_id, hub_token
+
+    check_repo_id(repo_id)
+    try:
+        hub_token()
+    except CheckpointError as exc:
+        later = f"rope-extend push {output} {repo_id}" + (" --private" if private else "")
+        print(f"rope-extend: warning: {exc}; training runs, and OUT will be kept for `{later}`", file=sys.stderr,
+              flush=True)
