@@ -1,4 +1,4 @@
-"""Markdown report and PNG plots from evaluation records, every number with its uncertainty and sample size.
+"""Markdown report from evaluation records, every number with its uncertainty and sample size (plots: :mod:`.plots`).
 
 Perplexity cells read ``ppl [lo, hi]`` (95 % block-bootstrap interval, computed when the record was written);
 retrieval cells read ``acc [lo, hi] k/n`` (95 % Wilson interval); differences against the unpatched model are
@@ -14,7 +14,6 @@ from pathlib import Path
 from .stats import (
     Difference,
     block_sizes,
-    bootstrap_mean_interval,
     newcombe_paired_interval,
     paired_bootstrap_interval,
     significance_sentence,
@@ -414,6 +413,8 @@ def _header(meta: dict, records: list[dict]) -> list[str]:
 
 
 def write_report(records: list[dict], out_dir, plots: bool = True, meta: dict | None = None) -> Path:
+    from .plots import make_plots  # plots import this module's cell helpers
+
     out = Path(out_dir)
     images = make_plots(records, out) if plots else {}
     meta = meta or {}
@@ -448,188 +449,3 @@ def write_report(records: list[dict], out_dir, plots: bool = True, meta: dict | 
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
-
-
-# ---------------------------------------------------------------- plots (one function each)
-
-
-def plot_loss_vs_position(plt, records: list[dict], path: Path) -> bool:
-    """Loss by position in the longest sequence of the first text, with a 95 % band per bucket."""
-    ppl = _ppl_records(records)
-    if not ppl:
-        return False
-    text = _texts(ppl)[0]
-    ppl = [r for r in ppl if _text(r) == text]
-    L = max(r["length"] for r in ppl)
-    orig = _orig(records)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for v in _variants(ppl):
-        rec = [r for r in ppl if r["variant"] == v and r["length"] == L]
-        if not rec:
-            continue
-        m = rec[0]["metrics"]
-        xs = [(b["start"] + b["end"]) / 2 for b in m["buckets"]]
-        line = ax.plot(xs, [b["loss"] for b in m["buckets"]], marker="o", ms=3, label=v)[0]
-        if "block_losses" in m:
-            bs, blocks = m["block_size"], m["block_losses"]
-            band = []
-            for b in m["buckets"]:
-                inside = [x for i, x in enumerate(blocks) if b["start"] <= i * bs + bs / 2 < b["end"]] or [b["loss"]]
-                band.append(bootstrap_mean_interval(inside))
-            ax.fill_between(xs, [lo for lo, _ in band], [hi for _, hi in band], color=line.get_color(), alpha=0.2)
-    if orig:
-        ax.axvline(orig, color="k", ls="--", lw=1, label=f"original window ({orig})")
-    ax.set_xlabel("token position")
-    ax.set_ylabel("mean next-token loss (95 % band)")
-    ax.set_title(f"Loss vs position ({L} tokens of {text})")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-def plot_perplexity_vs_length(plt, records: list[dict], path: Path) -> bool:
-    """Perplexity by length with 95 % error bars, one panel per text."""
-    ppl = _ppl_records(records)
-    if not ppl:
-        return False
-    texts = _texts(ppl)
-    orig = _orig(records)
-    fig, axes = plt.subplots(1, len(texts), figsize=(1 + 6 * len(texts), 4.5), squeeze=False)
-    for ax, t in zip(axes[0], texts):
-        for v in _variants(ppl):
-            pts = sorted((r["length"], r["metrics"]) for r in ppl if r["variant"] == v and _text(r) == t)
-            ys = [m["ppl"] for _, m in pts]
-            err = None
-            if all("ppl_ci" in m for _, m in pts):
-                err = [[y - m["ppl_ci"][0] for y, (_, m) in zip(ys, pts)], [m["ppl_ci"][1] - y for y, (_, m) in zip(ys, pts)]]
-            ax.errorbar([p[0] for p in pts], ys, yerr=err, marker="o", capsize=3, label=v)
-        if orig:
-            ax.axvline(orig, color="k", ls="--", lw=1)
-        ax.set_xscale("log", base=2)
-        ticks = sorted({r["length"] for r in ppl if _text(r) == t})
-        ax.set_xticks(ticks, [_fmt_len(L) for L in ticks])
-        ax.minorticks_off()
-        ax.set_yscale("log")
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("perplexity (95 % interval)")
-        ax.set_title(t)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-def plot_passkey_heatmap(plt, records: list[dict], path: Path) -> bool:
-    """Accuracy per depth x length, each cell labelled k/n."""
-    pk = [r for r in records if r["kind"] == "passkey"]
-    if not pk:
-        return False
-    variants = _variants(pk)
-    hays = list(dict.fromkeys(haystack_of(r) for r in pk))
-    lengths = sorted({r["length"] for r in pk})
-    depths = sorted({r["depth"] for r in pk})
-    fig, axes = plt.subplots(len(hays), len(variants), figsize=(2.2 + 2.6 * len(variants),
-                             len(hays) * (0.9 + 0.45 * max(len(depths), 3))), squeeze=False)
-    im = None
-    for ax, (h, v) in zip(axes.flat, [(h, v) for h in hays for v in variants]):
-        grid = [[float("nan")] * len(lengths) for _ in depths]
-        cell = defaultdict(list)
-        for r in pk:
-            if r["variant"] == v and haystack_of(r) == h:
-                cell[(r["depth"], r["length"])].append(r["metrics"]["score"])
-        for (d, L), s in cell.items():
-            grid[depths.index(d)][lengths.index(L)] = sum(s) / len(s)
-        im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
-        for (d, L), s in cell.items():
-            ax.text(lengths.index(L), depths.index(d), f"{sum(s):g}/{len(s)}", ha="center", va="center", fontsize=7)
-        ax.set_xticks(range(len(lengths)), [_fmt_len(L) for L in lengths], rotation=45)
-        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths] if v == variants[0] else [])
-        ax.set_title(f"{v} ({h})", fontsize=9)
-        ax.set_xlabel("length")
-        if v == variants[0]:
-            ax.set_ylabel("needle depth")
-    if im is not None:
-        fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="accuracy (cells: found/prompts)")
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return True
-
-
-def plot_attention_entropy(plt, records: list[dict], path: Path) -> bool:
-    ent = [r for r in records if r["kind"] == "entropy"]
-    if not ent:
-        return False
-    orig = _orig(records)
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for v in _variants(ent):
-        pts = sorted((r["length"], r["metrics"]["mean_entropy"]) for r in ent if r["variant"] == v)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=v)
-    if orig:
-        ax.axvline(orig, color="k", ls="--", lw=1, label="original length")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("context length")
-    ax.set_ylabel("mean attention entropy (nats)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-def plot_retrieval_accuracy(plt, records: list[dict], path: Path) -> bool:
-    """Accuracy vs length per retrieval task with 95 % Wilson error bars."""
-    recs = _probe_records(records)
-    if not recs:
-        return False
-    cells = probe_cells(recs)
-    orig = _orig(records)
-    tasks = list(dict.fromkeys(task_label(r) for r in recs))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(1 + 3.6 * len(tasks), 3.6), squeeze=False)
-    for ax, t in zip(axes[0], tasks):
-        for v in _variants(recs):
-            pts = sorted((L, accuracy(s.values())) for (k, vv, L), s in cells.items() if k == t and vv == v)
-            if pts:
-                ys = [a for _, (a, _, _, _) in pts]
-                err = [[a - lo for _, (a, lo, _, _) in pts], [hi - a for _, (a, _, hi, _) in pts]]
-                ax.errorbar([p[0] for p in pts], ys, yerr=err, marker="o", capsize=3, label=v)
-        if orig:
-            ax.axvline(orig, color="k", ls="--", lw=1)
-        ax.set_ylim(-0.05, 1.05)
-        ax.set_xscale("log", base=2)
-        ticks = sorted({L for (k, _, L) in cells if k == t})
-        ax.set_xticks(ticks, [_fmt_len(L) for L in ticks])
-        ax.minorticks_off()
-        n = sorted({len(s) for (k, _, _), s in cells.items() if k == t})
-        ax.set_title(f"{t} (n={'/'.join(map(str, n))} per point)", fontsize=9)
-        ax.set_xlabel("context length")
-    axes[0][0].set_ylabel("accuracy (95 % Wilson)")
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-PLOTS = (  # (title, file, function)
-    ("Loss vs position", "loss_vs_position.png", plot_loss_vs_position),
-    ("Perplexity vs context length", "perplexity_vs_length.png", plot_perplexity_vs_length),
-    ("Passkey accuracy (depth × length)", "passkey_heatmap.png", plot_passkey_heatmap),
-    ("Attention entropy vs length", "attention_entropy.png", plot_attention_entropy),
-    ("Retrieval accuracy vs length", "retrieval_accuracy.png", plot_retrieval_accuracy),
-)
-
-
-def make_plots(records: list[dict], out_dir) -> dict[str, str]:
-    """Write PNGs into *out_dir*; returns ``{title: filename}`` for the plots that had data."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # matplotlib is an optional extra
-        return {}
-    out = Path(out_dir)
-    return {title: name for title, name, plot in PLOTS if plot(plt, records, out / name)}

@@ -1,0 +1,454 @@
+"""The report's PNG plots: one builder per plot, each returning a matplotlib ``Figure`` (``None`` without data).
+
+What a reader needs to trust a plot is drawn in, whatever the records hold:
+
+- every variant is visible: it keeps one colour, marker and line style in every plot, points at the same length
+  are dodged sideways, and a variant whose numbers equal an earlier variant's says so in its legend entry
+  (``dynamic-yarn-x2 (= unpatched at 2k, 8k; = yarn-x2 at 16k)``), found by comparing the numbers, not names;
+- measured points are markers; the thin dotted lines between them only link a variant's points (nothing was
+  measured in between, and the x label says so);
+- every line is in a legend, reference lines too (the original window, the unpatched baseline, the retrieval
+  ceiling), and legends sit outside the axes, never over the data;
+- retrieval points from fewer than :data:`MIN_N_FOR_BARS` prompts are labelled ``k/n`` instead of carrying a
+  Wilson bar that spans most of [0, 1];
+- a heatmap cell with no prompt reads "not run".
+
+Figures are built on :class:`matplotlib.figure.Figure`, not pyplot: building one (in a test, in a thread) leaves
+no global state and nothing to close. :func:`make_plots` writes the PNGs the report links.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from .report import (
+    _fmt_len,
+    _orig,
+    _ppl_records,
+    _probe_records,
+    _text,
+    _texts,
+    _variants,
+    accuracy,
+    ceilings,
+    haystack_of,
+    probe_cells,
+    task_label,
+)
+from .stats import bootstrap_mean_interval
+from .variants import BASELINE
+
+MIN_N_FOR_BARS = 5  # below this many prompts per point, a Wilson bar says less than the count k/n does
+DPI = 110
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
+          "#7f7f7f")  # tab10 without black, which the unpatched baseline has to itself
+MARKERS = ("s", "^", "D", "v", "P", "X", "<", ">", "p", "h")
+DASHES = ("-", "--", "-.", (0, (1, 1.5)), (0, (5, 1.5, 1, 1.5, 1, 1.5)), (0, (8, 2)))
+WINDOW_STYLE = {"color": "0.35", "ls": "--", "lw": 1, "zorder": 0.5}  # behind the points
+CEILING_STYLE = {"color": "0.45", "ls": ":", "lw": 1.6}
+LINK_STYLE = {"ls": ":", "lw": 1, "alpha": 0.7}  # the line between measured points: a guide, not a measurement
+LINK_NOTE = "markers: measured lengths, dodged sideways;\ndotted: a guide between them (not across the window)"
+
+
+# ---------------------------------------------------------------- shared pieces
+
+
+def variant_styles(records: list[dict]) -> dict[str, dict]:
+    """``{variant: {color, marker, ls, label}}``: one look per variant in every plot of a report."""
+    styles = {}
+    others = [v for v in _variants(records) if v != BASELINE]
+    if BASELINE in _variants(records):
+        styles[BASELINE] = {"color": "black", "marker": "o", "ls": "-", "label": f"{BASELINE} (baseline)"}
+    for i, v in enumerate(others):
+        styles[v] = {"color": COLORS[i % len(COLORS)], "marker": MARKERS[i % len(MARKERS)],
+                     "ls": DASHES[(i + 1) % len(DASHES)], "label": v}
+    return styles
+
+
+def _same(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def coincidences(series: dict[str, dict], describe) -> dict[str, str]:
+    """``{variant: "= other at ..."}`` for every variant whose value at some x equals an earlier variant's there.
+
+    *series* is ``{variant: {x: y}}`` in drawing order (a later variant is drawn over an earlier one and hides
+    it where they are equal, so the later one's legend entry carries the note); ``describe(xs, all_xs)`` words
+    a set of x values. Each point is attributed to the first earlier variant it equals.
+    """
+    notes = {}
+    order = list(series)
+    for i, v in enumerate(order):
+        equal: dict[str, list] = defaultdict(list)
+        for x, y in series[v].items():
+            for w in order[:i]:
+                if x in series[w] and _same(y, series[w][x]):
+                    equal[w].append(x)
+                    break
+        if equal:
+            notes[v] = "; ".join(f"= {w} {describe(xs, list(series[v]))}" for w, xs in equal.items())
+    return notes
+
+
+def _copies_earlier(series: dict[str, dict], v: str) -> bool:
+    """Whether variant *v* equals an earlier variant of *series* at every x."""
+    order = list(series)
+    return any(series[w].keys() == series[v].keys() and all(_same(y, series[w][x]) for x, y in series[v].items())
+               for w in order[:order.index(v)])
+
+
+def _describe_lengths(xs, all_xs) -> str:
+    if len(xs) == len(all_xs) > 1:
+        return "at every length"
+    return "at " + ", ".join(_fmt_len(x) for x in sorted(xs))
+
+
+def _describe_positions(orig):
+    def describe(xs, all_xs) -> str:
+        xs, all_xs = set(xs), sorted(all_xs)
+        if xs == set(all_xs):
+            return "at every position"
+        if orig and xs == {x for x in all_xs if x > orig}:
+            return f"beyond {_fmt_len(orig)}"
+        if orig and xs == {x for x in all_xs if x <= orig}:
+            return f"inside {_fmt_len(orig)}"
+        return f"at {len(xs)} of {len(all_xs)} positions"
+
+    return describe
+
+
+def _label(style: dict, note: str | None) -> str:
+    return f"{style['label']} ({note})" if note else style["label"]
+
+
+def _dodge(xs_all: list[float], n: int, width: float = 0.5):
+    """Multiplicative x offsets (log axis) for *n* variants at discrete lengths: spread over *width* of the
+    narrowest gap between neighbouring lengths (in octaves), centred on the true length."""
+    xs = sorted(set(xs_all))
+    gap = min((math.log2(b / a) for a, b in zip(xs, xs[1:])), default=1.0)
+    step = min(gap, 1.0) * width / max(n, 1)
+    return lambda i: 2 ** ((i - (n - 1) / 2) * step)
+
+
+def _link(ax, lengths, xs, ys, color, orig) -> None:
+    """Dotted guide lines between a variant's measured points, broken at the original window: behaviour
+    changes there, so a line across it would read as a measurement nobody made."""
+    segment: list[tuple] = []
+    for i, (L, x, y) in enumerate(zip(lengths, xs, ys)):
+        if segment and orig and lengths[i - 1] <= orig < L:
+            if len(segment) > 1:
+                ax.plot(*zip(*segment), color=color, gid="link", **LINK_STYLE)
+            segment = []
+        segment.append((x, y))
+    if len(segment) > 1:
+        ax.plot(*zip(*segment), color=color, gid="link", **LINK_STYLE)
+
+
+def _log_y(ax) -> None:
+    """A log y axis labelled in plain numbers (10, 15, 20, 30), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _window(ax, orig, handles: dict) -> None:
+    if orig:
+        line = ax.axvline(orig, gid="window", **WINDOW_STYLE)
+        handles.setdefault(f"original window ({_fmt_len(orig)} tokens)", line)
+
+
+def _length_axis(ax, lengths, spread: float = 1.0) -> None:
+    """Log-2 length axis ticked at the measured lengths; *spread* (the largest dodge factor) widens the margins."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(lengths))
+    ax.set_xticks(ticks, [_fmt_len(L) for L in ticks])
+    ax.minorticks_off()
+    if len(ticks) == 1:  # one length: a log axis needs room around it
+        ax.set_xlim(ticks[0] / (1.6 * spread), ticks[0] * 1.6 * spread)
+    else:
+        ax.set_xlim(ticks[0] / (1.15 * spread), ticks[-1] * 1.15 * spread)
+
+
+def _position_axis(ax, length: int) -> None:
+    """Token positions in k (1k = 1024), at most about ten ticks."""
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
+
+    step = 1024
+    while length / step > 10:
+        step *= 2
+    if length >= step:
+        ax.xaxis.set_major_locator(MultipleLocator(step))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1024:g}k"))
+    ax.set_xlim(0, length)
+
+
+def _outside_legend(fig, handles: dict, title: str | None = None) -> None:
+    """One legend for the figure, right of the axes (``save`` crops with ``bbox_inches="tight"``)."""
+    fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5),
+               fontsize=8, title=title, title_fontsize=8, alignment="left", frameon=False)
+
+
+def _new_figure(figsize):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize, layout="constrained")
+
+
+# ---------------------------------------------------------------- the plots
+
+
+def loss_vs_position(records: list[dict]):
+    """Loss by position in each variant's longest sequence of the first text, with a 95 % band per bucket
+    (when the records carry block losses)."""
+    ppl = _ppl_records(records)
+    if not ppl:
+        return None
+    text = _texts(ppl)[0]
+    ppl = [r for r in ppl if _text(r) == text]
+    orig = _orig(records)
+    styles = variant_styles(records)
+    longest = {v: max((r for r in ppl if r["variant"] == v), key=lambda r: r["length"]) for v in _variants(ppl)}
+    lengths = {r["length"] for r in longest.values()}
+    series = {v: {(b["start"] + b["end"]) / 2: b["loss"] for b in r["metrics"]["buckets"]} for v, r in longest.items()}
+    notes = coincidences(series, _describe_positions(orig))
+    fig = _new_figure((8.5, 4.5))
+    ax = fig.subplots()
+    handles: dict = {}
+    for v, r in longest.items():
+        st, m = styles[v], r["metrics"]
+        xs, ys = list(series[v]), list(series[v].values())
+        label = _label(st, notes.get(v)) + ("" if len(lengths) == 1 else f", {_fmt_len(r['length'])} tokens")
+        hides = v in notes  # drawn over an equal variant: hollow and larger, so the one below shows through
+        (line,) = ax.plot(xs, ys, color=st["color"], marker=st["marker"], ls=st["ls"], lw=1.3, ms=7 if hides else 4.5,
+                          mfc="none" if hides else st["color"], mew=1.2, gid=v)
+        handles[label] = line
+        if "block_losses" in m and not _copies_earlier(series, v):  # an equal variant's band is drawn already
+            bs, blocks = m["block_size"], m["block_losses"]
+            band = []
+            for b in m["buckets"]:
+                inside = [x for i, x in enumerate(blocks) if b["start"] <= i * bs + bs / 2 < b["end"]] or [b["loss"]]
+                band.append(bootstrap_mean_interval(inside))
+            ax.fill_between(xs, [lo for lo, _ in band], [hi for _, hi in band], color=st["color"], alpha=0.1, lw=0)
+    _window(ax, orig, handles)
+    _position_axis(ax, max(lengths))
+    ax.set_xlabel("token position (marker: mean loss over the bucket around it)")
+    ax.set_ylabel("mean next-token loss" + (" (95 % band)" if any("block_losses" in r["metrics"] for r in ppl)
+                                            else ""))
+    size = f"{_fmt_len(next(iter(lengths)))} tokens" if len(lengths) == 1 else "longest run of each variant"
+    ax.set_title(f"Loss vs position ({size} of {text})")
+    _outside_legend(fig, handles)
+    return fig
+
+
+def perplexity_vs_length(records: list[dict]):
+    """Perplexity at each measured length with 95 % error bars (when recorded), one panel per text."""
+    ppl = _ppl_records(records)
+    if not ppl:
+        return None
+    texts = _texts(ppl)
+    variants = _variants(ppl)
+    orig = _orig(records)
+    styles = variant_styles(records)
+    series = {v: {(_text(r), r["length"]): r["metrics"]["ppl"] for r in ppl if r["variant"] == v} for v in variants}
+
+    def describe(keys, all_keys) -> str:
+        by_text = defaultdict(set)
+        for t, L in keys:
+            by_text[t].add(L)
+        if len(texts) == 1 or len({frozenset(s) for s in by_text.values()}) == 1 and len(by_text) == len(texts):
+            return _describe_lengths(next(iter(by_text.values())), {L for _, L in all_keys})
+        return "; ".join(f"{t} {_describe_lengths(s, [])}" for t, s in by_text.items())
+
+    notes = coincidences(series, describe)
+    dodge = _dodge([r["length"] for r in ppl], len(variants))
+    fig = _new_figure((1.5 + 5.2 * len(texts), 4.4))
+    axes = fig.subplots(1, len(texts), squeeze=False)[0]
+    variant_handles: dict = {}
+    handles: dict = {}  # reference lines, listed after the variants
+    for ax, t in zip(axes, texts):
+        for i, v in enumerate(variants):
+            pts = sorted((r["length"], r["metrics"]) for r in ppl if r["variant"] == v and _text(r) == t)
+            if not pts:
+                continue
+            st = styles[v]
+            xs = [L * dodge(i) for L, _ in pts]
+            ys = [m["ppl"] for _, m in pts]
+            err = None
+            if all("ppl_ci" in m for _, m in pts):
+                err = [[y - m["ppl_ci"][0] for y, (_, m) in zip(ys, pts)],
+                       [m["ppl_ci"][1] - y for y, (_, m) in zip(ys, pts)]]
+            _link(ax, [L for L, _ in pts], xs, ys, st["color"], orig)
+            bars = ax.errorbar(xs, ys, yerr=err, color=st["color"], marker=st["marker"], ls="none", ms=6,
+                               capsize=3, elinewidth=1, mfc="none" if v in notes else st["color"], mew=1.3)
+            bars.lines[0].set_gid(v)  # the markers: what tests (and SVG readers) find a variant by
+            variant_handles.setdefault(_label(st, notes.get(v)), bars)
+        _window(ax, orig, handles)
+        _length_axis(ax, [r["length"] for r in ppl if _text(r) == t], dodge(len(variants) - 1))
+        _log_y(ax)
+        ax.set_xlabel("context length (tokens; measured at the ticks only)")
+        ax.set_ylabel("perplexity" + (" (95 % interval)" if any("ppl_ci" in r["metrics"] for r in ppl) else ""))
+        ax.set_title(t)
+    _outside_legend(fig, variant_handles | handles, title=LINK_NOTE)
+    return fig
+
+
+def passkey_heatmap(records: list[dict]):
+    """Accuracy per depth x length, each cell labelled k/n; a cell with no prompt reads "not run"."""
+    pk = [r for r in records if r["kind"] == "passkey"]
+    if not pk:
+        return None
+    variants = _variants(pk)
+    hays = list(dict.fromkeys(haystack_of(r) for r in pk))
+    lengths = sorted({r["length"] for r in pk})
+    depths = sorted({r["depth"] for r in pk})
+    fig = _new_figure((2.4 + 2.6 * len(variants), 0.9 + len(hays) * (0.9 + 0.45 * max(len(depths), 3))))
+    axes = fig.subplots(len(hays), len(variants), squeeze=False)
+    im = None
+    blank = False
+    for ax, (h, v) in zip(axes.flat, [(h, v) for h in hays for v in variants]):
+        grid = [[float("nan")] * len(lengths) for _ in depths]
+        cell = defaultdict(list)
+        for r in pk:
+            if r["variant"] == v and haystack_of(r) == h:
+                cell[(r["depth"], r["length"])].append(r["metrics"]["score"])
+        for (d, L), s in cell.items():
+            grid[depths.index(d)][lengths.index(L)] = sum(s) / len(s)
+        ax.set_facecolor("0.93")
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
+        for di, d in enumerate(depths):
+            for li, L in enumerate(lengths):
+                s = cell.get((d, L))
+                if s:
+                    ax.text(li, di, f"{sum(s):g}/{len(s)}", ha="center", va="center", fontsize=8)
+                else:
+                    blank = True
+                    ax.text(li, di, "not run", ha="center", va="center", fontsize=7, color="0.4", style="italic")
+        ax.set_xticks(range(len(lengths)), [_fmt_len(L) for L in lengths], rotation=45)
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths] if v == variants[0] else [])
+        ax.set_title(f"{v} ({h})", fontsize=9)
+        ax.set_xlabel("length")
+        if v == variants[0]:
+            ax.set_ylabel("needle depth")
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="accuracy")
+    fig.suptitle("Passkey retrieval: cells read found/prompts"
+                 + ("; grey \"not run\": no prompt at that depth and length for that variant" if blank else ""),
+                 fontsize=9)
+    return fig
+
+
+def attention_entropy(records: list[dict]):
+    """Mean attention entropy at each measured length."""
+    ent = [r for r in records if r["kind"] == "entropy"]
+    if not ent:
+        return None
+    variants = _variants(ent)
+    orig = _orig(records)
+    styles = variant_styles(records)
+    series = {v: {r["length"]: r["metrics"]["mean_entropy"] for r in ent if r["variant"] == v} for v in variants}
+    notes = coincidences(series, _describe_lengths)
+    dodge = _dodge([r["length"] for r in ent], len(variants))
+    fig = _new_figure((6.5, 3.8))
+    ax = fig.subplots()
+    handles: dict = {}
+    for i, v in enumerate(variants):
+        st, pts = styles[v], sorted(series[v].items())
+        xs, ys = [L * dodge(i) for L, _ in pts], [y for _, y in pts]
+        _link(ax, [L for L, _ in pts], xs, ys, st["color"], orig)
+        (dots,) = ax.plot(xs, ys, color=st["color"], marker=st["marker"], ls="none", ms=6,
+                          mfc="none" if v in notes else st["color"], mew=1.3, gid=v)
+        handles[_label(st, notes.get(v))] = dots
+    _window(ax, orig, handles)
+    _length_axis(ax, [r["length"] for r in ent], dodge(len(variants) - 1))
+    ax.set_xlabel("context length (tokens; measured at the ticks only)")
+    ax.set_ylabel("mean attention entropy (nats)")
+    _outside_legend(fig, handles, title=LINK_NOTE)
+    return fig
+
+
+def retrieval_accuracy(records: list[dict]):
+    """Accuracy vs length per retrieval task: 95 % Wilson bars from :data:`MIN_N_FOR_BARS` prompts on, the
+    count ``k/n`` beside the point below that; the ceiling (the unpatched model at its longest length inside
+    the window) as a dotted line."""
+    recs = _probe_records(records)
+    if not recs:
+        return None
+    cells = probe_cells(recs)
+    orig = _orig(records)
+    styles = variant_styles(records)
+    ceil = ceilings(records)
+    tasks = list(dict.fromkeys(task_label(r) for r in recs))
+    variants = _variants(recs)
+    fig = _new_figure((1.5 + 4.4 * len(tasks), 4.0))
+    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    variant_handles: dict = {}
+    handles: dict = {}  # reference lines, listed after the variants
+    for ax, t in zip(axes, tasks):
+        lengths = sorted({L for (k, _, L) in cells if k == t})
+        drawn = [v for v in variants if any(k == t and vv == v for (k, vv, _) in cells)]
+        dodge = _dodge(lengths, len(drawn), width=0.7)
+        for i, v in enumerate(drawn):
+            st = styles[v]
+            pts = sorted((L, accuracy(s.values()), sum(s.values())) for (k, vv, L), s in cells.items()
+                         if k == t and vv == v)
+            xs, ys = [L * dodge(i) for L, _, _ in pts], [a for _, (a, _, _, _), _ in pts]
+            big = [n >= MIN_N_FOR_BARS for _, (_, _, _, n), _ in pts]
+            err = [[(a - lo) if b else 0 for (_, (a, lo, _, _), _), b in zip(pts, big)],
+                   [(hi - a) if b else 0 for (_, (a, _, hi, _), _), b in zip(pts, big)]]
+            _link(ax, [L for L, _, _ in pts], xs, ys, st["color"], orig)
+            bars = ax.errorbar(xs, ys, yerr=err if any(big) else None, color=st["color"], marker=st["marker"],
+                               ls="none", ms=6, capsize=3, elinewidth=1, mew=1.3)
+            bars.lines[0].set_gid(v)
+            variant_handles.setdefault(st["label"], bars)
+            for x, y, (_, (_, _, _, n), k), b in zip(xs, ys, pts, big):
+                if not b:  # the count, above the point (below at the top of the axis)
+                    ax.annotate(f"{k:g}/{n}", (x, y), xytext=(0, -11 if y > 0.9 else 7), textcoords="offset points",
+                                ha="center", fontsize=6.5, color=st["color"])
+        _window(ax, orig, handles)
+        _length_axis(ax, lengths, dodge(len(drawn) - 1))
+        c = ceil.get(t)
+        ceiling = ""
+        if c:  # drawn where it is read: beyond the window
+            scores = [x for s in c["depths"].values() for x in s]
+            line = ax.hlines(sum(scores) / len(scores), orig, ax.get_xlim()[1], gid="ceiling", **CEILING_STYLE)
+            handles.setdefault("ceiling: unpatched at its longest length inside the window", line)
+            ceiling = f"; ceiling {sum(scores):g}/{len(scores)} at {_fmt_len(c['length'])}"
+        ax.set_ylim(-0.1, 1.1)
+        ns = sorted({len(s) for (k, _, _), s in cells.items() if k == t})
+        small = ns[0] < MIN_N_FOR_BARS
+        ax.set_title(f"{t}\nn = {'/'.join(map(str, ns))} prompts per point"
+                     + (" (counts k/n shown)" if small else " (95 % Wilson bars)") + ceiling, fontsize=9)
+        ax.set_xlabel("context length (tokens)")
+    axes[0].set_ylabel("accuracy (found / prompts)")
+    _outside_legend(fig, variant_handles | handles, title=LINK_NOTE)
+    return fig
+
+
+PLOTS = (  # (title, file, builder)
+    ("Loss vs position", "loss_vs_position.png", loss_vs_position),
+    ("Perplexity vs context length", "perplexity_vs_length.png", perplexity_vs_length),
+    ("Passkey accuracy (depth × length)", "passkey_heatmap.png", passkey_heatmap),
+    ("Attention entropy vs length", "attention_entropy.png", attention_entropy),
+    ("Retrieval accuracy vs length", "retrieval_accuracy.png", retrieval_accuracy),
+)
+
+
+def make_plots(records: list[dict], out_dir) -> dict[str, str]:
+    """Write the PNGs that have data into *out_dir*; returns ``{title: filename}`` (empty without matplotlib,
+    an optional extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return {}
+    out = Path(out_dir)
+    written = {}
+    for title, name, build in PLOTS:
+        fig = build(records)
+        if fig is not None:
+            fig.savefig(out / name, dpi=DPI, bbox_inches="tight")
+            written[title] = name
+    return written

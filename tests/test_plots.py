@@ -1,0 +1,192 @@
+"""The report's plots, read back from the Figures they build: every variant drawn with its own numbers, coinciding
+variants told apart and named, every line (reference lines included) in a legend outside the axes, counts at
+small n, blank heatmap cells explained.
+
+``tests/data/eval-quick/results.jsonl`` has the shape of ``rope-extend demo``'s quick suite, made of real lines of
+``eval/reports``: perplexity at 2k and 16k (``smollm2-paper``: unpatched, linear/YaRN/dynamic-YaRN x2, where
+dynamic YaRN equals the unpatched model at 2k and YaRN x2 at 16k), passkey at n = 1 (``smollm2-readme``) and one
+needle at 2k (``smollm2-needles-ceiling``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rope_extend.eval import plots
+from rope_extend.eval.report import write_report
+from rope_extend.eval.runner import run_records
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = Path(__file__).parent / "data" / "eval-quick" / "results.jsonl"
+VARIANTS = ["unpatched", "linear-x2", "yarn-x2", "dynamic-yarn-x2"]
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def quick():
+    return read(QUICK)
+
+
+def legend(fig) -> list[str]:
+    assert len(fig.legends) == 1, "one legend per figure"
+    return [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def drawn(ax, gid):
+    lines = [ln for ln in ax.lines if ln.get_gid() == gid]
+    assert len(lines) == 1, f"{gid}: {len(lines)} marker lines"
+    return lines[0]
+
+
+def outside(fig, ax) -> bool:
+    """The legend's box does not overlap the axes' box (rendered)."""
+    fig.canvas.draw()
+    return not fig.legends[0].get_window_extent().overlaps(ax.get_window_extent())
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    centre, half = (k + z * z / 2) / (n + z * z), z / (n + z * z) * math.sqrt(k * (n - k) / n + z * z / 4)
+    return centre - half, centre + half
+
+
+def test_loss_vs_position_draws_every_variant_and_names_the_copy(quick):
+    fig = plots.loss_vs_position(quick)
+    (ax,) = fig.axes
+    assert legend(fig) == ["unpatched (baseline)", "linear-x2", "yarn-x2",
+                           "dynamic-yarn-x2 (= yarn-x2 at every position)", "original window (8k tokens)"]
+    for v in VARIANTS:
+        rec = next(r for r in quick if r["variant"] == v and r["kind"] == "perplexity" and r["length"] == 16384)
+        line = drawn(ax, v)
+        assert list(line.get_ydata()) == [b["loss"] for b in rec["metrics"]["buckets"]]
+        assert list(line.get_xdata()) == [(b["start"] + b["end"]) / 2 for b in rec["metrics"]["buckets"]]
+    yarn, dyn = drawn(ax, "yarn-x2"), drawn(ax, "dynamic-yarn-x2")
+    assert list(yarn.get_ydata()) == list(dyn.get_ydata())  # the records really coincide ...
+    assert yarn.get_marker() != dyn.get_marker() and dyn.get_markerfacecolor() == "none"  # ... and both show
+    assert dyn.get_markersize() > yarn.get_markersize() and yarn.get_linestyle() != dyn.get_linestyle()
+    assert [ln.get_xdata()[0] for ln in ax.lines if ln.get_gid() == "window"] == [8192]
+    assert outside(fig, ax)
+
+
+def test_perplexity_vs_length_points_at_measured_lengths_only(quick):
+    fig = plots.perplexity_vs_length(quick)
+    (ax,) = fig.axes
+    assert legend(fig) == ["unpatched (baseline)", "linear-x2", "yarn-x2",
+                           "dynamic-yarn-x2 (= unpatched at 2k; = yarn-x2 at 16k)", "original window (8k tokens)"]
+    xs = {}
+    for v in VARIANTS:
+        recs = sorted((r["length"], r["metrics"]) for r in quick if r["variant"] == v and r["kind"] == "perplexity")
+        line = drawn(ax, v)
+        assert line.get_linestyle() == "None"  # points, not a line
+        assert list(line.get_ydata()) == [m["ppl"] for _, m in recs]
+        for (L, _), x in zip(recs, line.get_xdata()):
+            assert L / 1.2 < x < L * 1.2  # dodged a little, still at its length
+        xs[v] = list(line.get_xdata())
+    for i in range(2):  # no two variants share an x: coinciding points stay side by side
+        assert len({xs[v][i] for v in VARIANTS}) == len(VARIANTS)
+    # 2k and 16k lie on both sides of the 8k window: nothing links them as if measured in between
+    assert not [ln for ln in ax.lines if ln.get_gid() == "link"]
+    # the records' 95 % intervals are drawn as bars around each point
+    unpatched = next(r for r in quick if r["variant"] == "unpatched" and r["length"] == 16384 and r["kind"] == "perplexity")
+    lo, hi = unpatched["metrics"]["ppl_ci"]
+    spans = [seg[:, 1] for coll in ax.collections for seg in coll.get_segments() if len(seg) == 2]
+    assert any(math.isclose(min(s), lo) and math.isclose(max(s), hi) for s in spans)
+    assert outside(fig, ax)
+
+
+def test_perplexity_links_points_inside_the_window():
+    recs = [r for r in run_records(ROOT / "eval/reports/smollm2-paper")[1]  # in the run's variant order
+            if r["kind"] == "perplexity" and r["metrics"]["text"] == "pydoc_topics"]
+    fig = plots.perplexity_vs_length(recs)
+    (ax,) = fig.axes
+    links = [ln for ln in ax.lines if ln.get_gid() == "link"]
+    assert len(links) == 5  # 2k-8k for each variant; 8k-16k crosses the window and is not drawn
+    for ln in links:
+        assert max(ln.get_xdata()) < 8192 * 1.2 and min(ln.get_xdata()) > 2048 / 1.2
+    assert "dynamic-yarn-x2 (= unpatched at 2k, 8k; = yarn-x2 at 16k)" in legend(fig)
+
+
+def test_retrieval_accuracy_shows_counts_at_small_n(quick):
+    fig = plots.retrieval_accuracy(quick)
+    passkey, needle = fig.axes
+    assert legend(fig) == ["unpatched (baseline)", "linear-x2", "yarn-x2", "dynamic-yarn-x2",
+                           "original window (8k tokens)",
+                           "ceiling: unpatched at its longest length inside the window"]
+    assert "n = 1 prompts per point (counts k/n shown); ceiling 1/1 at 2k" in passkey.get_title()
+    labels = {(round(t.xy[0]), t.get_text()) for t in passkey.texts}
+    for r in (r for r in quick if r["kind"] == "passkey"):
+        line = drawn(passkey, r["variant"])
+        i = [round(x / r["length"]) for x in line.get_xdata()].index(1)
+        assert line.get_ydata()[i] == r["metrics"]["score"]
+        assert (round(line.get_xdata()[i]), f"{r['metrics']['score']:g}/1") in labels
+    assert not [c for c in passkey.collections if c.get_gid() != "ceiling"], "no Wilson bars at n = 1"
+    ceiling = [c for c in passkey.collections if c.get_gid() == "ceiling"]
+    assert len(ceiling) == 1 and ceiling[0].get_segments()[0][0][0] == 8192  # drawn beyond the window
+    assert list(drawn(needle, "unpatched").get_ydata()) == [1.0]
+    assert [t.get_text() for t in needle.texts] == ["1/1"]
+    assert outside(fig, passkey) and outside(fig, needle)
+
+
+def test_retrieval_accuracy_wilson_bars_from_five_prompts():
+    recs = [r for r in run_records(ROOT / "eval/reports/smollm2-paper")[1] if r["kind"] == "passkey"]
+    fig = plots.retrieval_accuracy(recs)
+    (ax,) = fig.axes
+    assert "n = 10 prompts per point (95 % Wilson bars); ceiling 10/10 at 2k" in ax.get_title()
+    assert not ax.texts  # no counts: the bars say it
+    k = sum(r["metrics"]["score"] for r in recs if r["variant"] == "yarn-x2" and r["length"] == 12288)
+    lo, hi = wilson(int(k), 10)
+    spans = [seg[:, 1] for coll in ax.collections for seg in coll.get_segments() if len(seg) == 2]
+    assert any(math.isclose(min(s), lo, abs_tol=1e-4) and math.isclose(max(s), hi, abs_tol=1e-4) for s in spans)
+    assert list(drawn(ax, "yarn-x2").get_ydata()) == [
+        sum(r["metrics"]["score"] for r in recs if r["variant"] == "yarn-x2" and r["length"] == L) / 10
+        for L in (2048, 12288, 16384)]
+
+
+def test_heatmap_says_what_a_blank_cell_means(quick):
+    recs = read(ROOT / "eval/reports/smollm2-passkey-2x/results.jsonl")
+    fig = plots.passkey_heatmap(recs)
+    cells = {(r.get("haystack"), r["variant"], r["depth"], r["length"]) for r in recs}
+    hays = {c[0] for c in cells}
+    full = {(h, v, d, L) for h in hays for v in {c[1] for c in cells} for d in {c[2] for c in cells}
+            for L in {c[3] for c in cells}}
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert texts.count("not run") == len(full - cells) > 0
+    assert len(texts) == len(full)
+    assert '"not run": no prompt at that depth and length' in fig._suptitle.get_text()
+    quick_fig = plots.passkey_heatmap(quick)  # every cell run: no "not run", no caption for it
+    assert "not run" not in [t.get_text() for ax in quick_fig.axes for t in ax.texts]
+    assert "not run" not in quick_fig._suptitle.get_text()
+
+
+def test_coincidences_are_found_from_the_numbers():
+    series = {"a": {1: 1.0, 2: 2.0, 3: 3.0}, "b": {1: 1.5, 2: 2.0, 3: 3.5}, "c": {1: 1.0, 2: 2.0, 3: 3.5},
+              "d": {1: 1.0 + 1e-4, 2: 2.1, 3: 3.1}}
+    notes = plots.coincidences(series, lambda xs, all_xs: "at " + ",".join(map(str, xs)))
+    assert notes == {"b": "= a at 2", "c": "= a at 1,2; = b at 3"}  # d differs everywhere (1e-4 is a difference)
+
+
+def test_entropy_plot():
+    ent = [{"variant": v, "kind": "entropy", "length": L, "original_length": 8192,
+            "metrics": {"mean_entropy": e}}
+           for v, pts in {"unpatched": [(4096, 3.1), (16384, 4.0)], "yarn-x2": [(4096, 3.1), (16384, 3.6)]}.items()
+           for L, e in pts]
+    fig = plots.attention_entropy(ent)
+    (ax,) = fig.axes
+    assert legend(fig) == ["unpatched (baseline)", "yarn-x2 (= unpatched at 4k)", "original window (8k tokens)"]
+    assert list(drawn(ax, "yarn-x2").get_ydata()) == [3.1, 3.6]
+    assert drawn(ax, "yarn-x2").get_xdata()[0] != drawn(ax, "unpatched").get_xdata()[0]
+    assert not [ln for ln in ax.lines if ln.get_gid() == "link"]  # 4k and 16k: across the window
+
+
+def test_report_links_the_plots(quick, tmp_path):
+    report = write_report(quick, tmp_path).read_text()
+    for name in ("loss_vs_position.png", "perplexity_vs_length.png", "passkey_heatmap.png", "retrieval_accuracy.png"):
+        assert f"]({name})" in report
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "attention_entropy.png").exists()  # no entropy records, no plot
