@@ -341,6 +341,32 @@ def test_engines_command_and_model_card(tmp_path, capsys, monkeypatch):
     assert "differs" in printed and "warning" in printed
 
 
+def test_engines_table_is_readable_at_80_columns(tmp_path):
+    """Nothing is cut at 80 columns: long words wrap, and the reason a request was not run (the instruction naming
+    ROPE_EXTEND_OTHER_PYTHON) is printed in full below the table, the table's cells pointing to it."""
+    import subprocess
+    import sys
+
+    source = tmp_path / "src"
+    tiny.make_model("llama").save_pretrained(source)
+    env = {k: v for k, v in os.environ.items() if k != "ROPE_EXTEND_OTHER_PYTHON"} | {"COLUMNS": "80"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        shown = subprocess.run([sys.executable, "-m", "rope_extend", "engines", str(source), "--method", "dynamic",
+                                "--factor", str(S)], env=env, capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    table = [line for line in lines if line[:1] in "┏┃┡│└"]
+    assert table and max(len(line) for line in table) <= 80 and "…" not in shown.stdout, shown.stdout
+    assert "[1] not run: set ROPE_EXTEND_OTHER_PYTHON to a Python with the other transformers line" in lines
+    assert "".join(table).count("not run [1]") == 2, table  # the other line's short and long requests
+    # every other reason too (vLLM's capped cache, llama.cpp's -c), each once, each referenced from the table
+    notes = [line for line in lines if re.match(r"\[\d+\] ", line)]
+    assert len(notes) >= 3 and len(set(notes)) == len(notes)
+    for number in range(1, len(notes) + 1):
+        assert f"[{number}]" in "".join(table)
+
+
 def test_docs_serving_table_is_current():
     """docs/serving.md's table is what the engine ports compute today (regenerate with
     `python -m rope_extend.engines.parity docs/serving.md`)."""

@@ -47,11 +47,14 @@ def engines(
         return
     table = Table(title=f"{report.method} x{report.factor:g}: {report.original} -> {report.target} tokens")
     for column in ("engine", "route", f"short ({report.original})", f"long ({report.target})", "result"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a long word wraps; a cell is never cut at 80 columns
+    notes: list[str] = []  # why a request was not run or not served: below the table, where it has the full width
     for row in report.rows:
         result = "[green]identical[/green]" if row.identical else ("not run" if row.skipped else "[red]differs[/red]")
-        table.add_row(row.engine, row.route, _cell(row.short), _cell(row.long), result)
+        table.add_row(row.engine, row.route, _cell(row.short, notes), _cell(row.long, notes), result)
     out.print(table)
+    for number, reason in enumerate(notes, 1):
+        out.print(f"[{number}] {reason}", markup=False, highlight=False)
     shown: set[str] = set()
     for row in report.rows:
         for warning in row.warnings if not row.identical else []:
@@ -60,9 +63,13 @@ def engines(
                 out.print(f"[yellow]warning[/yellow]: {warning}", highlight=False)
 
 
-def _cell(result) -> str:
+def _cell(result, notes: list[str]) -> str:
+    """A measured request's deltas, or a reference to its reason in *notes* (one note per distinct reason)."""
     from ..engines.served import NotServed
 
     if isinstance(result, NotServed):
-        return result.reason
+        if result.reason not in notes:
+            notes.append(result.reason)
+        label = "not run" if result.reason.startswith("not run") else "not served"
+        return f"{label} [{notes.index(result.reason) + 1}]"
     return f"Δcos {result.max_cos:.2g}, Δsin {result.max_sin:.2g}"
