@@ -299,7 +299,8 @@ def recommend(config, target_length: int) -> Recommendation:
         reasons.append(f"target {target_length} <= original length {original}: no scaling needed")
         return Recommendation(target_length, original, factor, None, {}, reasons, costs)
     reasons.append(
-        f"without scaling the slowest disk (i={slowest.index}, wavelength {slowest.wavelength:.4g} tokens) turns "
+        "each rotary pair of query/key dimensions (a \"disk\") turns by a fixed angle per token; without scaling "
+        f"the slowest disk (i={slowest.index}, wavelength {slowest.wavelength:.4g} tokens) turns "
         f"{turns_target:.3g} times at {target_length} vs {slowest.rotations:.3g} within {original}: "
         + ("angles beyond L were never seen in pretraining" if slowest.rotations < 1 else
            "it completed full turns in pretraining, but beyond L the relative distances are new")
@@ -319,10 +320,18 @@ def recommend(config, target_length: int) -> Recommendation:
             f"log2 s = {math.log2(factor):.3f} means fully interpolated): "
             + "; ".join(f"{name} {c['changed']:.0%}, {c['high_shift']:.3f}" for name, c in costs.items())
         )
+    # in the order and the words of the README's "Which method when" (engines serve yarn, the recommendation)
     alternatives = {
         "dynamic-yarn": "when short-context quality matters and you serve in-process with rope_extend.patch_model: "
         "the original model below L, YaRN beyond (stock loaders load it as static yarn)",
-        "dynamic": "when short-context quality matters with stock transformers: exact original model below L",
+        "dynamic": "when short-context quality matters with stock transformers: exact original model below L (on "
+        "SmolLM2-135M the best frequency method at retrieval, its perplexity far above yarn's at 4x)",
+        "self-extend": "for retrieval and perplexity beyond L without training, in-process (rope_extend.patch_model; "
+        "it remaps attention positions and keeps the original RoPE), best at 2x on SmolLM2-135M"
+        + ("; beyond 2x add --set log_n=true (measured at 4x: it then ties dynamic on retrieval, with lower "
+           "perplexity than any frequency method)" if factor > 2 else "; at 4x add --set log_n=true")
+        + ". Measured fast on CPU, not yet on a GPU (use a frequency method there); engines serve the original "
+        "model (serve yarn there)",
     }
     if current_type in ("llama3", "longrope") and current_type in costs_or_accepted(config, current_type, factor, costs):
         method = current_type

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from tiny import ORIGINAL, make_config
@@ -133,6 +134,24 @@ def test_recommend_minimal_factor_and_method():
     assert "ntk" in recommend(config, 3072).alternatives  # factor 1.5
 
 
+def test_recommend_names_self_extend_and_says_what_a_disk_is():
+    """The alternatives follow the README's "Which method when": yarn for engines (the recommendation), self-extend
+    in-process for retrieval beyond the window without training, with log_n beyond 2x; a "disk" is defined where
+    the reasons first use the word."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text().split("## Which method when", 1)[1]
+    assert "`self-extend`, in-process" in readme and "log_n=true" in readme.split("##", 1)[0]
+    config = big_config()
+    at_6x, at_1_5x = recommend(config, 12288), recommend(config, 3072)
+    assert at_6x.method == at_1_5x.method == "yarn"
+    for advice in (at_6x, at_1_5x):
+        why = advice.alternatives["self-extend"]
+        assert "in-process" in why and "rope_extend.patch_model" in why and "serve yarn" in why
+        first = next(line for line in advice.reasons if "disk" in line)
+        assert "rotary pair of query/key dimensions (a \"disk\")" in first
+    assert "beyond 2x add --set log_n=true" in at_6x.alternatives["self-extend"]
+    assert "at 4x add --set log_n=true" in at_1_5x.alternatives["self-extend"]
+
+
 def test_plot_written(tmp_path):
     path = plot_methods(big_config(), 4, tmp_path / "methods.png")
     assert path.read_bytes()[:8] == PNG
@@ -160,6 +179,7 @@ def test_cli_recommend_and_plot(tiny_dir, tmp_path, capsys):
     assert run(["inspect", str(tiny_dir), "--recommend", "--target-length", "96"]) == 0
     text = capsys.readouterr().out
     assert "recommendation for 96 tokens: factor 3" in text and "minimal factor" in text
+    assert "alternative self-extend:" in text and 'a rotary pair of query/key dimensions (a "disk")' in text
 
 
 def test_cli_recommend_no_scaling_needed(tiny_dir, capsys):

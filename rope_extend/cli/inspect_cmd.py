@@ -131,7 +131,8 @@ def _print_table(view) -> None:
             cells += [f"{row.old_inv_freq:.4g}"]
         table.add_row(*cells)
     out.print(table)
-    out.print("λ = 2π/θ tokens per turn; r = turns within L (original) or N (target)", highlight=False)
+    out.print("i: a rotary pair of query/key dimensions (a \"disk\"), turning θ radians per token; λ = 2π/θ tokens "
+              "per turn; r = turns within L (original) or N (target)", highlight=False)
     counts = ", ".join(f"{n} {regime}" for regime, n in view.counts().items())
     out.print(f"disks: {counts}; attention factor {view.attention_factor:.4f}", highlight=False)
     for note in view.notes:
