@@ -114,9 +114,23 @@ def _describe_positions(orig):
             return f"beyond {_fmt_len(orig)}"
         if orig and xs == {x for x in all_xs if x <= orig}:
             return f"inside {_fmt_len(orig)}"
-        return f"at {len(xs)} of {len(all_xs)} positions"
+        runs: list[list[float]] = []  # consecutive buckets, worded as the token ranges they cover
+        for i, x in enumerate(all_xs):
+            if x in xs:
+                if runs and all_xs.index(runs[-1][-1]) == i - 1:
+                    runs[-1].append(x)
+                else:
+                    runs.append([x])
+        if len(runs) > 3 or len(all_xs) < 2:
+            return f"at {len(xs)} of {len(all_xs)} positions"
+        half = (all_xs[1] - all_xs[0]) / 2
+        return "over " + ", ".join(f"{_fmt_k(r[0] - half)}–{_fmt_k(r[-1] + half)}" for r in runs)
 
     return describe
+
+
+def _fmt_k(position: float) -> str:
+    return f"{position / 1024:.3g}k" if position else "0"
 
 
 def _label(style: dict, note: str | None) -> str:
@@ -146,14 +160,19 @@ def _link(ax, lengths, xs, ys, color, orig) -> None:
         ax.plot(*zip(*segment), color=color, gid="link", **LINK_STYLE)
 
 
-def _log_y(ax) -> None:
-    """A log y axis labelled in plain numbers (10, 15, 20, 30), not powers of ten."""
+def _log_y(ax) -> bool:
+    """A log y axis labelled in plain numbers (10, 15, 20, 30), not powers of ten, when the values span a factor
+    of 3 or more (a linear axis reads better below that); returns whether it is log."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+    lo, hi = ax.get_ylim()
+    if lo <= 0 or hi / lo < 3:
+        return False
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
+    return True
 
 
 def _window(ax, orig, handles: dict) -> None:
@@ -183,7 +202,7 @@ def _position_axis(ax, length: int) -> None:
         step *= 2
     if length >= step:
         ax.xaxis.set_major_locator(MultipleLocator(step))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1024:g}k"))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _fmt_k(x)))
     ax.set_xlim(0, length)
 
 
@@ -289,9 +308,10 @@ def perplexity_vs_length(records: list[dict]):
             variant_handles.setdefault(_label(st, notes.get(v)), bars)
         _window(ax, orig, handles)
         _length_axis(ax, [r["length"] for r in ppl if _text(r) == t], dodge(len(variants) - 1))
-        _log_y(ax)
+        log = _log_y(ax)
         ax.set_xlabel("context length (tokens; measured at the ticks only)")
-        ax.set_ylabel("perplexity" + (" (95 % interval)" if any("ppl_ci" in r["metrics"] for r in ppl) else ""))
+        says = [s for s, on in (("95 % interval", any("ppl_ci" in r["metrics"] for r in ppl)), ("log scale", log)) if on]
+        ax.set_ylabel("perplexity" + (f" ({', '.join(says)})" if says else ""))
         ax.set_title(t)
     _outside_legend(fig, variant_handles | handles, title=LINK_NOTE)
     return fig
