@@ -103,6 +103,25 @@ def test_links_between_the_pages_resolve():
     assert not broken, broken
 
 
+def test_docs_named_in_configs_exist():
+    """Every `docs/PAGE.md[#anchor]` a bundled spec's comments point to resolves (file and heading)."""
+    root = DOCS.parent
+    named = [(spec.name, ref) for spec in sorted((root / "configs").glob("*.yaml"))
+             for ref in re.findall(r"docs/[\w./-]+\.md(?:#[\w-]+)?", spec.read_text())]
+    assert any("#" in ref for _, ref in named)  # the check below covers anchors too
+    broken = []
+    for spec, ref in named:
+        file, _, anchor = ref.partition("#")
+        page = root / file
+        if not page.is_file():
+            broken.append(f"{spec}: {ref} (no such file)")
+            continue
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        if anchor and anchor not in {_slug(m) for m in re.findall(r"^#+ (.+)$", text, flags=re.M)}:
+            broken.append(f"{spec}: {ref} (no heading with that anchor)")
+    assert not broken, broken
+
+
 def test_method_table_is_generated_from_the_registry():
     """The table between the markers in docs/methods.md is exactly what the registry renders (regenerate with
     `python -m rope_extend.methods.docs docs/methods.md`)."""
