@@ -9,6 +9,18 @@ is the child's (model + KV cache + activations). Ratios are against YaRN at the 
 CPU time (`time.process_time`, all threads: less sensitive to other jobs on a shared machine).
 Goals (issue 19): prefill at 16k <= 1.6x, peak RSS at 32k <= 1.3x, decode step at 16k <= 1.3x.
 
+    python bench/attention_methods.py --device cuda [--lengths 16384 32768 65536 131072] [--decode-length 65536]
+    python bench/attention_methods.py --device cpu --synthetic [--lengths 1024 2048]   (the same, small, on CPU)
+
+`--device cuda` (or `--synthetic`) runs in one process on a model of the Llama-3.2-1B shape with random weights
+(hidden 2048, 32 query / 8 KV heads, head_dim 64, 4 layers, original length 8192, bfloat16 on CUDA; `--quick`
+shrinks it for a CPU smoke run): SDPA + YaRN against self-extend and dual-chunk, each also with log_n, factor
+max(2, length / L). Per length: the prefill (the best of `--repeats`, the first one listed apart: it includes
+compilation), and on CUDA the peak memory allocated by torch; at `--decode-length` the median of `--decode` single-
+token steps. On CPU it also runs each attention method forced onto the passes path (the CUDA decomposition, with
+the CPU kernel primitive) next to the default fused path. Goals on CUDA (issue 35): prefill <= 1.5x SDPA + YaRN at
+64k and 128k, decode step <= 1.3x, peak memory <= 1.2x. `bench/gpu_check.py` calls this and the gpu tests.
+
 `--results FILE` makes a run resumable: each finished child's result is appended to FILE (one JSON object a line)
 and a rerun with the same FILE skips what it holds, so a long run (32k is minutes per child on 2 cores) survives an
 interruption. Each row records the 1-minute load average before and after its child (`os.getloadavg`): on a shared
@@ -18,8 +30,13 @@ machine, read the times against it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
+import sys
+import time
+import warnings
 from pathlib import Path
 
 from common import demo_model, run_child
@@ -55,16 +72,205 @@ print(json.dumps({"prefill_s": prefill, "prefill_cpu_s": prefill_cpu, "decode_s"
 
 METHODS = ("yarn", "self-extend", "dual-chunk")
 
+# --- in-process synthetic bench (CUDA, or CPU at small sizes) ---------------------------------------------------------
+LLAMA_1B_SHAPE = dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=64, num_hidden_layers=4, vocab_size=128256, max_position_embeddings=8192,
+                      rope_theta=500000.0, tie_word_embeddings=True)
+QUICK_SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=2,
+                   head_dim=32, num_hidden_layers=2, vocab_size=1024, max_position_embeddings=512,
+                   rope_theta=10000.0, tie_word_embeddings=True)
+VARIANTS = {  # name -> (patch_model keywords, forced attention path or None)
+    "yarn": ({"method": "yarn"}, None),
+    "self-extend": ({"method": "self-extend"}, None),
+    "self-extend+log_n": ({"method": "self-extend", "log_n": True}, None),
+    "dual-chunk": ({"method": "dual-chunk"}, None),
+    "dual-chunk+log_n": ({"method": "dual-chunk", "log_n": True}, None),
+}
+CPU_PASSES_VARIANTS = {  # on CPU the default is the fused path: these run the CUDA decomposition there too
+    "self-extend [passes]": ({"method": "self-extend"}, "passes"),
+    "dual-chunk [passes]": ({"method": "dual-chunk"}, "passes"),
+}
+
+
+def synthetic_model(shape: dict, device: str, dtype):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**shape, attn_implementation="sdpa")
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+@contextlib.contextmanager
+def forced_path(path: str | None):
+    """Every call with contiguous positions takes `path` ("passes" on CPU: the CUDA decomposition there)."""
+    from rope_extend.attention import kernels
+
+    original = kernels.select_path
+    if path is not None:
+        kernels.select_path = lambda device, start, case, mapping: path if start is not None else original(
+            device, start, case, mapping)
+    try:
+        yield
+    finally:
+        kernels.select_path = original
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_variant(model, spec: dict, path, length: int, decode_steps: int, repeats: int, device: str) -> dict:
+    """Prefill `length` random tokens (logits of the last one, as generate() does) `repeats` times; then
+    `decode_steps` single-token steps after the last prefill (0: none). Peak CUDA memory of the last repeat."""
+    import torch
+    from transformers import DynamicCache
+
+    from rope_extend import patch_model, unpatch_model
+    from rope_extend.compat import GENERATE_CACHE_KEYWORD
+
+    original = model.config.max_position_embeddings
+    factor = max(2.0, (length + decode_steps) / original)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*acts on attention.*")
+        report = patch_model(model, **spec, factor=factor)
+    ids = torch.randint(100, model.config.vocab_size, (1, length + decode_steps),
+                        generator=torch.Generator().manual_seed(0)).to(device)
+    times, steps, cache = [], [], None
+    try:
+        with torch.no_grad(), forced_path(path):
+            for _ in range(repeats):
+                cache = DynamicCache(config=model.config)
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()
+                _sync(device)
+                started = time.perf_counter()
+                model(ids[:, :length], **{GENERATE_CACHE_KEYWORD: cache}, use_cache=True, logits_to_keep=1)
+                _sync(device)
+                times.append(time.perf_counter() - started)
+            for t in range(length, length + decode_steps):
+                _sync(device)
+                started = time.perf_counter()
+                model(ids[:, t : t + 1], **{GENERATE_CACHE_KEYWORD: cache}, use_cache=True)
+                _sync(device)
+                steps.append(time.perf_counter() - started)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    finally:
+        del cache
+        unpatch_model(model)
+    return {"prefill_s": min(times), "first_prefill_s": times[0], "decode_s": statistics.median(steps) if steps
+            else None, "peak_gib": peak, "factor": factor, "spec": report.spec.method_params()}
+
+
+def synthetic_bench(device: str, lengths: list[int], decode_length: int | None, decode_steps: int, variants: dict,
+                    shape: dict, dtype, repeats: int, log=print, rows: list | None = None) -> dict:
+    """Every variant at every length on one model, side by side; ratios against "yarn" at the same length. A
+    variant that fails (out of memory, say) is recorded with its error and the run goes on."""
+    model = synthetic_model(shape, device, dtype)
+    rows = [] if rows is None else rows  # the caller's list fills as the run goes (gpu_check saves it row by row)
+    warm = 2 * shape["max_position_embeddings"] + 64
+    for name, (spec, path) in variants.items():  # compile / first-call costs, at two lengths (dynamic shapes)
+        for length in (warm, warm + 128):
+            try:
+                measure_variant(model, spec, path, length, 2, 1, device)
+            except Exception as error:
+                log(f"warm-up {name} at {length}: {type(error).__name__}: {str(error)[:200]}")
+    for length in lengths:
+        base = None
+        for name, (spec, path) in variants.items():
+            steps = decode_steps if length == decode_length else 0
+            row = {"length": length, "variant": name, "path": path or "default"}
+            try:
+                row.update(measure_variant(model, spec, path, length, steps, repeats, device))
+            except Exception as error:
+                row["error"] = f"{type(error).__name__}: {str(error)[:500]}"
+                if device == "cuda":
+                    import torch
+
+                    torch.cuda.empty_cache()
+            if name == "yarn":
+                base = row
+            if base is not None and "error" not in row and "error" not in base:
+                row["prefill_ratio"] = round(row["prefill_s"] / base["prefill_s"], 3)
+                if row["decode_s"] and base["decode_s"]:
+                    row["decode_ratio"] = round(row["decode_s"] / base["decode_s"], 3)
+                if row["peak_gib"] and base["peak_gib"]:
+                    row["memory_ratio"] = round(row["peak_gib"] / base["peak_gib"], 3)
+            rows.append(row)
+            log(_describe(row))
+    return {"rows": rows, "shape": shape, "dtype": str(dtype), "device": device, "repeats": repeats,
+            "decode_length": decode_length, "decode_steps": decode_steps}
+
+
+def _describe(row: dict) -> str:
+    if "error" in row:
+        return f"{row['length']:>7} {row['variant']:<22} ERROR {row['error'][:160]}"
+    text = f"{row['length']:>7} {row['variant']:<22} prefill {row['prefill_s']:8.3f} s"
+    text += f" ({row.get('prefill_ratio', 1.0):.2f}x, first {row['first_prefill_s']:.2f} s)"
+    if row["decode_s"]:
+        text += f"  decode {1000 * row['decode_s']:7.2f} ms ({row.get('decode_ratio', 1.0):.2f}x)"
+    if row["peak_gib"]:
+        text += f"  peak {row['peak_gib']:.2f} GiB ({row.get('memory_ratio', 1.0):.2f}x)"
+    return text
+
+
+def environment(device: str) -> dict:
+    import torch
+    import transformers
+
+    info = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0],
+            "device": device}
+    if device == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(0)
+    else:
+        info["device_name"] = f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+    return info
+
+
+def synthetic_main(args) -> None:
+    import torch
+
+    device = args.device
+    quick = args.quick or device == "cpu"
+    shape = QUICK_SHAPE if quick else LLAMA_1B_SHAPE
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    lengths = args.lengths or ([1024, 2048] if quick else [16384, 32768, 65536, 131072])
+    decode_length = args.decode_length or (lengths[-1] if quick else 65536)
+    variants = dict(VARIANTS)
+    if device == "cpu":
+        torch.set_num_threads(args.threads)
+        variants.update(CPU_PASSES_VARIANTS)
+    result = {"environment": environment(device),
+              **synthetic_bench(device, lengths, decode_length, args.decode, variants, shape, dtype, args.repeats)}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--lengths", type=int, nargs="+", default=None)
     parser.add_argument("--decode", type=int, default=8)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the synthetic Llama-3.2-1B-shape bench in bfloat16 (one process)")
+    parser.add_argument("--synthetic", action="store_true", help="on CPU: the synthetic bench instead of SmolLM2")
+    parser.add_argument("--quick", action="store_true", help="synthetic bench with a tiny shape (a smoke run)")
+    parser.add_argument("--decode-length", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--results", help="append each child's result here and skip those already in it (resume)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     args = parser.parse_args()
+    if args.device == "cuda" or args.synthetic or args.quick:
+        synthetic_main(args)
+        return
+    args.lengths = args.lengths or [4096, 16384]
     path = demo_model()
     done = {}
     if args.results and Path(args.results).exists():

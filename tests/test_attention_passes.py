@@ -230,8 +230,9 @@ def _force_passes(monkeypatch, primitive):
 @pytest.mark.parametrize("method", list(SPECS))
 def test_model_on_the_passes_path_equals_the_fused_path(method, monkeypatch):
     """A patched tiny Llama (SDPA) forced onto the passes path (CPU kernel primitive): one forward equals the
-    fused path's; a prompt prefilled in pieces and token-by-token decoding equal one forward; the original below
-    the window; unpatch restores the original bit for bit."""
+    fused path's; a prompt prefilled in pieces and token-by-token decoding equal one forward, a decoding step
+    moving only its new key (the moved keys live on the cache); the original below the window; unpatch restores
+    the original bit for bit."""
     from transformers import DynamicCache
 
     model = _patched("llama", method, "sdpa")
@@ -243,7 +244,10 @@ def test_model_on_the_passes_path_equals_the_fused_path(method, monkeypatch):
         torch.testing.assert_close(full, fused, atol=1e-5, rtol=0)
         cache = DynamicCache(config=model.config)
         pieces = [model(ids[:, :30], **_cache(cache)).logits, model(ids[:, 30:47], **_cache(cache)).logits]
+        key_rows, rotate = [], kernels.rotate  # keys moved during the decoding steps: only each step's new key
+        monkeypatch.setattr(kernels, "rotate", lambda x, *a: key_rows.append(x.shape[2]) or rotate(x, *a))
         pieces += [model(ids[:, t : t + 1], **_cache(cache)).logits for t in range(47, 64)]
+        assert key_rows == [1] * 17 * model.config.num_hidden_layers
         torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=0)
         assert set(paths) == {"passes"}
         unpatched = tiny.make_model("llama")

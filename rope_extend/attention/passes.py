@@ -53,10 +53,12 @@ class Pass:
 
 def method_passes(mapping, q0: int, k0: int, device) -> list[Pass]:
     """The passes of `mapping` for queries whose index 0 sits at position q0 and keys whose index 0 sits at k0."""
-    q_base = torch.tensor(q0, device=device)
-    k_base = torch.tensor(k0, device=device)
+    # every number the masks read is a tensor: a compiled kernel guards on Python numbers closed over (one compile
+    # per value), not on a tensor's value, so one compilation serves every offset, window and chunk length
+    q_base, k_base = torch.tensor(q0, device=device), torch.tensor(k0, device=device)
     if isinstance(mapping, SelfExtendMap):
-        w = mapping.neighbor_window
+        w = torch.tensor(mapping.neighbor_window, device=device)
+        w_int = mapping.neighbor_window
 
         def neighbour(b, h, q_idx, kv_idx):
             distance = (q_base + q_idx) - (k_base + kv_idx)
@@ -66,15 +68,16 @@ def method_passes(mapping, q0: int, k0: int, device) -> list[Pass]:
             return (q_base + q_idx) - (k_base + kv_idx) >= w
 
         return [
-            Pass("neighbour", None, False, neighbour, lambda p: (p - w + 1, p + 1)),
+            Pass("neighbour", None, False, neighbour, lambda p: (p - w_int + 1, p + 1)),
             Pass("grouped", lambda q_pos: mapping.query_shifts(q_pos)[1], True, grouped,
-                 lambda p: (k0, p - w + 1)),
+                 lambda p: (k0, p - w_int + 1)),
         ]
     if isinstance(mapping, DualChunkMap):
         s = mapping.chunk_len
+        s_t = torch.tensor(s, device=device)
 
         def gap(q_idx, kv_idx):
-            return (q_base + q_idx) // s - (k_base + kv_idx) // s
+            return (q_base + q_idx) // s_t - (k_base + kv_idx) // s_t
 
         def intra(b, h, q_idx, kv_idx):
             return (gap(q_idx, kv_idx) == 0) & (k_base + kv_idx <= q_base + q_idx)

@@ -1,0 +1,142 @@
+"""One command for a GPU machine: the `gpu`-marked tests and the CUDA bench of self-extend / dual-chunk, one JSON record.
+
+    python bench/gpu_check.py --out gpu-check.json            # on a CUDA machine (sized for < 5 min on an H200)
+    python bench/gpu_check.py --quick --out /tmp/gpu-check.json   # the same steps at tiny sizes on CPU (smoke run)
+
+1. `pytest -m gpu tests/test_attention_passes.py`: the passes path with FlexAttention compiled on CUDA against the
+   papers' formulas (fp32, bf16 within bf16 rounding), a patched tiny model taking the passes path by itself, equal
+   to its CPU logits, cached decoding equal to one forward, a left-padded batch falling back with one warning. On
+   CPU they skip, with the reason.
+2. `bench/attention_methods.py`'s synthetic bench: Llama-3.2-1B shape (hidden 2048, 32/8 heads, head_dim 64,
+   4 layers, random weights), bfloat16, SDPA + YaRN against self-extend and dual-chunk (each also with log_n);
+   prefill at 16k, 32k, 64k and 128k, a decoding step at 64k, peak memory; ratios against YaRN at the same length,
+   and the issue-35 goals checked (prefill <= 1.5x at 64k and 128k, decode <= 1.3x, memory <= 1.2x).
+
+The record (device name, torch / transformers versions, git commit, test summary, rows, ratios, goals) is written
+after the tests and rewritten after every bench row, so an interrupted run still leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from attention_methods import LLAMA_1B_SHAPE, QUICK_SHAPE, VARIANTS, environment, synthetic_bench
+
+ROOT = Path(__file__).resolve().parent.parent
+GOALS = {"prefill_ratio": 1.5, "decode_ratio": 1.3, "memory_ratio": 1.2}  # issue 35, against SDPA + YaRN
+GOAL_LENGTHS = (65536, 131072)  # the prefill goal's lengths
+
+
+def run_tests(timeout: int) -> dict:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs",
+               "tests/test_attention_passes.py"]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        output, rc = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as expired:
+        output, rc = f"{expired.stdout or ''}{expired.stderr or ''}\nTIMEOUT after {timeout} s", None
+    if isinstance(output, bytes):
+        output = output.decode(errors="replace")
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", output)}
+    return {"command": " ".join(command[1:]), "rc": rc, "seconds": round(time.perf_counter() - started, 1),
+            "counts": counts, "tail": output[-4000:]}
+
+
+def goals(rows: list[dict], decode_length: int | None) -> dict:
+    """Per variant: each goal met (True / False), or None where the row is missing or failed."""
+    checked = {}
+    for name in VARIANTS:
+        if name == "yarn":
+            continue
+        mine = {row["length"]: row for row in rows if row["variant"] == name}
+        verdict = {}
+        for length in GOAL_LENGTHS:
+            ratio = mine.get(length, {}).get("prefill_ratio")
+            verdict[f"prefill_{length}"] = None if ratio is None else ratio <= GOALS["prefill_ratio"]
+        ratio = mine.get(decode_length, {}).get("decode_ratio")
+        verdict[f"decode_{decode_length}"] = None if ratio is None else ratio <= GOALS["decode_ratio"]
+        memory = [row.get("memory_ratio") for row in mine.values() if row.get("memory_ratio") is not None]
+        verdict["memory"] = None if not memory else max(memory) <= GOALS["memory_ratio"]
+        checked[name] = verdict
+    return checked
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="gpu-check.json", help="the JSON record (rewritten as rows come in)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes on whatever device (CPU smoke run)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None)
+    parser.add_argument("--decode-length", type=int, default=None)
+    parser.add_argument("--decode", type=int, default=8, help="decoding steps timed (median)")
+    parser.add_argument("--repeats", type=int, default=2, help="prefills per length (the best is kept)")
+    parser.add_argument("--tests-timeout", type=int, default=240)
+    parser.add_argument("--skip-tests", action="store_true")
+    args = parser.parse_args()
+
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
+    if device == "cpu" and not args.quick:
+        print("no CUDA device: run with --quick for the CPU smoke run", file=sys.stderr)
+        return 2
+    shape = QUICK_SHAPE if args.quick else LLAMA_1B_SHAPE
+    lengths = args.lengths or ([1024, 2048] if args.quick else [16384, 32768, 65536, 131072])
+    decode_length = args.decode_length or (lengths[-1] if args.quick else 65536)
+    out = Path(args.out)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = None
+    record = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join(["python", "bench/gpu_check.py", *sys.argv[1:]]), "commit": commit or None,
+              "environment": environment(device), "goals_wanted": GOALS}
+
+    def save() -> None:
+        out.write_text(json.dumps(record, indent=1))
+
+    if not args.skip_tests:
+        print("gpu tests ...", flush=True)
+        record["tests"] = run_tests(args.tests_timeout)
+        print(f"gpu tests: rc {record['tests']['rc']}, {record['tests']['counts']}, "
+              f"{record['tests']['seconds']} s", flush=True)
+        save()
+
+    rows: list[dict] = []
+    record["bench"] = {"status": "running", "rows": rows, "shape": shape, "lengths": lengths,
+                       "decode_length": decode_length}
+
+    def log(line) -> None:
+        print(line, flush=True)
+        save()
+
+    started = time.perf_counter()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    try:
+        result = synthetic_bench(device, lengths, decode_length, args.decode, VARIANTS, shape, dtype, args.repeats,
+                                 log=log, rows=rows)
+        record["bench"].update(result, status="done")
+    except Exception as error:  # keep what was measured, say what failed
+        record["bench"].update(status=f"failed: {type(error).__name__}: {str(error)[:500]}")
+        raise
+    finally:
+        record["bench"]["seconds"] = round(time.perf_counter() - started, 1)
+        record["goals"] = goals(record["bench"].get("rows", rows), decode_length)
+        save()
+    print(json.dumps(record["goals"], indent=1))
+    print(f"wrote {out}")
+    tests_ok = args.skip_tests or record["tests"]["rc"] == 0
+    return 0 if tests_ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
