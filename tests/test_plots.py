@@ -169,6 +169,12 @@ def test_coincidences_are_found_from_the_numbers():
               "d": {1: 1.0 + 1e-4, 2: 2.1, 3: 3.1}}
     notes = plots.coincidences(series, lambda xs, all_xs: "at " + ",".join(map(str, xs)))
     assert notes == {"b": "= a at 2", "c": "= a at 1,2; = b at 3"}  # d differs everywhere (1e-4 is a difference)
+    centres = [512 + 1024 * i for i in range(16)]  # 1k buckets of a 16k sequence, window 8k
+    words = plots._describe_positions(8192)
+    assert words(centres[8:], centres) == "beyond 8k" and words(centres[:8], centres) == "inside 8k"
+    assert words(centres, centres) == "at every position"
+    assert words(centres[:2] + centres[5:6], centres) == "over 0–2k, 5k–6k"
+    assert words(centres[::2], centres) == "at 8 of 16 positions"
 
 
 def test_entropy_plot():
