@@ -224,3 +224,28 @@ def test_longrope_switches_after_original_length():
     torch.testing.assert_close(at[4096], theta / torch.tensor(lists["short_factor"]), rtol=1e-6, atol=0)
     torch.testing.assert_close(at[4095], at[4096])
     torch.testing.assert_close(at[4097], theta / torch.tensor(lists["long_factor"]), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("original, target", [(8192, 16384), (8192, 32768), (4096, 65536), (2048, 3000)])
+def test_attention_methods_list_the_defaults_they_derive(original, target, capsys):
+    """`rope-extend methods` shows the rule behind every derived default, and fill_params applies exactly that rule
+    (computed here from the listed text, by brute force for self-extend's group size)."""
+    from rope_extend.cli import run
+    from rope_extend.spec import RopeSpec
+
+    assert run(["methods"]) == 0
+    listed = capsys.readouterr().out
+    assert "parameters: chunk_size=3L/4, local_window=L/16, log_n=False" in listed
+    assert "parameters: group_size=smallest G ≥ 2 with W + (N−W)/G ≤ 5L/8, neighbor_window=L/8, log_n=False" in listed
+    L, N = original, target
+    spec = RopeSpec(method="dual-chunk", target_length=N, original_max_position_embeddings=L)
+    filled = spec.rope_method.fill_params(spec)
+    assert (filled.chunk_size, filled.local_window) == (3 * L // 4, L // 16)
+    spec = RopeSpec(method="self-extend", target_length=N, original_max_position_embeddings=L)
+    filled = spec.rope_method.fill_params(spec)
+    W = L // 8
+    smallest = next(g for g in itertools.count(2) if W + (N - W) / g <= 5 * L / 8)
+    assert filled.neighbor_window == W
+    # the smallest such G, or (a divisor of W preferred) the next one dividing W
+    assert filled.group_size == smallest or (filled.group_size > smallest and W % filled.group_size == 0
+                                             and all(W % g for g in range(smallest, filled.group_size)))

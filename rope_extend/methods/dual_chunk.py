@@ -20,9 +20,9 @@ class DualChunk(AttentionMethod):
     needs_factor = False
     params = {
         "chunk_size": Param(int, None, "the largest distance attention sees; chunks are chunk_size - local_window "
-                            "long (default 3L/4)", positive=True),
+                            "long (default 3L/4)", positive=True, derived="3L/4"),
         "local_window": Param(int, None, "queries this close to a chunk boundary keep exact distances to the "
-                              "previous chunk (default L/16)", positive=True),
+                              "previous chunk (default L/16)", positive=True, derived="L/16"),
         "log_n": LOG_N,
     }
     formula = "original θ_i; keys at j mod s; queries intra / successive / inter-chunk (largest distance chunk_size)"

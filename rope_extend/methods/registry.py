@@ -71,6 +71,7 @@ class Param:
     default: Any
     doc: str
     positive: bool = False  # numbers must be > 0; lists must hold finite numbers > 0
+    derived: str | None = None  # how `fill_params` derives a None default, shown as the default ("L/8")
 
     def check(self, value: Any) -> None:
         """Raise ValueError (naming the value and the rule) if `value` breaks the rule."""
@@ -263,7 +264,8 @@ class RopeMethod:
 
     # -- docs -------------------------------------------------------------------------------------------------
     def param_doc(self) -> str:
-        return ", ".join(k if p.default is None else f"{k}={p.default}" for k, p in self.params.items()) or "none"
+        shown = {k: p.default if p.default is not None else p.derived for k, p in self.params.items()}
+        return ", ".join(k if v is None else f"{k}={v}" for k, v in shown.items()) or "none"
 
     def __repr__(self) -> str:
         return f"<RopeMethod {self.name}>"

@@ -42,9 +42,9 @@ class SelfExtend(AttentionMethod):
     aliases = ("selfextend", "self_extend", "longlm")
     params = {
         "group_size": Param(int, None, "G: distant keys share positions in groups of G (default: from the target "
-                            "length)", positive=True),
+                            "length)", positive=True, derived="smallest G ≥ 2 with W + (N−W)/G ≤ 5L/8"),
         "neighbor_window": Param(int, None, "W: keys closer than W keep their exact distance (default L/8)",
-                                 positive=True),
+                                 positive=True, derived="L/8"),
         "log_n": LOG_N,
     }
     formula = "original θ_i; distance d if d < W else i//G − j//G + W − W//G"
