@@ -7,9 +7,9 @@ pairs of one map form a simple region of the (query, key) plane. A *pass* is one
 - which queries: the model's rotated queries moved by the map's query shift (None: as the model rotated them);
 - which keys: the model's keys, or the keys moved by the method's key shift (`kernels.moved_keys`, kept on the KV
   cache across decoding steps);
-- which pairs: a FlexAttention-style `mask_mod(b, h, q_idx, kv_idx)`, with the position of query 0 and key 0
-  closed over as tensors (so a compiled kernel does not recompile when they change), and the same region as key
-  position ranges per query position (`key_range`, what a decoding step slices).
+- which pairs: a FlexAttention-style `mask_mod(b, h, q_idx, kv_idx)` (`band_mask`: one function for every pass,
+  its numbers closed over as tensors, so a compiled kernel does not recompile per pass, offset or window), and
+  the same region as key position ranges per query position (`key_range`, what a decoding step slices).
 
 SelfExtend, window W, group G: neighbour (original q, original k, 0 <= p_i - p_j < W) and grouped (q at
 p_i // G + W - W // G, k at p_j // G, p_i - p_j >= W).
@@ -51,48 +51,42 @@ class Pass:
     key_range: Callable[[int], tuple[int, int]]  # a query position -> [lo, hi) key positions it sees here
 
 
+FAR = 1 << 62  # "no upper bound" for a band
+
+
+def band_mask(q0: int, k0: int, div: int, lo: int, hi: int, device):
+    """The mask_mod of every pass: causal pairs whose u = (p_i // div) - (p_j // div) lies in [lo, hi), positions
+    p_i = q0 + q_idx, p_j = k0 + kv_idx. div = 1 gives distance bands (self-extend), div = s chunk gaps (dual
+    chunk). One function for every pass and method, with every number a tensor: a compiled kernel keeps one entry
+    for all of them (it would compile again for each distinct function, or each Python number closed over, and
+    torch.compile gives up after 8 entries per function)."""
+    q_base, k_base, div_t, lo_t, hi_t = (torch.tensor(x, device=device) for x in (q0, k0, div, lo, hi))
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        q_p, k_p = q_base + q_idx, k_base + kv_idx
+        u = q_p // div_t - k_p // div_t
+        return (k_p <= q_p) & (u >= lo_t) & (u < hi_t)
+
+    return mask_mod
+
+
 def method_passes(mapping, q0: int, k0: int, device) -> list[Pass]:
     """The passes of `mapping` for queries whose index 0 sits at position q0 and keys whose index 0 sits at k0."""
-    # every number the masks read is a tensor: a compiled kernel guards on Python numbers closed over (one compile
-    # per value), not on a tensor's value, so one compilation serves every offset, window and chunk length
-    q_base, k_base = torch.tensor(q0, device=device), torch.tensor(k0, device=device)
     if isinstance(mapping, SelfExtendMap):
-        w = torch.tensor(mapping.neighbor_window, device=device)
-        w_int = mapping.neighbor_window
-
-        def neighbour(b, h, q_idx, kv_idx):
-            distance = (q_base + q_idx) - (k_base + kv_idx)
-            return (distance >= 0) & (distance < w)
-
-        def grouped(b, h, q_idx, kv_idx):
-            return (q_base + q_idx) - (k_base + kv_idx) >= w
-
+        w = mapping.neighbor_window
         return [
-            Pass("neighbour", None, False, neighbour, lambda p: (p - w_int + 1, p + 1)),
-            Pass("grouped", lambda q_pos: mapping.query_shifts(q_pos)[1], True, grouped,
-                 lambda p: (k0, p - w_int + 1)),
+            Pass("neighbour", None, False, band_mask(q0, k0, 1, 0, w, device), lambda p: (p - w + 1, p + 1)),
+            Pass("grouped", lambda q_pos: mapping.query_shifts(q_pos)[1], True, band_mask(q0, k0, 1, w, FAR, device),
+                 lambda p: (k0, p - w + 1)),
         ]
     if isinstance(mapping, DualChunkMap):
         s = mapping.chunk_len
-        s_t = torch.tensor(s, device=device)
-
-        def gap(q_idx, kv_idx):
-            return (q_base + q_idx) // s_t - (k_base + kv_idx) // s_t
-
-        def intra(b, h, q_idx, kv_idx):
-            return (gap(q_idx, kv_idx) == 0) & (k_base + kv_idx <= q_base + q_idx)
-
-        def successive(b, h, q_idx, kv_idx):
-            return gap(q_idx, kv_idx) == 1
-
-        def inter(b, h, q_idx, kv_idx):
-            return gap(q_idx, kv_idx) >= 2
-
         return [
-            Pass("intra", lambda q_pos: q_pos % s - q_pos, True, intra, lambda p: (p // s * s, p + 1)),
-            Pass("successive", lambda q_pos: mapping.query_shifts(q_pos)[1], True, successive,
+            Pass("intra", lambda q_pos: q_pos % s - q_pos, True, band_mask(q0, k0, s, 0, 1, device),
+                 lambda p: (p // s * s, p + 1)),
+            Pass("successive", lambda q_pos: mapping.query_shifts(q_pos)[1], True, band_mask(q0, k0, s, 1, 2, device),
                  lambda p: (p // s * s - s, p // s * s)),
-            Pass("inter", lambda q_pos: mapping.query_shifts(q_pos)[2], True, inter,
+            Pass("inter", lambda q_pos: mapping.query_shifts(q_pos)[2], True, band_mask(q0, k0, s, 2, FAR, device),
                  lambda p: (k0, p // s * s - s)),
         ]
     raise TypeError(f"no passes for {type(mapping).__name__}")
