@@ -14,7 +14,9 @@ What a reader needs to trust a plot is drawn in, whatever the records hold:
 - a heatmap cell with no prompt reads "not run".
 
 Figures are built on :class:`matplotlib.figure.Figure`, not pyplot: building one (in a test, in a thread) leaves
-no global state and nothing to close. :func:`make_plots` writes the PNGs the report links.
+no global state and nothing to close. A variant's markers carry its name as ``gid`` (reference lines: ``window``,
+``ceiling``; guides: ``link``), which is how tests find what was drawn. :func:`make_plots` writes the PNGs the
+report links.
 """
 
 from __future__ import annotations
@@ -49,7 +51,11 @@ DASHES = ("-", "--", "-.", (0, (1, 1.5)), (0, (5, 1.5, 1, 1.5, 1, 1.5)), (0, (8,
 WINDOW_STYLE = {"color": "0.35", "ls": "--", "lw": 1, "zorder": 0.5}  # behind the points
 CEILING_STYLE = {"color": "0.45", "ls": ":", "lw": 1.6}
 LINK_STYLE = {"ls": ":", "lw": 1, "alpha": 0.7}  # the line between measured points: a guide, not a measurement
-LINK_NOTE = "markers: measured lengths, dodged sideways;\ndotted: a guide between them (not across the window)"
+LINK_NOTE = "markers: measured lengths{};\ndotted: a guide between them (not across the window)"
+
+
+def _link_note(variants: int) -> str:
+    return LINK_NOTE.format(", dodged sideways" if variants > 1 else "")
 
 
 # ---------------------------------------------------------------- shared pieces
@@ -313,7 +319,7 @@ def perplexity_vs_length(records: list[dict]):
         says = [s for s, on in (("95 % interval", any("ppl_ci" in r["metrics"] for r in ppl)), ("log scale", log)) if on]
         ax.set_ylabel("perplexity" + (f" ({', '.join(says)})" if says else ""))
         ax.set_title(t)
-    _outside_legend(fig, variant_handles | handles, title=LINK_NOTE)
+    _outside_legend(fig, variant_handles | handles, title=_link_note(len(variants)))
     return fig
 
 
@@ -386,7 +392,7 @@ def attention_entropy(records: list[dict]):
     _length_axis(ax, [r["length"] for r in ent], dodge(len(variants) - 1))
     ax.set_xlabel("context length (tokens; measured at the ticks only)")
     ax.set_ylabel("mean attention entropy (nats)")
-    _outside_legend(fig, handles, title=LINK_NOTE)
+    _outside_legend(fig, handles, title=_link_note(len(variants)))
     return fig
 
 
@@ -444,7 +450,7 @@ def retrieval_accuracy(records: list[dict]):
                      + (" (counts k/n shown)" if small else " (95 % Wilson bars)") + ceiling, fontsize=9)
         ax.set_xlabel("context length (tokens)")
     axes[0].set_ylabel("accuracy (found / prompts)")
-    _outside_legend(fig, variant_handles | handles, title=LINK_NOTE)
+    _outside_legend(fig, variant_handles | handles, title=_link_note(len(variant_handles)))
     return fig
 
 
