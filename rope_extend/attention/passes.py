@@ -30,6 +30,7 @@ A decoding step (one query) sees, through each pass, one contiguous range of key
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,8 +48,15 @@ class Pass:
     name: str
     query_shift: Callable[[torch.Tensor], torch.Tensor] | None  # query positions -> shift; None: as rotated
     moved_keys: bool  # keys moved by the map's key shift, else as the model rotated them
-    mask_mod: Callable  # (b, h, q_idx, kv_idx) -> bool: the pairs of this pass
+    band: tuple[int, int, int, int, int]  # band_mask's (q0, k0, div, lo, hi): the pairs of this pass
     key_range: Callable[[int], tuple[int, int]]  # a query position -> [lo, hi) key positions it sees here
+    device: object = None
+
+    @functools.cached_property
+    def mask_mod(self) -> Callable:
+        """(b, h, q_idx, kv_idx) -> bool, built on first use (a decoding step slices by key_range instead, and
+        making its tensors would copy to the device)."""
+        return band_mask(*self.band, self.device)
 
 
 FAR = 1 << 62  # "no upper bound" for a band
@@ -75,19 +83,19 @@ def method_passes(mapping, q0: int, k0: int, device) -> list[Pass]:
     if isinstance(mapping, SelfExtendMap):
         w = mapping.neighbor_window
         return [
-            Pass("neighbour", None, False, band_mask(q0, k0, 1, 0, w, device), lambda p: (p - w + 1, p + 1)),
-            Pass("grouped", lambda q_pos: mapping.query_shifts(q_pos)[1], True, band_mask(q0, k0, 1, w, FAR, device),
-                 lambda p: (k0, p - w + 1)),
+            Pass("neighbour", None, False, (q0, k0, 1, 0, w), lambda p: (p - w + 1, p + 1), device),
+            Pass("grouped", lambda q_pos: mapping.query_shifts(q_pos)[1], True, (q0, k0, 1, w, FAR),
+                 lambda p: (k0, p - w + 1), device),
         ]
     if isinstance(mapping, DualChunkMap):
         s = mapping.chunk_len
         return [
-            Pass("intra", lambda q_pos: q_pos % s - q_pos, True, band_mask(q0, k0, s, 0, 1, device),
-                 lambda p: (p // s * s, p + 1)),
-            Pass("successive", lambda q_pos: mapping.query_shifts(q_pos)[1], True, band_mask(q0, k0, s, 1, 2, device),
-                 lambda p: (p // s * s - s, p // s * s)),
-            Pass("inter", lambda q_pos: mapping.query_shifts(q_pos)[2], True, band_mask(q0, k0, s, 2, FAR, device),
-                 lambda p: (k0, p // s * s - s)),
+            Pass("intra", lambda q_pos: q_pos % s - q_pos, True, (q0, k0, s, 0, 1), lambda p: (p // s * s, p + 1),
+                 device),
+            Pass("successive", lambda q_pos: mapping.query_shifts(q_pos)[1], True, (q0, k0, s, 1, 2),
+                 lambda p: (p // s * s - s, p // s * s), device),
+            Pass("inter", lambda q_pos: mapping.query_shifts(q_pos)[2], True, (q0, k0, s, 2, FAR),
+                 lambda p: (k0, p // s * s - s), device),
         ]
     raise TypeError(f"no passes for {type(mapping).__name__}")
 
@@ -112,17 +120,20 @@ def _plan(mapping, q0, k0, n_q, n_k, primitive, device, memo):
 
 
 def _pass_queries(query, p, row, factor, mapping, inv_freq, memo):
-    """The queries moved by the pass's query shift (and log-n scaled), rotated a slice of queries at a time."""
+    """The queries moved by the pass's query shift (and log-n scaled), rotated a slice of queries at a time. The
+    rotation tables are kept for the other layers by (first position, count): positions are contiguous here, so
+    no comparison of position tensors (a device sync per layer) is needed."""
     if p.query_shift is None:
         return query if factor is None else query * factor[:, None].to(query.dtype)
     key = ("pass-query", mapping, p.name)
+    span = (p.band[0], row.shape[1], str(row.device))
     entry = memo.get(key) if memo is not None else None
-    if entry is not None and entry[0].shape == row.shape and torch.equal(entry[0], row):
+    if entry is not None and entry[0] == span:
         cos, sin = entry[1], entry[2]
     else:
         cos, sin = rotation(p.query_shift(row), inv_freq)
         if memo is not None:
-            memo[key] = (row, cos, sin)
+            memo[key] = (span, cos, sin)
     out = torch.empty_like(query)
     for a in range(0, query.shape[2], ROTATE_QUERIES):
         b = a + ROTATE_QUERIES
