@@ -317,7 +317,11 @@ def _full(source, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remo
 def _save_loaded(model, source: Path, tmp: Path, files: list[Path], plan: PatchPlan, result: PatchResult) -> dict:
     """Save a loaded, patched model into `tmp` with SOURCE's other files (tokenizer...) and the portable config."""
     result.patched_outputs = probe_outputs(model.eval(), plan)
-    model.save_pretrained(tmp, safe_serialization=True)
+    import warnings
+
+    with warnings.catch_warnings():  # what stock loaders make of the checkpoint is in result.warnings (printed)
+        warnings.simplefilter("ignore")
+        model.save_pretrained(tmp, safe_serialization=True)
     saved = {p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file()}
     for rel in files:
         name = rel.as_posix()

@@ -312,6 +312,9 @@ def enable_portable_saves() -> None:
         data = json.loads(path.read_text(encoding="utf-8"))
         data = portable_checkpoint_config(data, read_slots(text), int(text.max_position_embeddings), marker)
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        if marker.get("stock_loaders"):  # the method's marker_note: saved, this copy is something else to them
+            warnings.warn(f"saved {str(path.parent)!r}: stock loaders (transformers, vLLM, SGLang, llama.cpp) load "
+                          f"it as {marker['stock_loaders']}", UserWarning, stacklevel=2)
 
     to_json_file._rope_extend_portable = True
     PretrainedConfig.to_json_file = to_json_file

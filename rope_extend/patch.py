@@ -113,7 +113,8 @@ def patch_model(
     the rope-extend marker of a checkpoint written by rope-extend is re-applied (restores dynamic methods that
     stock loaders load as static). Applying the same spec twice changes nothing; `unpatch_model` undoes it.
     After patching, `model.save_pretrained` / `push_to_hub` write a config.json that stock transformers 4.x and
-    5.x both load to the patched RoPE.
+    5.x both load to the patched RoPE; for a method they load as something else (dynamic-yarn as static YaRN,
+    self-extend and dual-chunk as the original model) saving warns, saying what they load and how to restore it.
 
     `dynamic_mode` (dynamic, dynamic-yarn, longrope): "consistent" fixes the scale per `generate` request so the
     KV cache stays valid; "stock" reproduces transformers' behaviour exactly (see `rope_extend.dynamic`).
@@ -165,8 +166,7 @@ def patch_model(
     setattr(model, _STATE_ATTR, state)
     if plan.method.dynamic and dynamic_mode == "consistent" and hasattr(model, "generate"):
         dynamic.wrap_generate(model)
-    for note in plan.warnings:
-        warnings.warn(note, UserWarning, stacklevel=2)
+    # what stock loaders make of a saved copy (plan.warnings, in the report) is said when saving, where it applies
     return PatchReport.of(plan, state.touched, applied.changed or plan.changed)
 
 

@@ -179,16 +179,27 @@ def test_keeps_buffer_dtype_and_device():
     assert module.inv_freq.dtype == dtype and module.inv_freq.device.type == "cpu"
 
 
-def test_dynamic_yarn_warns_and_restores_from_marker(tmp_path):
+def test_dynamic_yarn_warns_when_saved_and_restores_from_marker(tmp_path):
     model = tiny.make_model("llama")
     short = tiny.input_ids(tiny.ORIGINAL - 4)
     original_short = logits(model, short)
-    with pytest.warns(UserWarning, match="not reproduced by stock loaders"):
-        patch_model(model, method="dynamic-yarn", factor=4)
+    with warnings.catch_warnings(record=True) as caught:  # the user just called patch_model: nothing to tell yet
+        warnings.simplefilter("always")
+        report = patch_model(model, method="dynamic-yarn", factor=4)
+    assert not [w for w in caught if "stock loaders" in str(w.message)]
+    assert any("not reproduced by stock loaders" in note for note in report.warnings)  # kept in the report
     # below the original length dynamic YaRN is exactly the original model
     torch.testing.assert_close(logits(model, short), original_short, atol=0, rtol=0)
     long_logits = logits(model)
-    model.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match=r"saved .*: stock loaders .* load it as static yarn x4 \(equal to "
+                      r"dynamic-yarn only at 128 tokens\); call rope_extend.patch_model\(model\) after loading"):
+        model.save_pretrained(tmp_path)
+    static = tiny.make_model("llama")
+    patch_model(static, method="yarn", factor=4)
+    with warnings.catch_warnings(record=True) as caught:  # a method stock loaders load as it is: no warning
+        warnings.simplefilter("always")
+        static.save_pretrained(tmp_path / "yarn")
+    assert not [w for w in caught if "stock loaders" in str(w.message)]
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
     assert reloaded.config.rope_extend["method"] == "dynamic-yarn"
     # stock loading = static YaRN: differs below the original length
