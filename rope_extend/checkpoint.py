@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from . import compat, files, outputs
+from .card import build_model_card
 from .engines.parity import card_section
 from .errors import CheckpointError, SpecError
-from .hub import build_model_card, resolve_source
+from .hub import resolve_source
 from .patch import verify_or_explain
 from .plan import PatchPlan, check_rope_model, plan_patch
 from .serving import serve_command, serving_hints
@@ -435,6 +436,7 @@ def patch_checkpoint(
         (tmp / "rope_extend.yaml").write_text(spec_yaml)
         card = build_model_card(
             base_model=_public_name(source, src),
+            source_dir=src,
             spec_yaml=spec_yaml,
             method=plan.spec.method,
             config_diff=config_diff(compat.text_part(raw), compat.text_part(new)),
@@ -492,7 +494,7 @@ def write_model_checkpoint(
         card = build_model_card(
             base_model=_public_name(source, src), spec_yaml=spec_yaml, method=plan.spec.method,
             config_diff=config_diff(compat.text_part(raw), compat.text_part(new)), serving=card_serving,
-            training=training,
+            training=training, source_dir=src,
         )
         if (tmp / "README.md").exists():
             (tmp / "README.md").unlink()
@@ -513,10 +515,8 @@ def patch_steps(verify: bool) -> int:
 
 
 def _public_name(source: str | os.PathLike, resolved: Path) -> str:
-    """What the model card calls the base model: the Hub id, or the local folder's name (never its path)."""
-    from .hub import REPO_ID, hub_repo_id
+    """What the model card calls the base model: its Hub repo (`hub.base_model_id`: a Hub id, the alias's repo,
+    a Hub cache snapshot's repo), or the local folder's name (never its path)."""
+    from .hub import base_model_id
 
-    text = str(source)
-    if REPO_ID.match(text) and not Path(text).expanduser().exists():
-        return text
-    return hub_repo_id(resolved) or resolved.name
+    return base_model_id(source, resolved) or resolved.name

@@ -29,9 +29,11 @@ def run_demo(out: str | Path = "demo-out", suite: str = "quick") -> Path:
     warnings.simplefilter("ignore")
     from rich.console import Console
 
+    from .card import CardEval
     from .checkpoint import patch_checkpoint
     from .demo_model import smollm2_path
     from .eval.runner import run_eval, summary_markdown
+    from .eval.suite import load_suite
 
     console = Console(soft_wrap=True)
     out = Path(out)
@@ -40,7 +42,8 @@ def run_demo(out: str | Path = "demo-out", suite: str = "quick") -> Path:
         source = smollm2_path()
     console.print(f"[bold]model[/bold]: {source}")
 
-    records = run_eval(source, dict(SPECS), suite, out / "report")
+    suite_ = load_suite(suite)
+    records = run_eval(source, dict(SPECS), suite_, out / "report")
     summary = summary_markdown(records)
     console.print(summary, markup=False, highlight=False)
 
@@ -49,7 +52,8 @@ def run_demo(out: str | Path = "demo-out", suite: str = "quick") -> Path:
         SPECS["yarn x2"],
         out / "smollm2-yarn-x2",
         overwrite=True,
-        eval_summary=summary + f"\n\nFull report: `{out / 'report' / 'report.md'}` (suite `{suite}`).",
+        eval_summary=CardEval(records, suite=suite_.name, smoke=suite_.smoke, report=str(out / "report" / "report.md"),
+                              variant="yarn x2"),
     )
     console.print(f"[green]done[/green] in {time.perf_counter() - started:.0f} s: SmolLM2-135M unpatched vs "
                   f"{', '.join(SPECS)}, then the YaRN x2 checkpoint ({result.mode}, verified: {result.verified})")

@@ -1,6 +1,6 @@
-"""The Hugging Face Hub: resolve a SOURCE (local folder or Hub id) to files, build the model card, push.
+"""The Hugging Face Hub: resolve a SOURCE (local folder or Hub id) to files, name its base model, push OUT.
 
-Resolution goes through huggingface_hub's cache, so `HF_HUB_OFFLINE=1`, `HF_HUB_CACHE`, `--revision` and `HF_TOKEN`
+The model card is rope_extend.card's. Resolution goes through huggingface_hub's cache, so `HF_HUB_OFFLINE=1`, `HF_HUB_CACHE`, `--revision` and `HF_TOKEN`
 behave as everywhere else. The token is passed to huggingface_hub and never printed, logged or written.
 """
 
@@ -10,10 +10,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .errors import CheckpointError
-from .methods import get_method
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -66,6 +64,25 @@ def hub_repo_id(folder: Path) -> str | None:
         return None
     repo = root.name.removeprefix("models--").replace("--", "/", 1)
     return repo if REPO_ID.match(repo) else None
+
+
+# The Hub repo each alias is built from: the model card's base_model.
+ALIAS_REPOS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def base_model_id(source: str | os.PathLike, resolved: Path) -> str | None:
+    """The Hub repo SOURCE is (the model card's `base_model`): a Hub id, an alias's repo, the repo of a Hub cache
+    snapshot (its `models--org--name` folder names it), the demo model's folder; None for another local folder."""
+    text = str(source)
+    if text in ALIAS_REPOS and not Path(text).exists():
+        return ALIAS_REPOS[text]
+    if REPO_ID.match(text) and not Path(text).expanduser().exists():
+        return text
+    from .card import is_demo_model
+
+    if is_demo_model(resolved):
+        return ALIAS_REPOS["smollm2"]
+    return hub_repo_id(resolved)
 
 
 def resolve_source(source: str | os.PathLike, revision: str | None = None, config_only: bool = False) -> Path:
@@ -146,79 +163,6 @@ def _endpoint() -> str:
 def _status(exc) -> str:
     response = getattr(exc, "response", None)
     return str(getattr(response, "status_code", "error"))
-
-
-# --- model card ------------------------------------------------------------------------------------------------------
-
-
-def build_model_card(
-    base_model: str,
-    spec_yaml: str,
-    method: str,
-    config_diff: list[tuple[str, Any, Any]],
-    serving: str,
-    eval_summary: str | None = None,
-    engines: str | None = None,
-    training: str | None = None,
-) -> str:
-    """The README.md text of a patched checkpoint (huggingface_hub ModelCard with metadata). `training`: the
-    fine-tuning section of a checkpoint written by `rope-extend train` (its weights changed)."""
-    import transformers
-    from huggingface_hub import ModelCard, ModelCardData
-
-    from . import __version__
-
-    data = ModelCardData(
-        base_model=base_model if REPO_ID.match(base_model or "") else None,
-        library_name="transformers",
-        tags=["rope-extend", "long-context", f"rope-{method}"],
-    )
-    diff_rows = "\n".join(f"| `{key}` | `{_short(old)}` | `{_short(new)}` |" for key, old, new in config_diff)
-    body = f"""
-# {Path(base_model).name} with {method} RoPE scaling
-
-This checkpoint is {f'[{base_model}](https://huggingface.co/{base_model})' if REPO_ID.match(base_model) else f'the local checkpoint `{base_model}`'}
-with its rotary position embeddings rescaled by [rope-extend](https://pypi.org/project/rope-extend/) using
-**{method}** ([paper]({get_method(method).paper})). {"It was then fine-tuned at the new length (see Training below)." if training else "No weight was changed: only `config.json` (and length caps) differ."}
-{f"{chr(10)}## Training{chr(10)}{chr(10)}{training.rstrip()}{chr(10)}" if training else ""}
-## Spec
-
-```yaml
-{spec_yaml.rstrip()}
-```
-
-## Config changes
-
-| key | before | after |
-|---|---|---|
-{diff_rows}
-
-## Serving
-
-{serving.rstrip()}
-{_engines_section(engines)}
-## Evaluation
-
-{eval_summary.rstrip() if eval_summary else "No evaluation was run when this checkpoint was written (see `rope-extend eval`)."}
-
-## Provenance
-
-Written by rope-extend {__version__} with transformers {transformers.__version__}. `rope_extend.yaml` holds the
-fully resolved spec; `config.json` carries it under the `rope_extend` key.
-"""
-    return str(ModelCard.from_template(data, template_str="---\n{{ card_data }}\n---\n" + body))
-
-
-def _engines_section(engines: str | None) -> str:
-    """The parity report (rope_extend.engines.parity.card_section), when the writer computed one."""
-    if not engines:
-        return ""
-    return f"\n## Where it serves identically\n\n{engines.rstrip()}\n"
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = str(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- push ------------------------------------------------------------------------------------------------------------

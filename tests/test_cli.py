@@ -72,6 +72,11 @@ def test_eval_then_patch_with_eval_summary_in_card(ckpt, tmp_path, capsys):
     assert run(["patch", str(ckpt), "--method", "yarn", "--factor", "2", "-o", str(out), "--eval", "smoke"]) == 0
     card = (out / "README.md").read_text()
     assert "No evaluation was run" not in card and "perplexity" in card.lower()
+    assert "> **Smoke test.** The `smoke` suite" in card  # the report's banner travels with its tables
+    from huggingface_hub import ModelCard
+
+    results = ModelCard.load(out / "README.md").data.eval_results  # model-index entries, as the Hub reads them
+    assert results and {r.metric_type for r in results} >= {"perplexity"}
     assert (tmp_path / "out-eval" / "results.jsonl").exists()
 
 

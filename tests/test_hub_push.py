@@ -102,7 +102,7 @@ def test_patch_push_to_hub_over_http(source, tmp_path):
     assert writes and all(r.headers.get("authorization") == f"Bearer {SECRET}" for r in writes)
     data = card_data(repo.files["README.md"].decode(), tmp_path)
     assert data.library_name == "transformers"
-    assert "long-context" in data.tags
+    assert {"rope-scaling", "yarn", "long-context"} <= set(data.tags)
     assert "vllm serve me/tiny-yarn" in repo.files["README.md"].decode()  # the card names the path users will have
     assert f"pushed: {hub.endpoint}/me/tiny-yarn" in done.stdout
     assert "serve:  vllm serve me/tiny-yarn --max-model-len 64" in done.stdout
@@ -179,3 +179,93 @@ def test_push_refuses_a_folder_that_is_not_a_checkpoint(tmp_path, hub, capsys):
     assert cli("push", tmp_path / "notes", "not a repo") == 2
     assert "repo id like" in one_error(capsys.readouterr().err)
     assert hub.requests == []
+
+
+# --- the model card's metadata, as the Hub parses it ------------------------------------------------------------------
+PAPER = Path(__file__).resolve().parents[1] / "eval" / "reports" / "smollm2-paper" / "results.jsonl"
+
+
+def test_base_model_is_named_whenever_the_source_is_known(tmp_path):
+    from rope_extend.hub import base_model_id
+
+    snapshot = tmp_path / "hub" / "models--acme--tiny-llama" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    plain = tmp_path / "my-model"
+    plain.mkdir()
+    assert base_model_id("smollm2", plain) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert base_model_id("meta-llama/Llama-3.1-8B", snapshot) == "meta-llama/Llama-3.1-8B"
+    assert base_model_id(str(snapshot), snapshot) == "acme/tiny-llama"  # a path inside a Hub cache
+    assert base_model_id(str(plain), plain) is None
+
+
+def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """The Wilson score interval, from its closed form (the reference for the card's accuracy intervals)."""
+    p = k / n
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return centre - half, centre + half
+
+
+def test_card_metadata_license_eval_results_and_banner(tmp_path):
+    """A fine-tuned x8 card from a source whose card says its license, with the real records of the paper suite
+    (YaRN x2's, up to 16k tokens) as its evaluation marked smoke: the Hub's metadata and the body."""
+    from huggingface_hub import ModelCard
+
+    from rope_extend.card import CardEval, build_model_card, repository_url
+
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "README.md").write_text("---\nlicense: apache-2.0\nlanguage: en\n---\n# A model\n")
+    (source / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    records = [json.loads(line) for line in PAPER.read_text().splitlines() if line.strip()]
+    evaluation = CardEval(records, suite="paper", smoke=True, report="out-eval/report.md", variant="yarn-x2")
+    spec = "method: yarn\nfactor: 8.0\ntarget_length: 65536\noriginal_max_position_embeddings: 8192\n"
+    text = build_model_card("HuggingFaceTB/SmolLM2-135M-Instruct", spec, "yarn", [], "- vLLM: `vllm serve me/x`",
+                            eval_summary=evaluation, training="400 steps.", source_dir=source)
+    path = tmp_path / "README.md"
+    path.write_text(text)
+    card = ModelCard.load(path)
+    data = card.data
+    assert data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert data.base_model_relation == "finetune"
+    assert data.license == "apache-2.0" and data.library_name == "transformers"
+    assert data.tags == ["rope-extend", "rope-scaling", "yarn", "long-context"]
+    mine = [r for r in records if r["variant"] == "yarn-x2"]
+    ppl = {(r["metrics"]["text"], r["length"]): r["metrics"] for r in mine if r["kind"] == "perplexity"}
+    passkey: dict[int, list[float]] = {}
+    for r in mine:
+        if r["kind"] == "passkey":
+            passkey.setdefault(r["length"], []).append(r["metrics"]["score"])
+    results = data.eval_results
+    assert len(results) == len(ppl) + len(passkey)
+    for result in results:
+        length = result.metric_args["context_length"]
+        if result.metric_type == "perplexity":
+            m = ppl[(result.dataset_name, length)]
+            assert result.metric_value == pytest.approx(m["ppl"], abs=1e-4)
+            assert result.metric_args["interval_95"] == pytest.approx(m["ppl_ci"], abs=1e-4)
+            assert result.metric_args["n"] == len(m["block_losses"])
+        else:
+            scores = passkey[length]
+            k, n = int(sum(scores)), len(scores)
+            assert result.metric_type == "accuracy" and result.metric_args["n"] == n
+            assert result.metric_value == pytest.approx(k / n, abs=1e-4)
+            assert result.metric_args["interval_95"] == pytest.approx(wilson(k, n), abs=1e-4)
+        assert "smoke test" in result.metric_config and result.source_url == repository_url()
+    assert card.text.count("> **Smoke test.** The `paper` suite") == 1
+    assert "Nothing was measured at the target length (65536 tokens): the longest context evaluated is 16384" in text
+    assert "pypi.org" not in text
+
+
+def test_config_only_card_without_a_known_source(tmp_path):
+    from huggingface_hub import ModelCard
+
+    from rope_extend.card import build_model_card
+
+    spec = "method: ntk\nfactor: 2.0\ntarget_length: 64\noriginal_max_position_embeddings: 32\n"
+    text = build_model_card("my-model", spec, "ntk", [], "- vLLM: `vllm serve x`", source_dir=tmp_path)
+    (tmp_path / "README.md").write_text(text)
+    data = ModelCard.load(tmp_path / "README.md").data.to_dict()
+    assert "base_model" not in data and "base_model_relation" not in data and "license" not in data
+    assert "model-index" not in data and "eval_results" not in data
+    assert "the local checkpoint `my-model`" in text
+    assert "No evaluation was run" in text and "Nothing was measured at the target length (64 tokens)" in text

@@ -114,7 +114,8 @@ def patch(
         fail("--eval-dir only applies with --eval SUITE")
     eval_summary = None
     if eval_suite:
-        from ..eval.runner import run_eval, summary_markdown
+        from ..card import CardEval
+        from ..eval.runner import run_eval
         from ..eval.suite import load_suite
 
         resolved = resolve_source(source, revision=revision)
@@ -122,11 +123,11 @@ def patch(
         report_dir = eval_dir or output.with_name(output.name + "-eval")
         _check_eval_dir(resolved, output, report_dir)
         try:
-            load_suite(eval_suite)  # an unknown suite fails here, before any folder exists
+            suite = load_suite(eval_suite)  # an unknown suite fails here, before any folder exists
         except FileNotFoundError as exc:
             raise CheckpointError(f"--eval {eval_suite!r}: {exc}") from None
-        records = run_eval(str(resolved), [spec], eval_suite, report_dir)
-        eval_summary = summary_markdown(records) + f"\n\nFull report: `{report_dir.name}/report.md` (suite `{eval_suite}`)."
+        records = run_eval(str(resolved), [spec], suite, report_dir)
+        eval_summary = CardEval(records, suite=suite.name, smoke=suite.smoke, report=f"{report_dir.name}/report.md")
     with Progress("patching", patch_steps(not no_verify)) as progress:
         result = patch_checkpoint(
             source,

@@ -107,7 +107,8 @@ class ParityReport:
         """The model-card section: "serves identically in: ..."; "differs in: ... because ..."; the table."""
         same = [f"{r.engine} ({r.route})" for r in self.rows if r.identical]
         differs = [r for r in self.rows if not r.identical and not r.skipped]
-        lines = [f"Serves identically (max |Δcos|, |Δsin| within float32 tolerance) in: {', '.join(same) or 'none'}."]
+        lines = [f"Serves identically (max |Δcos|, |Δsin| within float32 tolerance) in: {', '.join(same) or 'none'}.",
+                 "", ports_note()]
         if differs:
             lines.append("")
             lines.append("Differs in:")
@@ -122,6 +123,13 @@ class ParityReport:
         for row in self.rows:
             lines.append(f"| {row.engine} | {row.route} | {_cell(row.short)} | {_cell(row.long)} |")
         return "\n".join(lines)
+
+
+def ports_note() -> str:
+    """What the engine rows run, said wherever a row claims "identical" (the card, `rope-extend engines`)."""
+    return (f"The transformers rows run the installed transformers. The vLLM, SGLang and llama.cpp rows run "
+            f"rope-extend's ports of those engines' RoPE code ({vllm.VERSION}, {sglang.VERSION}, "
+            f"{llama_cpp.VERSION}; rope_extend/engines/), not the engines themselves.")
 
 
 def _cell(result: Delta | NotServed) -> str:

@@ -390,12 +390,17 @@ def summary_tables(records: list[dict]) -> str:
     return "\n\n".join(out) + "\n"
 
 
+def smoke_banner(suite: str | None) -> str:
+    """The banner of a smoke suite's numbers (report header and model card)."""
+    return (f"> **Smoke test.** The `{suite}` suite checks that everything runs; its samples are too few to compare "
+            "methods (see the intervals). Use the `paper` or `full` suite for evidence.")
+
+
 def _header(meta: dict, records: list[dict]) -> list[str]:
     suite = meta.get("suite") or {}
     lines = []
     if suite.get("smoke"):
-        lines += [f"> **Smoke test.** The `{suite.get('name')}` suite checks that everything runs; its samples are "
-                  "too few to compare methods (see the intervals). Use the `paper` or `full` suite for evidence.", ""]
+        lines += [smoke_banner(suite.get("name")), ""]
     lines.append(f"- model: `{meta.get('model_path')}`")
     lines.append(f"- original context window: {meta.get('original_length')} tokens")
     lines.append(f"- suite: `{suite.get('name')}`" + (f" ({meta['suite_source']})" if meta.get("suite_source") else "")
