@@ -17,6 +17,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from . import compat, dynamic
@@ -24,7 +25,7 @@ from .errors import ModelConfigError, ModelRunError, SpecError
 from .plan import PatchPlan, check_rope_model, plan_patch
 from .rotary import ModuleChange, apply_plan, find_rotary_modules, no_rotary_modules_error
 from .spec import RopeSpec, load_spec
-from .verify import verify_plan
+from .verify import run_unpatched, verify_plan
 
 _STATE_ATTR = "_rope_extend_state"
 
@@ -170,30 +171,52 @@ def patch_model(
     return PatchReport.of(plan, state.touched, applied.changed or plan.changed)
 
 
-# Config fields that a model type may carry without its modeling code applying them: when the unpatched config
-# cannot run, the first of these whose removal makes it run is the one to name.
+# Config fields that a model type may carry without its modeling code applying them: when a model of the config
+# cannot run (unpatched, or patched), the first of these whose removal makes it run is the one to name.
 SUSPECT_FIELDS = ("partial_rotary_factor", "rotary_pct", "rotary_dim", "head_dim")
 
 
 def verify_or_explain(plan: PatchPlan, config) -> None:
-    """`verify_plan`, and when it fails, whether the model runs at all before patching: if it does not, the config
-    is at fault, not the patch, and a ModelConfigError (a ValueError) names the field to fix."""
+    """`verify_plan`, and when the patched model cannot run, whether the config is at fault rather than the patch.
+
+    Asked of the installed transformers by running it, never by a rule about which fields a modeling code applies:
+    (1) does a model of the config run as it is (`verify.run_unpatched`)? If not, a ModelConfigError (a ValueError)
+    says it cannot run even before patching and names the field whose removal makes it run. (2) If it runs, does
+    the same patch run once a suspect field is removed? Then the field is one the model's own RoPE ignores but
+    stock transformers' scaled RoPE applies (a stray partial_rotary_factor on Llama: its default RoPE rotates the
+    whole head, YaRN's rotates a part, and the attention then fails), so the checkpoint could never run in stock
+    transformers: a ModelConfigError names the field. Otherwise the patch itself is what fails (ModelRunError)."""
     try:
         verify_plan(plan, source_config=config)
-    except ModelRunError:  # not a mismatch of frequencies or outputs (then the patch is what fails): does it run?
+    except ModelRunError as exc:  # not a mismatch of frequencies or outputs (then the patch is what fails)
+        patched_reason = _bare_reason(exc)
         runs, reason = _runs_unpatched(plan, config)
-        if runs is not False:
-            raise  # the unpatched model runs (or that cannot be told): the patch is what fails
+        if runs is None:
+            raise  # cannot be told: the patch's own error stands
         text = compat.text_config(config)
+        model_type = getattr(text, "model_type", "?")
         for name in SUSPECT_FIELDS:
             value = _field_value(text, name)
-            if value is not None and _runs_unpatched(plan, _without(config, name))[0]:
+            if value is None:
+                continue
+            trimmed = _without(config, name)
+            if not runs and _runs_unpatched(plan, trimmed)[0]:
                 raise ModelConfigError(
                     f"the model cannot run a forward pass even before patching: its config sets {name} {value!r}, "
-                    f"which {getattr(text, 'model_type', '?')}'s modeling code does not apply ({reason}); remove "
-                    f"{name} from config.json (or the model's config) if the model does not use it",
+                    f"which {model_type}'s modeling code does not apply ({reason}); remove {name} from config.json "
+                    "(or the model's config) if the model does not use it",
                     field=name, value=value,
                 ) from None
+            if runs and _patch_runs(plan, trimmed):
+                raise ModelConfigError(
+                    f"the model runs unpatched, but its config sets {name} {value!r}, which {model_type}'s own RoPE "
+                    f"{_ignores_or_applies(plan, config, trimmed)} and the RoPE stock transformers builds for "
+                    f"{plan.spec.method} applies, so the patched model cannot run a forward pass ({patched_reason}); "
+                    f"remove {name} from config.json (or the model's config) if the model does not use it",
+                    field=name, value=value,
+                ) from None
+        if runs:
+            raise  # the unpatched model runs and no field explains it: the patch is what fails
         raise ModelConfigError(
             f"the model cannot run a forward pass even before patching ({reason}); its config.json does not "
             "describe a model stock transformers can run: fix or re-download it",
@@ -201,22 +224,47 @@ def verify_or_explain(plan: PatchPlan, config) -> None:
 
 
 def _runs_unpatched(plan: PatchPlan, config) -> tuple[bool | None, str]:
-    """Whether a small model of the config runs the probe with its RoPE left as it is (None: cannot be told), and
-    why not: the verification of linear x1 from the same original length (the unscaled frequencies)."""
+    """Whether a small model of the config exactly as it is runs the probe inside its original window (None: cannot
+    be told), and why not."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            identity = plan_patch(config, RopeSpec(
-                method="linear", factor=1.0, replace_existing=True,
-                original_max_position_embeddings=plan.spec.original_max_position_embeddings,
-            ))
-            verify_plan(identity, source_config=config)
+            run_unpatched(config, plan)
     except ModelRunError as exc:
-        reason = str(exc).split("; the config sets")[0]  # verify's hint is replaced by the field found here
-        return False, reason.replace("the patched model cannot run a forward pass", "").strip(" ()") or reason
+        return False, _bare_reason(exc)
     except (ValueError, RuntimeError, AttributeError, TypeError):
-        return None, ""  # e.g. a config class that accepts no linear RoPE: let the patch's own error stand
+        return None, ""
     return True, ""
+
+
+def _patch_runs(plan: PatchPlan, config) -> bool:
+    """Whether the same spec, planned on `config`, verifies (its patched model runs and agrees with stock)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            verify_plan(plan_patch(config, plan.spec), source_config=config)
+    except (ValueError, RuntimeError, AttributeError, TypeError):  # VerificationError is a RuntimeError
+        return False
+    return True
+
+
+def _ignores_or_applies(plan: PatchPlan, config, trimmed) -> str:
+    """'ignores' when the unpatched model's outputs are the same without the field (measured), else 'applies
+    differently'."""
+    try:
+        same = torch.equal(run_unpatched(config, plan), run_unpatched(trimmed, plan))
+    except (ValueError, RuntimeError):
+        same = False
+    return "ignores (its outputs are the same without it)" if same else "applies differently"
+
+
+def _bare_reason(exc: Exception) -> str:
+    """The modeling code's error inside verify's "the ... model cannot run a forward pass (...)" message, without the
+    hint about partial_rotary_factor (the caller names the field it found)."""
+    reason = str(exc).split("; the config sets")[0]
+    for which in ("the patched", "the unpatched"):
+        reason = reason.replace(f"{which} model cannot run a forward pass", "")
+    return reason.strip(" ()") or str(exc)
 
 
 def _field_value(text_config, name: str):

@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rope_extend import AlreadyScaledError, SpecError, UnsupportedModelError, patch_model, unpatch_model
 from rope_extend.compat import TRANSFORMERS_V5, read_slots
+from rope_extend.errors import ModelConfigError
 from rope_extend.patch import find_rotary_modules
 
 pytestmark = pytest.mark.portability
@@ -252,3 +253,94 @@ def test_gemma3_can_scale_sliding_layers_when_asked():
     assert slots["full_attention"]["rope_type"] == slots["sliding_attention"]["rope_type"] == "linear"
     assert len(report.modules) == 2
     torch.testing.assert_close(logits(model), logits(stock_twin(model)), atol=1e-5, rtol=0)
+
+
+# --- a config the model cannot run, judged by running the installed transformers ----------------------------------
+def _runs(config, seed: int = 0):
+    """The model stock transformers builds from `config` (eager, seeded) and whether it runs 2 L tokens."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    try:
+        logits(model, tiny.input_ids(2 * tiny.ORIGINAL))
+    except RuntimeError:  # the modeling code's shape mismatch between the rotated and the unrotated head dims
+        return model, False
+    return model, True
+
+
+@pytest.mark.parametrize("rope", ["default", "linear-x1"])
+def test_a_stray_partial_rotary_factor_is_judged_by_what_transformers_runs(rope):
+    """Llama's attention rotates the whole head, so a partial_rotary_factor in its config.json is stray. What that
+    does is asked of the installed transformers, as patch_model asks it: 4.x's default RoPE applies the factor, so the
+    model cannot run even unpatched; 5.x's Llama default RoPE ignores it but its scaled RoPE (linear, yarn) applies
+    it. patch_model must succeed and equal transformers' own YaRN x2 where that runs, and otherwise refuse naming the
+    field, saying truly whether the model runs unpatched, and change nothing."""
+    data = {**tiny.make_config("llama").to_dict(), "partial_rotary_factor": 0.5}
+    if rope == "linear-x1":  # an existing (identity) scaled RoPE: the factor applies before patching too
+        if TRANSFORMERS_V5:
+            data["rope_parameters"] = {"rope_type": "linear", "factor": 1.0, "rope_theta": 10000.0,
+                                       "partial_rotary_factor": 0.5}
+        else:
+            data["rope_scaling"] = {"rope_type": "linear", "factor": 1.0}
+    config = type(tiny.make_config("llama")).from_dict(data)
+    model, runs = _runs(config)
+    _, own_yarn_runs = _runs(tiny.zoo_reference(config))
+    weights, before = {k: v.clone() for k, v in model.state_dict().items()}, model.config.to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if own_yarn_runs:
+            patch_model(model, method="yarn", factor=2, replace_existing=True)
+            reference, _ = _runs(tiny.zoo_reference(config))
+            reference.load_state_dict(weights)
+            ids = tiny.input_ids(2 * tiny.ORIGINAL)
+            torch.testing.assert_close(logits(model, ids), logits(reference, ids), atol=1e-5, rtol=0)
+            return
+        with pytest.raises(ModelConfigError) as refused:
+            patch_model(model, method="yarn", factor=2, replace_existing=True)
+    message = str(refused.value)
+    assert (refused.value.field, refused.value.value) == ("partial_rotary_factor", 0.5)
+    assert ("the model runs unpatched" in message) == runs, message
+    assert ("even before patching" in message) == (not runs), message
+    assert "remove partial_rotary_factor from config.json" in message and "\n" not in message
+    if runs:  # "ignores" only when measured: the same weights without the field give the same logits
+        without, _ = _runs(type(config).from_dict({k: v for k, v in data.items() if k != "partial_rotary_factor"}))
+        without.load_state_dict(weights)
+        same = torch.equal(logits(model), logits(without))
+        assert ("ignores (its outputs are the same without it)" in message) == same, message
+    assert model.config.to_dict() == before and all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+
+
+def test_verification_keeps_the_layer_sections_of_the_real_model():
+    """Dory slices its stack into input / recurrent (looped) / output sections by n_input_layers, n_recurrent_layers
+    and n_output_layers. Verification's small model keeps one layer per layer type in each section, with counts that
+    add up, so it runs the real model's forward at the first shrink level (it used to keep one per layer type overall,
+    whose counts did not add up, and fell back to every layer); the patch equals transformers' own YaRN x2."""
+    pytest.importorskip("transformers.models.dory")
+    from rope_extend import verify
+    from rope_extend.compat import stock_config
+    from rope_extend.plan import plan_patch
+
+    config = AutoConfig.for_model(
+        "dory", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+        vocab_size=tiny.VOCAB, max_position_embeddings=tiny.ORIGINAL, sliding_window=8, initializer_range=0.2,
+        num_hidden_layers=12, n_input_layers=4, n_output_layers=4,  # layer types: full every 4th (class default)
+    )
+    small = verify._small_config(config)
+    assert (small.n_input_layers, small.n_recurrent_layers, small.n_output_layers) == (2, 2, 2)
+    assert small.layer_types == ["sliding_attention", "full_attention"] * 3 and small.num_hidden_layers == 6
+    plan = plan_patch(config, {"method": "yarn", "factor": 2})
+    _, stock, _ = verify._small_run(config, stock_config(config, plan.slots, plan.max_position_embeddings,
+                                                         plan.marker), plan)
+    assert len(stock.layers) == 6  # the first level (narrow, one layer per signature and section) ran
+
+    model, runs = _runs(config)
+    reference, own_yarn_runs = _runs(tiny.zoo_reference(config))
+    assert runs and own_yarn_runs
+    reference.load_state_dict(model.state_dict())
+    ids = tiny.input_ids(tiny.ZOO_SEQ)
+    unpatched = logits(model, ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        patch_model(model, method="yarn", factor=2)
+    patched = logits(model, ids)
+    assert (patched - unpatched)[:, tiny.ZOO_ORIGINAL:].abs().max() > 1e-3
+    torch.testing.assert_close(patched, logits(reference, ids), atol=1e-5, rtol=0)

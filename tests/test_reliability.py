@@ -201,9 +201,10 @@ CASES += [
     ("config-marker-damaged", lambda t: YARN, lambda s: _edit_config(s, rope_extend={"spec": {"method": "yarn"}, "original": {"max_position_embeddings": 32}}), FIELD + ["rope_extend.original", "damaged"], CheckpointError),
     ("config-nested-recursion", lambda t: YARN, lambda s: _nested_config(s, 100_000), ["config.json", "nested too deeply"], CheckpointError),
     ("config-nested-deep", lambda t: YARN, lambda s: _nested_config(s, 40), ["config.json", "levels deep"], CheckpointError),
-    # a stray partial_rotary_factor: stock RoPE numbers agree, but the model cannot run even unpatched -> the config
-    # is at fault (a ValueError naming the field), never "verified"
-    ("config-stray-partial-rotary", lambda t: YARN, lambda s: _edit_config(s, partial_rotary_factor=0.5), ["even before patching", "partial_rotary_factor 0.5", "remove partial_rotary_factor"], ModelConfigError),
+    # a stray partial_rotary_factor: stock RoPE numbers agree, but the model cannot run (4.x: even unpatched; 5.x:
+    # once its scaled RoPE applies the factor, test_patch asks which) -> the config is at fault (a ValueError naming
+    # the field), never "verified"
+    ("config-stray-partial-rotary", lambda t: YARN, lambda s: _edit_config(s, partial_rotary_factor=0.5), ["cannot run a forward pass", "partial_rotary_factor 0.5", "remove partial_rotary_factor"], ModelConfigError),
     # safetensors headers: right JSON syntax, wrong shape
     ("safetensors-header-list", lambda t: YARN, lambda s: _st_header(s, [1, 2]), ["model.safetensors", "not an object"], CheckpointError),
     ("safetensors-header-text", lambda t: YARN, lambda s: _st_header(s, "weights"), ["model.safetensors", "not an object"], CheckpointError),
@@ -523,7 +524,7 @@ def test_patch_model_refuses_a_model_that_would_not_run_and_changes_nothing():
     ids = tiny.input_ids(8)
     with torch.no_grad():
         expected = model(ids).logits
-    with pytest.raises(ModelConfigError, match="even before patching") as refused:
+    with pytest.raises(ModelConfigError, match="partial_rotary_factor 0.5") as refused:  # test_patch: which message
         patch_model(model, method="yarn", factor=2)
     assert isinstance(refused.value, ValueError) and not isinstance(refused.value, VerificationError)
     assert (refused.value.field, refused.value.value) == ("partial_rotary_factor", 0.5)

@@ -59,7 +59,7 @@ def train_command(
     gradient_checkpointing: Annotated[bool, typer.Option("--gradient-checkpointing")] = False,
     eval_suite: Annotated[str | None, typer.Option("--eval-suite", help="Eval suite before/after; into the card.")] = None,
     eval_text: Annotated[list[Path] | None, typer.Option("--eval-text", help="Held-out text: refused if it overlaps a training text.")] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT that is a checkpoint (a folder of other files is refused).")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty OUT.")] = False,
     restart: Annotated[bool, typer.Option("--restart", help="Discard OUT.train-state and start over.")] = False,
     no_verify: Annotated[bool, typer.Option("--no-verify")] = False,
     push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", help="Then upload OUT to this Hub repo id (token: HF_TOKEN or `hf auth login`).")] = None,
