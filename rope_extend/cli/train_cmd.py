@@ -56,10 +56,12 @@ def train_command(
     save_steps: Annotated[int | None, typer.Option("--save-steps", help="Checkpoint every N steps (default 10 % of the run).")] = None,
     logging_steps: Annotated[int, typer.Option("--logging-steps", help="Progress line and log entry every N steps.")] = 1,
     dtype: Annotated[str, typer.Option("--dtype", help="auto (bf16 on GPUs that have it), float32, bfloat16.")] = "auto",
-    gradient_checkpointing: Annotated[bool, typer.Option("--gradient-checkpointing")] = False,
+    gradient_checkpointing: Annotated[str, typer.Option(
+        "--gradient-checkpointing", help="auto (on when a micro-batch's activations need it; the progress line "
+        "says which), on, off.")] = "auto",
     eval_suite: Annotated[str | None, typer.Option("--eval-suite", help="Eval suite before/after; into the card.")] = None,
     eval_text: Annotated[list[Path] | None, typer.Option("--eval-text", help="Held-out text: refused if it overlaps a training text.")] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty OUT.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT that is a checkpoint (a folder of other files is refused).")] = False,
     restart: Annotated[bool, typer.Option("--restart", help="Discard OUT.train-state and start over.")] = False,
     no_verify: Annotated[bool, typer.Option("--no-verify")] = False,
     push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", help="Then upload OUT to this Hub repo id (token: HF_TOKEN or `hf auth login`).")] = None,
@@ -88,10 +90,7 @@ def train_command(
     try:
         result = train_model(spec, on_progress=progress_printer())
     except TrainingInterrupted as stop:
-        import signal
-
-        print(f"rope-extend: interrupted ({signal.Signals(stop.signum).name}) at step {stop.step}; a checkpoint is "
-              f"in {stop.state_dir}; rerun the same command to resume", file=sys.stderr, flush=True)
+        print(f"rope-extend: {stop.message()}", file=sys.stderr, flush=True)
         raise SystemExit(128 + int(stop.signum)) from None
     if result.out is None:  # not the main process of a distributed run
         return

@@ -56,12 +56,16 @@ class TrainSpec:
     save_steps: int | None = None  # None: every 10 % of the run
     logging_steps: int = 1
     dtype: str = "auto"  # auto: bfloat16 on a GPU that has it, else float32
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: str = "auto"  # auto | on | off (auto: on when a micro-batch's activations need it)
     eval_suite: str | None = None
     eval_texts: list[str] = field(default_factory=list)  # refused if they overlap a training text
     overwrite: bool = False
     resume: bool = True
     verify: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.gradient_checkpointing, bool):  # the Python API's former bool
+            self.gradient_checkpointing = "on" if self.gradient_checkpointing else "off"
 
     # --- derived -------------------------------------------------------------------------------------------------
     def rope_spec(self) -> RopeSpec:
@@ -118,6 +122,8 @@ def check_numbers(spec: TrainSpec) -> None:
         (spec.logging_steps >= 1, f"--logging-steps {spec.logging_steps} must be >= 1"),
         (spec.dtype in ("auto", "float32", "bfloat16", "float16"),
          f"--dtype {spec.dtype!r} is not one of auto, float32, bfloat16, float16"),
+        (spec.gradient_checkpointing in ("auto", "on", "off"),
+         f"--gradient-checkpointing {spec.gradient_checkpointing!r} is not one of auto, on, off"),
         (not spec.save_adapter or spec.lora, "--save-adapter needs --lora (a full fine-tune has no adapter)"),
         (bool(spec.texts) or spec.dataset is not None, "no training text: pass --text FILE (repeatable) or --dataset"),
     ]
@@ -141,6 +147,23 @@ def default_window(target: int, original: int, model_bytes: int, hidden: int, la
                    available: int) -> int:
     """The target length if one window's training memory fits in half the available memory, else PoSE at the
     model's original length (the PoSE paper trains at the original window)."""
-    per_token = layers * hidden * 4 * 24 + vocab * 4 * 3  # activations kept for backward + fp32 logits/grad
-    need = model_bytes * 4 + target * per_token + layers * target * target * 4  # weights+grads+AdamW, attention
+    # Memory is linear in the window (memory-efficient attention, the loss in chunks, gradient checkpointing when
+    # needed): the checkpointed layer inputs plus one layer's activations recomputed in the backward pass, per
+    # token; the loss's one chunk of float32 logits (and its gradient) is a constant.
+    per_token = layers * hidden * 4 * 2 + hidden * 4 * 24
+    need = model_bytes * 4 + target * per_token + 3 * (256 << 20)  # weights + grads + AdamW; one loss chunk
     return target if need <= available // 2 else min(original, target)
+
+
+def activation_bytes(tokens: int, hidden: int, intermediate: int, kv_dim: int, layers: int, element: int) -> int:
+    """Activations a llama-style decoder keeps for the backward pass of `tokens` tokens without gradient
+    checkpointing: per layer and token about 10 hidden-sized tensors (norm inputs/outputs, q, rotated q, attention
+    output, residuals), 4 key/value-sized (k, rotated k, v) and 4 MLP-sized (gate, up, activation, product): ~48 KB
+    per token and layer for SmolLM2-135M in float32."""
+    return tokens * layers * (10 * hidden + 4 * kv_dim + 4 * intermediate) * element
+
+
+def needs_checkpointing(activations: int, fixed: int, available: int) -> bool:
+    """`auto`: checkpoint when one micro-batch's activations would take more than half of what the weights,
+    gradients and optimizer state (`fixed`) leave of the available memory."""
+    return activations > max(available - fixed, 0) // 2

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
-import signal
 import sys
 import time
 import warnings
@@ -32,18 +30,19 @@ from ..errors import SpecError
 from ..hub import resolve_source
 from ..plan import check_rope_model, plan_patch
 from . import card, data, lora
-from .recipe import TrainSpec, batch_split, check_numbers, check_static, default_window
+from .progress import TrainingInterrupted
+from .recipe import (
+    TrainSpec,
+    activation_bytes,
+    batch_split,
+    check_numbers,
+    check_static,
+    default_window,
+    needs_checkpointing,
+)
 
 FINGERPRINT = "fingerprint.json"
 KEEP_CHECKPOINTS = 2
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """SIGTERM / Ctrl-C during training: a checkpoint was saved in `state_dir`; rerun to resume."""
-
-    def __init__(self, signum: int, state_dir: Path, step: int):
-        super().__init__(f"interrupted at step {step}")
-        self.signum, self.state_dir, self.step = signum, state_dir, step
 
 
 @dataclass
@@ -223,7 +222,30 @@ def load_patched_model(prep: Prepared):
     return model
 
 
-def training_arguments(prep: Prepared, state: Path):
+def gradient_checkpointing(prep: Prepared) -> tuple[bool, str]:
+    """(on?, the reason the progress line gives): `--gradient-checkpointing on|off`, or `auto`: on when one
+    micro-batch's activations (`recipe.activation_bytes`) would take more than half of the memory the weights,
+    gradients and AdamW state leave free."""
+    mode = prep.spec.gradient_checkpointing
+    if mode in ("on", "off"):
+        return mode == "on", f"gradient checkpointing {mode}"
+    text = compat.text_config(files.load_config(prep.source))
+    hidden, heads, layers = text.hidden_size, text.num_attention_heads, text.num_hidden_layers
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    q_dim, kv_dim = heads * head_dim, (getattr(text, "num_key_value_heads", None) or heads) * head_dim
+    float32 = prep.spec.dtype == "float32" or (prep.spec.dtype == "auto" and _device() == "cpu")
+    element = 4 if float32 else 2  # mixed precision keeps most activations in 16 bits
+    activations = activation_bytes(prep.spec.micro_batch * prep.window, hidden, text.intermediate_size, kv_dim,
+                                   layers, element)
+    params = (layers * (2 * hidden * (q_dim + kv_dim) + 3 * hidden * text.intermediate_size)
+              + text.vocab_size * hidden * (1 if getattr(text, "tie_word_embeddings", False) else 2))
+    available, fixed = _available_memory(), 16 * params  # float32 weights, gradients, AdamW's two moments
+    on = needs_checkpointing(activations, fixed, available)
+    return on, (f"gradient checkpointing {'on' if on else 'off'} (auto: ~{activations / 2**30:.1f} GiB of "
+                f"activations per micro-batch without it, {available / 2**30:.1f} GiB available)")
+
+
+def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None = None):
     import torch
     from transformers import TrainingArguments
 
@@ -260,11 +282,29 @@ def training_arguments(prep: Prepared, state: Path):
         full_determinism=device == "cpu",
         log_level="error",
     )
-    if spec.gradient_checkpointing:
+    if checkpointing is None:
+        checkpointing = gradient_checkpointing(prep)[0]
+    if checkpointing:
         kwargs["gradient_checkpointing"] = True
+        kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     if device == "cpu" and prep.world > 1:
         kwargs["ddp_backend"] = "gloo"
     return TrainingArguments(**kwargs)
+
+
+def _memory_plan(prep: Prepared, args):
+    """(the attention path, positions per loss chunk) for this run's device and compute dtype: the attention
+    kernel is checked to be a memory-efficient one (`attention.choose`, refusing the run otherwise) and the loss
+    never holds more than one chunk's logits (`loss.py`)."""
+    import torch
+
+    from . import attention
+    from .loss import chunk_tokens_for
+
+    config = files.load_config(prep.source)
+    dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
+    choice = attention.choose(config, _device(), dtype, prep.window)
+    return choice, chunk_tokens_for(compat.text_config(config).vocab_size)
 
 
 def _trainer_class():
@@ -278,6 +318,25 @@ def _trainer_class():
         tokens_per_step = 0
         clock_offset = 0.0
         clock_start = 0.0
+        loss_chunk_tokens = 0  # > 0: the loss in chunks of this many positions (`loss.py`); 0: transformers' own
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if not self.loss_chunk_tokens or "labels" not in inputs:
+                return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                            num_items_in_batch=num_items_in_batch)
+            from .loss import chunked_causal_lm_loss, head_input
+
+            inputs = dict(inputs)
+            labels = inputs.pop("labels")
+            head = self.accelerator.unwrap_model(model).get_output_embeddings()
+            with head_input(head) as seen:  # through DDP's forward (its gradient hooks), the head on one token
+                outputs = model(**inputs)
+            scaled = self.model_accepts_loss_kwargs and num_items_in_batch is not None  # as Trainer.compute_loss
+            loss = chunked_causal_lm_loss(seen[0], labels, head, self.loss_chunk_tokens,
+                                          num_items_in_batch if scaled else None)
+            if scaled and self.args.average_tokens_across_devices:
+                loss = loss * (self.accelerator.num_processes if self.args.n_gpu <= 1 else self.args.n_gpu)
+            return (loss, outputs) if return_outputs else loss
 
         def _get_train_sampler(self, *args, **kwargs):
             return SequentialSampler(self.train_dataset)
@@ -303,72 +362,10 @@ def _trainer_class():
 
 
 def _callbacks(prep: Prepared, on_progress: Callable[[str], None] | None, resumed: int):
-    from transformers import TrainerCallback
+    from .progress import callback
 
-    spec = prep.spec
-    tokens_per_step = prep.global_windows * prep.window
-
-    class Control(TrainerCallback):
-        """Stops with a checkpoint after the current step on SIGTERM/SIGINT; prints progress lines."""
-
-        signum: int | None = None
-
-        def __init__(self):
-            self.started = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if self.signum is not None:
-                control.should_save = True
-                control.should_training_stop = True
-            return control
-
-        def on_save(self, args, state, control, **kwargs):
-            if state.is_world_process_zero:  # keep the two newest checkpoints (by step, never by mtime)
-                for folder in _complete_checkpoints(Path(args.output_dir))[:-KEEP_CHECKPOINTS]:
-                    shutil.rmtree(folder, ignore_errors=True)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if not state.is_world_process_zero or on_progress is None or not logs or "loss" not in logs:
-                return
-            done = state.global_step - resumed
-            elapsed = time.perf_counter() - self.started
-            rate = done * tokens_per_step / elapsed if elapsed > 0 and done > 0 else 0.0
-            eta = (spec.steps - state.global_step) * elapsed / done if done > 0 else float("nan")
-            on_progress(f"step {state.global_step}/{spec.steps} loss {logs['loss']:.4f} lr {logs.get('learning_rate', 0):.2e} "
-                        f"{rate:,.0f} tokens/s ETA {_duration(eta)}")
-
-    return Control()
-
-
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
-
-
-@contextlib.contextmanager
-def _stop_on_signals(control):
-    """SIGTERM/SIGINT set a flag the callback turns into 'save and stop' (the CLI's own handlers come back after)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def handler(signum, frame):
-        if control.signum is not None:  # a second signal: stop now
-            raise KeyboardInterrupt
-        control.signum = signum
-
-    for s in previous:
-        signal.signal(s, handler)
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+    return callback(prep.spec.steps, resumed, prep.global_windows * prep.window, prep.accumulation,
+                    prep.spec.micro_batch * prep.window, prep.spec.state_dir(), KEEP_CHECKPOINTS, on_progress)
 
 
 def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = None) -> TrainResult:
@@ -385,31 +382,41 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     eval_before = _eval_before(prep) if (spec.eval_suite and main) else None
     resume_from = _open_state(prep, main)
     state_dir = spec.state_dir()
+    checkpointing, checkpointing_line = gradient_checkpointing(prep)
+    args = training_arguments(prep, state_dir, checkpointing)
+    choice, chunk = _memory_plan(prep, args)
+    say(f"attention: {choice.describe()}; {checkpointing_line}; loss in chunks of {chunk:,} positions")
     model = load_patched_model(prep)
     base = model
     if spec.lora:
         model = lora.wrap(model, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.train_embeddings_and_norms)
     dataset = data.WindowDataset(prep.corpus, prep.window, prep.plan.spec.target_length,
                                  spec.steps * prep.global_windows, spec.seed)
-    args = training_arguments(prep, state_dir)
     resumed = 0
     if resume_from is not None:
         resumed = int(json.loads((resume_from / "trainer_state.json").read_text()).get("global_step", 0))
         say(f"resuming from {resume_from.name} (step {resumed}/{spec.steps})")
+    from .progress import newest_checkpoint, plan_line, stop_on_signals
+
+    say(plan_line(spec.steps, resumed, prep.global_windows * prep.window, prep.accumulation,
+                  spec.micro_batch * prep.window))
     control = _callbacks(prep, say if on_progress else None, resumed)
     from transformers import PrinterCallback
+
+    from . import attention
 
     trainer = _trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
                                callbacks=[control])
     trainer.remove_callback(PrinterCallback)
     trainer.tokens_per_step = prep.global_windows * prep.window
+    trainer.loss_chunk_tokens = chunk
     trainer.clock_offset = _previous_seconds(resume_from)
     trainer.clock_start = time.perf_counter()
-    with _stop_on_signals(control), warnings.catch_warnings():
+    with stop_on_signals(control), attention.installed(choice), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     if control.signum is not None:
-        raise TrainingInterrupted(control.signum, state_dir, trainer.state.global_step)
+        raise TrainingInterrupted(control.signum, state_dir, trainer.state.global_step, newest_checkpoint(state_dir))
     history = [dict(row) for row in trainer.state.log_history if "loss" in row]
     losses = [row["loss"] for row in history]
     train_seconds = history[-1]["train_seconds"] if history else time.perf_counter() - started
@@ -420,28 +427,130 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     if not main:
         return TrainResult(None, trainer.state.global_step, tokens, train_seconds, *(losses[:1] or [None]),
                            *(losses[-1:] or [None]), resumed, False, summary)
-    adapter = state_dir / "adapter"
-    if spec.save_adapter:  # before merging: merge_and_unload takes the adapters out of the model
-        model.save_pretrained(adapter)
-    final = lora.merge(model) if spec.lora else base
-    final.config.use_cache = True
-    say("training done; writing and verifying the checkpoint")
-
-    def extra(folder: Path) -> None:
-        card.write_files(folder, summary, [dict(row) for row in trainer.state.log_history])
-        if spec.save_adapter:
-            shutil.copytree(adapter, folder / "adapter")
-
-    result = write_model_checkpoint(final, prep.source, prep.out, prep.plan, overwrite=spec.overwrite,
-                                    verify=spec.verify, extra=extra,
-                                    training=card.section(summary, None if eval_before is None
-                                                          else _eval_section(prep, eval_before, None)))
-    if eval_before is not None:
-        say("evaluating the trained checkpoint")
-        _write_after(prep, result.out, eval_before, _eval_after(prep, result.out), summary)
-    shutil.rmtree(state_dir, ignore_errors=True)
+    result = _write_trained(prep, trainer, model, base, summary, eval_before, resumed, say)
     return TrainResult(result.out, trainer.state.global_step, tokens, train_seconds, losses[0] if losses else None,
                        losses[-1] if losses else None, resumed, result.verified, summary)
+
+
+# --- after the optimizer: write OUT, throwing nothing away -----------------------------------------------------------
+def unverified_dir(out: Path) -> Path:
+    """Where a trained checkpoint that fails verification is kept: beside OUT, never OUT itself (OUT exists only
+    verified, or written with --no-verify)."""
+    return out.parent / f"{out.name}.unverified"
+
+
+class WriteInterrupted(TrainingInterrupted):
+    """SIGTERM / Ctrl-C while OUT was being written, after training had finished: OUT was not created; the last
+    checkpoint (the trained weights) is kept and rerunning the same command writes OUT from it."""
+
+    def __init__(self, signum: int, state_dir: Path, step: int, checkpoint: Path | None, out: Path):
+        super().__init__(signum, state_dir, step)
+        self.checkpoint, self.out = checkpoint, out
+
+    def message(self) -> str:
+        import signal
+
+        return (f"interrupted ({signal.Signals(self.signum).name}) while writing {self.out}, after training finished "
+                f"at step {self.step}: nothing was left at {self.out}; the trained weights are kept in "
+                f"{self.checkpoint or self.state_dir}; {_finish_hint(self.out)}")
+
+
+def _finish_hint(out: Path, verb: str = "write", extra: str = "") -> str:
+    return (f"rerun the same command (the same -o: the state is {out.name}.train-state beside it) to {verb} "
+            f"{out.name} from them without training again ({extra}--restart discards them)")
+
+
+@contextlib.contextmanager
+def _keeping_trained_weights(prep: Prepared, step: int, checkpoint: Path | None):
+    """Turn whatever fails after the optimizer ran into one message that says what failed, where the trained
+    weights are and how to finish; a signal during the write names itself. The state folder is never removed here."""
+    import signal
+    import threading
+
+    from ..errors import TrainedNotWrittenError, UnverifiedCheckpointError
+
+    seen: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+        def note(signum, frame):  # record which signal, then let the handler in place (the CLI's) act
+            seen.append(signum)
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            raise KeyboardInterrupt
+
+        for s in previous:
+            signal.signal(s, note)
+    kept_weights = str(checkpoint or prep.spec.state_dir())
+    try:
+        yield
+    except UnverifiedCheckpointError as exc:
+        raise TrainedNotWrittenError(
+            f"the trained checkpoint did not verify: {exc.reason}. Nothing was thrown away: the trained model is in "
+            f"{exc.kept} (loadable with transformers; its README.md says it is unverified and why), and "
+            f"{kept_weights} holds the trained weights with the optimizer state; to verify again, "
+            f"{_finish_hint(prep.out, 'write and verify', '--no-verify writes it unchecked; ')}",
+            checkpoint=kept_weights, kept=exc.kept) from None
+    except KeyboardInterrupt:
+        raise WriteInterrupted(seen[-1] if seen else signal.SIGINT, prep.spec.state_dir(), step, checkpoint,
+                               prep.out) from None
+    except Exception as exc:
+        raise TrainedNotWrittenError(
+            f"training finished at step {step}, but {prep.out} was not written: {' '.join(str(exc).split())}. "
+            f"The trained weights are kept in {kept_weights}; {_finish_hint(prep.out)}",
+            checkpoint=kept_weights) from None
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _write_trained(prep: Prepared, trainer, model, base, summary: dict, eval_before, resumed: int, say):
+    """Write OUT from the trained model (merging LoRA), verify it, evaluate it (--eval-suite). Before this runs,
+    Trainer saved the last step's checkpoint in the state folder; it is removed only once OUT is written, so a
+    failure or a signal here loses nothing (`_keeping_trained_weights`) and a rerun resumes at the last step, trains
+    nothing and comes back here."""
+    spec, state_dir, step = prep.spec, prep.spec.state_dir(), trainer.state.global_step
+    checkpoint = (_complete_checkpoints(state_dir) or [None])[-1]  # Trainer saves one at the last step
+    kept = unverified_dir(prep.out)
+    with _keeping_trained_weights(prep, step, checkpoint):
+        adapter = state_dir / "adapter"
+        if spec.save_adapter:  # before merging: merge_and_unload takes the adapters out of the model
+            model.save_pretrained(adapter)
+        final = lora.merge(model) if spec.lora else base
+        final.config.use_cache = True
+        if resumed >= step:
+            say(f"training had finished ({checkpoint.name if checkpoint else 'step ' + str(step)}); writing "
+                f"{'and verifying ' if spec.verify else ''}the checkpoint from it")
+        else:
+            say(f"training done; writing {'and verifying ' if spec.verify else ''}the checkpoint")
+
+        def extra(folder: Path) -> None:
+            card.write_files(folder, summary, [dict(row) for row in trainer.state.log_history])
+            if spec.save_adapter:
+                shutil.copytree(adapter, folder / "adapter")
+
+        result = write_model_checkpoint(final, prep.source, prep.out, prep.plan, overwrite=spec.overwrite,
+                                        verify=spec.verify, extra=extra, keep_unverified=kept,
+                                        training=card.section(summary, None if eval_before is None
+                                                              else _eval_section(prep, eval_before, None)))
+    shutil.rmtree(state_dir, ignore_errors=True)  # OUT holds the trained model now
+    if (kept / "rope_extend.yaml").is_file():  # a previous run's unverified copy of the same training
+        shutil.rmtree(kept, ignore_errors=True)
+        say(f"removed {kept} (an earlier run's unverified copy; {prep.out} is {'verified' if result.verified else 'written'})")
+    if eval_before is not None:
+        say("evaluating the trained checkpoint")
+        try:
+            _write_after(prep, result.out, eval_before, _eval_after(prep, result.out), summary)
+        except Exception as exc:
+            from ..errors import TrainedNotWrittenError
+
+            raise TrainedNotWrittenError(
+                f"{result.out} is written{' and verified' if result.verified else ''}, but its evaluation after "
+                f"training failed: {' '.join(str(exc).split())}; evaluate it with `rope-extend eval {result.out} "
+                f"--suite {spec.eval_suite}`") from None
+    return result
 
 
 def _previous_seconds(resume_from: Path | None) -> float:
