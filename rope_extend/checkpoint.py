@@ -29,13 +29,13 @@ from typing import Any
 from . import compat, files, outputs
 from .card import build_model_card
 from .engines.parity import card_section
-from .errors import CheckpointError, SpecError
+from .errors import CheckpointError, SpecError, UnverifiedCheckpointError, VerificationError
 from .hub import resolve_source
 from .patch import verify_or_explain
 from .plan import PatchPlan, check_rope_model, plan_patch
 from .serving import serve_command, serving_hints
 from .spec import RopeSpec, load_spec
-from .verify import probe_outputs, verify_plan
+from .verify import model_dtype, probe_outputs, verify_plan
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SKIP_NAMES = {".git", ".gitattributes", ".cache", ".huggingface"}
@@ -60,6 +60,7 @@ class PatchResult:
     serve: str = ""  # the one command to try first (serving.serve_command)
     warnings: list[str] = field(default_factory=list)
     patched_outputs: Any = field(default=None, repr=False)  # full path: the patched model's probe outputs
+    patched_dtype: Any = field(default=None, repr=False)  # ... and the dtype they were computed in
 
 
 # --- safety checks -------------------------------------------------------------------------------------------------
@@ -318,6 +319,7 @@ def _full(source, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remo
 def _save_loaded(model, source: Path, tmp: Path, files: list[Path], plan: PatchPlan, result: PatchResult) -> dict:
     """Save a loaded, patched model into `tmp` with SOURCE's other files (tokenizer...) and the portable config."""
     result.patched_outputs = probe_outputs(model.eval(), plan)
+    result.patched_dtype = model_dtype(model)
     import warnings
 
     with warnings.catch_warnings():  # what stock loaders make of the checkpoint is in result.warnings (printed)
@@ -340,7 +342,7 @@ def _save_loaded(model, source: Path, tmp: Path, files: list[Path], plan: PatchP
 
 
 def verify_output(
-    folder: Path, plan: PatchPlan, mode: str, source_config=None, patched_outputs: Any = None
+    folder: Path, plan: PatchPlan, mode: str, source_config=None, patched_outputs: Any = None, patched_dtype: Any = None
 ) -> None:
     """Load `folder` with stock transformers and verify it (`rope_extend.verify.verify_plan`): the RoPE it builds
     equals rope-extend's numbers and a forward beyond the original length runs and agrees with rope-extend's
@@ -358,7 +360,7 @@ def verify_output(
                 folder, low_cpu_mem_usage=True, **compat.dtype_kwargs("auto")
             ).eval()
     verify_plan(plan, source_config=source_config if source_config is not None else config, stock_config=config,
-                patched_outputs=patched_outputs, stock_model=stock_model)
+                patched_outputs=patched_outputs, stock_model=stock_model, patched_dtype=patched_dtype)
 
 
 def patch_checkpoint(
@@ -450,7 +452,8 @@ def patch_checkpoint(
         result.written += ["rope_extend.yaml", "README.md"]
         if verify:
             step("verifying: stock transformers reload and a forward beyond the original length")
-            verify_output(tmp, plan, mode, source_config=config, patched_outputs=result.patched_outputs)
+            verify_output(tmp, plan, mode, source_config=config, patched_outputs=result.patched_outputs,
+                          patched_dtype=result.patched_dtype)
             result.verified = True
         result.patched_outputs = None
     result.seconds = time.perf_counter() - started
@@ -468,13 +471,20 @@ def write_model_checkpoint(
     training: str | None = None,
     extra: Callable[[Path], None] | None = None,
     on_step: Callable[[str], None] | None = None,
+    keep_unverified: str | os.PathLike | None = None,
 ) -> PatchResult:
     """Write an already-loaded, patched model (e.g. fine-tuned by `rope-extend train`) to OUT the way `patch
     --mode full` writes one: atomically, with SOURCE's tokenizer files, the portable config, the raised length caps,
     `rope_extend.yaml`, the model card (`training`: its training section) and, with `verify`, stock transformers'
-    reload checked against `model` itself (same RoPE, same outputs beyond the original length). `extra(tmp)` adds
-    files (plots, logs) before verification."""
+    reload checked against `model` itself (same RoPE, same outputs beyond the original length, in the dtype the
+    weights are saved in). `extra(tmp)` adds files (plots, logs) before verification.
+
+    A model a mixed-precision `Trainer` prepared is written and verified as stock transformers runs it
+    (`stock_forward`). With `keep_unverified`, a checkpoint that was written in full but fails verification is not
+    deleted: it is moved to that folder (OUT itself is not created), its card saying why, and
+    `UnverifiedCheckpointError` names it."""
     started = time.perf_counter()
+    model = stock_forward(model)
     step = on_step or (lambda message: None)
     src = resolve_source(source)
     out_path = check_output_path(src, Path(out), overwrite)
@@ -502,11 +512,58 @@ def write_model_checkpoint(
         result.written += ["rope_extend.yaml", "README.md"]
         if verify:
             step("verifying: stock transformers reload equals the trained model")
-            verify_output(tmp, plan, "full", source_config=files.load_config(src), patched_outputs=result.patched_outputs)
+            try:
+                verify_output(tmp, plan, "full", source_config=files.load_config(src),
+                              patched_outputs=result.patched_outputs, patched_dtype=result.patched_dtype)
+            except VerificationError as exc:
+                if keep_unverified is None:
+                    raise
+                raise _keep_unverified(tmp, Path(keep_unverified).expanduser().absolute(), exc) from None
             result.verified = True
         result.patched_outputs = None
     result.seconds = time.perf_counter() - started
     return result
+
+
+def stock_forward(model):
+    """`model` running the forward stock transformers runs after a reload. transformers' `Trainer` with bf16/fp16
+    prepares the model with accelerate, which keeps the float32 master weights but replaces `model.forward` by one
+    that runs under autocast, and leaves it so after training: probing that forward compares a bfloat16 computation
+    with the float32 reload of the same weights (issue 36: max abs diff 46 at output scale 33.8 on SmolLM2).
+    accelerate's own unwrap (`keep_fp32_wrapper=False`) restores the model's forward."""
+    if "_original_forward" not in vars(model):  # accelerate's marker of its mixed-precision wrapper
+        return model
+    from accelerate.utils import extract_model_from_parallel
+
+    return extract_model_from_parallel(model, keep_fp32_wrapper=False)
+
+
+UNVERIFIED_NOTE = """> **Not verified.** rope-extend wrote this checkpoint in full, then stock transformers' reload of it failed
+> verification: {reason}
+> The weights are the trained ones as saved; check the reason before using them (see below for how to re-verify)."""
+
+
+def _keep_unverified(tmp: Path, kept: Path, exc: Exception) -> VerificationError:
+    """Move a written checkpoint that failed verification from the temporary folder to `kept` (a previous kept folder
+    rope-extend wrote is replaced; a foreign one is left alone and `kept-2`, `kept-3`... used), the card saying why."""
+    reason = " ".join(str(exc).split())
+    readme = tmp / "README.md"
+    text = readme.read_text() if readme.is_file() else ""
+    lines = text.splitlines()
+    title = next((i for i, line in enumerate(lines) if line.startswith("# ")), None)
+    note = UNVERIFIED_NOTE.format(reason=reason)
+    lines = lines[: title + 1] + ["", note] + lines[title + 1 :] if title is not None else [note, "", *lines]
+    readme.write_text("\n".join(lines) + "\n")
+    target, number = kept, 1
+    while target.exists() and not (target / "rope_extend.yaml").is_file():
+        number += 1
+        target = kept.with_name(f"{kept.name}-{number}")
+    if target.exists():
+        old = target.parent / f".{target.name}{TMP_TAG}{os.getpid()}-old-{uuid.uuid4().hex[:8]}"
+        target.rename(old)
+        shutil.rmtree(old, ignore_errors=True)
+    tmp.rename(target)
+    return UnverifiedCheckpointError(reason, kept=str(target), reason=reason)
 
 
 def patch_steps(verify: bool) -> int:

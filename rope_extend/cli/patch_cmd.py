@@ -79,7 +79,7 @@ def patch(
     sets: Annotated[list[str] | None, typer.Option("--set", help="Override a spec key: --set beta_fast=64 (repeatable).")] = None,
     mode: Annotated[str, typer.Option(help="auto | config-only (link weights, write config) | full (load + save).")] = "auto",
     dtype: Annotated[str | None, typer.Option(help="Weights dtype for --mode full: float32, bfloat16, float16, auto.")] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty OUT.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT that is a checkpoint (a folder of other files is refused).")] = False,
     revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit) of SOURCE.")] = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip reloading OUT with stock transformers.")] = False,
     push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", help="Then upload OUT to this Hub repo id (token: HF_TOKEN or `hf auth login`).")] = None,
