@@ -18,7 +18,9 @@ Three pieces, installed by `install(model, plan, mapping)` and removed by the ha
    new tensor, and they are recomputed.
 3. The context on the module: the method's map, the original inverse frequencies of its RoPE slot, log-n.
 
-Every other attention implementation (flash, flex, paged) is refused at patch time, naming why.
+Every other attention implementation (flash, flex, paged) is refused at patch time in one line that says to load
+the model with `attn_implementation="sdpa"`: the method computes attention itself (on CUDA through FlexAttention,
+`passes.py`), so a flash- or flex-loaded model would gain nothing from being patched in place.
 """
 
 from __future__ import annotations
@@ -190,7 +192,8 @@ def install(model, plan, mapping, log_n: bool) -> list[_Handle]:
     if impl not in SUPPORTED:
         raise UnsupportedModelError(
             f"{plan.spec.method} runs with attn_implementation 'eager' or 'sdpa'; this model uses {impl!r}, whose "
-            "kernel cannot remap positions per key. Load it with attn_implementation='sdpa' (or 'eager')"
+            "kernel cannot remap positions per key (rope-extend computes this attention itself, with FlexAttention "
+            "on CUDA). Load it with attn_implementation='sdpa' (or 'eager')"
         )
     if impl == "eager" and not compat.EAGER_THROUGH_ATTENTION_REGISTRY:
         raise UnsupportedModelError(
