@@ -108,6 +108,9 @@ def _plan(mapping, q0, k0, n_q, n_k, primitive, device, memo):
     if key not in plans:
         if len(plans) >= PLANS_KEPT:
             plans.clear()
+        if n_q > 1:  # one prefill shape per forward: drop the block masks of earlier ones (MiBs each at 128k)
+            for old in [k for k in plans if k[5] > 1]:
+                del plans[old]
         plan = []
         last = q0 + n_q - 1  # the last query sees the most keys of every pass (ranges grow with the position)
         for p in method_passes(mapping, q0, k0, device):
