@@ -327,6 +327,8 @@ def test_engines_command_and_model_card(tmp_path, capsys, monkeypatch):
         assert run(["patch", str(source), "--method", "ntk-by-parts", "--factor", str(S), "-o", str(out)]) == 0
     card = (out / "README.md").read_text()
     assert "## Where it serves identically" in card and "llama.cpp (llama-cpp-python 0.3.36)" in card
+    ported = "rows run rope-extend's ports of those engines' RoPE code (vLLM 0.33.0, SGLang 0.5.23, llama.cpp as"
+    assert ported in card  # said where "identical" is claimed, with the versions ported
     capsys.readouterr()
     assert run(["engines", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -339,6 +341,7 @@ def test_engines_command_and_model_card(tmp_path, capsys, monkeypatch):
     assert run(["engines", str(source), "--method", "dynamic", "--factor", "4"]) == 0
     printed = capsys.readouterr().out
     assert "differs" in printed and "warning" in printed
+    assert ported in " ".join(printed.split())  # the table says it too
 
 
 def test_engines_table_is_readable_at_80_columns(tmp_path):

@@ -35,7 +35,7 @@ def engines(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Per engine and route, max |Δcos|, |Δsin| against rope-extend for a short and a long request, or why not."""
-    from ..engines.parity import parity
+    from ..engines.parity import parity, ports_note
 
     if method is None and config is None and not sets and factor is None and target_length is None:
         report = parity(checkpoint, other_python=other_python)
@@ -53,6 +53,7 @@ def engines(
         result = "[green]identical[/green]" if row.identical else ("not run" if row.skipped else "[red]differs[/red]")
         table.add_row(row.engine, row.route, _cell(row.short, notes), _cell(row.long, notes), result)
     out.print(table)
+    out.print(ports_note(), markup=False, highlight=False)  # what the "identical" of the engine rows rests on
     for number, reason in enumerate(notes, 1):
         out.print(f"[{number}] {reason}", markup=False, highlight=False)
     shown: set[str] = set()
