@@ -540,7 +540,9 @@ def stock_forward(model):
 
 UNVERIFIED_NOTE = """> **Not verified.** rope-extend wrote this checkpoint in full, then stock transformers' reload of it failed
 > verification: {reason}
-> The weights are the trained ones as saved; check the reason before using them (see below for how to re-verify)."""
+> The weights are the trained ones as saved; check the reason before using them. To verify again, rerun the
+> `rope-extend train` command that wrote it: it resumes from its state folder and writes and verifies OUT without
+> training again."""
 
 
 def _keep_unverified(tmp: Path, kept: Path, exc: Exception) -> VerificationError:

@@ -11,6 +11,7 @@ SIGTERM while writing, each rerun training nothing, and the last one writes OUT 
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import os
@@ -84,15 +85,15 @@ def _spy_trained_model(monkeypatch) -> dict:
 
 @pytest.mark.parametrize(("dtype", "source", "window", "factor", "positions"), [
     ("bfloat16", "tiny", 32, 4, 200),
-    ("float16", "tiny", 32, 4, 200),
-    ("bfloat16", "smollm2-rope", 512, 2, 1024),
+    ("bfloat16", "smollm2-rope", 512, 2, 256),
+    pytest.param("float16", "tiny", 32, 4, 200, marks=pytest.mark.gpu),  # fp16 mixed precision needs an accelerator
 ])
 def test_half_precision_training_verifies_and_reloads_to_the_trained_logits(sources, tmp_path, monkeypatch, capsys,
                                                                             dtype, source, window, factor, positions):
     out = tmp_path / "out"
     seen = _spy_trained_model(monkeypatch)
     args = ["train", str(sources[source]), "--method", "yarn", "--factor", str(factor), "--text",
-            str(sources["text"]), "--window", str(window), "--steps", "2", "--batch-tokens", str(2 * window),
+            str(sources["text"]), "--window", str(window), "--steps", "2", "--batch-tokens", str(window),
             "--lr", "3e-3", "--warmup", "0", "--dtype", dtype, "-o", str(out)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -107,11 +108,11 @@ def test_half_precision_training_verifies_and_reloads_to_the_trained_logits(sour
     assert config.get("dtype", config.get("torch_dtype")) == "float32"
     source_weights = load_file(str(sources[source] / "model.safetensors"))
     assert any(not torch.equal(saved[k], source_weights[k]) for k in saved)  # trained
-    # Reference: the trained model's own logits through its class's forward (no wrapper), beyond the original
-    # length (positions up to `positions` - 1 > max_position_embeddings for the tiny source; for the SmolLM2-RoPE one
-    # the writer's probe covered 16383, this reload check the first 1024).
+    # Reference: the trained model's own logits through its class's forward (no wrapper): beyond the original
+    # length for the tiny source (200 positions, original 64); for the SmolLM2-RoPE one the writer's probe covered
+    # positions up to 16383 and this reload check covers the first 256.
     ids = torch.randint(3, 49152, (1, positions), generator=torch.Generator().manual_seed(0))
-    model = seen["model"].eval()
+    model = copy.deepcopy(seen["model"]).cpu().eval()  # on the reload's device (a GPU run's model is on CUDA)
     with torch.no_grad():
         trained = type(model).forward(model, input_ids=ids).logits.float()
     (this,) = tiny.stock_logits([(out, ids)], tmp_path / "this")
@@ -119,6 +120,20 @@ def test_half_precision_training_verifies_and_reloads_to_the_trained_logits(sour
     if OTHER:
         (other,) = tiny.stock_logits([(out, ids)], tmp_path / "other", python=OTHER)
         torch.testing.assert_close(other, trained, atol=1e-5, rtol=0)
+
+
+def test_float16_on_the_cpu_is_refused_before_any_work(sources, tmp_path, capsys, monkeypatch):
+    """accelerate runs fp16 mixed precision only on accelerators; on the CPU it would silently train in float32."""
+    from rope_extend.train import runner
+
+    monkeypatch.setattr(runner, "_device", lambda: "cpu")
+    out = tmp_path / "fp16"
+    args = ["train", str(sources["tiny"]), "--method", "yarn", "--factor", "4", "--text", str(sources["text"]),
+            "--window", "32", "--steps", "2", "--dtype", "float16", "-o", str(out)]
+    assert run(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--dtype float16 needs a GPU" in err[0] and "bfloat16" in err[0]
+    assert not out.exists() and not (tmp_path / "fp16.train-state").exists()
 
 
 def test_the_autocast_forward_is_what_failed_verification(sources, tmp_path):

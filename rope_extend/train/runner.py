@@ -82,6 +82,7 @@ def _world() -> tuple[int, int]:
 def prepare(spec: TrainSpec) -> Prepared:
     """Validate the whole run and tokenize its data; refuses bad input in one line before any model is loaded."""
     check_numbers(spec)
+    check_dtype_on_device(spec.dtype, _device())
     rope = spec.rope_spec()
     check_static(rope)
     source = resolve_source(spec.source)
@@ -196,6 +197,15 @@ def _open_state(prep: Prepared, main: bool) -> Path | None:
             if folder not in checkpoints and folder != latest:
                 shutil.rmtree(folder, ignore_errors=True)
     return checkpoints[-1] if checkpoints else None
+
+
+def check_dtype_on_device(dtype: str, device: str) -> None:
+    """float16 trains only where accelerate runs fp16 mixed precision (autocast with its gradient scaler): CUDA and
+    other accelerators. On the CPU accelerate turns it off without a word and the run would train in float32."""
+    if dtype == "float16" and device == "cpu":
+        raise SpecError("--dtype float16 needs a GPU: accelerate runs fp16 mixed precision (with its gradient scaler) "
+                        "only on accelerators, and on the CPU the run would silently train in float32; use --dtype "
+                        "bfloat16 (CPU autocast) or float32", field="dtype", value=dtype)
 
 
 # --- the run ---------------------------------------------------------------------------------------------------------
