@@ -77,18 +77,6 @@ def base_model_license(source_dir: Path | None) -> dict[str, str]:
     return found
 
 
-def is_demo_model(source_dir: Path | None) -> bool:
-    """`source_dir` is the demo model rope-extend builds (SmolLM2-135M-Instruct dequantised from a GGUF)."""
-    if source_dir is None:
-        return False
-    from .demo_model import default_cache_dir
-
-    try:
-        return Path(source_dir).resolve() == default_cache_dir().resolve()
-    except OSError:
-        return False
-
-
 # --- evaluation -------------------------------------------------------------------------------------------------------
 @dataclass
 class CardEval:
@@ -189,6 +177,7 @@ def build_model_card(
     from huggingface_hub import ModelCard, ModelCardData
 
     from . import __version__
+    from .demo_model import is_demo_model
     from .hub import REPO_ID
 
     source = Path(source_dir) if source_dir is not None else None

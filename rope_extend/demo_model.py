@@ -223,3 +223,13 @@ if __name__ == "__main__":  # pragma: no cover
     p = smollm2_path(sys.argv[1] if len(sys.argv) > 1 else None)
     print(p)
     print(json.dumps(describe(p), indent=2))
+
+
+def is_demo_model(source_dir: Path | None) -> bool:
+    """`source_dir` is the demo model rope-extend builds (SmolLM2-135M-Instruct dequantised from a GGUF)."""
+    if source_dir is None:
+        return False
+    try:
+        return Path(source_dir).resolve() == default_cache_dir().resolve()
+    except OSError:
+        return False

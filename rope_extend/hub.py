@@ -78,7 +78,7 @@ def base_model_id(source: str | os.PathLike, resolved: Path) -> str | None:
         return ALIAS_REPOS[text]
     if REPO_ID.match(text) and not Path(text).expanduser().exists():
         return text
-    from .card import is_demo_model
+    from .demo_model import is_demo_model
 
     if is_demo_model(resolved):
         return ALIAS_REPOS["smollm2"]

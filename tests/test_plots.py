@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from rope_extend.eval import plots
-from rope_extend.eval.report import write_report
-from rope_extend.eval.runner import run_records
+from rope_extend.eval.runner import run_records, write_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = Path(__file__).parent / "data" / "eval-quick" / "results.jsonl"
@@ -191,7 +190,7 @@ def test_entropy_plot():
 
 
 def test_report_links_the_plots(quick, tmp_path):
-    report = write_report(quick, tmp_path).read_text()
+    report = write_outputs(quick, tmp_path).read_text()
     for name in ("loss_vs_position.png", "perplexity_vs_length.png", "passkey_heatmap.png", "retrieval_accuracy.png"):
         assert f"]({name})" in report
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,6 +1,8 @@
 """Attention-level extension methods (self-extend, dual-chunk): the heavy parts, imported lazily.
 
-- `kernels`: the math. Position maps (`SelfExtendMap`, `DualChunkMap`) and `remapped_attention`, a query-blocked
+- `maps`: the position maps (`SelfExtendMap`, `DualChunkMap`), log-n, and the rotations that move rotated queries
+  and keys to mapped positions; every path reads them.
+- `kernels`: `remapped_attention`, which picks a path per call (`select_path`): the fused CPU path, a query-blocked
   attention that re-rotates the already-rotated queries and keys to the mapped positions (rotations compose) and
   merges the maps into one softmax: by log-sum-exp over key segments, each one call of torch's fused CPU attention
   kernel (the common case), or per (query, key) pair (masks, padding, softcap, other devices), never holding more

@@ -37,121 +37,19 @@ Three paths compute the same attention (`select_path` picks one per call):
 
 from __future__ import annotations
 
-import functools
-import math
 import warnings
 import weakref
-from dataclasses import dataclass
 
 import torch
+
+from .maps import DualChunkMap, SelfExtendMap, log_n_factor, rotate, rotation  # noqa: F401 (re-exported)
+from .passes import passes_attention
+from .primitives import fused_kernel, primitive_for
 
 BLOCK_ELEMENTS = 1 << 24  # general path: scores per block (B · heads · queries · keys), 64 MiB in float32
 STORE_SLACK = 256  # moved keys kept on the cache: spare rows for the next decoding steps
 MASKS_KEPT = 64  # fused path: band masks kept for reuse (a few per prompt length), cleared beyond this
 QUERY_BLOCK = 256  # fused path: queries per block (the band of keys scored by two maps grows with it)
-
-
-@dataclass(frozen=True)
-class SelfExtendMap:
-    group_size: int
-    neighbor_window: int
-
-    def key_shift(self, k_pos: torch.Tensor) -> torch.Tensor:
-        """The one key shift the moved maps share (elementwise in the position, so it can be cached by position)."""
-        return k_pos // self.group_size - k_pos
-
-    def query_shifts(self, q_pos: torch.Tensor) -> list[torch.Tensor | None]:
-        """Per map, the query shift; None = the original map (queries and keys as the model rotated them)."""
-        g, w = self.group_size, self.neighbor_window
-        return [None, q_pos // g + (w - w // g) - q_pos]
-
-    def far_threshold(self, q_min: int) -> int:
-        """Keys at positions below this use the last map for every query at positions >= q_min."""
-        return q_min - self.neighbor_window + 1
-
-    def select(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        """Which map each (query, key) pair uses: q_pos [B, q, 1], k_pos [B, 1, k] -> [B, q, k] int."""
-        return (q_pos - k_pos >= self.neighbor_window).to(torch.int8)
-
-    def is_identity(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
-        """Every pair uses the original distance (all distances < W)."""
-        return int(q_pos.max()) - int(k_pos.min()) < self.neighbor_window
-
-    def split_points(self, start: int, stop: int) -> list[int]:
-        return []  # any block of query positions works
-
-    moves_keys = True  # the fused path needs the keys moved by the key shift (it differs from key to key)
-
-    def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool, int | None]]:
-        """The fused path's key segments for the queries at positions [a, b): (map, first key position, key stop,
-        every query of the block uses that map there (else a mask picks the pairs), the one key shift of the
-        segment or None). Ranges may reach below the first key or be empty: the caller clips and drops them."""
-        w = self.neighbor_window
-        return [(1, 0, a - w + 1, True, None), (1, a - w + 1, b - w, False, None), (0, a - w + 1, b, False, None)]
-
-
-@dataclass(frozen=True)
-class DualChunkMap:
-    chunk_size: int
-    local_window: int
-
-    @property
-    def chunk_len(self) -> int:
-        return self.chunk_size - self.local_window
-
-    def key_shift(self, k_pos: torch.Tensor) -> torch.Tensor:
-        return k_pos % self.chunk_len - k_pos
-
-    def query_shifts(self, q_pos: torch.Tensor) -> list[torch.Tensor | None]:
-        s, c = self.chunk_len, self.chunk_size
-        return [None, torch.clamp(q_pos % s + s, max=c) - q_pos, c - q_pos]
-
-    def far_threshold(self, q_min: int) -> int:
-        return (q_min // self.chunk_len - 1) * self.chunk_len  # chunks two or more before the first query's
-
-    def select(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        s = self.chunk_len
-        gap = q_pos // s - k_pos // s  # 0: same chunk, 1: previous, >= 2: older (negative: future, masked)
-        return torch.clamp(gap, min=0, max=2).to(torch.int8)
-
-    def is_identity(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
-        """Everything lies in the first chunk."""
-        return max(int(q_pos.max()), int(k_pos.max())) < self.chunk_len
-
-    def split_points(self, start: int, stop: int) -> list[int]:
-        """The chunk starts inside (start, stop): a block of queries must lie in one chunk."""
-        s = self.chunk_len
-        return list(range((start // s + 1) * s, stop, s))
-
-    moves_keys = False  # the key shift is one per chunk: the fused path rotates the queries by its inverse instead
-
-    def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool, int | None]]:
-        """As SelfExtendMap.segments, for queries [a, b) inside one chunk: each older chunk (inter-chunk), the
-        previous chunk (successive), the own chunk before the block and the causal square (intra). A key in chunk
-        c moves by -c·s, so each earlier chunk is its own segment with that one shift."""
-        s = self.chunk_len
-        first = (a // s) * s  # the queries' chunk
-        older = [(2, c * s, (c + 1) * s, True, -c * s) for c in range(first // s - 1)]
-        previous = [(1, first - s, first, True, s - first)] if first else []
-        return [*older, *previous, (0, first, a, True, None), (0, a, b, False, None)]
-
-
-def rotation(shift: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [B, 1, n, rotary_dim] (float32) of a rotation by `shift` [B, n] positions (angles in float64)."""
-    angles = shift.to(torch.float64)[..., None] * inv_freq.to(device=shift.device, dtype=torch.float64)
-    angles = torch.cat((angles, angles), dim=-1)[:, None]
-    return angles.cos().float(), angles.sin().float()
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, n, D] rotated in its first rotary_dim dims (transformers' rotate_half layout), in x's dtype."""
-    rdim = cos.shape[-1]
-    xr = x[..., :rdim].float()
-    x1, x2 = xr[..., : rdim // 2], xr[..., rdim // 2 :]
-    out = xr * cos + torch.cat((-x2, x1), dim=-1) * sin
-    if rdim < x.shape[-1]:
-        out = torch.cat((out, x[..., rdim:].float()), dim=-1)
-    return out.to(x.dtype)
 
 
 def key_rotation(mapping, k_pos: torch.Tensor, inv_freq: torch.Tensor, memo: dict | None):
@@ -173,23 +71,6 @@ def key_rotation(mapping, k_pos: torch.Tensor, inv_freq: torch.Tensor, memo: dic
     cos, sin = rotation(mapping.key_shift(k_pos), inv_freq)
     memo[mapping] = (k_pos, cos, sin)
     return cos, sin
-
-
-def log_n_factor(q_pos: torch.Tensor, original: int) -> torch.Tensor:
-    """max(1, ln(p + 1) / ln(L)) per query [B, q] (float32)."""
-    return torch.clamp(torch.log1p(q_pos.to(torch.float64)) / math.log(original), min=1.0).float()
-
-
-@functools.cache
-def fused_kernel():
-    """torch's fused CPU attention that also returns the log-sum-exp of each query's scores, or None (a torch
-    without it, or whose version of it takes no ``attn_mask`` and ``scale``: the general path runs instead)."""
-    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    try:
-        schema = str(op.default._schema) if op is not None else ""
-    except AttributeError:
-        return None
-    return op if "attn_mask" in schema and "scale" in schema else None
 
 
 def remapped_attention(
@@ -236,8 +117,6 @@ def remapped_attention(
         contiguous_start(query, q_pos, k_pos, attention_mask, softcap)
     if path is None:
         if start is not None and primitive is None and query.device.type != "cpu":
-            from .primitives import primitive_for
-
             primitive = primitive_for(query.device)
             if primitive is None:
                 start, case = None, f"no fast attention primitive for {query.device.type} tensors"
@@ -254,9 +133,6 @@ def remapped_attention(
         return _blocked_attention(query, key, value, q_pos, k_pos, attention_mask, scaling, mapping, inv_freq,
                                   moved, softcap, log_n_original, block_elements, memo)
     if path == "passes":
-        from .passes import passes_attention
-        from .primitives import primitive_for
-
         primitive = primitive or primitive_for(query.device)
         if primitive is None:
             raise ValueError(f"no passes primitive for {query.device.type} tensors")

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels import DualChunkMap, SelfExtendMap, log_n_factor, rotate, rotation
+from .maps import DualChunkMap, SelfExtendMap, log_n_factor, rotate, rotation
 
 ROTATE_QUERIES = 8192  # queries rotated per step (bounds the float32 temporaries at long prompts)
 MERGE_QUERIES = 8192  # queries merged per step (likewise)

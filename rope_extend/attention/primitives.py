@@ -38,6 +38,18 @@ def _empty_result(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch
     return out, torch.full(q.shape[:3], float("-inf"), device=q.device)
 
 
+@functools.cache
+def fused_kernel():
+    """torch's fused CPU attention that also returns the log-sum-exp of each query's scores, or None (a torch
+    without it, or whose version of it takes no ``attn_mask`` and ``scale``: the general path runs instead)."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    try:
+        schema = str(op.default._schema) if op is not None else ""
+    except AttributeError:
+        return None
+    return op if "attn_mask" in schema and "scale" in schema else None
+
+
 def dense_mask(mask_mod, n_q: int, n_k: int, device) -> torch.Tensor:
     """The mask_mod evaluated on every (query, key) pair: bool [n_q, n_k] (the same for every batch row and head)."""
     zero = torch.zeros((), dtype=torch.int64, device=device)
@@ -54,8 +66,6 @@ class CpuKernelPrimitive:
 
     @staticmethod
     def _kernel():
-        from .kernels import fused_kernel  # lazy: kernels imports the passes path, which imports this module
-
         kernel = fused_kernel()
         if kernel is None:
             raise RuntimeError("this torch has no aten._scaled_dot_product_flash_attention_for_cpu with attn_mask "
@@ -171,8 +181,6 @@ def primitive_for(device: torch.device):
     if device.type == "cuda" and flex_available():
         return FlexPrimitive(compiled=True)
     if device.type == "cpu":
-        from .kernels import fused_kernel
-
         return CpuKernelPrimitive() if fused_kernel() is not None else (FlexPrimitive(False) if flex_available()
                                                                         else None)
     return None

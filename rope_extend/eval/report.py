@@ -417,11 +417,9 @@ def _header(meta: dict, records: list[dict]) -> list[str]:
     return lines
 
 
-def write_report(records: list[dict], out_dir, plots: bool = True, meta: dict | None = None) -> Path:
-    from .plots import make_plots  # plots import this module's cell helpers
-
+def write_report(records: list[dict], out_dir, images: dict | None = None, meta: dict | None = None) -> Path:
+    """report.md in `out_dir`, linking `images` ({title: file name}, drawn by `plots.make_plots`)."""
     out = Path(out_dir)
-    images = make_plots(records, out) if plots else {}
     meta = meta or {}
     lines = ["# RoPE context-extension evaluation", ""]
     if meta:

@@ -160,9 +160,7 @@ def run_eval(
 
     run_jobs(jobs, load, original, record, progress)
     records = [done[k] for v in variants for c in cases if (k := (v.name, v.fingerprint, c.case_id)) in done]
-    from .report import write_report
-
-    write_report(records, out, plots=plots, meta=meta)
+    write_outputs(records, out, plots=plots, meta=meta)
     return records
 
 
@@ -324,9 +322,15 @@ def rebuild_report(out_dir: str | os.PathLike, plots: bool = True) -> Path:
     still in progress or stopped early (the header then says how many cases are missing)."""
     out = Path(out_dir)
     meta, records = run_records(out)
+    return write_outputs(records, out, plots=plots, meta=meta)
+
+
+def write_outputs(records: list[dict], out: Path, plots: bool = True, meta: dict | None = None) -> Path:
+    """report.md and, with `plots`, the PNGs it links (drawn first, so the report names only files that exist)."""
+    from .plots import make_plots
     from .report import write_report
 
-    return write_report(records, out, plots=plots, meta=meta)
+    return write_report(records, out, images=make_plots(records, out) if plots else {}, meta=meta)
 
 
 def run_records(out_dir: str | os.PathLike) -> tuple[dict, list[dict]]:
