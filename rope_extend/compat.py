@@ -227,9 +227,11 @@ def portable_config_dict(
         out["rope_parameters"] = _plain(slots[FLAT])
     else:
         # Nested entries of layer types no layer uses stay too: some config classes (Mellum, Laguna) read a nested
-        # table only when all its layer types are there, and would take a partial one for a flat one.
+        # table only when all its layer types are there, and would take a partial one for a flat one. So do the
+        # None entries of layer types without RoPE (Ergo's NoPE full attention), which the modeling code indexes.
         kept = {key: _plain(value) for key, value in (config_dict.get("rope_parameters") or {}).items()
-                if isinstance(value, dict) and key not in slots}
+                if (isinstance(value, dict) or value is None and key in (config_dict.get("layer_types") or ()))
+                and key not in slots}
         out["rope_parameters"] = _nested_truncate({**kept, **{key: _plain(value) for key, value in slots.items()}}, full)
         # Gemma 3's 4.x form: rope_scaling + rope_theta for full attention, rope_local_base_freq for sliding layers
         # (OLMo 3's: the same without a local base)

@@ -391,7 +391,9 @@ ZOO_REFUSED: dict[str, tuple[str, str]] = {
     "gptj": ("fixed sin/cos table", "rotates with a fixed table built from n_positions, no RoPE config"),
     "xlnet": ("Transformer-XL relative", "relative sinusoidal encodings, not RoPE"),
     "inkling2_text": ("relative position bias", "only its vision tower rotates (2-D axial RoPE)"),
-    "beam": ("match none of the model's RoPE layer types", "full-attention layers are NoPE; sliding ones rotate"),
+    # NoPE full attention (rope_parameters["full_attention"] is None); ergo is new in 5.25
+    **{t: ("match none of the model's RoPE layer types", "full-attention layers are NoPE; sliding ones rotate: the "
+           "message names layer_types: [sliding_attention], exact with it (ZOO_LAYER_TYPES)") for t in ("beam", "ergo")},
     "zaya": ("match none of the model's RoPE layer types", "its layer types are hybrid/hybrid_sliding, not "
              "full_attention: the message names layer_types: [hybrid]"),
     "recurrent_gemma": ("no max_position_embeddings", "its config has no length to extend from"),
@@ -420,7 +422,8 @@ ZOO_REFUSED: dict[str, tuple[str, str]] = {
                         "(ZOO_LAYER_TYPES)"),
 }
 # Refused types whose one-line message names the layer_types that would work: each is asserted exact with them.
-ZOO_LAYER_TYPES: dict[str, list[str]] = {"deepseek_v4": ["compress"], "dots3_note_text": ["indexed_attention"]}
+ZOO_LAYER_TYPES: dict[str, list[str]] = {"deepseek_v4": ["compress"], "dots3_note_text": ["indexed_attention"],
+                                         "beam": ["sliding_attention"], "ergo": ["sliding_attention"]}
 
 
 def zoo_reference(config, slot: str = "full_attention", method: str = "yarn"):
