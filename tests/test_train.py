@@ -197,26 +197,34 @@ def test_sigterm_saves_and_a_rerun_after_sigkill_resumes_to_the_same_weights(ref
     assert [r["step"] for r in log if "loss" in r] == list(range(1, STEPS + 1))
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "accelerate-fsdp-config"])
 def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global_batch(reference, tiny_source,
                                                                                         tmp_path, launcher):
     """DDP over gloo on the CPU, launched by `torchrun --nproc_per_node 2` or by `accelerate launch --multi_gpu
     --num_processes 2` (accelerate's torchrun path; its `--cpu` path starts one process, and its multi-CPU path needs
     mpirun): each process takes one window of the 2-window global batch instead of one process accumulating both.
-    Tolerance: 1e-5 absolute (the gradient all-reduce sums in another order than accumulation)."""
+    Tolerance: 1e-5 absolute (the gradient all-reduce sums in another order than accumulation).
+    `accelerate-fsdp-config`: the shipped configs/accelerate/fsdp.yaml on 2 CPU processes: accelerate 1.15 sets up
+    FSDP only for accelerator process groups, so this is DDP too, and the run says so in a line."""
     source, text = tiny_source
     out = tmp_path / "ddp"
     port = str(29500 + os.getpid() % 1000 + (500 if launcher == "accelerate" else 0))
     if launcher == "torchrun":
         start = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
-    else:  # every launch setting given, so no user accelerate config (HF_HOME below is empty) is read
+    elif launcher == "accelerate":  # every launch setting given: no user accelerate config (HF_HOME is empty) is read
         start = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port]
+    else:
+        port = str(int(port) + 250)
+        start = ["-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/fsdp.yaml"),
+                 "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", port]
     command = [sys.executable, *start, "-m", "rope_extend", *_args(source, text, out)]
     env = {**_child_env(), "HF_HOME": str(tmp_path / "hf-home"), "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     errors = [line for line in result.stderr.splitlines() if "rope-extend: error" in line or "Error" in line]
     assert result.returncode == 0, "\n".join(errors[:20]) or result.stderr[-3000:]
+    said = "the accelerate config asks for FSDP, but accelerate" in result.stderr
+    assert said == (launcher == "accelerate-fsdp-config"), result.stderr[-3000:]
     summary = json.loads((out / "training.json").read_text())
     assert summary["recipe"]["world_size"] == 2 and summary["recipe"]["accumulation"] == 1
     want, got = _weights(reference), _weights(out)

@@ -317,6 +317,20 @@ def _memory_plan(prep: Prepared, args):
     return choice, chunk_tokens_for(compat.text_config(config).vocab_size)
 
 
+def _sharding_note(trainer) -> str | None:
+    """A line when the launcher asked for FSDP or DeepSpeed but the run is not sharded: accelerate (1.15) turns
+    its FSDP plugin on only for accelerator process groups (GPU, XPU, NPU, ...); on the CPU it builds plain DDP."""
+    for variable, name, active in (("ACCELERATE_USE_FSDP", "FSDP", trainer.is_fsdp_enabled),
+                                   ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed", trainer.is_deepspeed_enabled)):
+        if os.environ.get(variable, "false").lower() == "true" and not active:
+            import accelerate
+
+            return (f"the accelerate config asks for {name}, but accelerate {accelerate.__version__} runs {name} only "
+                    f"on accelerators: this run is {trainer.accelerator.distributed_type.value} (every process holds "
+                    "the whole model and optimizer state; the same weights as one process with this global batch)")
+    return None
+
+
 def _trainer_class():
     from torch.utils.data import SequentialSampler
     from transformers import Trainer
@@ -418,6 +432,9 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     trainer = _trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
                                callbacks=[control])
     trainer.remove_callback(PrinterCallback)
+    note = _sharding_note(trainer)
+    if note:
+        say(note)
     trainer.tokens_per_step = prep.global_windows * prep.window
     trainer.loss_chunk_tokens = chunk
     trainer.clock_offset = _previous_seconds(resume_from)
