@@ -256,6 +256,12 @@ ZOO_FIXUPS: dict[str, dict] = {
     "granitemoehybrid": {"num_hidden_layers": 2, "layer_types": ["mamba", "attention"], "mamba_n_heads": 8,
                          "mamba_d_head": 16, "position_embedding_type": "rope"},
     "lfm2_moe": {"num_hidden_layers": 2, "layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    # (5.25) kv_source_layers holds layer indices, not per-layer settings: one sliding and one indexed (indexer)
+    # layer, each with its own K/V; the indexer sized for 4 heads over 2 KV heads and 48 tokens
+    "kolibri1_1": {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "indexed_attention"],
+                   "index_layers": [1], "kv_source_layers": [0, 1], "mlp_only_layers": [0], "index_num_heads": 2,
+                   "index_topk": 8, "index_pool_size": 32, "index_compression": 4, "index_num_local_tokens": 4,
+                   "index_num_sink_tokens": 2},
     "qwen4_exp": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
                   "indexer_compress_ratio": 4},
 }
