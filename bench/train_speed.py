@@ -108,11 +108,11 @@ model = runner.load_patched_model(prep)
 cuda = torch.cuda.is_available()
 dataset = data.WindowDataset(prep.corpus, window, prep.plan.spec.target_length, steps, 0)
 class Clock(TrainerCallback):
-    def __init__(self): self.marks = []
-    def on_step_begin(self, *a, **k): self.marks.append(time.perf_counter())
+    def __init__(self): self.marks, self.cpu = [], []
+    def on_step_begin(self, *a, **k): self.marks.append(time.perf_counter()); self.cpu.append(time.process_time())
     def on_step_end(self, *a, **k):
         if cuda: torch.cuda.synchronize()
-        self.marks.append(time.perf_counter())
+        self.marks.append(time.perf_counter()); self.cpu.append(time.process_time())
 clock = Clock()
 trainer = runner._trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
                                   callbacks=[clock])
@@ -123,9 +123,12 @@ if cuda:
     torch.cuda.reset_peak_memory_stats()
 with attention.installed(choice):
     trainer.train()
-spans = [clock.marks[i + 1] - clock.marks[i] for i in range(0, len(clock.marks) - 1, 2)]
-step = sorted(spans[1:] or spans)[len(spans[1:] or spans) // 2]  # the first step is warm-up when there are more
-print(json.dumps({"step_s": step, "tokens_per_s": window / step, "attention": choice.describe(),
+def median_step(marks):  # the first step is warm-up when there are more
+    spans = [marks[i + 1] - marks[i] for i in range(0, len(marks) - 1, 2)]
+    return sorted(spans[1:] or spans)[len(spans[1:] or spans) // 2]
+step, cpu_step = median_step(clock.marks), median_step(clock.cpu)
+print(json.dumps({"step_s": step, "tokens_per_s": window / step, "cpu_step_s": cpu_step,
+                  "tokens_per_cpu_s": window / cpu_step, "attention": choice.describe(),
                   "checkpointing": why, "loss": "full logits" if full_logits else f"chunks of {chunk}",
                   "device": torch.cuda.get_device_name() if cuda else "cpu",
                   "peak_allocated_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None}))
@@ -146,13 +149,15 @@ def scaling(args, path, text: str) -> None:
                       str(int(full)), env=env)
         r["memory_mib"] = r["peak_allocated_mib"] if args.device == "cuda" else r["peak_rss_mib"]
         results[name] = r
-        print(f"window {name:<28} {r['memory_mib']:9.0f} MiB  {r['tokens_per_s']:8.1f} tokens/s  ({r['attention']}; "
+        print(f"window {name:<28} {r['memory_mib']:9.0f} MiB  {r['tokens_per_s']:8.1f} tokens/s  "
+              f"{r['tokens_per_cpu_s']:8.1f} tokens per CPU s  ({r['attention']}; "
               f"{r['checkpointing']}; loss {r['loss']})", flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
     measure = "peak allocated (torch.cuda)" if args.device == "cuda" else "peak RSS"
-    print(f"\n| window | {measure} | x first window | added per token vs previous window | tokens/s | x first window |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n| window | {measure} | x first window | added per token vs previous window | tokens/s (wall) | "
+          "tokens per CPU second | x first window |")
+    print("|---|---|---|---|---|---|---|")
     first = results[f"{args.windows[0]}"]
     previous = None
     for name, r in results.items():
@@ -160,7 +165,8 @@ def scaling(args, path, text: str) -> None:
         added = ("" if previous is None or cases[name][1] else
                  f"{(r['memory_mib'] - previous[1]['memory_mib']) * 1024 / (window - previous[0]):.1f} KiB")
         print(f"| {name} | {r['memory_mib']:.0f} MiB | {r['memory_mib'] / first['memory_mib']:.2f}x | {added} | "
-              f"{r['tokens_per_s']:.1f} | {r['tokens_per_s'] / first['tokens_per_s']:.2f}x |")
+              f"{r['tokens_per_s']:.1f} | {r['tokens_per_cpu_s']:.1f} | "
+              f"{r['tokens_per_cpu_s'] / first['tokens_per_cpu_s']:.2f}x |")
         if not cases[name][1]:
             previous = (window, r)
     print(json.dumps({"device": first["device"], "dtype": args.dtype, "steps": args.steps, "results": results}))
