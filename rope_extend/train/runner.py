@@ -5,8 +5,12 @@ and patch it with rope-extend's own plan (`patch_model`: the frequencies are reb
 config) -> optional LoRA -> transformers `Trainer` -> merge -> the checkpoint writer `patch` uses
 (`checkpoint.write_model_checkpoint`: portable config, stock reload verified against the trained model, card).
 
+Memory linear in the window: the loss in chunks (`loss.py`), attention through a memory-efficient SDPA kernel
+(`attention.py`, checked before loading), gradient checkpointing when the window needs it (`gradient_checkpointing`).
+What it prints (plan, first-micro-batch estimate, in-step lines) and how signals stop it: `progress.py`.
+
 Resumable: Trainer checkpoints go to `OUT.train-state/` beside OUT every `save_steps`; SIGTERM or Ctrl-C saves one at
-the end of the current step and stops. Rerunning the same command resumes from the newest complete checkpoint (its
+the end of the current step and stops (a second signal stops at once, keeping the newest checkpoint). Rerunning the same command resumes from the newest complete checkpoint (its
 weights, optimizer, scheduler and RNG state; the data is drawn by sample index, so it continues exactly), and ends
 at the same weights as an uninterrupted run. The state folder is removed after OUT is written.
 """
@@ -237,6 +241,8 @@ def gradient_checkpointing(prep: Prepared) -> tuple[bool, str]:
     micro-batch's activations (`recipe.activation_bytes`) would take more than half of the memory the weights,
     gradients and AdamW state leave free."""
     mode = prep.spec.gradient_checkpointing
+    if _fsdp_checkpoints():  # transformers refuses both at once: FSDP's own wraps every layer
+        return False, "gradient checkpointing by FSDP (fsdp_activation_checkpointing in the accelerate config)"
     if mode in ("on", "off"):
         return mode == "on", f"gradient checkpointing {mode}"
     text = compat.text_config(files.load_config(prep.source))
@@ -253,6 +259,13 @@ def gradient_checkpointing(prep: Prepared) -> tuple[bool, str]:
     on = needs_checkpointing(activations, fixed, available)
     return on, (f"gradient checkpointing {'on' if on else 'off'} (auto: ~{activations / 2**30:.1f} GiB of "
                 f"activations per micro-batch without it, {available / 2**30:.1f} GiB available)")
+
+
+def _fsdp_checkpoints() -> bool:
+    """An accelerate FSDP launch whose config checkpoints activations itself, on a device where accelerate runs FSDP
+    (on the CPU it builds DDP, see `_sharding_note`, and the Trainer's checkpointing stays rope-extend's choice)."""
+    return (os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and _device() != "cpu"
+            and os.environ.get("FSDP_ACTIVATION_CHECKPOINTING", "false").lower() == "true")
 
 
 def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None = None):
@@ -435,6 +448,12 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     note = _sharding_note(trainer)
     if note:
         say(note)
+    if chunk and (trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled):
+        # The chunks call the LM head outside the wrapped model's forward, where FSDP/ZeRO-3 may hold its weight
+        # sharded: not run under either yet, so those runs keep transformers' loss (full logits) and say so.
+        chunk = 0
+        say("loss: transformers' own (full float32 logits of each window) under FSDP/DeepSpeed: the chunked loss "
+            "has not been run sharded")
     trainer.tokens_per_step = prep.global_windows * prep.window
     trainer.loss_chunk_tokens = chunk
     trainer.clock_offset = _previous_seconds(resume_from)
