@@ -56,6 +56,28 @@ class VerificationError(RopeExtendError, RuntimeError):
     """A written checkpoint does not load back to the frequencies rope-extend computed."""
 
 
+class TrainedNotWrittenError(RopeExtendError, RuntimeError):
+    """`rope-extend train` finished its optimizer steps but a later step (writing OUT, verifying it) failed. Nothing
+    trained is lost: `checkpoint` (the last Trainer checkpoint in OUT.train-state) and, after a failed verification,
+    `kept` (a loadable checkpoint beside OUT) hold the weights; rerunning the same command writes OUT from the
+    checkpoint without training again."""
+
+    def __init__(self, message: str, *, checkpoint: str | None = None, kept: str | None = None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+        self.kept = kept
+
+
+class UnverifiedCheckpointError(VerificationError):
+    """A fully written checkpoint failed verification and was kept (not deleted) in `kept`, its model card saying
+    why; `reason` is the verification's own message (`checkpoint.write_model_checkpoint(keep_unverified=...)`)."""
+
+    def __init__(self, message: str, *, kept: str | None = None, reason: str = ""):
+        super().__init__(message)
+        self.kept = kept
+        self.reason = reason
+
+
 class ModelRunError(VerificationError):
     """Verification could not build or run a model of the config at all (as opposed to a mismatch of frequencies or
     outputs): `patch.verify_or_explain` then checks whether the unpatched config runs."""

@@ -42,8 +42,24 @@ MLP_KEYS = ("ffn_hidden_size", "d_ff", "d_inner")  # besides every *intermediate
 # How far each attempt shrinks: (narrow width, one layer per layer signature). The first that builds, runs and
 # holds the planned rotary modules and at least one attention layer is used; the last is the old, wide model.
 LEVELS = ((True, True), (True, False), (False, True))
-RTOL = {torch.float32: 1e-4, torch.float64: 1e-6}  # relative to the output scale; half precision below
-HALF_RTOL = 3e-2
+# Forward-check tolerance, relative to the largest output (|logit|) of the probe, by the dtype both models ran in.
+# Verification compares like with like: the saved model reloaded by stock transformers in the dtype it was saved in,
+# against the in-memory model in that same dtype, with no autocast on either side; on one device the two forwards
+# are then bit-identical (measured on SmolLM2-135M on the CPU in float32, bfloat16 and float16: max abs diff 0.0).
+# The tolerance is for what may legitimately differ: the reduction order of another kernel or device (a model
+# trained on a GPU, reloaded on the CPU). float32: 1e-4 (~840 of its units of rounding, eps 1.2e-7); float64 1e-6;
+# bfloat16 and float16: HALF_EPS_UNITS units of their rounding (torch.finfo(dtype).eps: 2**-7 for bfloat16, so
+# 3.1e-2 x the output scale, 0.9 at SmolLM2's ~29; 2**-10 for float16, 3.9e-3). A real RoPE mismatch moves the
+# logits at the far positions by the output scale itself (46 at scale 33.8 for issue 36's autocast probe).
+RTOL = {torch.float32: 1e-4, torch.float64: 1e-6}
+HALF_EPS_UNITS = 4
+
+
+def output_rtol(dtype: torch.dtype) -> float:
+    """The forward check's tolerance relative to the output scale for models run in `dtype` (see RTOL)."""
+    if dtype in RTOL:
+        return RTOL[dtype]
+    return HALF_EPS_UNITS * torch.finfo(dtype).eps
 
 
 def probe_inputs(plan: PatchPlan, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -358,16 +374,23 @@ def _check_modules(model, plan: PatchPlan) -> None:
                 raise VerificationError(f"{name}: the saved model rebuilds a different attention factor")
 
 
-def _compare(patched: torch.Tensor, stock: torch.Tensor, plan: PatchPlan, rtol: float, what: str) -> None:
+def _compare(patched: torch.Tensor, stock: torch.Tensor, plan: PatchPlan, dtype: torch.dtype, what: str) -> None:
     if patched.shape != stock.shape:
         raise VerificationError(f"{what}: output shapes differ ({tuple(patched.shape)} vs {tuple(stock.shape)})")
     scale = max(float(patched.abs().max()), 1e-6)
     diff = float((patched - stock).abs().max())
+    rtol = output_rtol(dtype)
     if diff > rtol * scale:
         raise VerificationError(
             f"{what}: stock transformers and rope-extend's patched model disagree beyond the original length "
-            f"(max abs diff {diff:.3g} at positions up to {plan.spec.target_length - 1}, output scale {scale:.3g})"
+            f"(max abs diff {diff:.3g} at positions up to {plan.spec.target_length - 1}, output scale {scale:.3g}; "
+            f"{str(dtype).removeprefix('torch.')} allows {rtol:.2g} x the scale = {rtol * scale:.3g})"
         )
+
+
+def model_dtype(model) -> torch.dtype:
+    """The dtype a model's forward runs in: its floating-point parameters' (the first one's)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
 
 
 def verify_plan(
@@ -377,6 +400,7 @@ def verify_plan(
     stock_config=None,
     patched_outputs: torch.Tensor | None = None,
     stock_model=None,
+    patched_dtype: torch.dtype | None = None,
 ) -> None:
     """Raise VerificationError unless the plan is verified (see the module docstring).
 
@@ -384,6 +408,8 @@ def verify_plan(
     from the written config.json (default: rebuilt in memory from the plan). With `stock_model` (the saved model
     loaded by stock transformers) and `patched_outputs` (`probe_outputs` of rope-extend's patched real model), the
     forward check runs on the real models; otherwise on a small random-weight model of the same config.
+    `patched_dtype`: the dtype `patched_outputs` were computed in (default: the stock model's); the two must be the
+    same, since the check compares like with like at that dtype's tolerance (`output_rtol`).
     """
     if stock_config is None:
         stock_config = compat.stock_config(compat.text_config(source_config), plan.slots,
@@ -392,9 +418,14 @@ def verify_plan(
     if stock_model is not None:
         _check_modules(stock_model, plan)
         if patched_outputs is not None:
-            dtype = next(stock_model.parameters()).dtype
-            _compare(patched_outputs, probe_outputs(stock_model, plan), plan, RTOL.get(dtype, HALF_RTOL),
-                     "saved model")
+            dtype = model_dtype(stock_model)
+            if patched_dtype is not None and patched_dtype != dtype:
+                raise VerificationError(
+                    f"saved model: stock transformers reloads it in {str(dtype).removeprefix('torch.')} but the "
+                    f"model it was saved from ran in {str(patched_dtype).removeprefix('torch.')}, so their outputs "
+                    "cannot be compared like with like; save and reload in one dtype (config.json's dtype)"
+                )
+            _compare(patched_outputs, probe_outputs(stock_model, plan), plan, dtype, "saved model")
             return
     patched_small, stock, stock_small = _small_run(source_config, stock_config, plan)
-    _compare(patched_small, stock_small, plan, RTOL[torch.float32], "small model of this config")
+    _compare(patched_small, stock_small, plan, torch.float32, "small model of this config")
