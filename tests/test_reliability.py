@@ -671,7 +671,8 @@ def test_every_command_accepts_the_smollm2_alias(pristine, tmp_path, capsys, mon
     assert run(["inspect", "smollm2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["inspection"]["original_length"] == 32
     assert run(["patch", "smollm2", "-o", str(tmp_path / "out"), *YARN]) == 0
-    assert "the local checkpoint `src`" in (tmp_path / "out" / "README.md").read_text()
+    # the card names the Hub repo the alias stands for (issue 37: base_model whenever the source is known)
+    assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in (tmp_path / "out" / "README.md").read_text()
 
 
 # --- the Hub cache (issue 18): one rule for every file SOURCE names, index entries included ---------------------------

@@ -55,6 +55,8 @@ def duration(seconds: float) -> str:
 
 def plan_line(steps: int, resumed: int, tokens_per_step: int, accumulation: int, micro_tokens: int) -> str:
     left = steps - resumed
+    if left <= 0:  # a rerun after training finished (a failed write or verification): only the write is left
+        return f"all {steps} step(s) already trained (resumed at step {resumed}): no step to run; writing OUT"
     return (f"{tokens_per_step:,} tokens per step ({accumulation} micro-batch(es) of {micro_tokens:,} tokens per "
             f"process), {left} step(s) to run = {left * tokens_per_step:,} tokens; timing the first micro-batch")
 
@@ -66,10 +68,19 @@ def estimate_line(seconds: float, micro_tokens: int, accumulation: int, steps_le
             f"for {steps_left} step(s)")
 
 
-def newest_checkpoint(state: Path) -> Path | None:
-    from .runner import _complete_checkpoints
+def complete_checkpoints(state: Path) -> list[Path]:
+    """checkpoint-N folders a SIGKILL did not cut short (Trainer writes trainer_state.json last), oldest first."""
+    found = []
+    for folder in state.glob("checkpoint-*"):
+        with contextlib.suppress(ValueError):
+            step = int(folder.name.split("-", 1)[1])
+            if (folder / "trainer_state.json").is_file():
+                found.append((step, folder))
+    return [f for _, f in sorted(found)]
 
-    found = _complete_checkpoints(state) if state.is_dir() else []
+
+def newest_checkpoint(state: Path) -> Path | None:
+    found = complete_checkpoints(state) if state.is_dir() else []
     return found[-1] if found else None
 
 
@@ -78,8 +89,6 @@ def callback(steps: int, resumed: int, tokens_per_step: int, accumulation: int, 
     """The Trainer callback of one run: progress lines (main process, `say`), stop-after-step on a signal,
     pruning of old checkpoints."""
     from transformers import TrainerCallback
-
-    from .runner import _complete_checkpoints
 
     quiet = say is None
     say = say or (lambda line: None)
@@ -132,7 +141,7 @@ def callback(steps: int, resumed: int, tokens_per_step: int, accumulation: int, 
 
         def on_save(self, args, state, control, **kwargs):
             if state.is_world_process_zero:  # keep the newest checkpoints (by step, never by mtime)
-                for folder in _complete_checkpoints(Path(args.output_dir))[:-keep]:
+                for folder in complete_checkpoints(Path(args.output_dir))[:-keep]:
                     shutil.rmtree(folder, ignore_errors=True)
 
         def on_log(self, args, state, control, logs=None, **kwargs):

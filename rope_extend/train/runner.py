@@ -34,7 +34,7 @@ from ..errors import SpecError
 from ..hub import resolve_source
 from ..plan import check_rope_model, plan_patch
 from . import card, data, lora
-from .progress import TrainingInterrupted
+from .progress import TrainingInterrupted, complete_checkpoints
 from .recipe import (
     TrainSpec,
     activation_bytes,
@@ -168,17 +168,6 @@ def _available_memory() -> int:
 
 
 # --- resume state ----------------------------------------------------------------------------------------------------
-def _complete_checkpoints(state: Path) -> list[Path]:
-    """checkpoint-N folders a SIGKILL did not cut short (Trainer writes trainer_state.json last), oldest first."""
-    found = []
-    for folder in state.glob("checkpoint-*"):
-        with contextlib.suppress(ValueError):
-            step = int(folder.name.split("-", 1)[1])
-            if (folder / "trainer_state.json").is_file():
-                found.append((step, folder))
-    return [f for _, f in sorted(found)]
-
-
 def _open_state(prep: Prepared, main: bool) -> Path | None:
     """The checkpoint to resume from (or None); refuses a state folder left by a different run."""
     state, spec = prep.spec.state_dir(), prep.spec
@@ -192,7 +181,7 @@ def _open_state(prep: Prepared, main: bool) -> Path | None:
         if recorded != prep.fingerprint:
             raise ValueError(f"{str(state)!r} holds the state of a different training run (other data, model or "
                              "recipe); rerun with the same arguments, or pass --restart to discard it")
-    checkpoints = _complete_checkpoints(state) if state.is_dir() else []
+    checkpoints = complete_checkpoints(state) if state.is_dir() else []
     if main:
         state.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"fingerprint": prep.fingerprint, "spec": asdict(spec)}, default=str) + "\n")
@@ -558,7 +547,7 @@ def _write_trained(prep: Prepared, trainer, model, base, summary: dict, eval_bef
     failure or a signal here loses nothing (`_keeping_trained_weights`) and a rerun resumes at the last step, trains
     nothing and comes back here."""
     spec, state_dir, step = prep.spec, prep.spec.state_dir(), trainer.state.global_step
-    checkpoint = (_complete_checkpoints(state_dir) or [None])[-1]  # Trainer saves one at the last step
+    checkpoint = (complete_checkpoints(state_dir) or [None])[-1]  # Trainer saves one at the last step
     kept = unverified_dir(prep.out)
     with _keeping_trained_weights(prep, step, checkpoint):
         adapter = state_dir / "adapter"
