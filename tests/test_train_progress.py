@@ -106,3 +106,22 @@ def test_a_second_signal_stops_mid_step_naming_it_and_what_is_left(tiny_source, 
                                           (float("nan"), "?")])
 def test_durations_read_as_minutes_hours_days(seconds, text):
     assert progress.duration(seconds) == text
+
+
+def test_an_interrupt_before_training_names_the_state_folder(tmp_path, capsys):
+    """A signal while `train` loads or tokenises: OUT does not exist yet, but OUT.train-state does (its fingerprint);
+    the line says so instead of only 'nothing was left at OUT'."""
+    import signal
+
+    from rope_extend.cli.main import _interrupted, _Signals
+
+    out = tmp_path / "out"
+    signals = _Signals()
+    signals.received = signal.SIGTERM
+    assert _interrupted(signals, out, atomic=False) == 143
+    assert capsys.readouterr().err.strip() == f"rope-extend: interrupted (SIGTERM); nothing was left at {out}"
+    (tmp_path / "out.train-state").mkdir()
+    assert _interrupted(signals, out, atomic=False) == 143
+    line = capsys.readouterr().err.strip()
+    assert line == (f"rope-extend: interrupted (SIGTERM); nothing was left at {out}; {out}.train-state keeps this "
+                    "run's training state: rerun the same command to resume from it")

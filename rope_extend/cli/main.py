@@ -73,6 +73,12 @@ def _interrupted(signals: _Signals, output: Path | None, atomic: bool) -> int:
         left = f"{output} was left as it was before this run"
     else:  # eval keeps the records it finished (results.jsonl) so that rerunning resumes
         left = f"the finished part is kept in {output}; rerun the same command to resume"
+    if output is not None:  # `train` keeps its state beside OUT from before its first step
+        from ..train.recipe import STATE_SUFFIX
+
+        state = output.with_name(output.name + STATE_SUFFIX)
+        if state.is_dir():
+            left += f"; {state} keeps this run's training state: rerun the same command to resume from it"
     print(f"rope-extend: interrupted ({name}); {left}", file=sys.stderr, flush=True)
     return 128 + int(signum)
 
