@@ -43,8 +43,10 @@ WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.j
 CHECKPOINT_DIRS = {".cache"}  # huggingface_hub's download metadata (`hf download --local-dir`)
 # rope-extend's own files in a checkpoint it wrote (checkpoint.py: the spec; train/card.py: the training record)
 ROPE_EXTEND_FILES = {"rope_extend.yaml", "training.json", "training_log.jsonl", "training_loss.png"}
-EVAL_RUN_FILE = "run.json"  # rope_extend.eval.runner.RUN_FILE
-TUNE_LOGS = ("search.jsonl", "heldout.jsonl")  # rope_extend.tune: SearchLog files
+# the marker files of eval and tune outputs; their writers (eval.runner, tune.runner) name them from here
+EVAL_RUN_FILE = "run.json"
+SEARCH_LOG, HELDOUT_LOG = "search.jsonl", "heldout.jsonl"
+TUNE_LOGS = (SEARCH_LOG, HELDOUT_LOG)
 GGUF_MAGIC = b"GGUF"
 SHOWN = 4  # files named in a refusal
 

@@ -18,14 +18,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..outputs import check_replaceable
+from ..outputs import EVAL_RUN_FILE, check_replaceable
 from .jobs import Evaluator, Job, applies, plan_jobs
 from .suite import Suite, load_suite
 from .variants import Variant, apply_spec, load_model, make_variants, original_length
 
 RESULTS_FILE = "results.jsonl"
 REPORT_FILE = "report.md"
-RUN_FILE = "run.json"
+RUN_FILE = EVAL_RUN_FILE  # also what marks a folder as an eval output (outputs.py)
 
 
 def read_results(path: str | os.PathLike) -> list[dict]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..facts import read_rope
-from ..outputs import check_replaceable
+from ..outputs import HELDOUT_LOG, SEARCH_LOG, check_replaceable
 from ..spec import RopeSpec
 from . import heldout as ho
 from .report import write_report
@@ -93,7 +93,7 @@ def tune_model(
         def held_compare(variants):
             return ho.compare(
                 model, held_ids, variants, read_rope(model.config).original_length(), target_length, tokenizer=tokenizer,
-                passkey_samples=passkey_samples, log_path=output / "heldout.jsonl", resume=resume,
+                passkey_samples=passkey_samples, log_path=output / HELDOUT_LOG, resume=resume,
                 header={"model": str(model_path), "text": held_label},
             )
 
@@ -103,7 +103,7 @@ def tune_model(
             held_compare([v for v in defaults if v.name.startswith(("unpatched", "yarn"))]
                          + [v for v in defaults if not v.name.startswith(("unpatched", "yarn"))])
     result = tune(model, target_length, calib_ids, budget=budget, methods=methods, knots=knots,
-                  log_path=output / "search.jsonl", resume=resume, header=header, attention_factor=attention_factor)
+                  log_path=output / SEARCH_LOG, resume=resume, header=header, attention_factor=attention_factor)
 
     original = result.geometry.original_length
     provenance = (
