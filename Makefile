@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
 	$(VENV)/bin/pip install $(PIP_FLAGS) -c $(CONSTRAINTS5) -e ".[dev,eval,train]" "$(TRANSFORMERS5)" "$(TORCH)"
+	# DeepSpeed for the ZeRO-3 test (2 CPU processes): an sdist whose setup imports torch, so built against the
+	# torch above (no build isolation); ~3.5 min the first time, cached by pip after that.
+	$(VENV)/bin/pip install $(PIP_FLAGS) --no-build-isolation -c $(CONSTRAINTS5) deepspeed "$(TORCH)"
 	touch $@
 
 # A second environment on the latest transformers 4.x for the portability and parity tests.

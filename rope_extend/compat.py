@@ -15,6 +15,7 @@ and the key is ``None`` for a model with one RoPE for all layers, or a layer typ
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -265,6 +266,22 @@ def portable_config_dict(
 def dtype_kwargs(dtype) -> dict:
     """`from_pretrained`'s dtype keyword: `dtype` in 5.x, `torch_dtype` in 4.x."""
     return {"dtype" if TRANSFORMERS_V5 else "torch_dtype": dtype}
+
+
+@contextlib.contextmanager
+def without_zero3_init():
+    """Within the block, transformers builds and loads models whole even while a DeepSpeed ZeRO-3 run is set up
+    (`is_deepspeed_zero3_enabled()` false): for models that one process builds alone (verification copies, the
+    checkpoint writer's stock reload, the main process's copy of the gathered weights). Both lines keep the run's
+    config behind the same module-level weak reference."""
+    from transformers.integrations import deepspeed
+
+    saved = deepspeed._hf_deepspeed_config_weak_ref
+    deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        deepspeed._hf_deepspeed_config_weak_ref = saved
 
 
 def text_config(config):

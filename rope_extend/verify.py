@@ -267,7 +267,8 @@ def _small_model(config):
         warnings.simplefilter("ignore")
         try:
             cls = _base_model_class(config)
-            return cls._from_config(config, attn_implementation="eager").float().eval()
+            with compat.without_zero3_init():  # a small copy this process checks alone, never partitioned
+                return cls._from_config(config, attn_implementation="eager").float().eval()
         except Exception as exc:
             reason = " ".join(str(exc).split())[:200]
             raise ModelRunError(

@@ -197,44 +197,90 @@ def test_sigterm_saves_and_a_rerun_after_sigkill_resumes_to_the_same_weights(ref
     assert [r["step"] for r in log if "loss" in r] == list(range(1, STEPS + 1))
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "accelerate", "accelerate-fsdp-config"])
-def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global_batch(reference, tiny_source,
-                                                                                        tmp_path, launcher):
-    """DDP over gloo on the CPU, launched by `torchrun --nproc_per_node 2` or by `accelerate launch --multi_gpu
-    --num_processes 2` (accelerate's torchrun path; its `--cpu` path starts one process, and its multi-CPU path needs
-    mpirun): each process takes one window of the 2-window global batch instead of one process accumulating both.
-    Tolerance: 1e-5 absolute (the gradient all-reduce sums in another order than accumulation).
-    `accelerate-fsdp-config`: the shipped configs/accelerate/fsdp.yaml on 2 CPU processes: accelerate 1.15 sets up
-    FSDP only for accelerator process groups, so this is DDP too, and the run says so in a line."""
-    source, text = tiny_source
-    out = tmp_path / "ddp"
-    port = str(29500 + os.getpid() % 1000 + (500 if launcher == "accelerate" else 0))
+LAUNCHERS = {  # launcher -> the progress line saying how the 2 processes hold the model
+    "torchrun": "processes: DDP over 2 processes (cpu)",
+    "accelerate": "processes: DDP over 2 processes (cpu)",
+    "accelerate-fsdp-config": "processes: FSDP2 over 2 processes (cpu): each holds 1/2 of the weights",
+    "accelerate-deepspeed-config": "processes: DeepSpeed ZeRO-3 over 2 processes (cpu): each holds 1/2 of the weights",
+}
+
+
+def _launch(launcher: str, train_args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    """`rope-extend train` on 2 CPU processes (gloo) started by `launcher` (a key of LAUNCHERS)."""
+    port = str(29500 + os.getpid() % 1000 + 250 * list(LAUNCHERS).index(launcher))
     if launcher == "torchrun":
         start = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
     elif launcher == "accelerate":  # every launch setting given: no user accelerate config (HF_HOME is empty) is read
         start = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                  "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port]
     else:
-        port = str(int(port) + 250)
-        start = ["-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/fsdp.yaml"),
-                 "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", port]
-    command = [sys.executable, *start, "-m", "rope_extend", *_args(source, text, out)]
+        config = ROOT / "configs/accelerate" / ("fsdp.yaml" if "fsdp" in launcher else "deepspeed-zero3.yaml")
+        start = ["-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "2",
+                 "--mixed_precision", "no", "--main_process_port", port]
+    command = [sys.executable, *start, "-m", "rope_extend", *train_args]
     env = {**_child_env(), "HF_HOME": str(tmp_path / "hf-home"), "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     errors = [line for line in result.stderr.splitlines() if "rope-extend: error" in line or "Error" in line]
     assert result.returncode == 0, "\n".join(errors[:20]) or result.stderr[-3000:]
-    said = "the accelerate config asks for FSDP, but accelerate" in result.stderr
-    assert said == (launcher == "accelerate-fsdp-config"), result.stderr[-3000:]
+    assert LAUNCHERS[launcher] in result.stderr, result.stderr[-3000:]
+    assert "the accelerate config asks for" not in result.stderr
+    return result
+
+
+def _assert_same_weights(got: Path, want: Path, atol: float) -> None:
+    a, b = _weights(want), _weights(got)
+    assert sorted(a) == sorted(b)
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=atol, rtol=0, msg=key)
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global_batch(reference, tiny_source,
+                                                                                        tmp_path, launcher):
+    """Two CPU processes over gloo, each taking one window of the 2-window global batch instead of one process
+    accumulating both, end at the one-process weights (1e-5 absolute: the gradient reduction sums in another order).
+
+    DDP launched by `torchrun --nproc_per_node 2` or by `accelerate launch --multi_gpu --num_processes 2`
+    (accelerate's torchrun path; its `--cpu` path starts one process, and its multi-CPU path needs mpirun).
+    The shipped configs on 2 CPU processes, sharded: configs/accelerate/fsdp.yaml (FSDP2 through
+    `sharding.fsdp_on_cpu`, with FSDP's activation checkpointing and rope-extend's chunked loss) and
+    configs/accelerate/deepspeed-zero3.yaml (ZeRO-3 with zero3_init_flag: the verification copies are built whole);
+    both gather the full weights for the writer, which verifies them."""
+    source, text = tiny_source
+    out = tmp_path / "ddp"
+    _launch(launcher, _args(source, text, out), tmp_path)
     summary = json.loads((out / "training.json").read_text())
     assert summary["recipe"]["world_size"] == 2 and summary["recipe"]["accumulation"] == 1
-    want, got = _weights(reference), _weights(out)
-    assert sorted(want) == sorted(got)
-    for key in want:
-        torch.testing.assert_close(got[key], want[key], atol=1e-5, rtol=0, msg=key)
+    _assert_same_weights(out, reference, atol=1e-5)
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
     same = ("architectures", "rope_scaling", "rope_parameters", "max_position_embeddings", "tie_word_embeddings")
     a, b = json.loads((out / "config.json").read_text()), json.loads((reference / "config.json").read_text())
     assert {k: a.get(k) for k in same} == {k: b.get(k) for k in same}
+
+
+@pytest.mark.parametrize(("launcher", "extra"), [("accelerate-fsdp-config", ["--no-train-embeddings-norms"]),
+                                                 ("accelerate-deepspeed-config", [])])
+def test_lora_sharded_gives_the_weights_of_one_process(tiny_source, tmp_path, launcher, extra):
+    """LoRA alone under FSDP, LoRA+ (trainable embeddings and norms) under ZeRO-3, dropout 0: the merged weights of
+    the one-process run (the adapters are initialised from --seed, so every process count starts alike)."""
+    source, text = tiny_source
+    lora = ["--lora", "--lora-dropout", "0", *extra]
+    one, two = tmp_path / "one", tmp_path / "two"
+    done = subprocess.run([sys.executable, "-m", "rope_extend", *_args(source, text, one, *lora)], env=_child_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    _launch(launcher, _args(source, text, two, *lora), tmp_path)
+    _assert_same_weights(two, one, atol=1e-5)
+    assert json.loads((two / "training.json").read_text())["recipe"]["lora"]
+
+
+def test_lora_plus_under_fsdp_is_refused_before_any_work(tiny_source, tmp_path, capsys, monkeypatch):
+    source, text = tiny_source
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` with the FSDP config sets
+    assert run(_args(source, text, tmp_path / "out", "--lora")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--no-train-embeddings-norms" in err[0] and "deepspeed-zero3.yaml" in err[0], err
+    assert not (tmp_path / "out.train-state").exists()
 
 
 def test_eval_suite_runs_before_and_after_under_their_own_names_with_the_evals_numbers(tiny_source, tmp_path):

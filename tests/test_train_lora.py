@@ -45,7 +45,7 @@ def test_lora_trains_adapters_on_every_linear_but_lm_head_plus_embeddings_and_no
     base = _tied_llama()
     names = lora.embedding_and_norm_names(base)
     assert names == ["embed_tokens", "input_layernorm", "norm", "post_attention_layernorm"]
-    model = lora.wrap(base, r=4, alpha=16, dropout=0.0, embeddings_and_norms=True)
+    model = lora.wrap(base, r=4, alpha=16, dropout=0.0, embeddings_and_norms=True, seed=0)
     trainable = lora.trainable_names(model)
     adapters = {n.split(".lora_")[0].removeprefix("base_model.model.") for n in trainable if ".lora_" in n}
     linear = {n for n, m in _tied_llama().named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"}
@@ -56,14 +56,14 @@ def test_lora_trains_adapters_on_every_linear_but_lm_head_plus_embeddings_and_no
                                                              or ".norm." in n for n in extra)
     frozen_linear = [p.requires_grad for n, p in model.named_parameters() if n.endswith("q_proj.base_layer.weight")]
     assert frozen_linear and not any(frozen_linear)
-    only = lora.wrap(_tied_llama(), r=4, alpha=16, dropout=0.0, embeddings_and_norms=False)
+    only = lora.wrap(_tied_llama(), r=4, alpha=16, dropout=0.0, embeddings_and_norms=False, seed=0)
     assert all(".lora_" in n for n in lora.trainable_names(only))
 
 
 def test_merged_model_stays_tied_and_equals_the_adapter_model(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    model = lora.wrap(_tied_llama(), r=4, alpha=16, dropout=0.0, embeddings_and_norms=True)
+    model = lora.wrap(_tied_llama(), r=4, alpha=16, dropout=0.0, embeddings_and_norms=True, seed=0)
     before = _tied_llama().get_input_embeddings().weight.detach().clone()
     ids = _train_a_little(model)
     positions = torch.tensor([[0, 1, 2, 40, 80, 127]])

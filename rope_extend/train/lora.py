@@ -28,8 +28,11 @@ def is_tied(model: nn.Module) -> bool:
     return out is not None and out.weight is model.get_input_embeddings().weight
 
 
-def wrap(model: nn.Module, r: int, alpha: int, dropout: float, embeddings_and_norms: bool):
-    """The peft model to train (the base model is changed in place by peft)."""
+def wrap(model: nn.Module, r: int, alpha: int, dropout: float, embeddings_and_norms: bool, seed: int):
+    """The peft model to train (the base model is changed in place by peft). The adapters' random initialisation
+    is drawn from `seed`: the same in every process and for any process count (before, it came from whatever the
+    process's generator had reached, which launching 2 processes changes)."""
+    import torch
     from peft import LoraConfig, get_peft_model
 
     tied = bool(getattr(model.config, "tie_word_embeddings", False)) and is_tied(model)
@@ -43,7 +46,9 @@ def wrap(model: nn.Module, r: int, alpha: int, dropout: float, embeddings_and_no
         ensure_weight_tying=tied and embeddings_and_norms,
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
 
 
 def trainable_names(model: nn.Module) -> list[str]:

@@ -8,6 +8,8 @@ config) -> optional LoRA -> transformers `Trainer` -> merge -> the checkpoint wr
 Memory linear in the window: the loss in chunks (`loss.py`), attention through a memory-efficient SDPA kernel
 (`attention.py`, checked before loading), gradient checkpointing when the window needs it (`gradient_checkpointing`).
 What it prints (plan, first-micro-batch estimate, in-step lines) and how signals stop it: `progress.py`.
+Under `accelerate launch` with FSDP or DeepSpeed ZeRO-3 (also on CPU processes): `sharding.py`; the trained weights
+are gathered from every process and the main one writes OUT from a whole copy.
 
 Resumable: Trainer checkpoints go to `OUT.train-state/` beside OUT every `save_steps`; SIGTERM or Ctrl-C saves one at
 the end of the current step and stops (a second signal stops at once, keeping the newest checkpoint). Rerunning the same command resumes from the newest complete checkpoint (its
@@ -33,7 +35,7 @@ from ..checkpoint import check_output_path, write_model_checkpoint
 from ..errors import SpecError
 from ..hub import resolve_source
 from ..plan import check_rope_model, plan_patch
-from . import card, data, lora
+from . import card, data, lora, sharding
 from .progress import TrainingInterrupted, complete_checkpoints
 from .recipe import (
     TrainSpec,
@@ -87,6 +89,7 @@ def prepare(spec: TrainSpec) -> Prepared:
     """Validate the whole run and tokenize its data; refuses bad input in one line before any model is loaded."""
     check_numbers(spec)
     check_dtype_on_device(spec.dtype, _device())
+    sharding.check_lora(spec.lora and spec.train_embeddings_and_norms)
     rope = spec.rope_spec()
     check_static(rope)
     source = resolve_source(spec.source)
@@ -251,9 +254,8 @@ def gradient_checkpointing(prep: Prepared) -> tuple[bool, str]:
 
 
 def _fsdp_checkpoints() -> bool:
-    """An accelerate FSDP launch whose config checkpoints activations itself, on a device where accelerate runs FSDP
-    (on the CPU it builds DDP, see `_sharding_note`, and the Trainer's checkpointing stays rope-extend's choice)."""
-    return (os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and _device() != "cpu"
+    """An accelerate FSDP launch whose config checkpoints activations itself (on the CPU too: `sharding.fsdp_on_cpu`)."""
+    return (sharding.asked() == "FSDP"
             and os.environ.get("FSDP_ACTIVATION_CHECKPOINTING", "false").lower() == "true")
 
 
@@ -319,20 +321,6 @@ def _memory_plan(prep: Prepared, args):
     return choice, chunk_tokens_for(compat.text_config(config).vocab_size)
 
 
-def _sharding_note(trainer) -> str | None:
-    """A line when the launcher asked for FSDP or DeepSpeed but the run is not sharded: accelerate (1.15) turns
-    its FSDP plugin on only for accelerator process groups (GPU, XPU, NPU, ...); on the CPU it builds plain DDP."""
-    for variable, name, active in (("ACCELERATE_USE_FSDP", "FSDP", trainer.is_fsdp_enabled),
-                                   ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed", trainer.is_deepspeed_enabled)):
-        if os.environ.get(variable, "false").lower() == "true" and not active:
-            import accelerate
-
-            return (f"the accelerate config asks for {name}, but accelerate {accelerate.__version__} runs {name} only "
-                    f"on accelerators: this run is {trainer.accelerator.distributed_type.value} (every process holds "
-                    "the whole model and optimizer state; the same weights as one process with this global batch)")
-    return None
-
-
 def _trainer_class():
     from torch.utils.data import SequentialSampler
     from transformers import Trainer
@@ -360,6 +348,10 @@ def _trainer_class():
             scaled = self.model_accepts_loss_kwargs and num_items_in_batch is not None  # as Trainer.compute_loss
             loss = chunked_causal_lm_loss(seen[0], labels, head, self.loss_chunk_tokens,
                                           num_items_in_batch if scaled else None)
+            # Zero, but the backward now passes through the model's output as well: FSDP2 runs its root's
+            # pre-backward hook from there (without it the root's weights are freed while the backward still reads
+            # them: a segfault in the final norm's backward on 2 CPU processes).
+            loss = loss + 0.0 * outputs.logits.float().sum()
             if scaled and self.args.average_tokens_across_devices:
                 loss = loss * (self.accelerator.num_processes if self.args.n_gpu <= 1 else self.args.n_gpu)
             return (loss, outputs) if return_outputs else loss
@@ -415,7 +407,8 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     model = load_patched_model(prep)
     base = model
     if spec.lora:
-        model = lora.wrap(model, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.train_embeddings_and_norms)
+        model = lora.wrap(model, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.train_embeddings_and_norms,
+                          spec.seed)
     dataset = data.WindowDataset(prep.corpus, prep.window, prep.plan.spec.target_length,
                                  spec.steps * prep.global_windows, spec.seed)
     resumed = 0
@@ -431,18 +424,21 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
 
     from . import attention
 
-    trainer = _trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
-                               callbacks=[control])
+    with sharding.fsdp_on_cpu():
+        trainer = _trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
+                                   callbacks=[control])
     trainer.remove_callback(PrinterCallback)
-    note = _sharding_note(trainer)
+    if world > 1 or sharding.asked():
+        say(f"processes: {sharding.describe(trainer)}")
+    note = sharding.note(trainer)
     if note:
         say(note)
-    if chunk and (trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled):
-        # The chunks call the LM head outside the wrapped model's forward, where FSDP/ZeRO-3 may hold its weight
-        # sharded: not run under either yet, so those runs keep transformers' loss (full logits) and say so.
+    if chunk and trainer.is_deepspeed_enabled:
+        # The chunks call the LM head outside the engine's forward, where ZeRO-3 holds its weight partitioned:
+        # DeepSpeed runs keep transformers' loss (full logits) and say so.
         chunk = 0
-        say("loss: transformers' own (full float32 logits of each window) under FSDP/DeepSpeed: the chunked loss "
-            "has not been run sharded")
+        say("loss: transformers' own (full float32 logits of each window) under DeepSpeed: the chunked loss calls "
+            "the LM head outside the engine's forward")
     trainer.tokens_per_step = prep.global_windows * prep.window
     trainer.loss_chunk_tokens = chunk
     trainer.clock_offset = _previous_seconds(resume_from)
@@ -459,12 +455,29 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     summary = _summary(prep, trainer.state.global_step, tokens, train_seconds, losses)
     if eval_before is not None:
         summary["eval"] = _eval_summary(prep, eval_before, None)
+    if sharding.is_sharded(trainer):  # every process gathers; the main one writes from a whole copy
+        with _keeping_trained_weights(prep, trainer.state.global_step,
+                                      (complete_checkpoints(state_dir) or [None])[-1]):
+            model = sharding.unsharded_model(trainer, lambda: _rebuilt(prep))
+        base = model if not spec.lora else None
     if not main:
         return TrainResult(None, trainer.state.global_step, tokens, train_seconds, *(losses[:1] or [None]),
                            *(losses[-1:] or [None]), resumed, False, summary)
-    result = _write_trained(prep, trainer, model, base, summary, eval_before, resumed, say)
+    with compat.without_zero3_init():  # the writer's stock reload is this process's alone
+        result = _write_trained(prep, trainer, model, base, summary, eval_before, resumed, say)
     return TrainResult(result.out, trainer.state.global_step, tokens, train_seconds, losses[0] if losses else None,
                        losses[-1] if losses else None, resumed, result.verified, summary)
+
+
+def _rebuilt(prep: Prepared):
+    """The model as training started (patched, LoRA-wrapped when asked), for a sharded run's gathered weights."""
+    with compat.without_zero3_init():  # the main process's whole copy
+        model = load_patched_model(prep)
+    spec = prep.spec
+    if spec.lora:
+        model = lora.wrap(model, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.train_embeddings_and_norms,
+                          spec.seed)
+    return model
 
 
 # --- after the optimizer: write OUT, throwing nothing away -----------------------------------------------------------
