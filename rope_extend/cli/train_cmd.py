@@ -5,6 +5,7 @@ Imports nothing heavy at module level: torch/transformers/peft/datasets load ins
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -92,7 +93,8 @@ def train_command(
     try:
         result = train_model(spec, on_progress=progress_printer())
     except TrainingInterrupted as stop:
-        print(f"rope-extend: {stop.message()}", file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # one line for a distributed run too, from its main process
+            print(f"rope-extend: {stop.message()}", file=sys.stderr, flush=True)
         raise SystemExit(128 + int(stop.signum)) from None
     if result.out is None:  # not the main process of a distributed run
         return

@@ -133,6 +133,7 @@ def run_eval(
     done = {_key(r): r for r in read_results(results_path)}
     jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave)
     meta = _run_meta(model_path, original, suite_obj, variants, dtype, device_map)
+    meta["device"] = None if device_map else (device or "cpu")
     meta["expected_records"] = sum(applies(c, v) for c in cases for v in variants)
     (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
 

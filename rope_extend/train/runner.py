@@ -663,12 +663,24 @@ def trained_label(prep: Prepared) -> str:
     return f"trained {training_free_label(prep)}"
 
 
+def eval_settings(spec: TrainSpec) -> dict:
+    """Where `--eval-suite` runs, the same before and after: the training's device; float32 on the CPU (as the CPU
+    records in eval/reports), bfloat16 on a GPU that trains in it (as the GPU records), float32 when asked."""
+    import torch
+
+    device = _device()
+    if device == "cpu":
+        return {"device": "cpu", "dtype": "float32"}
+    bf16 = spec.dtype == "bfloat16" or (spec.dtype == "auto" and torch.cuda.is_bf16_supported())
+    return {"device": device, "dtype": "bfloat16" if bf16 else "float32"}
+
+
 def _eval_before(prep: Prepared) -> list[dict]:
     """SOURCE unpatched and with the plan training-free, on the suite (resumable: finished cases are kept)."""
     from ..eval.runner import run_eval
 
     return run_eval(str(prep.source), [prep.plan.spec], prep.spec.eval_suite, _eval_dir(prep) / "before",
-                    progress=False)
+                    progress=False, **eval_settings(prep.spec))
 
 
 def _eval_after(prep: Prepared, out: Path) -> list[dict]:
@@ -677,7 +689,7 @@ def _eval_after(prep: Prepared, out: Path) -> list[dict]:
     from ..eval.runner import run_eval
 
     return run_eval(str(out), {trained_label(prep): None}, prep.spec.eval_suite, _eval_dir(prep) / "after",
-                    include_baseline=False, progress=False)
+                    include_baseline=False, progress=False, **eval_settings(prep.spec))
 
 
 def _eval_summary(prep: Prepared, before: list[dict], after: list[dict] | None) -> dict:
@@ -695,7 +707,7 @@ def _eval_summary(prep: Prepared, before: list[dict], after: list[dict] | None) 
             row["score"] = m["score"]
         rows.append(row)
     folder = _eval_dir(prep)
-    return {"suite": load_suite(prep.spec.eval_suite).name, "before": str(folder / "before"),
+    return {"suite": load_suite(prep.spec.eval_suite).name, **eval_settings(prep.spec), "before": str(folder / "before"),
             "after": str(folder / "after") if after is not None else None,
             "variants": {BASELINE: "SOURCE as loaded", training_free_label(prep): "SOURCE patched, training-free",
                          trained_label(prep): "this checkpoint (trained), as stock transformers loads it"},
@@ -707,8 +719,9 @@ def _eval_section(prep: Prepared, before: list[dict], after: list[dict] | None) 
     from ..eval.runner import summary_markdown
     from ..eval.suite import load_suite
 
-    plan, folder = prep.plan.spec, _eval_dir(prep).name
-    head = (f"Suite `{load_suite(prep.spec.eval_suite).name}`: `unpatched` is SOURCE as loaded, "
+    plan, folder, where = prep.plan.spec, _eval_dir(prep).name, eval_settings(prep.spec)
+    head = (f"Suite `{load_suite(prep.spec.eval_suite).name}` ({where['device']}, {where['dtype']}): `unpatched` is "
+            "SOURCE as loaded, "
             f"`{training_free_label(prep)}` SOURCE with {plan.method} x{plan.factor:g} training-free, ")
     if after is None:
         head += "before training (the trained checkpoint's column is added when the run finishes)."
