@@ -143,6 +143,8 @@ def test_bad_input_is_refused_in_one_line_before_any_work(tiny_source, tmp_path,
          "fewer than one training window"),
         (["train", str(source), "--method", "nope", "--factor", "4", "--text", str(text), *base], "nope"),
         (["train", str(source), "--method", "dynamic", "--factor", "4", "--text", str(text), *base], "is dynamic"),
+        (["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--loss-chunk", "0",
+          *base], "--loss-chunk 0 must be >= 1"),
         (["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--window", "32",
           "-o", str(source / "inside")], "inside SOURCE"),
         (["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--eval-text", str(text),
@@ -243,12 +245,14 @@ def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global
     DDP launched by `torchrun --nproc_per_node 2` or by `accelerate launch --multi_gpu --num_processes 2`
     (accelerate's torchrun path; its `--cpu` path starts one process, and its multi-CPU path needs mpirun).
     The shipped configs on 2 CPU processes, sharded: configs/accelerate/fsdp.yaml (FSDP2 through
-    `sharding.fsdp_on_cpu`, with FSDP's activation checkpointing and rope-extend's chunked loss) and
-    configs/accelerate/deepspeed-zero3.yaml (ZeRO-3 with zero3_init_flag: the verification copies are built whole);
-    both gather the full weights for the writer, which verifies them."""
+    `sharding.fsdp_on_cpu`, with FSDP's activation checkpointing) and configs/accelerate/deepspeed-zero3.yaml (ZeRO-3
+    with zero3_init_flag: the verification copies are built whole), both with the chunked loss in chunks of 8
+    positions (the LM head called outside the wrapped forward, and again when each chunk is recomputed); both
+    gather the full weights for the writer, which verifies them."""
     source, text = tiny_source
     out = tmp_path / "ddp"
-    _launch(launcher, _args(source, text, out), tmp_path)
+    sharded = launcher.endswith("-config")  # their loss in 4 chunks of 8, each recomputed in the backward
+    _launch(launcher, _args(source, text, out, *(["--loss-chunk", "8"] if sharded else [])), tmp_path)
     summary = json.loads((out / "training.json").read_text())
     assert summary["recipe"]["world_size"] == 2 and summary["recipe"]["accumulation"] == 1
     _assert_same_weights(out, reference, atol=1e-5)

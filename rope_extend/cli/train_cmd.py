@@ -61,6 +61,7 @@ def train_command(
     gradient_checkpointing: Annotated[str, typer.Option(
         "--gradient-checkpointing", help="auto (on when a micro-batch's activations need it; the progress line "
         "says which), on, off.")] = "auto",
+    loss_chunk: Annotated[int | None, typer.Option("--loss-chunk", help="Positions per loss chunk (default: ~256 MiB of float32 logits).")] = None,
     eval_suite: Annotated[str | None, typer.Option("--eval-suite", help="Eval suite before/after; into the card.")] = None,
     eval_text: Annotated[list[Path] | None, typer.Option("--eval-text", help="Held-out text: refused if it overlaps a training text.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT that is a checkpoint (a folder of other files is refused).")] = False,
@@ -83,7 +84,7 @@ def train_command(
         lora=lora, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
         train_embeddings_and_norms=not no_embeddings_norms,
         save_adapter=save_adapter, save_steps=save_steps, logging_steps=logging_steps, dtype=dtype,
-        gradient_checkpointing=gradient_checkpointing,
+        gradient_checkpointing=gradient_checkpointing, loss_chunk=loss_chunk,
         eval_suite=eval_suite, eval_texts=[str(t) for t in eval_text or []], overwrite=overwrite, resume=not restart,
         verify=not no_verify,
     )

@@ -57,6 +57,7 @@ class TrainSpec:
     logging_steps: int = 1
     dtype: str = "auto"  # auto: bfloat16 on a GPU that has it, else float32
     gradient_checkpointing: str = "auto"  # auto | on | off (auto: on when a micro-batch's activations need it)
+    loss_chunk: int | None = None  # positions per loss chunk; None: ~256 MiB of float32 logits (`loss.chunk_tokens_for`)
     eval_suite: str | None = None
     eval_texts: list[str] = field(default_factory=list)  # refused if they overlap a training text
     overwrite: bool = False
@@ -120,6 +121,7 @@ def check_numbers(spec: TrainSpec) -> None:
         (0 <= spec.lora_dropout < 1, f"--lora-dropout {spec.lora_dropout} must be in [0, 1)"),
         (spec.save_steps is None or spec.save_steps >= 1, f"--save-steps {spec.save_steps} must be >= 1"),
         (spec.logging_steps >= 1, f"--logging-steps {spec.logging_steps} must be >= 1"),
+        (spec.loss_chunk is None or spec.loss_chunk >= 1, f"--loss-chunk {spec.loss_chunk} must be >= 1"),
         (spec.dtype in ("auto", "float32", "bfloat16", "float16"),
          f"--dtype {spec.dtype!r} is not one of auto, float32, bfloat16, float16"),
         (spec.gradient_checkpointing in ("auto", "on", "off"),

@@ -318,7 +318,7 @@ def _memory_plan(prep: Prepared, args):
     config = files.load_config(prep.source)
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
     choice = attention.choose(config, _device(), dtype, prep.window)
-    return choice, chunk_tokens_for(compat.text_config(config).vocab_size)
+    return choice, prep.spec.loss_chunk or chunk_tokens_for(compat.text_config(config).vocab_size)
 
 
 def _trainer_class():
@@ -343,7 +343,10 @@ def _trainer_class():
             inputs = dict(inputs)
             labels = inputs.pop("labels")
             head = self.accelerator.unwrap_model(model).get_output_embeddings()
-            with head_input(head) as seen:  # through DDP's forward (its gradient hooks), the head on one token
+            # Through the wrapper's forward (DDP's gradient hooks), the head on one token. The chunks below call
+            # the head again, outside that forward: ZeRO-3's module hooks gather its weight for each call (and each
+            # recomputation); FSDP2 keeps the root's weights unsharded from the forward to its backward.
+            with head_input(head) as seen:
                 outputs = model(**inputs)
             scaled = self.model_accepts_loss_kwargs and num_items_in_batch is not None  # as Trainer.compute_loss
             loss = chunked_causal_lm_loss(seen[0], labels, head, self.loss_chunk_tokens,
@@ -433,12 +436,6 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     note = sharding.note(trainer)
     if note:
         say(note)
-    if chunk and trainer.is_deepspeed_enabled:
-        # The chunks call the LM head outside the engine's forward, where ZeRO-3 holds its weight partitioned:
-        # DeepSpeed runs keep transformers' loss (full logits) and say so.
-        chunk = 0
-        say("loss: transformers' own (full float32 logits of each window) under DeepSpeed: the chunked loss calls "
-            "the LM head outside the engine's forward")
     trainer.tokens_per_step = prep.global_windows * prep.window
     trainer.loss_chunk_tokens = chunk
     trainer.clock_offset = _previous_seconds(resume_from)
