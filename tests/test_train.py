@@ -415,3 +415,34 @@ def test_the_pose_flop_bound_counts_what_torch_counts_in_a_forward():
     ours = matmul_flops_per_token(config, n)
     assert counter.get_total_flops() / n == pytest.approx(ours["weights"] + ours["attention"] * 2 * n / (n + 1))
     assert ours["weights"] == 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_train_push_to_hub_uploads_the_written_checkpoint(tiny_source, tmp_path, monkeypatch, capsys):
+    """`train --push-to-hub` ends with the same publishing code as `patch` (tests/test_hub_push.py), against the
+    local Hub server: after training, the repo receives exactly OUT's files, byte for byte, card and training
+    records included, in one commit; the token is printed nowhere."""
+    from hubserver import HubServer
+    from huggingface_hub import constants
+
+    from rope_extend.hub import upload_files
+
+    source, text = tiny_source
+    secret = "hf_SECRETtoken1234567890abcdef"
+    out = tmp_path / "pushed"
+    with HubServer() as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setenv("HF_TOKEN", secret)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            code = run(["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--window",
+                        "32", "--steps", "2", "--batch-tokens", "64", "--warmup", "0", "-o", str(out),
+                        "--push-to-hub", "me/tiny-trained"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-3000:]
+    assert secret not in printed.out + printed.err
+    repo = hub.repos["me/tiny-trained"]
+    assert repo.files == {name: (out / name).read_bytes() for name in upload_files(out)}
+    assert {"README.md", "config.json", "model.safetensors", "training.json", "training_log.jsonl"} <= set(repo.files)
+    assert len(repo.commits) == 1 and f"pushed: {hub.endpoint}/me/tiny-trained" in printed.out
