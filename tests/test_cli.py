@@ -132,3 +132,29 @@ def test_eval_name_evaluates_the_checkpoint_as_it_loads_under_its_own_name(ckpt,
     assert run(["eval", str(ckpt), "--name", "unpatched", "-o", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--name 'unpatched'" in err[0] and not (tmp_path / "bad").exists()
+
+
+def test_a_key_error_names_the_library_that_raised_it(tmp_path, capsys, monkeypatch):
+    """A KeyError from inside another library (here the stdlib's os.environ) is named as that library's, not as an
+    entry the user's files lack; one raised by rope-extend's own reading keeps the input wording."""
+    import os
+    import types
+
+    from rope_extend import inspect as inspect_module
+
+    def library_failure(*args, **kwargs):
+        return os.environ["ROPE_EXTEND_NO_SUCH_VARIABLE"]
+
+    def read_entry(*args, **kwargs):
+        return {}["rope_theta"]
+
+    own_failure = types.FunctionType(read_entry.__code__, {"__name__": "rope_extend.inspect"})  # raised in rope_extend
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama"}))
+    for failure, wanted in ((library_failure, "KeyError 'ROPE_EXTEND_NO_SUCH_VARIABLE' raised in os: an input may"),
+                            (own_failure, "an input lacks the entry 'rope_theta' that rope-extend needs")):
+        monkeypatch.setattr(inspect_module, "load_config", failure)
+        assert run(["inspect", str(config)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("rope-extend: error:") and wanted in err[0], err

@@ -83,6 +83,21 @@ def _interrupted(signals: _Signals, output: Path | None, atomic: bool) -> int:
     return 128 + int(signum)
 
 
+def _key_error_message(exc: KeyError) -> str:
+    """A KeyError's line: raised while rope-extend read an input, an entry the input lacks; raised inside another
+    library (accelerate, peft, transformers: the innermost frame's module), that library's failure, named."""
+    key = exc.args[0] if exc.args else "?"
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = str(tb.tb_frame.f_globals.get("__name__", "")) if tb is not None else ""
+    if not module or module.split(".")[0] == "rope_extend":
+        return (f"an input lacks the entry {key!r} that rope-extend needs; check the files you passed (--debug "
+                "shows where it was read)")
+    return (f"KeyError {key!r} raised in {module}: an input may lack that entry, or {module.split('.')[0]} met a "
+            "case it does not handle (--debug shows the traceback)")
+
+
 def run(argv: list[str], debug: bool = False) -> int:
     """Run one command line; returns the exit code (never raises for user errors or interrupts)."""
     argv = list(argv)
@@ -105,8 +120,7 @@ def run(argv: list[str], debug: bool = False) -> int:
             traceback.print_exc()
         message = exc
         if isinstance(exc, KeyError) and not isinstance(exc, RopeExtendError):  # a bare key name says nothing
-            message = (f"an input lacks the entry {exc.args[0] if exc.args else '?'!r} that rope-extend needs; "
-                       "check the files you passed (--debug shows where it was read)")
+            message = _key_error_message(exc)
         print(f"rope-extend: error: {' '.join(str(message).split())}", file=sys.stderr)
         return 2
     except RecursionError:  # a user file nested beyond reason that escaped the boundary checks
