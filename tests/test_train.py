@@ -103,6 +103,7 @@ def test_loss_falls_on_a_learnable_text_and_the_card_records_the_run(reference):
     assert losses[0] == pytest.approx(float(torch.log(torch.tensor(49152.0))), abs=0.2)  # random init: ~ln(vocab)
     assert losses[-1] < losses[0] - 1.0, losses  # the 60-word cycle is being learned
     assert summary["tokens_trained"] == STEPS * 64 and summary["recipe"]["pose"] is True
+    assert (summary["precision"], summary["processes"]) == ("float32", "one process (cpu)")
     assert summary["data"][0]["sha256"] == __import__("hashlib").sha256(
         _toy_text().encode()).hexdigest()
     assert summary["loss_means"] == {"steps": 1, "first": losses[0], "last": losses[-1]}  # 6 steps: a tenth is 1
@@ -255,6 +256,9 @@ def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global
     _launch(launcher, _args(source, text, out, *(["--loss-chunk", "8"] if sharded else [])), tmp_path)
     summary = json.loads((out / "training.json").read_text())
     assert summary["recipe"]["world_size"] == 2 and summary["recipe"]["accumulation"] == 1
+    held = LAUNCHERS[launcher].removeprefix("processes: ")
+    assert summary["processes"].startswith(held) and summary["precision"] == "float32"
+    assert f"| processes | {summary['processes']} |" in (out / "README.md").read_text()
     _assert_same_weights(out, reference, atol=1e-5)
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
     same = ("architectures", "rope_scaling", "rope_parameters", "max_position_embeddings", "tie_word_embeddings")

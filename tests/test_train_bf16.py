@@ -106,6 +106,7 @@ def test_half_precision_training_verifies_and_reloads_to_the_trained_logits(sour
     assert {t.dtype for t in saved.values()} == {torch.float32}
     config = json.loads((out / "config.json").read_text())
     assert config.get("dtype", config.get("torch_dtype")) == "float32"
+    assert json.loads((out / "training.json").read_text())["precision"].startswith(f"{dtype} mixed precision")
     source_weights = load_file(str(sources[source] / "model.safetensors"))
     assert any(not torch.equal(saved[k], source_weights[k]) for k in saved)  # trained
     # Reference: the trained model's own logits through its class's forward (no wrapper): beyond the original

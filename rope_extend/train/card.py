@@ -66,6 +66,8 @@ def section(summary: dict[str, Any], eval_summary: str | None = None) -> str:
         ("tokens trained", f"{summary['tokens_trained']:,}"),
         ("wall time", f"{summary['wall_seconds']:.1f} s ({summary['tokens_per_second']:.0f} tokens/s, "
                       f"{summary['device']})"),
+        ("precision", summary.get("precision", "-")),
+        ("processes", summary.get("processes", "-")),
         ("loss", loss_line(summary) or "-"),
     ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)

@@ -450,6 +450,8 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     train_seconds = history[-1]["train_seconds"] if history else time.perf_counter() - started
     tokens = trainer.state.global_step * prep.global_windows * prep.window
     summary = _summary(prep, trainer.state.global_step, tokens, train_seconds, losses)
+    summary["precision"] = _precision(args)
+    summary["processes"] = sharding.describe(trainer)
     if eval_before is not None:
         summary["eval"] = _eval_summary(prep, eval_before, None)
     if sharding.is_sharded(trainer):  # every process gathers; the main one writes from a whole copy
@@ -632,6 +634,15 @@ def _summary(prep: Prepared, steps: int, tokens: int, seconds: float, losses: li
         "last_loss": losses[-1] if losses else None,
         "loss_means": loss_means(losses),
     }
+
+
+def _precision(args) -> str:
+    """The compute precision the Trainer ran in, for training.json and the card."""
+    if args.bf16:
+        return "bfloat16 mixed precision (float32 weights and optimizer state)"
+    if args.fp16:
+        return "float16 mixed precision (float32 weights and optimizer state, loss scaling)"
+    return "float32"
 
 
 def loss_means(losses: list[float]) -> dict | None:
