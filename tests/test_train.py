@@ -223,8 +223,16 @@ def _launch(launcher: str, train_args: list[str], tmp_path: Path) -> subprocess.
     command = [sys.executable, *start, "-m", "rope_extend", *train_args]
     env = {**_child_env(), "HF_HOME": str(tmp_path / "hf-home"), "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+    if result.returncode != 0 and "deepspeed" in launcher and "Signal 6 (SIGABRT)" in result.stderr:
+        # DeepSpeed 0.19.8 on CPU processes: a worker aborted (SIGABRT, no Python traceback) in 2 of ~40 runs of
+        # this test on 2026-12-04, under pytest only, cause not found; one fresh retry, so that a second abort,
+        # a wrong weight or any other failure still fails the test.
+        out = Path(train_args[train_args.index("-o") + 1])
+        for folder in (out, out.parent / f"{out.name}.train-state"):
+            shutil.rmtree(folder, ignore_errors=True)
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     errors = [line for line in result.stderr.splitlines() if "rope-extend: error" in line or "Error" in line]
-    assert result.returncode == 0, "\n".join(errors[:20]) or result.stderr[-3000:]
+    assert result.returncode == 0, "\n".join(errors[:20]) + "\n" + result.stderr[-6000:]
     assert LAUNCHERS[launcher] in result.stderr, result.stderr[-3000:]
     assert "the accelerate config asks for" not in result.stderr
     return result
