@@ -43,9 +43,8 @@ GOAL_LENGTHS = (65536, 131072)  # the prefill goal's lengths
 TRAIN_GOAL = {"window": 65536, "peak_gib": 12.0}  # issue 36 §3: the demo model trains a 64k window in < 12 GiB
 
 
-def run_tests(timeout: int) -> dict:
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs",
-               "tests/test_attention_passes.py"]
+def run_step(command: list[str], timeout: int) -> tuple[int | None, str, float]:
+    """(exit code or None after a timeout, stdout + stderr, seconds) of one step run in the repository root."""
     started = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -54,9 +53,15 @@ def run_tests(timeout: int) -> dict:
         output, rc = f"{expired.stdout or ''}{expired.stderr or ''}\nTIMEOUT after {timeout} s", None
     if isinstance(output, bytes):
         output = output.decode(errors="replace")
+    return rc, output, round(time.perf_counter() - started, 1)
+
+
+def run_tests(timeout: int) -> dict:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs",
+               "tests/test_attention_passes.py"]
+    rc, output, seconds = run_step(command, timeout)
     counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", output)}
-    return {"command": " ".join(command[1:]), "rc": rc, "seconds": round(time.perf_counter() - started, 1),
-            "counts": counts, "tail": output[-4000:]}
+    return {"command": " ".join(command[1:]), "rc": rc, "seconds": seconds, "counts": counts, "tail": output[-4000:]}
 
 
 def run_train_bench(windows: list[int], device: str, dtype: str, steps: int, timeout: int, json_path: Path) -> dict:
@@ -67,16 +72,11 @@ def run_train_bench(windows: list[int], device: str, dtype: str, steps: int, tim
     command = [sys.executable, "bench/train_speed.py", "--device", device, "--dtype", dtype, "--windows",
                *map(str, windows), "--steps", str(steps), "--json", str(json_path),
                "--text", pydoc_data.topics.__file__]
-    started = time.perf_counter()
-    try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        rc, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
-    except subprocess.TimeoutExpired as expired:
-        rc, tail = None, f"TIMEOUT after {timeout} s: {str(expired.stdout or '')[-2000:]}"
+    rc, output, seconds = run_step(command, timeout)
     results = json.loads(json_path.read_text())["results"] if json_path.is_file() else {}
     goal = results.get(str(TRAIN_GOAL["window"]))
-    return {"command": " ".join(["python", *command[1:]]), "rc": rc, "seconds": round(time.perf_counter() - started, 1),
-            "results": results, "tail": tail,
+    return {"command": " ".join(["python", *command[1:]]), "rc": rc, "seconds": seconds, "results": results,
+            "tail": output[-3000:],
             "goal_met": None if goal is None else goal["memory_mib"] / 1024 < TRAIN_GOAL["peak_gib"]}
 
 

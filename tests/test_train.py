@@ -208,8 +208,9 @@ LAUNCHERS = {  # launcher -> the progress line saying how the 2 processes hold t
 }
 
 
-def _launch(launcher: str, train_args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    """`rope-extend train` on 2 CPU processes (gloo) started by `launcher` (a key of LAUNCHERS)."""
+def _launch_command(launcher: str, train_args: list[str], tmp_path: Path) -> tuple[list[str], dict]:
+    """(command, environment) of `rope-extend train` on 2 CPU processes (gloo) started by `launcher` (a key of
+    LAUNCHERS), each launcher on its own port."""
     port = str(29500 + os.getpid() % 1000 + 250 * list(LAUNCHERS).index(launcher))
     if launcher == "torchrun":
         start = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
@@ -221,7 +222,12 @@ def _launch(launcher: str, train_args: list[str], tmp_path: Path) -> subprocess.
         start = ["-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "2",
                  "--mixed_precision", "no", "--main_process_port", port]
     command = [sys.executable, *start, "-m", "rope_extend", *train_args]
-    env = {**_child_env(), "HF_HOME": str(tmp_path / "hf-home"), "CUDA_VISIBLE_DEVICES": ""}
+    return command, {**_child_env(), "HF_HOME": str(tmp_path / "hf-home"), "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _launch(launcher: str, train_args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    """`rope-extend train` on 2 CPU processes (gloo) started by `launcher`, to a successful end."""
+    command, env = _launch_command(launcher, train_args, tmp_path)
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     if result.returncode != 0 and "deepspeed" in launcher and "Signal 6 (SIGABRT)" in result.stderr:
         # DeepSpeed 0.19.8 on CPU processes: a worker aborted (SIGABRT, no Python traceback) in 2 of ~40 runs of
@@ -305,11 +311,7 @@ def test_fsdp_stopped_by_sigterm_resumes_to_the_weights_of_one_uninterrupted_pro
     done = subprocess.run([sys.executable, "-m", "rope_extend", *args(one)], env=_child_env(), capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    port = str(29500 + os.getpid() % 1000 + 250 * len(LAUNCHERS))
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(ROOT / "configs/accelerate/fsdp.yaml"), "--num_processes", "2", "--mixed_precision", "no",
-               "--main_process_port", port, "-m", "rope_extend", *args(two)]
-    env = {**_child_env(), "HF_HOME": str(tmp_path / "hf-home"), "CUDA_VISIBLE_DEVICES": ""}
+    command, env = _launch_command("accelerate-fsdp-config", args(two), tmp_path)
     log = tmp_path / "first.log"
     with log.open("w") as sink:
         proc = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)

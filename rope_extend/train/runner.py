@@ -259,12 +259,18 @@ def _fsdp_checkpoints() -> bool:
             and os.environ.get("FSDP_ACTIVATION_CHECKPOINTING", "false").lower() == "true")
 
 
-def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None = None):
+def _trains_in_bf16(spec: TrainSpec, device: str) -> bool:
+    """bf16 mixed precision: asked for, or `--dtype auto` on a GPU that has bf16."""
     import torch
+
+    return spec.dtype == "bfloat16" or (spec.dtype == "auto" and device == "cuda" and torch.cuda.is_bf16_supported())
+
+
+def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None = None):
     from transformers import TrainingArguments
 
     spec, device = prep.spec, _device()
-    bf16 = spec.dtype == "bfloat16" or (spec.dtype == "auto" and device == "cuda" and torch.cuda.is_bf16_supported())
+    bf16 = _trains_in_bf16(spec, device)
     kwargs = dict(
         output_dir=str(state),
         max_steps=spec.steps,
@@ -407,11 +413,7 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     args = training_arguments(prep, state_dir, checkpointing)
     choice, chunk = _memory_plan(prep, args)
     say(f"attention: {choice.describe()}; {checkpointing_line}; loss in chunks of {chunk:,} positions")
-    model = load_patched_model(prep)
-    base = model
-    if spec.lora:
-        model = lora.wrap(model, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.train_embeddings_and_norms,
-                          spec.seed)
+    model, base = _model_to_train(prep)
     dataset = data.WindowDataset(prep.corpus, prep.window, prep.plan.spec.target_length,
                                  spec.steps * prep.global_windows, spec.seed)
     resumed = 0
@@ -431,8 +433,9 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
         trainer = _trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
                                    callbacks=[control])
     trainer.remove_callback(PrinterCallback)
+    processes = sharding.describe(trainer)
     if world > 1 or sharding.asked():
-        say(f"processes: {sharding.describe(trainer)}")
+        say(f"processes: {processes}")
     note = sharding.note(trainer)
     if note:
         say(note)
@@ -451,13 +454,13 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     tokens = trainer.state.global_step * prep.global_windows * prep.window
     summary = _summary(prep, trainer.state.global_step, tokens, train_seconds, losses)
     summary["precision"] = _precision(args)
-    summary["processes"] = sharding.describe(trainer)
+    summary["processes"] = processes
     if eval_before is not None:
         summary["eval"] = _eval_summary(prep, eval_before, None)
     if sharding.is_sharded(trainer):  # every process gathers; the main one writes from a whole copy
         with _keeping_trained_weights(prep, trainer.state.global_step,
                                       (complete_checkpoints(state_dir) or [None])[-1]):
-            model = sharding.unsharded_model(trainer, lambda: _rebuilt(prep))
+            model = sharding.unsharded_model(trainer, lambda: _whole_copy(prep))
         base = model if not spec.lora else None
     if not main:
         return TrainResult(None, trainer.state.global_step, tokens, train_seconds, *(losses[:1] or [None]),
@@ -468,15 +471,21 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
                        losses[-1] if losses else None, resumed, result.verified, summary)
 
 
-def _rebuilt(prep: Prepared):
-    """The model as training started (patched, LoRA-wrapped when asked), for a sharded run's gathered weights."""
-    with compat.without_zero3_init():  # the main process's whole copy
-        model = load_patched_model(prep)
+def _model_to_train(prep: Prepared):
+    """(the model to train, the base model inside it): SOURCE patched with the plan, LoRA-wrapped when asked (peft
+    changes the base model in place)."""
     spec = prep.spec
-    if spec.lora:
-        model = lora.wrap(model, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.train_embeddings_and_norms,
-                          spec.seed)
-    return model
+    base = load_patched_model(prep)
+    if not spec.lora:
+        return base, base
+    return lora.wrap(base, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.train_embeddings_and_norms,
+                     spec.seed), base
+
+
+def _whole_copy(prep: Prepared):
+    """The model as training started, built whole in this process, for a sharded run's gathered weights."""
+    with compat.without_zero3_init():
+        return _model_to_train(prep)[0]
 
 
 # --- after the optimizer: write OUT, throwing nothing away -----------------------------------------------------------
@@ -674,13 +683,10 @@ def trained_label(prep: Prepared) -> str:
 def eval_settings(spec: TrainSpec) -> dict:
     """Where `--eval-suite` runs, the same before and after: the training's device; float32 on the CPU (as the CPU
     records in eval/reports), bfloat16 on a GPU that trains in it (as the GPU records), float32 when asked."""
-    import torch
-
     device = _device()
     if device == "cpu":
         return {"device": "cpu", "dtype": "float32"}
-    bf16 = spec.dtype == "bfloat16" or (spec.dtype == "auto" and torch.cuda.is_bf16_supported())
-    return {"device": device, "dtype": "bfloat16" if bf16 else "float32"}
+    return {"device": device, "dtype": "bfloat16" if _trains_in_bf16(spec, device) else "float32"}
 
 
 def _eval_before(prep: Prepared) -> list[dict]:
