@@ -40,6 +40,14 @@
 #   tools/run_retrieval_evidence.sh 16x-dc      # ...
 #   tools/run_retrieval_evidence.sh ppl-8x      # perplexity at 2k-64k (the docs text only: the licences are 42k
 #                                               # tokens): unpatched and every 8L variant
+#   tools/run_retrieval_evidence.sh string-filler  # STRING inside the window: passkey at 4k/6k/8k, 20 prompts per length,
+#                                               # classic filler: unpatched, STRING defaults, STRING W = 512
+#   tools/run_retrieval_evidence.sh string-prose   # ... the prose haystack (side by side with string-filler)
+#   tools/run_retrieval_evidence.sh string-ppl     # ... perplexity at 2k/4k/8k on both texts
+#   tools/run_retrieval_evidence.sh string-ruler    # ... lm-eval's own RULER niah_single_1 and niah_multikey_2 at 8k,
+#                                               # 20 prompts each (tools/run_ruler_lm_eval.py)
+#   The string steps run in bfloat16 unless DTYPE is set (on this project's CPUs, with AMX, 3x faster than float32).
+#   Every step appends its command, start, wall time, exit status, commit and machine to OUT/steps.log.
 #   The 8L/16L steps run on DEVICE (cpu unless set, e.g. DEVICE=cuda) in DTYPE (float32 unless set, e.g.
 #   DTYPE=bfloat16), into eval/reports/<folder>-DEVICE-DTYPE unless cpu/float32 (resume does not check the dtype,
 #   so records of two devices never share a folder); on one CPU core a 32k job took 48-98 min, 64k is longer (not
@@ -52,17 +60,33 @@ export PYTHONPATH=$PWD OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread: on a
 S4=eval/reports/smollm2-passkey-4x/suite.yaml  # every reported 4L step reads this one suite: the same prompts for all
 S8=eval/reports/smollm2-passkey-8x/suite.yaml    # every 8L step reads it: the prompts of the GPU 8L records
 S16=eval/reports/smollm2-passkey-16x/suite.yaml  # ... and every 16L step this one
+case "$1" in string*) DTYPE=${DTYPE:-bfloat16} ;; esac  # STRING's steps: bf16 unless set (3x float32 on this CPU)
 DEVICE=${DEVICE:-cpu} DTYPE=${DTYPE:-float32}
 TAG=$([ "$DEVICE/$DTYPE" = cpu/float32 ] || echo "-$DEVICE-$DTYPE" | tr : -)  # e.g. -cuda-bfloat16
-ev() {  # ev SUITE OUT [eval options...]: one resumable eval run, single-threaded and niced
+recorded() {  # recorded OUT COMMAND...: run COMMAND, then append to OUT/steps.log its command, start, wall time,
+  # exit status and machine (every run of a step, resumed ones too: a folder's lines add up to its compute)
+  out=$1; shift
+  if [ -n "$DRY_RUN" ]; then echo "$@"; exit 0; fi
+  start=$(date -u +%Y-%m-%dT%H:%M:%SZ) t0=$(date +%s) rc=0
+  nice -n 10 "$@" || rc=$?
+  mkdir -p "$out"
+  versions=$($PY -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")')
+  cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+  printf '%s  %s s  exit %s  commit %s  %s cores (%s), OMP_NUM_THREADS=%s, %s\n  %s\n' "$start" "$(( $(date +%s) - t0 ))" \
+    "$rc" "$(git rev-parse --short HEAD 2>/dev/null)" "$(nproc)" "$cpu" "$OMP_NUM_THREADS" "$versions" "$*" >> "$out/steps.log"
+  exit $rc
+}
+ev() {  # ev SUITE OUT [eval options...]: one resumable eval run, single-threaded and niced, recorded in OUT/steps.log
   suite=$1 out=$2; shift 2
-  if [ -n "$DRY_RUN" ]; then echo $PY -m rope_extend eval smollm2 --suite "$suite" --interleave -o "$out" "$@"; exit 0; fi
-  exec nice -n 10 $PY -m rope_extend eval smollm2 --suite "$suite" --interleave -o "$out" "$@"
+  recorded "$out" $PY -m rope_extend eval smollm2 --suite "$suite" --interleave -o "$out" "$@"
 }
 evd() {  # evd SUITE OUT [eval options...]: ev on DEVICE in DTYPE, into OUT plus the device tag
   suite=$1 out=$2; shift 2
   ev "$suite" "$out$TAG" --device "$DEVICE" --dtype "$DTYPE" "$@"
 }
+# STRING inside the window (issue 44): the unpatched model, STRING's defaults (S = 0.33 L, W = 128) and W = 512, on
+# the same prompts (VARIANTS replaces the two STRING specs)
+STRING_VARIANTS=${VARIANTS:---spec method=string --spec method=string,local_value=512}
 attn() {  # attn METHOD FACTOR: the defaults and + log_n (the spec file next to the suite)
   echo "--spec method=$1,factor=$2 --spec eval/reports/smollm2-passkey-$2x/$1-x$2-logn.yaml"
 }
@@ -114,5 +138,11 @@ case "$1" in
   16x-dc)     evd $S16 eval/reports/smollm2-passkey-16x-dc --no-baseline $(attn dual-chunk 16) ;;
   ppl-8x)     evd eval/reports/smollm2-ppl-8x/suite.yaml eval/reports/smollm2-ppl-8x --spec method=yarn,factor=8 \
                 --spec method=dynamic,factor=8 $(attn self-extend 8) $(attn dual-chunk 8) ;;
-  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|ppl-2x-freq|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper|2x-dynyarn|8x-freq|8x-se|8x-dc|16x-freq|16x-se|16x-dc|ppl-8x" >&2; exit 2 ;;
+  string-filler) evd eval/reports/smollm2-string/suite-filler.yaml eval/reports/smollm2-string-filler $STRING_VARIANTS ;;
+  string-prose) evd eval/reports/smollm2-string/suite-prose.yaml eval/reports/smollm2-string-prose $STRING_VARIANTS ;;
+  string-ppl) evd eval/reports/smollm2-string/suite-ppl.yaml eval/reports/smollm2-string-ppl $STRING_VARIANTS ;;
+  string-ruler) recorded eval/reports/smollm2-string-ruler$TAG $PY tools/run_ruler_lm_eval.py \
+                -o eval/reports/smollm2-string-ruler$TAG --dtype "$DTYPE" --device "$DEVICE" --length 8192 --limit 20 \
+                --tasks niah_single_1 niah_multikey_2 $STRING_VARIANTS ;;
+  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|ppl-2x-freq|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper|2x-dynyarn|8x-freq|8x-se|8x-dc|16x-freq|16x-se|16x-dc|ppl-8x|string-filler|string-prose|string-ppl|string-ruler" >&2; exit 2 ;;
 esac

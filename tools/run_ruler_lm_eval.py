@@ -1,0 +1,164 @@
+"""lm-eval's own RULER needle tasks on the demo model, unpatched and patched, through rope-extend's lm-eval glue.
+
+    PYTHONPATH=$PWD python tools/run_ruler_lm_eval.py -o eval/reports/smollm2-string-ruler \
+        --tasks niah_single_1 niah_multikey_2 --length 8192 --limit 20 --dtype bfloat16 \
+        --spec method=string --spec method=string,local_value=512
+
+Each (variant, task) is one resumable step: its lm-eval result is written to OUT/<variant>/<task>.json when it
+finishes, and a rerun of the same command skips the finished ones. OUT/steps.jsonl records every step's command,
+wall time and machine. The prompts are lm-eval's (`lm_eval.tasks.ruler`, generated for the model's tokenizer: the
+same prompts for every variant, the first --limit of each length); scoring is lm-eval's (`score,none` = share of
+the needle values the answer contains). OUT/summary.md pools them, with Wilson intervals and the paired
+difference to the unpatched model on the same prompts.
+
+Needs `pip install ".[ruler]"` (lm-eval imports wonderwords and nltk for these tasks; nltk's failed download of
+punkt_tab is harmless: only the essay haystacks split sentences). `niah_multikey_1` (and every `essay` haystack) loads Paul Graham's essays from the Hugging Face Hub, which this
+machine cannot reach: use the `needle`-haystack multikey task `niah_multikey_2` (distractor needles as the
+haystack) offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def machine() -> dict:
+    import torch
+    import transformers
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+
+
+def per_sample_scores(result: dict, task: str) -> list[float]:
+    """lm-eval's per-document scores (log_samples), in document order."""
+    samples = result.get("samples", {}).get(task, [])
+    out = []
+    for s in sorted(samples, key=lambda s: s["doc_id"]):
+        value = None
+        for key, v in s.items():
+            if key.isdigit() and isinstance(v, (int, float)) and v >= 0:
+                value = float(v)
+        out.append(value)
+    return out
+
+
+def run_step(model_path, spec, task, length, limit, dtype, device) -> dict:
+    from rope_extend.eval.lm_tasks import run_lm_eval
+    from rope_extend.eval.variants import apply_spec, load_model
+
+    model, tok = load_model(model_path, dtype=dtype, device=device)
+    report = apply_spec(model, spec)
+    result = run_lm_eval(model, tok, [task], lengths=[length], limit=limit, log_samples=True,
+                         metadata={"tokenizer": str(model_path)})
+    scores = per_sample_scores(result, task)
+    return {"task": task, "length": length, "limit": limit, "spec": spec, "dtype": dtype, "device": device,
+            "patch_report": str(report) if report is not None else None,
+            "results": result["results"][task], "scores": scores,
+            "outputs": [s.get("resps") for s in sorted(result.get("samples", {}).get(task, []),
+                                                       key=lambda s: s["doc_id"])]}
+
+
+def summarize(out: Path) -> str:
+    from rope_extend.eval.stats import newcombe_paired_interval, wilson_interval
+
+    rows = []
+    base = {}
+    records = {}
+    for path in sorted(out.glob("*/*.json")):
+        rec = json.loads(path.read_text())
+        records[(path.parent.name, rec["task"])] = rec
+        if path.parent.name == "unpatched":
+            base[rec["task"]] = rec["scores"]
+    lines = ["| variant | task | length | all needles found [95 % Wilson] k/n | paired difference vs unpatched "
+             "[95 % Newcombe]: gained / lost |", "|---|---|---|---|---|"]
+    for (variant, task), rec in sorted(records.items(), key=lambda kv: (kv[0][1], kv[0][0] != "unpatched", kv[0][0])):
+        s = [x for x in rec["scores"] if x is not None]
+        k = sum(1 for x in s if x >= 1.0)
+        lo, hi = wilson_interval(k, len(s))
+        paired = ""
+        if variant != "unpatched" and task in base:
+            b = base[task]
+            mine, ref = [x is not None and x >= 1.0 for x in rec["scores"]], [y is not None and y >= 1.0 for y in b]
+            est, dlo, dhi = newcombe_paired_interval(mine, ref)
+            gained = sum(1 for x, y in zip(mine, ref) if x and not y)
+            lost = sum(1 for x, y in zip(mine, ref) if y and not x)
+            paired = f"{est:+.2f} [{dlo:+.2f}, {dhi:+.2f}]: +{gained} / -{lost}"
+        mean = sum(s) / len(s) if s else float("nan")
+        rows.append(f"| {variant} | {task} | {rec['length']} | {k / max(1, len(s)):.2f} [{lo:.2f}, {hi:.2f}] "
+                    f"{k}/{len(s)} (mean score {mean:.2f}) | {paired} |")
+    text = "\n".join(lines + rows) + "\n"
+    (out / "summary.md").write_text(text)
+    return text
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--tasks", nargs="+", default=["niah_single_1", "niah_multikey_2"])
+    ap.add_argument("--length", type=int, default=8192)
+    ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--spec", action="append", default=[], help="inline spec (method=string,...) or a YAML path")
+    ap.add_argument("--no-baseline", action="store_true")
+    args = ap.parse_args(argv)
+
+    from rope_extend.eval.variants import make_variants, parse_spec_arg
+
+    model_path = args.model
+    if model_path == "smollm2":
+        from rope_extend.demo_model import smollm2_path
+
+        model_path = smollm2_path()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    variants = make_variants([parse_spec_arg(s) for s in args.spec], include_baseline=not args.no_baseline)
+    command = "PYTHONPATH=$PWD python " + shlex.join(["tools/run_ruler_lm_eval.py", *(argv or sys.argv[1:])])
+    for variant in variants:
+        for task in args.tasks:
+            dest = out / variant.name / f"{task}.json"
+            if dest.exists():
+                print(f"{variant.name} {task}: done earlier ({dest})", flush=True)
+                continue
+            print(f"{variant.name} {task}: {args.limit} prompts of {args.length} tokens ...", flush=True)
+            started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            t0 = time.perf_counter()
+            rec = run_step(model_path, variant.spec_dict(), task, args.length, args.limit, args.dtype, args.device)
+            rec["seconds"] = round(time.perf_counter() - t0, 1)
+            rec["variant"] = variant.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_suffix(".tmp")
+            tmp.write_text(json.dumps(rec, indent=1, default=str))
+            tmp.replace(dest)
+            with open(out / "steps.jsonl", "a") as fh:
+                fh.write(json.dumps({"command": command, "variant": variant.name, "task": task,
+                                     "started": started, "seconds": rec["seconds"], "machine": machine()}) + "\n")
+            print(f"{variant.name} {task}: {rec['results']} in {rec['seconds']} s", flush=True)
+    print(summarize(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
