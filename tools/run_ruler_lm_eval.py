@@ -12,9 +12,9 @@ the needle values the answer contains). OUT/summary.md pools them, with Wilson i
 difference to the unpatched model on the same prompts.
 
 Needs `pip install ".[ruler]"` (lm-eval imports wonderwords and nltk for these tasks; nltk's failed download of
-punkt_tab is harmless: only the essay haystacks split sentences). `niah_multikey_1` (and every `essay` haystack) loads Paul Graham's essays from the Hugging Face Hub, which this
-machine cannot reach: use the `needle`-haystack multikey task `niah_multikey_2` (distractor needles as the
-haystack) offline.
+punkt_tab is harmless: only the essay haystacks split sentences). `niah_multikey_1` (and every `essay` haystack)
+loads Paul Graham's essays from the Hugging Face Hub, which this machine cannot reach: use the `needle`-haystack
+multikey task `niah_multikey_2` (distractor needles as the haystack) offline.
 """
 
 from __future__ import annotations
