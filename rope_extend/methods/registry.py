@@ -266,6 +266,11 @@ class RopeMethod:
         return None
 
     # -- docs -------------------------------------------------------------------------------------------------
+    def describe(self, spec: RopeSpec) -> str:
+        """A resolved spec's parameters in words (reports)."""
+        values = {key: getattr(spec, key) for key in self.params if getattr(spec, key, None) is not None}
+        return ", ".join(f"{key} {value}" for key, value in values.items()) or "no parameters"
+
     def param_doc(self) -> str:
         shown = {k: p.default if p.default is not None else p.derived for k, p in self.params.items()}
         return ", ".join(k if v is None else f"{k}={v}" for k, v in shown.items()) or "none"
