@@ -173,7 +173,8 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
         method = None
     else:
         spec = load_spec(spec, **kwargs)
-        if facts.is_scaled:
+        keeps = spec.rope_method.keeps_scheme  # STRING: the model's scheme stays, so nothing is re-derived
+        if facts.is_scaled and not keeps:
             if not spec.replace_existing:
                 notes.append(
                     f"the model already ships {current_type} scaling; shown: {spec.method} re-derived from the "
@@ -195,6 +196,10 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
         if dynamic:
             notes.append(f"{method} is dynamic: frequencies shown at {target} tokens; below {original} it is the "
                          "original RoPE")
+        if keeps:
+            notes.append(f"{method} keeps the model's RoPE ({plan.kept_scheme}; 'new' is that scheme, 'old' the bare "
+                         f"RoPE) and remaps attention distances instead: {plan.method.describe(resolved)}")
+            factor = float(plan.slots[slot].get("factor") or 1.0)  # the regimes of the kept scheme
         if len(plan.targets) > 1 or len(slots) > 1:
             untouched = [s for s in slots if s not in plan.targets]
             if untouched:
@@ -294,7 +299,10 @@ def recommend(config, target_length: int) -> Recommendation:
         reasons.append(
             f"the model already serves {current_max} tokens ({current_type} RoPE) >= {target_length}: no scaling needed"
         )
-        return Recommendation(target_length, original, factor, None, {}, reasons, costs)
+        inside = {"string": "if the model misses distant keys inside the window it already has: STRING, in-process "
+                  "(rope_extend.patch_model), keeps its RoPE and remaps the rarely trained large distances onto "
+                  "small ones (docs/attention-methods.md, 'STRING')"}
+        return Recommendation(target_length, original, factor, None, inside, reasons, costs)
     if factor <= 1:
         reasons.append(f"target {target_length} <= original length {original}: no scaling needed")
         return Recommendation(target_length, original, factor, None, {}, reasons, costs)

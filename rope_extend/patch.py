@@ -44,6 +44,7 @@ class PatchReport:
     changed: bool
     spec: RopeSpec
     warnings: list[str] = field(default_factory=list)
+    kept_scheme: str | None = None  # a method that keeps the model's RoPE (STRING): that scheme, in words
 
     @classmethod
     def of(cls, plan: PatchPlan, modules: list[str], changed: bool) -> PatchReport:
@@ -58,10 +59,17 @@ class PatchReport:
             changed=changed,
             spec=plan.spec,
             warnings=list(plan.warnings),
+            kept_scheme=plan.kept_scheme,
         )
 
     def __str__(self) -> str:
         what = "patched" if self.changed else "unchanged (already patched with this spec)"
+        if self.kept_scheme is not None:
+            return (
+                f"{self.method}: {what}, on top of the model's own RoPE ({self.kept_scheme}, attention factor "
+                f"{self.attention_factor:.4f}, kept); window {self.new_max_position_embeddings}; "
+                f"{self.spec.rope_method.describe(self.spec)}; modules: {', '.join(self.modules)}"
+            )
         return (
             f"{self.method} x{self.factor:g}: {what}; max length {self.old_max_position_embeddings} -> "
             f"{self.new_max_position_embeddings} (original {self.original_max_position_embeddings}); "

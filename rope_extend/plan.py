@@ -79,6 +79,10 @@ class PatchPlan:
     rotary_dims: dict[str | None, int]
     attention_factor: float
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    # Methods that keep the model's scheme (STRING): its own (inv_freq, attention factor) per target slot, and what
+    # that scheme is in words.
+    own_rope: dict = field(default_factory=dict)
+    kept_scheme: str | None = None
 
     @property
     def method(self) -> RopeMethod:
@@ -97,12 +101,18 @@ class PatchPlan:
         )
 
     def compute(self, slot: str | None, seq_len: int | None = None, device=None) -> tuple[torch.Tensor, float]:
-        """rope-extend's own (inv_freq, attention factor) for a target slot."""
+        """rope-extend's own (inv_freq, attention factor) for a target slot (the model's own where it is kept)."""
+        if self.method.keeps_scheme:
+            inv_freq, attention = self.own_rope[slot]
+            return inv_freq.to(device), attention
         return self.method.compute(self.context(slot, seq_len, device))
 
     def is_identity(self) -> bool:
         """True when the planned RoPE equals the unscaled one at every length up to the target (e.g. a factor of 1
-        for a method without per-dimension lists): patching would change nothing."""
+        for a method without per-dimension lists): patching would change nothing. Never for a method that acts on
+        attention (it changes the attention, whatever the RoPE)."""
+        if self.method.acts_on_attention:
+            return False
         for slot in self.targets:
             for seq_len in (None, self.spec.target_length):
                 inv_freq, attention = self.compute(slot, seq_len=seq_len)
@@ -113,6 +123,8 @@ class PatchPlan:
 
     def expected_stock(self, slot: str | None) -> tuple[torch.Tensor, float]:
         """What stock loaders build at construction from the written config (dynamic-yarn: static YaRN)."""
+        if self.method.keeps_scheme:
+            return self.own_rope[slot]
         return self.method.stock_method.compute(self.context(slot))
 
 
@@ -188,7 +200,9 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
                 f"model type {facts.model_type!r}: {where} use {VARIANT_ROPE[variant]}; rope-extend cannot rescale "
                 f"them{hint}"
             )
-    resolved = spec.resolve(spec.original_max_position_embeddings or facts.original_length(targets[0]))
+    # a method that keeps the scheme works inside the window the model claims (Llama 3.1: 131072, not 8192)
+    window = facts.pristine_max_position_embeddings if spec.rope_method.keeps_scheme else None
+    resolved = spec.resolve(spec.original_max_position_embeddings or window or facts.original_length(targets[0]))
     method = resolved.rope_method
     resolved = method.fill_params(resolved)  # derived parameters written out (self-extend's G and W, ...)
     base_theta = float(resolved.rope_theta or pristine[targets[0]]["rope_theta"])
@@ -214,6 +228,11 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
     }
     if method.marker_note(resolved):
         new_marker["stock_loaders"] = method.marker_note(resolved)
+    own_rope, kept = {}, None
+    if method.keeps_scheme:  # the model's own RoPE as stock transformers builds it from the pristine config
+        shipped = compat.stock_config(config, pristine, facts.pristine_max_position_embeddings, None)
+        own_rope = {target: compat.stock_rope(shipped, target) for target in targets}
+        kept = _describe(pristine, targets, None)
     plan = PatchPlan(
         spec=resolved,
         slots=new_slots,
@@ -227,6 +246,8 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         rotary_dims=rotary_dims,
         attention_factor=1.0,
         warnings=tuple(method.loader_notes(resolved)),
+        own_rope=own_rope,
+        kept_scheme=kept,
     )
     # The attention factor stock loaders will build; methods that have one write it explicitly.
     if method.writes_attention_factor:
@@ -239,7 +260,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         and (marker is None or marker.get("spec") == new_marker["spec"])  # e.g. dynamic-yarn vs yarn
         and (marker is not None or not method.acts_on_attention)  # the config alone does not show these
     )
-    if changed and facts.is_scaled and not resolved.replace_existing:
+    if changed and facts.is_scaled and not resolved.replace_existing and not method.keeps_scheme:
         raise AlreadyScaledError(
             f"the model already carries RoPE scaling ({_describe(facts.slots, targets, marker)}); applying "
             f"{resolved.method} on top would double-scale. Set replace_existing: true (CLI: --set "

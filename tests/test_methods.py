@@ -56,7 +56,7 @@ def ref_ramp_blend(dim, base, original, factor, beta_fast=32.0, beta_slow=1.0, t
 def reference(method, dim, base, original, factor, seq_len=None, params=None):
     params = params or {}
     theta = ref_theta(dim, base)
-    if method in ("self-extend", "dual-chunk"):  # act on attention: the RoPE stays the original one
+    if method in ("self-extend", "dual-chunk", "string"):  # act on attention: the RoPE stays the original one
         return theta, 1.0
     if method == "linear":
         return theta / factor, 1.0
@@ -101,7 +101,7 @@ def longrope_lists(dim, factor):
 def test_every_method_is_covered():
     assert sorted(method_names()) == sorted(
         ["linear", "ntk", "dynamic", "ntk-by-parts", "yarn", "dynamic-yarn", "llama3", "longrope", "self-extend",
-         "dual-chunk"]
+         "dual-chunk", "string"]
     )
 
 

@@ -42,7 +42,7 @@ import weakref
 
 import torch
 
-from .maps import DualChunkMap, SelfExtendMap, log_n_factor, rotate, rotation  # noqa: F401 (re-exported)
+from .maps import DualChunkMap, SelfExtendMap, StringMap, log_n_factor, rotate, rotation  # noqa: F401 (re-exported)
 from .passes import passes_attention
 from .primitives import fused_kernel, primitive_for
 
@@ -126,8 +126,9 @@ def remapped_attention(
                          f"contiguous positions in every row; here: {case}")
     if path == "fused" and (query.device.type != "cpu" or fused_kernel() is None or not hasattr(mapping, "segments")):
         raise ValueError("the fused path needs a CPU tensor and torch's fused CPU attention kernel")
+    scaling = scaling * mapping.logit_scale
     moved = None
-    if path != "fused" or mapping.moves_keys:
+    if mapping.key_shift is not None and (path != "fused" or mapping.moves_keys):  # STRING moves no key
         moved = moved_keys(mapping, key, k_pos.expand(query.shape[0], n_k), inv_freq, memo, key_store)
     if path == "general":
         return _blocked_attention(query, key, value, q_pos, k_pos, attention_mask, scaling, mapping, inv_freq,
@@ -263,7 +264,7 @@ def _fused_attention(query, key, value, moved, q_pos, n_k, first, scaling, mappi
         if factor is not None:
             q_v = q_v * factor[:, None].to(q_v.dtype)
         queries.append(q_v.reshape(batch, kv_heads, rep, n_q, dim))
-    keys = [key if q_shift is None else moved for q_shift in mapping.query_shifts(row[:, :1])]
+    keys = [key if q_shift is None or moved is None else moved for q_shift in mapping.query_shifts(row[:, :1])]
     out = value.new_empty(batch, kv_heads, rep, n_q, value.shape[-1])
     edges = [0, *[p - first - offset for p in mapping.split_points(first + offset, first + n_k)], n_q]
     bounds, masks = [], memo.setdefault("masks", {}) if memo is not None else {}
@@ -348,7 +349,7 @@ def _blocked_attention(query, key, value, q_pos, k_pos, attention_mask, scaling,
     k_pos = k_pos.to(query.device).expand(batch, n_k)
     key, value = key[:, :, :n_k], value[:, :, :n_k]
 
-    moved = moved[:, :, None]
+    moved = (key if moved is None else moved)[:, :, None]  # None: the map moves no key (STRING)
     maps = []
     for q_shift in mapping.query_shifts(q_pos):
         q_v = query * scaling if q_shift is None else rotate(query, *rotation(q_shift, inv_freq)) * scaling

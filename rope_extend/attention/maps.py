@@ -44,6 +44,7 @@ class SelfExtendMap:
         return []  # any block of query positions works
 
     moves_keys = True  # the fused path needs the keys moved by the key shift (it differs from key to key)
+    logit_scale = 1.0  # every logit times this (STRING's attention_factor squared; 1 here)
 
     def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool, int | None]]:
         """The fused path's key segments for the queries at positions [a, b): (map, first key position, key stop,
@@ -87,6 +88,7 @@ class DualChunkMap:
         return list(range((start // s + 1) * s, stop, s))
 
     moves_keys = False  # the key shift is one per chunk: the fused path rotates the queries by its inverse instead
+    logit_scale = 1.0
 
     def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool, int | None]]:
         """As SelfExtendMap.segments, for queries [a, b) inside one chunk: each older chunk (inter-chunk), the
@@ -97,6 +99,41 @@ class DualChunkMap:
         older = [(2, c * s, (c + 1) * s, True, -c * s) for c in range(first // s - 1)]
         previous = [(1, first - s, first, True, s - first)] if first else []
         return [*older, *previous, (0, first, a, True, None), (0, a, b, False, None)]
+
+
+@dataclass(frozen=True)
+class StringMap:
+    """STRING: distances d >= S (`shifted_offset`) become d - S + W (`local_value`); the keys stay where the model
+    rotated them and the shifted map moves every query by the one constant W - S."""
+
+    shifted_offset: int
+    local_value: int
+    logit_scale: float = 1.0  # every logit times this (the squared attention_factor on cos and sin)
+
+    key_shift = None  # the keys are never moved: every path scores the shifted map against the original keys
+
+    def query_shifts(self, q_pos: torch.Tensor) -> list[torch.Tensor | None]:
+        return [None, torch.full_like(q_pos, self.local_value - self.shifted_offset)]
+
+    def far_threshold(self, q_min: int) -> int:
+        return q_min - self.shifted_offset + 1
+
+    def select(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return (q_pos - k_pos >= self.shifted_offset).to(torch.int8)
+
+    def is_identity(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
+        """Every distance below S and no logit scale: the original attention."""
+        return self.logit_scale == 1.0 and int(q_pos.max()) - int(k_pos.min()) < self.shifted_offset
+
+    def split_points(self, start: int, stop: int) -> list[int]:
+        return []
+
+    moves_keys = False
+
+    def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool, int | None]]:
+        """As SelfExtendMap.segments with S for W; the shifted map's keys are the original ones."""
+        s = self.shifted_offset
+        return [(1, 0, a - s + 1, True, None), (1, a - s + 1, b - s, False, None), (0, a - s + 1, b, False, None)]
 
 
 def rotation(shift: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,8 @@ pairs of one map form a simple region of the (query, key) plane. A *pass* is one
 
 SelfExtend, window W, group G: neighbour (original q, original k, 0 <= p_i - p_j < W) and grouped (q at
 p_i // G + W - W // G, k at p_j // G, p_i - p_j >= W).
+STRING, shifted_offset S, local_value W: neighbour (original q, original k, 0 <= p_i - p_j < S) and shifted (q at
+p_i - S + W, original k, p_i - p_j >= S).
 Dual chunk, chunk length s = chunk_size - local_window, c = chunk_size; keys moved once to p_j mod s (for all three
 passes, unlike the CPU fused path, which rotates queries per chunk instead): intra (q at p_i mod s, same chunk,
 causal), successive (q at min(p_i mod s + s, c), previous chunk), inter (q at c, chunks two or more back).
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .maps import DualChunkMap, SelfExtendMap, log_n_factor, rotate, rotation
+from .maps import DualChunkMap, SelfExtendMap, StringMap, log_n_factor, rotate, rotation
 
 ROTATE_QUERIES = 8192  # queries rotated per step (bounds the float32 temporaries at long prompts)
 MERGE_QUERIES = 8192  # queries merged per step (likewise)
@@ -96,6 +98,13 @@ def method_passes(mapping, q0: int, k0: int, device) -> list[Pass]:
                  lambda p: (p // s * s - s, p // s * s), device),
             Pass("inter", lambda q_pos: mapping.query_shifts(q_pos)[2], True, (q0, k0, s, 2, FAR),
                  lambda p: (k0, p // s * s - s), device),
+        ]
+    if isinstance(mapping, StringMap):
+        s = mapping.shifted_offset
+        return [
+            Pass("neighbour", None, False, (q0, k0, 1, 0, s), lambda p: (p - s + 1, p + 1), device),
+            Pass("shifted", lambda q_pos: mapping.query_shifts(q_pos)[1], False, (q0, k0, 1, s, FAR),
+                 lambda p: (k0, p - s + 1), device),
         ]
     raise TypeError(f"no passes for {type(mapping).__name__}")
 

@@ -32,7 +32,9 @@ def _spec(method, factor, target_length, config_file, advice) -> RopeSpec | None
         if advice.method is None:  # no scaling needed: show the model as it is
             return None
         return RopeSpec(method=advice.method, target_length=target_length)
-    if factor is None and target_length is None:
+    from ..methods import get_method
+
+    if factor is None and target_length is None and get_method(method).needs_factor:
         fail(f"--method {method} needs --factor or --target-length")
     return RopeSpec.from_sources(None, overrides)
 

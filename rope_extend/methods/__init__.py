@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (register)
     ntk,
     ntk_by_parts,
     self_extend,
+    string,
     yarn,
 )
 from .registry import (

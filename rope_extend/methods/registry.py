@@ -145,6 +145,9 @@ class RopeMethod:
     # Acts on attention (self-extend, dual-chunk): the RoPE stays the original one and `install_attention` remaps
     # the positions attention sees; stock loaders serve the original model.
     acts_on_attention: ClassVar[bool] = False
+    # Keeps the model's own RoPE scheme as shipped (STRING): the config is unchanged and `PatchPlan.compute` is the
+    # model's own frequencies and attention factor, on which `install_attention` builds.
+    keeps_scheme: ClassVar[bool] = False
     static_counterpart: ClassVar[str | None] = None  # the static method a dynamic one becomes where it cannot run
     needs_factor: ClassVar[bool] = True
     # The transformers `rope_type` written to the config slot; stock loaders build this method from it.
@@ -263,6 +266,11 @@ class RopeMethod:
         return None
 
     # -- docs -------------------------------------------------------------------------------------------------
+    def describe(self, spec: RopeSpec) -> str:
+        """A resolved spec's parameters in words (reports)."""
+        values = {key: getattr(spec, key) for key in self.params if getattr(spec, key, None) is not None}
+        return ", ".join(f"{key} {value}" for key, value in values.items()) or "no parameters"
+
     def param_doc(self) -> str:
         shown = {k: p.default if p.default is not None else p.derived for k, p in self.params.items()}
         return ", ".join(k if v is None else f"{k}={v}" for k, v in shown.items()) or "none"

@@ -1,0 +1,163 @@
+"""STRING (An et al. 2025, "Why Does the Effective Context Length of LLMs Fall Short?", ShifTed Rotray position
+embeddING): the well-trained small distances overwrite the rarely trained large ones, inside the window.
+
+For a query at position i and a key at j (distance d = i - j): d < S (`shifted_offset`) keeps d; d >= S uses
+d - S + W (`local_value`). Two passes merged exactly by log-sum-exp (`rope_extend.attention`): a neighbour pass
+(original positions, d < S) and a shifted pass (queries rotated at i - S + W, original keys, d >= S). The keys are
+never moved, so the KV cache holds the model's own rotated keys and a decoding step rotates no key.
+
+It keeps the model's RoPE as shipped (Llama 3.1's llama3 x8, Qwen2.5's YaRN, Gemma 3's per-layer-type RoPE): the
+rotations use the model's own inverse frequencies and attention factor, and the config is left unchanged.
+
+Decisions (docs/attention-methods.md, "STRING"; each pinned by a test in tests/test_string.py):
+- d = S is shifted (the paper's rule, and the authors' decoding step). The authors' prefill
+  (`string_for_llama.py`) counts d = S in both passes (a flash-attn window of [S, 0] includes it), so their
+  decoding differs from their prefill; here a prefill, a prefill in pieces and token-by-token decoding agree.
+- `attention_factor` multiplies cos and sin of every query and key (every logit by its square), on top of the
+  model's own attention factor. The authors' code sets 0.1·ln 2 + 1 (YaRN's at s = 2) for Llama and Qwen2; the
+  paper's method has none, so the default is 1: the original model for every distance below S. Set
+  attention_factor=1.0693 for the authors' code.
+- Beyond the window L (a target N > L): S is raised to N - L + W when needed, so the largest distance used,
+  N - 1 - S + W, stays below L; S may not exceed L, so N <= 2L - W. Longer targets are refused, naming
+  self-extend, dual-chunk and yarn. Without a target, N = L.
+"""
+
+from __future__ import annotations
+
+from .attention import AttentionMethod
+from .registry import EngineRule, Param, register
+
+SHIFTED_SHARE = 0.33  # the authors' default shifted_offset, as a share of the window (they suggest 0.25-0.4)
+AUTHORS_ATTENTION_FACTOR = 1.0693147180559945  # 0.1·ln 2 + 1, what the authors' string_for_llama.py sets
+UNSUPPORTED_SCHEMES = ("dynamic", "longrope")  # their frequencies change with the length: no one rotation to keep
+
+
+def largest_distance(n: int, shifted_offset: int, local_value: int) -> int:
+    """The largest distance a prompt of n tokens uses (query n - 1, key 0)."""
+    return n - 1 if n - 1 < shifted_offset else n - 1 - shifted_offset + local_value
+
+
+def minimum_offset(target: int, window: int, local_value: int) -> int:
+    """The smallest S whose largest distance N - 1 - S + W stays below L (0 inside the window)."""
+    return max(0, target - window + local_value)
+
+
+class String(AttentionMethod):
+    name = "string"
+    aliases = ()
+    needs_factor = False
+    keeps_scheme = True
+    params = {
+        "shifted_offset": Param(int, None, "S: distances d >= S become d - S + W (the authors: 0.25-0.4 of the "
+                                "window); default 0.33·L, raised to N - L + W for a target N beyond L",
+                                positive=True, derived="0.33·L"),
+        "local_value": Param(int, 128, "W: the distance the key at d = S takes (the authors: 128; 256 or 512 when "
+                             "results disappoint)", positive=True),
+        "attention_factor": Param(float, 1.0, "multiplies cos and sin of every query and key, so every logit by "
+                                  "its square (the authors' code: 0.1·ln 2 + 1 = 1.0693)", positive=True),
+    }
+    formula = "the model's own θ_i (its scheme kept); distance d if d < S else d − S + W"
+    attention = "the model's own × attention_factor (default 1; the authors' code 0.1·ln 2 + 1)"
+    use_when = ("Inside the window a model already claims, when it misses distant keys there (the authors: Llama "
+                "3.1 and Qwen2 at 128k); keeps a shipped scheme; in-process with rope_extend.patch_model (stock "
+                "engines serve the model without it); targets up to 2L − W")
+    paper = "https://arxiv.org/abs/2410.18745"
+    llama_cpp_note = (
+        "llama.cpp has no STRING (the authors ship a fork of vLLM 0.5 only); serve the model as it is, or in-process "
+        "with rope_extend.patch_model"
+    )
+
+    def validate(self, spec) -> None:
+        offset, local = spec.shifted_offset, spec.local_value
+        if offset is not None and local is not None and local >= offset:
+            raise ValueError(
+                f"local_value {local} must be below shifted_offset {offset} (the key at distance S moves to W, so "
+                f"W >= S would move distances up, not down); lower local_value or raise shifted_offset"
+            )
+        if spec.replace_existing:
+            raise ValueError(
+                "replace_existing does not apply to string: it keeps the model's own RoPE scheme and remaps "
+                "attention positions on top; remove replace_existing"
+            )
+
+    def fill_params(self, spec):
+        L, N = spec.original_max_position_embeddings, spec.target_length
+        local = spec.local_value if spec.local_value is not None else self.params["local_value"].default
+        need = minimum_offset(N, L, local)
+        if N > 2 * L - local:
+            raise self._error(
+                f"string keeps every distance inside the window L = {L} by shifting, which reaches at most "
+                f"2L - W = {2 * L - local} tokens (local_value W = {local}), below the target {N}; for longer "
+                "inputs use self-extend, dual-chunk or yarn", "target_length", N)
+        offset = spec.shifted_offset if spec.shifted_offset is not None else max(int(SHIFTED_SHARE * L), need)
+        if offset > L:
+            raise self._error(
+                f"shifted_offset {offset} is beyond the window L = {L}: the neighbour pass would use distances the "
+                f"model never saw; choose at most {L} (default {int(SHIFTED_SHARE * L)})", "shifted_offset", offset)
+        if offset < need:
+            raise self._error(
+                f"shifted_offset {offset} lets the target length {N} use distance {N - 1 - offset + local}, beyond "
+                f"the window L = {L}: raise it to at least N - L + W = {need}, or lower the target",
+                "shifted_offset", offset)
+        if local >= offset:
+            raise self._error(
+                f"local_value {local} must be below shifted_offset {offset}; lower local_value", "local_value", local)
+        factor = spec.attention_factor if spec.attention_factor is not None else 1.0
+        return spec.model_copy(update={"shifted_offset": int(offset), "local_value": int(local),
+                                       "attention_factor": float(factor)})
+
+    def describe(self, spec) -> str:
+        """The resolved parameters in words (the patch report)."""
+        return (f"shifted_offset S {spec.shifted_offset}, local_value W {spec.local_value}, attention_factor "
+                f"{spec.attention_factor:g}: distances d >= S use d - S + W, the largest "
+                f"{largest_distance(spec.target_length, spec.shifted_offset, spec.local_value)} at target length "
+                f"{spec.target_length}")
+
+    def mapping(self, spec):
+        from ..attention.kernels import StringMap
+
+        return StringMap(int(spec.shifted_offset), int(spec.local_value), float(spec.attention_factor) ** 2)
+
+    # -- config: the model's own scheme, unchanged ------------------------------------------------------------
+    def config_slot(self, spec, base_slot: dict, rotary_dim: int, base_theta: float) -> dict:
+        from ..errors import UnsupportedModelError
+
+        kind = base_slot.get("rope_type", "default")
+        if kind in UNSUPPORTED_SCHEMES:
+            raise UnsupportedModelError(
+                f"string keeps the model's own RoPE, but this model's {kind} scheme changes its frequencies with the "
+                "length, so there is no one rotation to remap; use self-extend or dual-chunk"
+            )
+        return dict(base_slot)
+
+    def marker_note(self, spec) -> str | None:
+        return (
+            f"the model as it is (its RoPE and max_position_embeddings {spec.original_max_position_embeddings} "
+            "unchanged): string acts on attention; call rope_extend.patch_model(model) after loading to re-apply it"
+        )
+
+    def loader_notes(self, spec) -> list[str]:
+        return [
+            "string acts on attention, which no config key carries: stock transformers, vLLM and SGLang serve the "
+            "model without it (its own RoPE and window) from this checkpoint; call rope_extend.patch_model(model) "
+            "after loading to re-apply it in-process"
+        ]
+
+    def engine_rule(self, engine, plan, version):
+        L = plan.spec.original_max_position_embeddings
+        if engine == "transformers":
+            return EngineRule(max_len=L, warnings=[
+                f"stock transformers loads this checkpoint as the model WITHOUT string (its own RoPE, "
+                f"max_position_embeddings {L}): string acts on attention and no config key carries it; call "
+                "rope_extend.patch_model(model) after loading to re-apply it from the rope_extend marker"
+            ])
+        if engine in ("vllm", "sglang"):
+            return EngineRule(max_len=L, warnings=[
+                f"{version} serves the model WITHOUT string from this checkpoint (its own RoPE, up to {L} tokens): "
+                "no stock engine has STRING (the authors' fork of vLLM 0.5 is not stock vLLM); only "
+                "rope_extend.patch_model serves it"
+            ])
+        return self.llama_cpp_rule(plan)
+
+
+STRING = register(String())
