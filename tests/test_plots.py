@@ -335,3 +335,24 @@ def test_eval_report_compare_redraws_the_plots_only(tmp_path):
     assert "| trained yarn-x2 |" in report and "| unpatched |" not in report
     assert (out / "perplexity_vs_length.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["eval-report", str(out), "--compare", str(tmp_path / "nowhere")]) == 2
+
+
+def test_training_loss_has_a_smoothed_line():
+    """The committed 50-step run: each step's loss as logged, and beside it the trailing mean of 5 steps (a tenth
+    of the run), checked against numpy's convolution of the logged losses."""
+    import numpy as np
+
+    from rope_extend.train import card
+
+    folder = ROOT / "eval/reports/smollm2-trained-16k/training"
+    rows = [r for r in read(folder / "training_log.jsonl") if "loss" in r]
+    fig = card.loss_figure([(r["step"], r["loss"]) for r in rows], "t")
+    (ax,) = fig.axes
+    assert list(drawn(ax, "step").get_ydata()) == [r["loss"] for r in rows]
+    smoothed = drawn(ax, "smoothed")
+    expected = np.convolve([r["loss"] for r in rows], np.ones(5) / 5, mode="valid")
+    assert list(smoothed.get_xdata()) == [r["step"] for r in rows][4:]
+    assert np.allclose(smoothed.get_ydata(), expected)
+    assert smoothed.get_linewidth() > drawn(ax, "step").get_linewidth()
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["each step (one batch)", "mean of the last 5 steps"]
+    assert card.smoothing_window(3) == 3 and card.smoothing_window(400) == 40
