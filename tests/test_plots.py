@@ -356,3 +356,55 @@ def test_training_loss_has_a_smoothed_line():
     assert smoothed.get_linewidth() > drawn(ax, "step").get_linewidth()
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["each step (one batch)", "mean of the last 5 steps"]
     assert card.smoothing_window(3) == 3 and card.smoothing_window(400) == 40
+
+
+def tune_result():
+    """smollm2-tune-16k's search as `tune` returns it, from its committed log and best-*.yaml (no model run)."""
+    import yaml
+    from transformers import LlamaConfig
+
+    from rope_extend.tune.search import Scored, TuneResult
+    from rope_extend.tune.space import Candidate, Geometry
+
+    folder = ROOT / "eval/reports/smollm2-tune-16k"
+    head, *evals = read(folder / "search.jsonl")
+    geom = Geometry(head["rotary_dim"], head["base"], head["original_length"], head["target_length"])
+
+    def best(name, family):
+        spec = {k: v for k, v in yaml.safe_load((folder / name).read_text()).items()
+                if k != "original_max_position_embeddings"}
+        rec = min((r for r in evals if r["family"] == family and r["rung"] == 1), key=lambda r: r["loss"])
+        return Scored(Candidate(rec["name"], spec, family), rec["loss"], rec["length"])
+
+    closed, per_dim = best("best-closed.yaml", "closed"), best("best-per-dim.yaml", "per-dim")
+    result = TuneResult(geom, head["rungs"], head["schedule"], head["budget"], evals, per_dim, closed, per_dim, 5.9, 0)
+    config = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                         num_hidden_layers=2, max_position_embeddings=8192, rope_theta=100000.0)
+    return result, config
+
+
+def test_tune_curve_tells_coinciding_curves_apart():
+    """YaRN x2, NTK-by-parts x2, the tuned closed form (YaRN x2 again) and the tuned per-dim curve have the same
+    factors at every disk (issue 41: three of them were hidden): each is named as equal to YaRN in the legend,
+    drawn hollow with its markers on disks no other curve marks; the attention panel tells them apart; the factor
+    axis carries at least four plain ticks."""
+    from rope_extend.tune.report import curve_figure
+
+    result, config = tune_result()
+    fig = curve_figure(result, config)
+    ax_inv, ax_f, ax_a = fig.axes
+    labels = legend(fig)
+    for name in ("ntk-by-parts", "tuned closed: yarn x2", "tuned per-dim (long factors)"):
+        assert f"{name} (= yarn at every disk)" in labels
+        assert drawn(ax_f, name).get_markerfacecolor() == "none"
+    assert list(drawn(ax_f, "yarn").get_ydata()) == pytest.approx(list(drawn(ax_f, "ntk-by-parts").get_ydata()))
+    marked = [tuple(drawn(ax_f, name).get_markevery()) for name in
+              ("original", "linear", "ntk", "yarn", "ntk-by-parts", "llama3", "tuned closed: yarn x2",
+               "tuned per-dim (long factors)")]
+    assert len({m[0] for m in marked}) == len(marked)  # every curve marks its own disks
+    looks = {(ln.get_color(), ln.get_marker(), str(ln.get_linestyle())) for ln in ax_f.lines}
+    assert len(looks) == len(ax_f.lines)
+    assert ticks(ax_f, "y") == ["1", "1.25", "1.5", "1.75", "2"]
+    widths = {p.get_gid(): p.get_width() for p in ax_a.patches}
+    assert widths["yarn"] == pytest.approx(1 + 0.1 * math.log(2))  # YaRN's 0.1 ln(s) + 1
+    assert widths["ntk-by-parts"] == 1.0 and widths["tuned per-dim (long factors)"] == pytest.approx(1.04931)
