@@ -344,6 +344,7 @@ def loss_vs_position(records: list[dict]):
         bottom = diff_ax
     bottom.set_xlabel("token position (marker: mean loss over the bucket around it, dodged inside the bucket)")
     _outside_legend(fig, handles)
+    _name_sources(fig, ppl)
     return fig
 
 
@@ -398,12 +399,16 @@ def perplexity_vs_length(records: list[dict]):
         ax.set_ylabel("perplexity" + (f" ({', '.join(says)})" if says else ""))
         ax.set_title(t)
     _outside_legend(fig, variant_handles | handles, title=_link_note(len(variants)))
-    heading = _sources(ppl)
-    if BASELINE not in variants:
-        heading.insert(0, f"no {BASELINE} (before) numbers in these records: each variant alone, no before/after")
+    _name_sources(fig, ppl, [] if BASELINE in variants else
+                  [f"no {BASELINE} (before) numbers in these records: each variant alone, no before/after"])
+    return fig
+
+
+def _name_sources(fig, records: list[dict], first: list[str] = ()) -> None:
+    """The figure's title: *first*, then where records pooled from other eval folders came from."""
+    heading = [*first, *_sources(records)]
     if heading:
         fig.suptitle("\n".join(heading), fontsize=9)
-    return fig
 
 
 def _sources(records: list[dict]) -> list[str]:
@@ -455,9 +460,9 @@ def passkey_heatmap(records: list[dict]):
         if v == variants[0]:
             ax.set_ylabel("needle depth")
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="accuracy")
-    fig.suptitle("Passkey retrieval: cells read found/prompts"
-                 + ("; grey \"not run\": no prompt at that depth and length for that variant" if blank else ""),
-                 fontsize=9)
+    _name_sources(fig, pk, ["Passkey retrieval: cells read found/prompts"
+                            + ("; grey \"not run\": no prompt at that depth and length for that variant" if blank
+                               else "")])
     return fig
 
 
@@ -546,6 +551,7 @@ def retrieval_accuracy(records: list[dict]):
         ax.set_xlabel(LENGTH_LABEL)
     axes[0].set_ylabel("accuracy (found / prompts)")
     _outside_legend(fig, variant_handles | handles, title=_link_note(len(variant_handles)))
+    _name_sources(fig, recs)
     return fig
 
 
