@@ -72,14 +72,23 @@ def length_ticks(lo: float, hi: float, measured: Iterable[float] = (), min_ticks
 
 
 def value_ticks(lo: float, hi: float, min_ticks: int = MIN_TICKS) -> list[float]:
-    """Plain ticks for a log axis spanning [lo, hi] (lo > 0): 1-2-5 per decade, finer until there are *min_ticks*."""
-    for mantissas in ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.25, 1.5, 1.75, 2, 2.5, 3, 4, 5, 6, 7, 8, 9),
-                      [1 + i / 20 for i in range(180)]):
+    """Plain ticks for a log axis spanning [lo, hi] (lo > 0): 1-2-5 per decade, finer until there are *min_ticks*;
+    then finer ticks near an end left more than a factor 1.5 from its nearest tick (so a cluster of values at
+    one end still has a number beside it)."""
+    sets = ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.25, 1.5, 1.75, 2, 2.5, 3, 4, 5, 6, 7, 8, 9),
+            [1 + i / 20 for i in range(180)])
+
+    def of(mantissas) -> list[float]:
         ticks = [m * 10.0**k for k in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
                  for m in mantissas]
-        ticks = sorted({round(t, 12) for t in ticks if lo <= t <= hi})
-        if len(ticks) >= min_ticks:
-            return ticks
+        return sorted({round(t, 12) for t in ticks if lo <= t <= hi})
+
+    n = next((i for i, mantissas in enumerate(sets) if len(of(mantissas)) >= min_ticks), len(sets) - 1)
+    ticks, finer = of(sets[n]), of(sets[min(n + 1, len(sets) - 1)])
+    if ticks and ticks[0] / lo > 1.5:
+        ticks = [t for t in finer if t < ticks[0]][-1:] + ticks
+    if ticks and hi / ticks[-1] > 1.5:
+        ticks = ticks + [t for t in finer if t > ticks[-1]][:1]
     return ticks
 
 

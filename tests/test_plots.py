@@ -408,3 +408,13 @@ def test_tune_curve_tells_coinciding_curves_apart():
     widths = {p.get_gid(): p.get_width() for p in ax_a.patches}
     assert widths["yarn"] == pytest.approx(1 + 0.1 * math.log(2))  # YaRN's 0.1 ln(s) + 1
     assert widths["ntk-by-parts"] == 1.0 and widths["tuned per-dim (long factors)"] == pytest.approx(1.04931)
+
+
+def test_perplexity_spanning_a_factor_of_30_is_on_a_log_axis():
+    """smollm2-ppl-4x: the unpatched model reaches ~300 at 32k while the methods stay near 10-15; a linear axis
+    (what a margin below 0 used to force) flattens every method onto one line."""
+    recs = run_records(ROOT / "eval/reports/smollm2-ppl-4x")[1]
+    ax = plots.perplexity_vs_length(recs).axes[0]
+    assert ax.get_yscale() == "log"
+    labels = ticks(ax, "y")
+    assert len(labels) >= 4 and all(t.replace(".", "").isdigit() for t in labels)

@@ -187,11 +187,11 @@ def _link(ax, lengths, xs, ys, color, orig) -> None:
 def _log_y(ax) -> bool:
     """A log y axis labelled in plain numbers (10, 15, 20, 30), not powers of ten, when the values span a factor
     of 3 or more (a linear axis reads better below that); returns whether it is log."""
-    lo, hi = ax.get_ylim()
+    lo, hi = ax.dataLim.y0, ax.dataLim.y1  # what was drawn, error bars included (the limits add margins below 0)
     if lo <= 0 or hi / lo < 3:
         return False
     ax.set_yscale("log")
-    ax.set_ylim(lo, hi)
+    ax.set_ylim(lo / 1.08, hi * 1.08)
     plain_log_axis(ax, "y", value_ticks(lo, hi))
     return True
 
