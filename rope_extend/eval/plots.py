@@ -190,8 +190,9 @@ def _log_y(ax) -> bool:
     lo, hi = ax.dataLim.y0, ax.dataLim.y1  # what was drawn, error bars included (the limits add margins below 0)
     if lo <= 0 or hi / lo < 3:
         return False
+    lo, hi = lo / 1.08, hi * 1.08
     ax.set_yscale("log")
-    ax.set_ylim(lo / 1.08, hi * 1.08)
+    ax.set_ylim(lo, hi)
     plain_log_axis(ax, "y", value_ticks(lo, hi))
     return True
 
