@@ -172,13 +172,17 @@ def plot_entropy(
 
     if results and all(isinstance(k, int) for k in results):
         results = {"model": results}  # a single attention_entropy() result
+    from .plotstyle import styles_for
+
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    styles = styles_for(results)  # colour-blind-safe colour, marker and dash per variant
     for label, per_length in results.items():
         lengths = sorted(per_length)
         means = mean_entropy(per_length)
-        left.plot(lengths, [means[n] for n in lengths], marker="o", label=label)
+        look = {"color": styles[label]["color"], "marker": styles[label]["marker"], "ls": styles[label]["ls"]}
+        left.plot(lengths, [means[n] for n in lengths], label=label, **look)
         longest = per_length[lengths[-1]]
-        right.plot(range(len(longest)), longest, marker=".", label=f"{label} @ {lengths[-1]}")
+        right.plot(range(len(longest)), longest, label=f"{label} @ {lengths[-1]}", **look)
     if original_length:
         left.axvline(original_length, color="grey", linewidth=1, linestyle="--")
         left.text(original_length, left.get_ylim()[0], f" L = {original_length}", color="grey", va="bottom")

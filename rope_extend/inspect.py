@@ -408,21 +408,30 @@ def plot_methods(config, factor: float, path: str | Path, methods=PLOT_METHODS) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .plotstyle import styles_for
+
     if not factor or factor < 1:
         raise SpecError(f"the plot factor must be >= 1, got {factor}", field="factor", value=factor)
     base = inspect_rope(config)
     original, target = base.original_length, round(factor * base.original_length)
     curves = method_curves(config, factor, methods)
-    styles = ["-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1))]
+    styles = styles_for(curves, reference="original")  # colour-blind-safe colour, marker and dash per method
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     index = range(base.rotary_dim // 2)
     distances = torch.linspace(0, target, 400)
+    every = max(len(curves), 4)  # each method's markers on its own disks: curves drawn over each other all show
     for n, (label, (inv_freq, attention)) in enumerate(curves.items()):
-        style = {"linestyle": styles[n % len(styles)], "linewidth": 2.2 if label == "original" else 1.6}
+        same = next((k for k in list(curves)[:n] if torch.allclose(curves[k][0].double(), inv_freq.double())), None)
+        st = styles[label]
+        style = {"color": st["color"], "linestyle": st["ls"], "marker": st["marker"], "markevery": (n % every, every),
+                 "markersize": 8 if same else 5, "markerfacecolor": "none" if same else st["color"],
+                 "linewidth": 2.2 if label == "original" else 1.6}
         name = label if attention == 1.0 else f"{label} (attn x{attention:.3f})"
+        name += f" (= {same}'s frequencies)" if same else ""
         axes[0].plot(index, inv_freq.double().numpy(), label=name, **style)
         axes[1].plot(index, rope_wavelengths(inv_freq).numpy(), label=name, **style)
-        axes[2].plot(distances.numpy(), rope_kernel(inv_freq, distances).numpy(), label=name, **style)
+        axes[2].plot(distances.numpy(), rope_kernel(inv_freq, distances).numpy(), label=name,
+                     **{**style, "markevery": ((n % every) * 100 // every, 100)})  # 4 of 400 points
     axes[0].set(yscale="log", xlabel="disk i", ylabel="θ_i (rad / token)", title="inverse frequency")
     axes[1].set(yscale="log", xlabel="disk i", ylabel="λ_i = 2π/θ_i (tokens)", title="wavelength")
     axes[1].axhline(original, color="grey", linewidth=1)

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from rope_extend import plotstyle
 from rope_extend.eval import plots
-from rope_extend.eval.runner import run_records, write_outputs
+from rope_extend.eval.runner import compare_records, run_records, write_outputs
+from rope_extend.eval.variants import BASELINE
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = Path(__file__).parent / "data" / "eval-quick" / "results.jsonl"
@@ -50,6 +52,12 @@ def outside(fig, ax) -> bool:
     return not fig.legends[0].get_window_extent().overlaps(ax.get_window_extent())
 
 
+def near(x: float, length: int, lengths) -> bool:
+    """A dodged point stays within half the gap (in octaves, at most half an octave) to the nearest other length."""
+    gap = min([abs(math.log2(other / length)) for other in lengths if other != length] + [1.0])
+    return abs(math.log2(x / length)) < gap / 2
+
+
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     centre, half = (k + z * z / 2) / (n + z * z), z / (n + z * z) * math.sqrt(k * (n - k) / n + z * z / 4)
     return centre - half, centre + half
@@ -57,20 +65,50 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
 
 def test_loss_vs_position_draws_every_variant_and_names_the_copy(quick):
     fig = plots.loss_vs_position(quick)
-    (ax,) = fig.axes
+    ax, diff_ax = fig.axes  # yarn-x2 and dynamic-yarn-x2 coincide: a difference panel below
     assert legend(fig) == ["unpatched (baseline)", "linear-x2", "yarn-x2",
                            "dynamic-yarn-x2 (= yarn-x2 at every position)", "original window (8k tokens)"]
     for v in VARIANTS:
         rec = next(r for r in quick if r["variant"] == v and r["kind"] == "perplexity" and r["length"] == 16384)
         line = drawn(ax, v)
         assert list(line.get_ydata()) == [b["loss"] for b in rec["metrics"]["buckets"]]
-        assert list(line.get_xdata()) == [(b["start"] + b["end"]) / 2 for b in rec["metrics"]["buckets"]]
+        for b, x in zip(rec["metrics"]["buckets"], line.get_xdata()):  # dodged, inside the bucket it stands for
+            assert b["start"] < x < b["end"]
+    xs = [tuple(drawn(ax, v).get_xdata()) for v in VARIANTS]
+    assert len(set(xs)) == len(VARIANTS), "no two variants' markers at the same x"
     yarn, dyn = drawn(ax, "yarn-x2"), drawn(ax, "dynamic-yarn-x2")
     assert list(yarn.get_ydata()) == list(dyn.get_ydata())  # the records really coincide ...
     assert yarn.get_marker() != dyn.get_marker() and dyn.get_markerfacecolor() == "none"  # ... and both show
     assert dyn.get_markersize() > yarn.get_markersize() and yarn.get_linestyle() != dyn.get_linestyle()
     assert [ln.get_xdata()[0] for ln in ax.lines if ln.get_gid() == "window"] == [8192]
     assert outside(fig, ax)
+
+
+def test_loss_vs_position_difference_panel_for_curves_that_coincide():
+    """smollm2-paper's ntk-x2, yarn-x2 and dynamic-yarn-x2 lie within a few hundredths of a nat of each other
+    over 16k positions (issue 41): the second panel draws them as paired differences from the first, with bands
+    from the same blocks; the unpatched model and linear-x2, far away, are named as off its scale."""
+    recs = [r for r in run_records(ROOT / "eval/reports/smollm2-paper")[1] if r["kind"] == "perplexity"]
+    fig = plots.loss_vs_position(recs)
+    ax, diff_ax = fig.axes
+    longest = {r["variant"]: r for r in recs if r["metrics"]["text"] == "pydoc_topics" and r["length"] == 16384}
+    ref = [b["loss"] for b in longest["ntk-x2"]["metrics"]["buckets"]]
+    for v in ("ntk-x2", "yarn-x2", "dynamic-yarn-x2"):
+        line = drawn(diff_ax, f"{v}:difference")
+        assert list(line.get_ydata()) == pytest.approx(
+            [b["loss"] - r for b, r in zip(longest[v]["metrics"]["buckets"], ref)])
+    assert not [ln for ln in diff_ax.lines if ln.get_gid() in ("unpatched:difference", "linear-x2:difference")]
+    assert "unpatched, linear-x2: off this scale" in diff_ax.get_title()
+    # yarn's paired band in the last bucket: the bootstrap of its block differences from ntk there
+    yarn, ntk = longest["yarn-x2"]["metrics"], longest["ntk-x2"]["metrics"]
+    bs = yarn["block_size"]
+    last = [y - n for i, (y, n) in enumerate(zip(yarn["block_losses"], ntk["block_losses"])) if i * bs >= 15360]
+    lo, hi = plots.bootstrap_mean_interval(last)
+    assert lo < sum(last) / len(last) < hi
+    edges = [ln for ln in diff_ax.lines if ln.get_gid() == "band"]
+    assert any(math.isclose(ln.get_ydata()[-1], lo) for ln in edges)
+    assert any(math.isclose(ln.get_ydata()[-1], hi) for ln in edges)
+    assert edges and all(ln.get_alpha() < 1 for ln in edges)
 
 
 def test_perplexity_vs_length_points_at_measured_lengths_only(quick):
@@ -85,7 +123,7 @@ def test_perplexity_vs_length_points_at_measured_lengths_only(quick):
         assert line.get_linestyle() == "None"  # points, not a line
         assert list(line.get_ydata()) == [m["ppl"] for _, m in recs]
         for (L, _), x in zip(recs, line.get_xdata()):
-            assert L / 1.2 < x < L * 1.2  # dodged a little, still at its length
+            assert near(x, L, [L for L, _ in recs])  # dodged, still nearer its length than any other
         xs[v] = list(line.get_xdata())
     for i in range(2):  # no two variants share an x: coinciding points stay side by side
         assert len({xs[v][i] for v in VARIANTS}) == len(VARIANTS)
@@ -107,7 +145,7 @@ def test_perplexity_links_points_inside_the_window():
     links = [ln for ln in ax.lines if ln.get_gid() == "link"]
     assert len(links) == 5  # 2k-8k for each variant; 8k-16k crosses the window and is not drawn
     for ln in links:
-        assert max(ln.get_xdata()) < 8192 * 1.2 and min(ln.get_xdata()) > 2048 / 1.2
+        assert near(min(ln.get_xdata()), 2048, [2048, 8192, 16384]) and near(max(ln.get_xdata()), 8192, [2048, 8192, 16384])
     assert "dynamic-yarn-x2 (= unpatched at 2k, 8k; = yarn-x2 at 16k)" in legend(fig)
 
 
@@ -195,3 +233,188 @@ def test_report_links_the_plots(quick, tmp_path):
         assert f"]({name})" in report
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (tmp_path / "attention_entropy.png").exists()  # no entropy records, no plot
+
+
+# ---------------------------------------------------------------- issue 41: every method told apart
+
+
+def test_every_variant_has_its_own_colour_marker_and_line_style():
+    """The Okabe-Ito palette, black for the baseline; no two series share a colour, a marker or a line style
+    (up to the palette's 7 series after the baseline), and no two of many share all three."""
+    names = [BASELINE, *(f"v{i}" for i in range(7))]
+    styles = plots.variant_styles([{"variant": v} for v in names])
+    for key in ("color", "marker", "ls"):
+        assert len({repr(st[key]) for st in styles.values()}) == len(names), key
+    assert styles[BASELINE]["color"] == "black"
+    assert {st["color"] for v, st in styles.items() if v != BASELINE} <= set(plotstyle.PALETTE)
+    many = [plotstyle.series_style(i) for i in range(70)]
+    assert len({(s["color"], s["marker"], repr(s["ls"])) for s in many}) == 70
+
+
+def test_drawn_series_keep_distinct_styles(quick):
+    """Read back from the figures: each variant's markers differ from every other's in colour and marker."""
+    for build in (plots.perplexity_vs_length, plots.retrieval_accuracy, plots.loss_vs_position):
+        ax = build(quick).axes[0]
+        looks = {v: (drawn(ax, v).get_color(), drawn(ax, v).get_marker()) for v in VARIANTS}
+        assert len({c for c, _ in looks.values()}) == len({m for _, m in looks.values()}) == len(VARIANTS)
+
+
+def test_heatmap_colormap_is_colour_blind_safe(quick):
+    fig = plots.passkey_heatmap(quick)
+    cmaps = {im.get_cmap().name for ax in fig.axes for im in ax.images}
+    assert cmaps and cmaps <= plotstyle.COLORBLIND_SAFE_CMAPS
+    assert "RdYlGn" not in cmaps
+
+
+def ticks(ax, axis="x") -> list[str]:
+    """The labelled major ticks inside the axis' limits (rendered)."""
+    ax.figure.canvas.draw()
+    which = ax.xaxis if axis == "x" else ax.yaxis
+    lo, hi = sorted(ax.get_xlim() if axis == "x" else ax.get_ylim())
+    return [t.get_text() for t in which.get_majorticklabels() if t.get_text() and lo <= t.get_position()[
+        0 if axis == "x" else 1] <= hi]
+
+
+def test_log_length_axes_carry_four_plain_labelled_ticks(quick):
+    """2k and 16k were measured; the axis reads 2k, 4k, 8k, 16k (plain, never 2^11 or 10^4)."""
+    ax = plots.perplexity_vs_length(quick).axes[0]
+    assert ax.get_xscale() == "log"
+    assert ticks(ax) == ["2k", "4k", "8k", "16k"]
+    labels = ticks(plots.retrieval_accuracy(quick).axes[0])
+    assert len(labels) >= 4 and all(t.endswith("k") and t[:-1].replace(".", "").isdigit() for t in labels)
+    assert plotstyle.length_ticks(10240, 25600, [16384]) == [10240, 12288, 14336, 16384, 20480, 24576]
+    assert plotstyle.value_ticks(1.0, 2.0) == [1, 1.25, 1.5, 1.75, 2]
+    assert plotstyle.value_ticks(9, 40) == [10, 15, 20, 30]
+
+
+def test_overlapping_markers_get_distinct_x(quick):
+    """Three of the four variants retrieve the passkey at 2k (the issue's markers on one spot): four x positions,
+    each nearer 2k than any other length, ordered as the legend."""
+    ax = plots.retrieval_accuracy(quick).axes[0]
+    at_2k = [min(drawn(ax, v).get_xdata(), key=lambda x: abs(math.log2(x / 2048))) for v in VARIANTS]
+    assert [drawn(ax, v).get_ydata()[0] for v in VARIANTS] == [1.0, 0.0, 1.0, 1.0]
+    assert at_2k == sorted(at_2k) and len(set(at_2k)) == 4
+    assert all(near(x, 2048, [2048, 8192, 16384]) for x in at_2k)
+    dodge = plots._dodge([2048, 12288, 16384], 4)  # room where there is room: 2k spreads wider than 12k
+    assert dodge(3, 2048) / dodge(0, 2048) > dodge(3, 12288) / dodge(0, 12288) > 1
+
+
+def test_trained_perplexity_before_after_from_the_base_models_records():
+    """smollm2-trained-16k holds the trained model alone; smollm2-paper has the unpatched model and training-free
+    yarn-x2 on the same cases: pooled, the plot shows all three and says where the 'before' came from. Without
+    them, the title says there is no before."""
+    folder = ROOT / "eval/reports/smollm2-trained-16k"
+    records = run_records(folder)[1]
+    alone = plots.perplexity_vs_length(records)
+    assert "no unpatched (before) numbers in these records" in alone._suptitle.get_text()
+    before = compare_records(records, [ROOT / "eval/reports/smollm2-paper"], ["unpatched", "yarn-x2"])
+    assert {r["variant"] for r in before} == {"unpatched", "yarn-x2"}
+    assert {r["case_id"] for r in before} == {r["case_id"] for r in records if r["kind"] == "perplexity"}
+    fig = plots.perplexity_vs_length(before + records)
+    assert legend(fig)[:3] == ["unpatched (baseline)", "yarn-x2", "trained yarn-x2"]
+    title = fig._suptitle.get_text()
+    assert "unpatched, yarn-x2: records of" in title and "smollm2-paper" in title
+    paper = {(r["variant"], r["case_id"]): r["metrics"].get("ppl")
+             for r in read(ROOT / "eval/reports/smollm2-paper/results.jsonl")}
+    ax = fig.axes[0]  # pydoc_topics
+    assert list(drawn(ax, "unpatched").get_ydata()) == [paper[("unpatched", f"perplexity/pydoc_topics/L{L}")]
+                                                        for L in (2048, 8192, 16384)]
+
+
+def test_eval_report_compare_redraws_the_plots_only(tmp_path):
+    """`rope-extend eval-report OUT --compare DIR`: the plots gain DIR's variants; report.md stays OUT's own."""
+    import shutil
+
+    from rope_extend.cli import main
+
+    out = tmp_path / "trained"
+    shutil.copytree(ROOT / "eval/reports/smollm2-trained-16k", out, ignore=shutil.ignore_patterns("training", "*.png"))
+    assert main(["eval-report", str(out), "--compare", str(ROOT / "eval/reports/smollm2-paper"),
+                 "--compare-variant", "unpatched", "--compare-variant", "yarn-x2"]) == 0
+    report = (out / "report.md").read_text()
+    assert "| trained yarn-x2 |" in report and "| unpatched |" not in report
+    assert (out / "perplexity_vs_length.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["eval-report", str(out), "--compare", str(tmp_path / "nowhere")]) == 2
+
+
+def test_training_loss_has_a_smoothed_line():
+    """The committed 50-step run: each step's loss as logged, and beside it the trailing mean of 5 steps (a tenth
+    of the run), checked against numpy's convolution of the logged losses."""
+    import numpy as np
+
+    from rope_extend.train import card
+
+    folder = ROOT / "eval/reports/smollm2-trained-16k/training"
+    rows = [r for r in read(folder / "training_log.jsonl") if "loss" in r]
+    fig = card.loss_figure([(r["step"], r["loss"]) for r in rows], "t")
+    (ax,) = fig.axes
+    assert list(drawn(ax, "step").get_ydata()) == [r["loss"] for r in rows]
+    smoothed = drawn(ax, "smoothed")
+    expected = np.convolve([r["loss"] for r in rows], np.ones(5) / 5, mode="valid")
+    assert list(smoothed.get_xdata()) == [r["step"] for r in rows][4:]
+    assert np.allclose(smoothed.get_ydata(), expected)
+    assert smoothed.get_linewidth() > drawn(ax, "step").get_linewidth()
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["each step (one batch)", "mean of the last 5 steps"]
+    assert card.smoothing_window(3) == 3 and card.smoothing_window(400) == 40
+
+
+def tune_result():
+    """smollm2-tune-16k's search as `tune` returns it, from its committed log and best-*.yaml (no model run)."""
+    import yaml
+    from transformers import LlamaConfig
+
+    from rope_extend.tune.search import Scored, TuneResult
+    from rope_extend.tune.space import Candidate, Geometry
+
+    folder = ROOT / "eval/reports/smollm2-tune-16k"
+    head, *evals = read(folder / "search.jsonl")
+    geom = Geometry(head["rotary_dim"], head["base"], head["original_length"], head["target_length"])
+
+    def best(name, family):
+        spec = {k: v for k, v in yaml.safe_load((folder / name).read_text()).items()
+                if k != "original_max_position_embeddings"}
+        rec = min((r for r in evals if r["family"] == family and r["rung"] == 1), key=lambda r: r["loss"])
+        return Scored(Candidate(rec["name"], spec, family), rec["loss"], rec["length"])
+
+    closed, per_dim = best("best-closed.yaml", "closed"), best("best-per-dim.yaml", "per-dim")
+    result = TuneResult(geom, head["rungs"], head["schedule"], head["budget"], evals, per_dim, closed, per_dim, 5.9, 0)
+    config = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                         num_hidden_layers=2, max_position_embeddings=8192, rope_theta=100000.0)
+    return result, config
+
+
+def test_tune_curve_tells_coinciding_curves_apart():
+    """YaRN x2, NTK-by-parts x2, the tuned closed form (YaRN x2 again) and the tuned per-dim curve have the same
+    factors at every disk (issue 41: three of them were hidden): each is named as equal to YaRN in the legend,
+    drawn hollow with its markers on disks no other curve marks; the attention panel tells them apart; the factor
+    axis carries at least four plain ticks."""
+    from rope_extend.tune.report import curve_figure
+
+    result, config = tune_result()
+    fig = curve_figure(result, config)
+    ax_inv, ax_f, ax_a = fig.axes
+    labels = legend(fig)
+    for name in ("ntk-by-parts", "tuned closed: yarn x2", "tuned per-dim (long factors)"):
+        assert f"{name} (= yarn at every disk)" in labels
+        assert drawn(ax_f, name).get_markerfacecolor() == "none"
+    assert list(drawn(ax_f, "yarn").get_ydata()) == pytest.approx(list(drawn(ax_f, "ntk-by-parts").get_ydata()))
+    marked = [tuple(drawn(ax_f, name).get_markevery()) for name in
+              ("original", "linear", "ntk", "yarn", "ntk-by-parts", "llama3", "tuned closed: yarn x2",
+               "tuned per-dim (long factors)")]
+    assert len({m[0] for m in marked}) == len(marked)  # every curve marks its own disks
+    looks = {(ln.get_color(), ln.get_marker(), str(ln.get_linestyle())) for ln in ax_f.lines}
+    assert len(looks) == len(ax_f.lines)
+    assert ticks(ax_f, "y") == ["1", "1.25", "1.5", "1.75", "2"]
+    widths = {p.get_gid(): p.get_width() for p in ax_a.patches}
+    assert widths["yarn"] == pytest.approx(1 + 0.1 * math.log(2))  # YaRN's 0.1 ln(s) + 1
+    assert widths["ntk-by-parts"] == 1.0 and widths["tuned per-dim (long factors)"] == pytest.approx(1.04931)
+
+
+def test_perplexity_spanning_a_factor_of_30_is_on_a_log_axis():
+    """smollm2-ppl-4x: the unpatched model reaches ~300 at 32k while the methods stay near 10-15; a linear axis
+    (what a margin below 0 used to force) flattens every method onto one line."""
+    recs = run_records(ROOT / "eval/reports/smollm2-ppl-4x")[1]
+    ax = plots.perplexity_vs_length(recs).axes[0]
+    assert ax.get_yscale() == "log"
+    labels = ticks(ax, "y")
+    assert len(labels) >= 4 and all(t.replace(".", "").isdigit() for t in labels)

@@ -79,11 +79,17 @@ def eval_command(
 def eval_report_command(
     output: Annotated[Path, typer.Argument(help="An eval output folder (results.jsonl + run.json).")],
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
+    compare: Annotated[list[Path] | None, typer.Option(
+        "--compare", help="Another eval folder whose variants on the same cases the plots draw beside OUTPUT's "
+        "(e.g. the base model's eval as a trained checkpoint's 'before'). Repeatable.")] = None,
+    compare_variant: Annotated[list[str] | None, typer.Option(
+        "--compare-variant", help="Only these variants of the --compare folders. Repeatable.")] = None,
 ) -> None:
     """Rewrite report.md and the plots from results.jsonl, e.g. of a run still in progress or stopped early."""
     from ..eval.runner import rebuild_report, run_records, summary_markdown
 
-    path = rebuild_report(output, plots=not no_plots)
+    path = rebuild_report(output, plots=not no_plots, compare=compare or (),
+                          compare_variants=compare_variant or ())
     out.print(summary_markdown(run_records(output)[1]), markup=False, highlight=False)
     out.print(f"report: {path}")
 

@@ -2,20 +2,27 @@
 
 What a reader needs to trust a plot is drawn in, whatever the records hold:
 
-- every variant is visible: it keeps one colour, marker and line style in every plot, points at the same length
-  are dodged sideways, and a variant whose numbers equal an earlier variant's says so in its legend entry
-  (``dynamic-yarn-x2 (= unpatched at 2k, 8k; = yarn-x2 at 16k)``), found by comparing the numbers, not names;
+- every variant is visible: it keeps one colour, marker and line style in every plot (colour-blind-safe, from
+  :mod:`rope_extend.plotstyle`), points at the same length are dodged sideways, and a variant whose numbers equal
+  an earlier variant's says so in its legend entry (``dynamic-yarn-x2 (= unpatched at 2k, 8k; = yarn-x2 at
+  16k)``), found by comparing the numbers, not names; curves too close to tell apart get a panel of their paired
+  differences;
+- bands are light fills with edges in their variant's colour and line style; length axes are log-2 with plain
+  labels (2k, 4k, 8k), at least four of them;
 - measured points are markers; the thin dotted lines between them only link a variant's points (nothing was
   measured in between, and the x label says so);
 - every line is in a legend, reference lines too (the original window, the unpatched baseline, the retrieval
   ceiling), and legends sit outside the axes, never over the data;
 - retrieval points from fewer than :data:`MIN_N_FOR_BARS` prompts are labelled ``k/n`` instead of carrying a
   Wilson bar that spans most of [0, 1];
-- a heatmap cell with no prompt reads "not run".
+- a heatmap cell with no prompt reads "not run"; the colormap is cividis, never red-green;
+- a plot without the unpatched model's numbers says so (no before/after), and records pooled from other eval
+  folders (``rope-extend eval-report OUT --compare DIR``) are named with their folder.
 
 Figures are built on :class:`matplotlib.figure.Figure`, not pyplot: building one (in a test, in a thread) leaves
 no global state and nothing to close. A variant's markers carry its name as ``gid`` (reference lines: ``window``,
-``ceiling``; guides: ``link``), which is how tests find what was drawn. :func:`make_plots` writes the PNGs the
+``ceiling``; guides: ``link``; band edges: ``band``; a difference panel's lines: ``<variant>:difference``),
+which is how tests find what was drawn. :func:`make_plots` writes the PNGs the
 report links.
 """
 
@@ -25,6 +32,16 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from ..plotstyle import (
+    BAND_ALPHA,
+    HEATMAP_CMAP,
+    fmt_tokens,
+    ink_on,
+    length_ticks,
+    plain_log_axis,
+    styles_for,
+    value_ticks,
+)
 from .report import (
     _fmt_len,
     _orig,
@@ -44,10 +61,6 @@ from .variants import BASELINE
 
 MIN_N_FOR_BARS = 5  # below this many prompts per point, a Wilson bar says less than the count k/n does
 DPI = 110
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
-          "#7f7f7f")  # tab10 without black, which the unpatched baseline has to itself
-MARKERS = ("s", "^", "D", "v", "P", "X", "<", ">", "p", "h")
-DASHES = ("-", "--", "-.", (0, (1, 1.5)), (0, (5, 1.5, 1, 1.5, 1, 1.5)), (0, (8, 2)))
 WINDOW_STYLE = {"color": "0.35", "ls": "--", "lw": 1, "zorder": 0.5}  # behind the points
 CEILING_STYLE = {"color": "0.45", "ls": ":", "lw": 1.6}
 LINK_STYLE = {"ls": ":", "lw": 1, "alpha": 0.7}  # the line between measured points: a guide, not a measurement
@@ -63,14 +76,9 @@ def _link_note(variants: int) -> str:
 
 def variant_styles(records: list[dict]) -> dict[str, dict]:
     """``{variant: {color, marker, ls, label}}``: one look per variant in every plot of a report."""
-    styles = {}
-    others = [v for v in _variants(records) if v != BASELINE]
-    if BASELINE in _variants(records):
-        styles[BASELINE] = {"color": "black", "marker": "o", "ls": "-", "label": f"{BASELINE} (baseline)"}
-    for i, v in enumerate(others):
-        styles[v] = {"color": COLORS[i % len(COLORS)], "marker": MARKERS[i % len(MARKERS)],
-                     "ls": DASHES[(i + 1) % len(DASHES)], "label": v}
-    return styles
+    variants = _variants(records)
+    styles = styles_for([BASELINE] * (BASELINE in variants) + [v for v in variants if v != BASELINE], BASELINE)
+    return {v: {**st, "label": f"{v} (baseline)" if v == BASELINE else v} for v, st in styles.items()}
 
 
 def _same(a: float, b: float) -> bool:
@@ -143,13 +151,23 @@ def _label(style: dict, note: str | None) -> str:
     return f"{style['label']} ({note})" if note else style["label"]
 
 
-def _dodge(xs_all: list[float], n: int, width: float = 0.5):
-    """Multiplicative x offsets (log axis) for *n* variants at discrete lengths: spread over *width* of the
-    narrowest gap between neighbouring lengths (in octaves), centred on the true length."""
+def _dodge(xs_all: list[float], n: int, width: float = 0.8):
+    """``dodge(i, x)``: the multiplicative offset (log axis) of the *i*-th of *n* variants at length *x*, spreading
+    them over *width* of the gap to the nearest other length there (in octaves, at most one), centred on *x*: points
+    at the same length stand side by side, and never reach a neighbouring length's."""
     xs = sorted(set(xs_all))
-    gap = min((math.log2(b / a) for a, b in zip(xs, xs[1:])), default=1.0)
-    step = min(gap, 1.0) * width / max(n, 1)
-    return lambda i: 2 ** ((i - (n - 1) / 2) * step)
+    near = {x: min([abs(math.log2(y / x)) for y in xs if y != x] + [1.0]) for x in xs}
+
+    def dodge(i: int, x: float) -> float:
+        gap = near.get(x, min(near.values(), default=1.0))
+        return 2 ** ((i - (n - 1) / 2) * min(gap, 1.0) * width / max(n, 1))
+
+    return dodge
+
+
+def _spread(dodge, n: int, xs) -> float:
+    """The largest outward offset factor of *dodge* over lengths *xs* (for the axis margins)."""
+    return max((dodge(n - 1, x) for x in xs), default=1.0)
 
 
 def _link(ax, lengths, xs, ys, color, orig) -> None:
@@ -169,15 +187,13 @@ def _link(ax, lengths, xs, ys, color, orig) -> None:
 def _log_y(ax) -> bool:
     """A log y axis labelled in plain numbers (10, 15, 20, 30), not powers of ten, when the values span a factor
     of 3 or more (a linear axis reads better below that); returns whether it is log."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    lo, hi = ax.get_ylim()
+    lo, hi = ax.dataLim.y0, ax.dataLim.y1  # what was drawn, error bars included (the limits add margins below 0)
     if lo <= 0 or hi / lo < 3:
         return False
+    lo, hi = lo / 1.08, hi * 1.08
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(lo, hi)
+    plain_log_axis(ax, "y", value_ticks(lo, hi))
     return True
 
 
@@ -188,15 +204,17 @@ def _window(ax, orig, handles: dict) -> None:
 
 
 def _length_axis(ax, lengths, spread: float = 1.0) -> None:
-    """Log-2 length axis ticked at the measured lengths; *spread* (the largest dodge factor) widens the margins."""
+    """Log-2 length axis with plain labels (2k, 4k, 8k, 12k, 16k): the measured lengths and enough powers of two
+    between them for at least four ticks; *spread* (the largest dodge factor) widens the margins."""
     ax.set_xscale("log", base=2)
-    ticks = sorted(set(lengths))
-    ax.set_xticks(ticks, [_fmt_len(L) for L in ticks])
-    ax.minorticks_off()
-    if len(ticks) == 1:  # one length: a log axis needs room around it
-        ax.set_xlim(ticks[0] / (1.6 * spread), ticks[0] * 1.6 * spread)
-    else:
-        ax.set_xlim(ticks[0] / (1.15 * spread), ticks[-1] * 1.15 * spread)
+    measured = sorted(set(lengths))
+    margin = (1.6 if len(measured) == 1 else 1.15) * spread
+    lo, hi = measured[0] / margin, measured[-1] * margin
+    ax.set_xlim(lo, hi)
+    plain_log_axis(ax, "x", length_ticks(lo, hi, measured), fmt_tokens)
+
+
+LENGTH_LABEL = "context length (tokens, log scale; markers at the measured lengths)"
 
 
 def _position_axis(ax, length: int) -> None:
@@ -227,9 +245,47 @@ def _new_figure(figsize):
 # ---------------------------------------------------------------- the plots
 
 
+CLOSE = 0.08  # curves closer than this fraction of the loss panel's height at every point read as one line
+
+
+def _bucket_blocks(m: dict, bucket: dict, other: dict | None = None) -> list[float]:
+    """The block losses inside *bucket* (minus *other*'s on the same blocks, for a paired difference)."""
+    bs, blocks = m["block_size"], m["block_losses"]
+    inside = [i for i in range(len(blocks)) if bucket["start"] <= i * bs + bs / 2 < bucket["end"]]
+    if other is not None:
+        return [blocks[i] - other["block_losses"][i] for i in inside]
+    return [blocks[i] for i in inside]
+
+
+def _band(ax, xs, band, st) -> None:
+    """A 95 % band: a light fill with edges in the series' colour and line style, so overlapping bands stay apart."""
+    lo, hi = [a for a, _ in band], [b for _, b in band]
+    ax.fill_between(xs, lo, hi, color=st["color"], alpha=BAND_ALPHA, lw=0)
+    for edge in (lo, hi):
+        ax.plot(xs, edge, color=st["color"], ls=st["ls"], lw=0.7, alpha=0.55, gid="band")
+
+
+def close_cluster(series: dict[str, dict], tolerance: float) -> tuple[str | None, list[str]]:
+    """``(reference, members)``: the largest group of variants whose curves lie within *tolerance* of one
+    reference variant's at every common x (the reference is the variant with the most such neighbours, the
+    first on a tie); ``(None, [])`` when no two curves are that close."""
+    def close(v, w):
+        common = series[v].keys() & series[w].keys()
+        return bool(common) and all(abs(series[v][x] - series[w][x]) <= tolerance for x in common)
+
+    best, members = None, []
+    for v in series:
+        near = [w for w in series if w != v and close(v, w)]
+        if len(near) > len(members):
+            best, members = v, near
+    return best, members
+
+
 def loss_vs_position(records: list[dict]):
     """Loss by position in each variant's longest sequence of the first text, with a 95 % band per bucket
-    (when the records carry block losses)."""
+    (when the records carry block losses); markers dodged sideways inside their bucket. When some curves lie
+    within :data:`CLOSE` of the panel's height of each other everywhere, a second panel shows their differences
+    from one of them (paired on the same blocks, with 95 % bands), where the top panel cannot tell them apart."""
     ppl = _ppl_records(records)
     if not ppl:
         return None
@@ -241,32 +297,55 @@ def loss_vs_position(records: list[dict]):
     lengths = {r["length"] for r in longest.values()}
     series = {v: {(b["start"] + b["end"]) / 2: b["loss"] for b in r["metrics"]["buckets"]} for v, r in longest.items()}
     notes = coincidences(series, _describe_positions(orig))
-    fig = _new_figure((8.5, 4.5))
-    ax = fig.subplots()
+    values = [y for s in series.values() for y in s.values()]
+    ref, cluster = close_cluster(series, CLOSE * (max(values) - min(values)))
+    fig = _new_figure((8.5, 6.8 if ref else 4.5))
+    if ref:
+        ax, diff_ax = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    else:
+        ax, diff_ax = fig.subplots(), None
     handles: dict = {}
-    for v, r in longest.items():
+    n = len(longest)
+    for i, (v, r) in enumerate(longest.items()):
         st, m = styles[v], r["metrics"]
-        xs, ys = list(series[v]), list(series[v].values())
+        width = min((b["end"] - b["start"] for b in m["buckets"]), default=0)
+        shift = (i - (n - 1) / 2) * width * 0.5 / max(n, 1)  # inside the bucket the point stands for
+        xs, ys = [x + shift for x in series[v]], list(series[v].values())
         label = _label(st, notes.get(v)) + ("" if len(lengths) == 1 else f", {_fmt_len(r['length'])} tokens")
         hides = v in notes  # drawn over an equal variant: hollow and larger, so the one below shows through
         (line,) = ax.plot(xs, ys, color=st["color"], marker=st["marker"], ls=st["ls"], lw=1.3, ms=7 if hides else 4.5,
                           mfc="none" if hides else st["color"], mew=1.2, gid=v)
         handles[label] = line
         if "block_losses" in m and not _copies_earlier(series, v):  # an equal variant's band is drawn already
-            bs, blocks = m["block_size"], m["block_losses"]
-            band = []
-            for b in m["buckets"]:
-                inside = [x for i, x in enumerate(blocks) if b["start"] <= i * bs + bs / 2 < b["end"]] or [b["loss"]]
-                band.append(bootstrap_mean_interval(inside))
-            ax.fill_between(xs, [lo for lo, _ in band], [hi for _, hi in band], color=st["color"], alpha=0.1, lw=0)
+            _band(ax, xs, [bootstrap_mean_interval(_bucket_blocks(m, b) or [b["loss"]]) for b in m["buckets"]], st)
+        if diff_ax is not None and v in [ref, *cluster]:
+            base = longest[ref]["metrics"]
+            dys = [y - series[ref][x] for x, y in series[v].items()]
+            (dline,) = diff_ax.plot(xs, dys, color=st["color"], marker=st["marker"], ls=st["ls"], lw=1.3,
+                                    ms=7 if hides else 4.5, mfc="none" if hides else st["color"], mew=1.2,
+                                    gid=f"{v}:difference")
+            paired = "block_losses" in m and "block_losses" in base and m["block_size"] == base["block_size"]
+            if paired and v != ref and not _copies_earlier({w: series[w] for w in (ref, v)}, v):
+                _band(diff_ax, xs, [bootstrap_mean_interval(_bucket_blocks(m, b, base) or [0.0])
+                                    for b in m["buckets"]], st)
     _window(ax, orig, handles)
     _position_axis(ax, max(lengths))
-    ax.set_xlabel("token position (marker: mean loss over the bucket around it)")
-    ax.set_ylabel("mean next-token loss" + (" (95 % band)" if any("block_losses" in r["metrics"] for r in ppl)
-                                            else ""))
+    bands = " (95 % band)" if any("block_losses" in r["metrics"] for r in ppl) else ""
+    ax.set_ylabel("mean next-token loss" + bands)
     size = f"{_fmt_len(next(iter(lengths)))} tokens" if len(lengths) == 1 else "longest run of each variant"
     ax.set_title(f"Loss vs position ({size} of {text})")
+    bottom = ax
+    if diff_ax is not None:
+        if orig:
+            diff_ax.axvline(orig, gid="window", **WINDOW_STYLE)
+        others = [v for v in longest if v not in (ref, *cluster)]
+        diff_ax.set_ylabel(f"loss − {ref}" + (" (paired 95 % band)" if bands else ""))
+        diff_ax.set_title(f"Curves the panel above cannot tell apart, as differences from {ref}"
+                          + (f" ({', '.join(others)}: off this scale)" if others else ""), fontsize=9)
+        bottom = diff_ax
+    bottom.set_xlabel("token position (marker: mean loss over the bucket around it, dodged inside the bucket)")
     _outside_legend(fig, handles)
+    _name_sources(fig, ppl)
     return fig
 
 
@@ -301,7 +380,7 @@ def perplexity_vs_length(records: list[dict]):
             if not pts:
                 continue
             st = styles[v]
-            xs = [L * dodge(i) for L, _ in pts]
+            xs = [L * dodge(i, L) for L, _ in pts]
             ys = [m["ppl"] for _, m in pts]
             err = None
             if all("ppl_ci" in m for _, m in pts):
@@ -313,14 +392,34 @@ def perplexity_vs_length(records: list[dict]):
             bars.lines[0].set_gid(v)  # the markers: what tests (and SVG readers) find a variant by
             variant_handles.setdefault(_label(st, notes.get(v)), bars)
         _window(ax, orig, handles)
-        _length_axis(ax, [r["length"] for r in ppl if _text(r) == t], dodge(len(variants) - 1))
+        lengths = [r["length"] for r in ppl if _text(r) == t]
+        _length_axis(ax, lengths, _spread(dodge, len(variants), lengths))
         log = _log_y(ax)
-        ax.set_xlabel("context length (tokens; measured at the ticks only)")
+        ax.set_xlabel(LENGTH_LABEL)
         says = [s for s, on in (("95 % interval", any("ppl_ci" in r["metrics"] for r in ppl)), ("log scale", log)) if on]
         ax.set_ylabel("perplexity" + (f" ({', '.join(says)})" if says else ""))
         ax.set_title(t)
     _outside_legend(fig, variant_handles | handles, title=_link_note(len(variants)))
+    _name_sources(fig, ppl, [] if BASELINE in variants else
+                  [f"no {BASELINE} (before) numbers in these records: each variant alone, no before/after"])
     return fig
+
+
+def _name_sources(fig, records: list[dict], first: list[str] = ()) -> None:
+    """The figure's title: *first*, then where records pooled from other eval folders came from."""
+    heading = [*first, *_sources(records)]
+    if heading:
+        fig.suptitle("\n".join(heading), fontsize=9)
+
+
+def _sources(records: list[dict]) -> list[str]:
+    """"unpatched, yarn-x2 from eval/reports/smollm2-paper" for the records pooled from other eval folders
+    (:func:`rope_extend.eval.runner.compare_records` marks them with their ``source``)."""
+    by: dict[str, list] = defaultdict(list)
+    for r in records:
+        if r.get("source") and r["variant"] not in by[r["source"]]:
+            by[r["source"]].append(r["variant"])
+    return [f"{', '.join(vs)}: records of {src} (same cases)" for src, vs in by.items()]
 
 
 def passkey_heatmap(records: list[dict]):
@@ -345,12 +444,13 @@ def passkey_heatmap(records: list[dict]):
         for (d, L), s in cell.items():
             grid[depths.index(d)][lengths.index(L)] = sum(s) / len(s)
         ax.set_facecolor("0.93")
-        im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto", origin="upper")
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap=HEATMAP_CMAP, aspect="auto", origin="upper")
         for di, d in enumerate(depths):
             for li, L in enumerate(lengths):
                 s = cell.get((d, L))
                 if s:
-                    ax.text(li, di, f"{sum(s):g}/{len(s)}", ha="center", va="center", fontsize=8)
+                    ax.text(li, di, f"{sum(s):g}/{len(s)}", ha="center", va="center", fontsize=8,
+                            color=ink_on(sum(s) / len(s)))
                 else:
                     blank = True
                     ax.text(li, di, "not run", ha="center", va="center", fontsize=7, color="0.4", style="italic")
@@ -361,9 +461,9 @@ def passkey_heatmap(records: list[dict]):
         if v == variants[0]:
             ax.set_ylabel("needle depth")
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="accuracy")
-    fig.suptitle("Passkey retrieval: cells read found/prompts"
-                 + ("; grey \"not run\": no prompt at that depth and length for that variant" if blank else ""),
-                 fontsize=9)
+    _name_sources(fig, pk, ["Passkey retrieval: cells read found/prompts"
+                            + ("; grey \"not run\": no prompt at that depth and length for that variant" if blank
+                               else "")])
     return fig
 
 
@@ -383,14 +483,15 @@ def attention_entropy(records: list[dict]):
     handles: dict = {}
     for i, v in enumerate(variants):
         st, pts = styles[v], sorted(series[v].items())
-        xs, ys = [L * dodge(i) for L, _ in pts], [y for _, y in pts]
+        xs, ys = [L * dodge(i, L) for L, _ in pts], [y for _, y in pts]
         _link(ax, [L for L, _ in pts], xs, ys, st["color"], orig)
         (dots,) = ax.plot(xs, ys, color=st["color"], marker=st["marker"], ls="none", ms=6,
                           mfc="none" if v in notes else st["color"], mew=1.3, gid=v)
         handles[_label(st, notes.get(v))] = dots
     _window(ax, orig, handles)
-    _length_axis(ax, [r["length"] for r in ent], dodge(len(variants) - 1))
-    ax.set_xlabel("context length (tokens; measured at the ticks only)")
+    lengths = [r["length"] for r in ent]
+    _length_axis(ax, lengths, _spread(dodge, len(variants), lengths))
+    ax.set_xlabel(LENGTH_LABEL)
     ax.set_ylabel("mean attention entropy (nats)")
     _outside_legend(fig, handles, title=_link_note(len(variants)))
     return fig
@@ -409,19 +510,19 @@ def retrieval_accuracy(records: list[dict]):
     ceil = ceilings(records)
     tasks = list(dict.fromkeys(task_label(r) for r in recs))
     variants = _variants(recs)
-    fig = _new_figure((1.5 + 4.4 * len(tasks), 4.0))
+    fig = _new_figure((1.5 + 5.2 * len(tasks), 4.0))
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
     variant_handles: dict = {}
     handles: dict = {}  # reference lines, listed after the variants
     for ax, t in zip(axes, tasks):
         lengths = sorted({L for (k, _, L) in cells if k == t})
         drawn = [v for v in variants if any(k == t and vv == v for (k, vv, _) in cells)]
-        dodge = _dodge(lengths, len(drawn), width=0.7)
+        dodge = _dodge(lengths, len(drawn))
         for i, v in enumerate(drawn):
             st = styles[v]
             pts = sorted((L, accuracy(s.values()), sum(s.values())) for (k, vv, L), s in cells.items()
                          if k == t and vv == v)
-            xs, ys = [L * dodge(i) for L, _, _ in pts], [a for _, (a, _, _, _), _ in pts]
+            xs, ys = [L * dodge(i, L) for L, _, _ in pts], [a for _, (a, _, _, _), _ in pts]
             big = [n >= MIN_N_FOR_BARS for _, (_, _, _, n), _ in pts]
             err = [[(a - lo) if b else 0 for (_, (a, lo, _, _), _), b in zip(pts, big)],
                    [(hi - a) if b else 0 for (_, (a, _, hi, _), _), b in zip(pts, big)]]
@@ -435,7 +536,7 @@ def retrieval_accuracy(records: list[dict]):
                     ax.annotate(f"{k:g}/{n}", (x, y), xytext=(0, -11 if y > 0.9 else 7), textcoords="offset points",
                                 ha="center", fontsize=6.5, color=st["color"])
         _window(ax, orig, handles)
-        _length_axis(ax, lengths, dodge(len(drawn) - 1))
+        _length_axis(ax, lengths, _spread(dodge, len(drawn), lengths))
         c = ceil.get(t)
         ceiling = ""
         if c:  # drawn where it is read: beyond the window
@@ -448,9 +549,10 @@ def retrieval_accuracy(records: list[dict]):
         small = ns[0] < MIN_N_FOR_BARS
         ax.set_title(f"{t}\nn = {'/'.join(map(str, ns))} prompts per point"
                      + (" (counts k/n shown)" if small else " (95 % Wilson bars)") + ceiling, fontsize=9)
-        ax.set_xlabel("context length (tokens)")
+        ax.set_xlabel(LENGTH_LABEL)
     axes[0].set_ylabel("accuracy (found / prompts)")
     _outside_legend(fig, variant_handles | handles, title=_link_note(len(variant_handles)))
+    _name_sources(fig, recs)
     return fig
 
 

@@ -318,20 +318,45 @@ def _progress(enabled: bool):
     )
 
 
-def rebuild_report(out_dir: str | os.PathLike, plots: bool = True) -> Path:
+def rebuild_report(out_dir: str | os.PathLike, plots: bool = True, compare=(), compare_variants=()) -> Path:
     """Rewrite ``report.md`` (and the plots) of *out_dir* from its ``results.jsonl`` and ``run.json``: for a run
-    still in progress or stopped early (the header then says how many cases are missing)."""
+    still in progress or stopped early (the header then says how many cases are missing). The plots also draw the
+    records of the *compare* folders on the same cases (see :func:`compare_records`)."""
     out = Path(out_dir)
     meta, records = run_records(out)
-    return write_outputs(records, out, plots=plots, meta=meta)
+    before = compare_records(records, compare, compare_variants)
+    return write_outputs(records, out, plots=plots, meta=meta, plot_records=before + records if before else None)
 
 
-def write_outputs(records: list[dict], out: Path, plots: bool = True, meta: dict | None = None) -> Path:
-    """report.md and, with `plots`, the PNGs it links (drawn first, so the report names only files that exist)."""
+def compare_records(records: list[dict], folders, variants=()) -> list[dict]:
+    """The records of eval *folders* (in their runs' variant order) on the cases *records* ran, for variants
+    *records* lacks (only *variants* when given), each variant and case once, marked with their ``source``
+    folder: e.g. the base model's eval as the "before" of a trained checkpoint's."""
+    cases = {r["case_id"] for r in records}
+    own = {r["variant"] for r in records}
+    seen, out = set(), []
+    for folder in folders:
+        theirs = run_records(folder)[1] if (Path(folder) / RUN_FILE).is_file() else read_results(folder)
+        if not theirs:
+            raise FileNotFoundError(f"{folder} has no {RESULTS_FILE}: --compare takes an eval output folder")
+        for r in theirs:
+            key = (r["variant"], r["case_id"])
+            if r["case_id"] in cases and r["variant"] not in own and (not variants or r["variant"] in variants) \
+                    and key not in seen:
+                seen.add(key)
+                out.append({**r, "source": str(folder)})
+    return out
+
+
+def write_outputs(records: list[dict], out: Path, plots: bool = True, meta: dict | None = None,
+                  plot_records: list[dict] | None = None) -> Path:
+    """report.md and, with `plots`, the PNGs it links (drawn first, so the report names only files that exist),
+    from *plot_records* when given (the report's records with others beside them)."""
     from .plots import make_plots
     from .report import write_report
 
-    return write_report(records, out, images=make_plots(records, out) if plots else {}, meta=meta)
+    images = make_plots(records if plot_records is None else plot_records, out) if plots else {}
+    return write_report(records, out, images=images, meta=meta)
 
 
 def run_records(out_dir: str | os.PathLike) -> tuple[dict, list[dict]]:

@@ -21,21 +21,47 @@ def write_files(folder: Path, summary: dict[str, Any], history: list[dict]) -> N
         plot_loss(losses, folder / LOSS_PLOT, summary.get("title", "training loss"))
 
 
+def smoothing_window(steps: int) -> int:
+    """Steps per point of the smoothed loss: a tenth of the run, at least 3 (one step's loss moves with its batch)."""
+    return max(3, steps // 10)
+
+
 def plot_loss(points: list[tuple[int, float]], path: Path, title: str) -> None:
-    import matplotlib
+    loss_figure(points, title).savefig(path)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
-    ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None)
+def loss_figure(points: list[tuple[int, float]], title: str):
+    """Each step's loss, faint, and its trailing mean over :func:`smoothing_window` steps, bold: what the loss
+    did, not one batch's luck."""
+    from matplotlib.figure import Figure
+
+    from ..plotstyle import PALETTE, smooth
+
+    steps, losses = [p[0] for p in points], [p[1] for p in points]
+    fig = Figure(figsize=(6.4, 3.7), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    ax.plot(steps, losses, color=PALETTE[1], lw=0.9, alpha=0.6, marker="." if len(points) < 200 else None,
+            ms=4, label="each step (one batch)", gid="step")
+    k = smoothing_window(len(points))
+    if len(points) > k:
+        mean = smooth(losses, k)
+        ax.plot(steps[k - 1:], mean[k - 1:], color="black", lw=2.2, label=f"mean of the last {k} steps",
+                gid="smoothed")
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (nats/token)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    fig.legend(fontsize=8, loc="outside lower center", ncols=2, frameon=False)  # never over the data
+    return fig
+
+
+def redraw_loss_plot(folder: Path) -> Path:
+    """Draw *folder*'s loss plot again from its training_log.jsonl and training.json (no training run needed)."""
+    folder = Path(folder)
+    history = [json.loads(line) for line in (folder / LOG_FILE).read_text().splitlines() if line.strip()]
+    title = json.loads((folder / SUMMARY_FILE).read_text()).get("title", "training loss")
+    plot_loss([(row["step"], row["loss"]) for row in history if "loss" in row], folder / LOSS_PLOT, title)
+    return folder / LOSS_PLOT
 
 
 def loss_line(summary: dict[str, Any]) -> str | None:

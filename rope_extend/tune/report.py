@@ -104,64 +104,88 @@ def candidates_markdown(result) -> str:
 
 
 def plot_objective(result, path: Path) -> Path:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..plotstyle import styles_for
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for rung, length in enumerate(result.rungs):
-        pts = [(n, r["loss"]) for n, r in enumerate(result.records, 1) if r["rung"] == rung and math.isfinite(r["loss"])]
-        for family, marker in (("closed", "o"), ("per-dim", "^")):
-            fam = [(n, loss) for (n, loss), r in zip(pts, [result.records[n - 1] for n, _ in pts]) if r["family"] == family]
-            if fam:
-                ax.scatter(*zip(*fam), marker=marker, label=f"rung {rung} ({length} tok), {family}", s=22)
+    fig = Figure(figsize=(9, 4.5), layout="constrained")
+    ax = fig.subplots()
+    groups = {}
+    for n, r in enumerate(result.records, 1):
+        if math.isfinite(r["loss"]):
+            label = f"rung {r['rung']} ({result.rungs[r['rung']]} tok), {r['family']}"
+            groups.setdefault(label, []).append((n, r["loss"]))
+    styles = styles_for(sorted(groups))
+    for label in sorted(groups):
+        st = styles[label]
+        ax.plot(*zip(*groups[label]), ls="none", marker=st["marker"], color=st["color"], ms=7, label=label, gid=label)
     ax.set(xlabel="evaluation #", ylabel=f"mean loss beyond {result.geometry.original_length}",
            title="tune: objective vs evaluations (each rung is a longer prefix)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.legend(fontsize=8, loc="outside right center", frameon=False)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
-def plot_curve(result, config, path: Path) -> Path:
+def curve_figure(result, config):
     """The chosen per-dimension factors and the tuned closed form against the closed forms at their defaults
-    (`inspect`'s curves), as inverse frequency per disk and as factor θ_i / θ'_i."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    (`inspect`'s curves): inverse frequency and factor θ_i / θ'_i per disk, and each curve's attention factor.
+    A curve whose factors equal an earlier curve's at every disk (YaRN's are NTK-by-parts'; a tuned closed form is
+    often YaRN at its default) says so in the legend (``= yarn at every disk``) and is drawn hollow and larger;
+    each curve's markers sit on its own disks, so curves drawn over each other all show."""
+    from matplotlib.figure import Figure
 
     from ..inspect import method_curves
+    from ..plotstyle import plain_log_axis, styles_for
     from .space import closed_form_factors
 
     geom = result.geometry
     original = default_inv_freq(geom.rotary_dim, geom.base).double()
     curves = {k: (v[0].double(), v[1]) for k, v in method_curves(config, geom.factor).items()}
-    tuned = {}
     if result.best_closed is not None:
         f, a = closed_form_factors(geom, result.best_closed.candidate.spec)
-        tuned[f"tuned closed: {result.best_closed.candidate.name}"] = (original / f, a)
+        curves[f"tuned closed: {result.best_closed.candidate.name}"] = (original / f, a)
     if result.best_per_dim is not None:
         spec = result.best_per_dim.candidate.spec
-        tuned["tuned per-dim (long factors)"] = (original / torch.tensor(spec["long_factor"], dtype=torch.float64),
-                                                 spec["attention_factor"])
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
-    index = range(geom.n_freq)
-    for label, (inv, attn) in {**curves, **tuned}.items():
-        style = {"linewidth": 2.6 if label.startswith("tuned") else 1.3,
-                 "linestyle": "-" if label.startswith("tuned") else "--"}
-        name = label if attn == 1.0 else f"{label} (attn x{attn:.3f})"
-        axes[0].plot(index, inv.numpy(), label=name, **style)
-        axes[1].plot(index, (original / inv).numpy(), label=name, **style)
-    axes[0].set(yscale="log", xlabel="disk i (fast → slow)", ylabel="θ'_i (rad / token)", title="inverse frequency")
-    axes[1].set(yscale="log", xlabel="disk i (fast → slow)", ylabel="θ_i / θ'_i", title="per-dimension factor")
-    axes[1].legend(fontsize=7)
+        curves["tuned per-dim (long factors)"] = (original / torch.tensor(spec["long_factor"], dtype=torch.float64),
+                                                  spec["attention_factor"])
+    factors = {label: dict(enumerate((original / inv).tolist())) for label, (inv, _) in curves.items()}
+    notes = {}  # whole curves hidden under an earlier one
+    for k, label in enumerate(factors):
+        same = next((w for w in list(factors)[:k] if all(math.isclose(y, factors[w][d], rel_tol=1e-6)
+                                                         for d, y in factors[label].items())), None)
+        if same:
+            notes[label] = f"= {same} at every disk"
+    styles = styles_for(curves, reference="original")
+    fig = Figure(figsize=(16, 5.2), layout="constrained")
+    ax_inv, ax_f, ax_a = fig.subplots(1, 3, width_ratios=(5, 5, 2))
+    index = list(range(geom.n_freq))
+    every = max(len(curves), 4)  # each curve's markers on its own disks: coinciding curves show every marker
+    for k, (label, (inv, attn)) in enumerate(curves.items()):
+        st, hides = styles[label], label in notes
+        look = {"color": st["color"], "ls": st["ls"], "marker": st["marker"], "markevery": (k % every, every),
+                "lw": 2.4 if label.startswith("tuned") else 1.4, "ms": 8 if hides else 5.5,
+                "mfc": "none" if hides else st["color"], "mew": 1.4, "gid": label}
+        name = label + (f" ({notes[label]})" if hides else "")
+        ax_inv.plot(index, inv.numpy(), **look)
+        ax_f.plot(index, list(factors[label].values()), label=name, **look)
+        ax_a.barh(k, attn, color=st["color"], height=0.6, gid=label)
+        ax_a.text(attn, k, f" {attn:.3f}", va="center", fontsize=8)
+    ax_inv.set(yscale="log", xlabel="disk i (fast → slow)", ylabel="θ'_i (rad / token)", title="inverse frequency")
+    values = [v for f in factors.values() for v in f.values()]
+    ax_f.set(yscale="log", xlabel="disk i (fast → slow)", ylabel="θ_i / θ'_i (log scale)",
+             title="per-dimension factor", ylim=(min(values) / 1.04, max(values) * 1.04))
+    plain_log_axis(ax_f, "y")
+    ax_a.set_yticks(range(len(curves)), list(curves), fontsize=8)
+    ax_a.invert_yaxis()
+    ax_a.set_xlim(min(a for _, a in curves.values()) * 0.97, max(a for _, a in curves.values()) * 1.03)
+    ax_a.set(xlabel="attention factor", title="attention factor")
+    fig.legend(*ax_f.get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncols=3, frameon=False)
     fig.suptitle(f"rotary dim {geom.rotary_dim}, base {geom.base:g}, {geom.original_length} → {geom.target_length}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def plot_curve(result, config, path: Path) -> Path:
+    curve_figure(result, config).savefig(path, dpi=110)
     return path
 
 
