@@ -68,12 +68,13 @@ recorded() {  # recorded OUT COMMAND...: run COMMAND, then append to OUT/steps.l
   out=$1; shift
   if [ -n "$DRY_RUN" ]; then echo "$@"; exit 0; fi
   start=$(date -u +%Y-%m-%dT%H:%M:%SZ) t0=$(date +%s) rc=0
+  commit=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- rope_extend tools 2>/dev/null || echo "+uncommitted")
   nice -n 10 "$@" || rc=$?
   mkdir -p "$out"
   versions=$($PY -c 'import torch, transformers; print(f"torch {torch.__version__}, transformers {transformers.__version__}")')
   cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   printf '%s  %s s  exit %s  commit %s  %s cores (%s), OMP_NUM_THREADS=%s, %s\n  %s\n' "$start" "$(( $(date +%s) - t0 ))" \
-    "$rc" "$(git rev-parse --short HEAD 2>/dev/null)" "$(nproc)" "$cpu" "$OMP_NUM_THREADS" "$versions" "$*" >> "$out/steps.log"
+    "$rc" "$commit" "$(nproc --all)" "$cpu" "$OMP_NUM_THREADS" "$versions" "$*" >> "$out/steps.log"
   exit $rc
 }
 ev() {  # ev SUITE OUT [eval options...]: one resumable eval run, single-threaded and niced, recorded in OUT/steps.log
