@@ -41,7 +41,7 @@
 #   tools/run_retrieval_evidence.sh ppl-8x      # perplexity at 2k-64k (the docs text only: the licences are 42k
 #                                               # tokens): unpatched and every 8L variant
 #   tools/run_retrieval_evidence.sh string-filler  # STRING inside the window: passkey at 4k/6k/8k, 20 prompts per length,
-#                                               # classic filler: unpatched, STRING defaults, STRING W = 512
+#                                               # classic filler: unpatched, STRING defaults, W = 512, factor 1.0693
 #   tools/run_retrieval_evidence.sh string-prose   # ... the prose haystack (side by side with string-filler)
 #   tools/run_retrieval_evidence.sh string-ppl     # ... perplexity at 2k/4k/8k on both texts
 #   tools/run_retrieval_evidence.sh string-ruler    # ... lm-eval's own RULER niah_single_1 and niah_multikey_2 at 8k,
@@ -85,9 +85,10 @@ evd() {  # evd SUITE OUT [eval options...]: ev on DEVICE in DTYPE, into OUT plus
   suite=$1 out=$2; shift 2
   ev "$suite" "$out$TAG" --device "$DEVICE" --dtype "$DTYPE" "$@"
 }
-# STRING inside the window (issue 44): the unpatched model, STRING's defaults (S = 0.33 L, W = 128) and W = 512, on
-# the same prompts (VARIANTS replaces the two STRING specs)
-STRING_VARIANTS=${VARIANTS:---spec method=string --spec method=string,local_value=512}
+# STRING inside the window (issue 44): the unpatched model, STRING's defaults (S = 0.33 L, W = 128), W = 512 and the
+# authors' code's attention factor 0.1 ln 2 + 1, on the same prompts (VARIANTS replaces the three STRING specs)
+STRING_VARIANTS=${VARIANTS:---spec method=string --spec method=string,local_value=512 \
+  --spec method=string,attention_factor=1.0693147180559945}
 attn() {  # attn METHOD FACTOR: the defaults and + log_n (the spec file next to the suite)
   echo "--spec method=$1,factor=$2 --spec eval/reports/smollm2-passkey-$2x/$1-x$2-logn.yaml"
 }
