@@ -16,7 +16,13 @@ from typing import Any
 import torch
 
 from . import compat
-from .errors import AlreadyScaledError, ShorterWindowError, SpecError, UnsupportedModelError, VerificationError
+from .errors import (
+    AlreadyScaledError,
+    ShorterWindowError,
+    SpecError,
+    UnsupportedModelError,
+    VerificationError,
+)
 from .facts import encode_slots, read_rope
 from .methods import RopeContext, RopeMethod, default_inv_freq
 from .spec import RopeSpec, load_spec
@@ -269,7 +275,7 @@ def _check_window(facts, spec: RopeSpec, targets, base_theta: float) -> None:
         raise AlreadyScaledError(
             f"{now}; {reach} would reach only {target}, shorter than now. To extend it: {extend_text}; to replace the "
             f"scheme at {window} tokens: {_flags({'target_length': window, 'replace_existing': True})} "
-            f"({spec.method} x{window / original:g})",
+            f"({spec.method} x{window / original:g})" + ("; or unpatch_model() first" if facts.marker else ""),
             fix=extend,
         )
     if target < window and not spec.shorten_window:
