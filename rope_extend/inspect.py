@@ -180,6 +180,11 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
                     "original length and base (replace_existing: true)"
                 )
             spec = spec.model_copy(update={"replace_existing": True})
+        resolved = spec.resolve(spec.original_max_position_embeddings or facts.original_length())
+        if facts.window and resolved.target_length < facts.window and not spec.shorten_window:
+            notes.append(f"{spec.method} x{resolved.factor:g} reaches {resolved.target_length} tokens, shorter than the "
+                         f"model's {facts.window} now: patch refuses it unless asked (shorten_window: true)")
+            spec = spec.model_copy(update={"shorten_window": True})
         plan = plan_patch(config, spec)
         slot = plan.targets[0]
         dim = plan.rotary_dims[slot]
@@ -233,6 +238,8 @@ class Recommendation:
     alternatives: dict[str, str]
     reasons: list[str]
     costs: dict[str, dict[str, float]]  # method -> {"changed": fraction of disks moved, "high_shift": ...}
+    # what this project measured at this ratio when it is a warning (rope_extend.measured), else None
+    caveat: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -362,7 +369,26 @@ def recommend(config, target_length: int) -> Recommendation:
                            f"{original} (--set replace_existing=true)")
         if factor <= 2:
             alternatives["ntk"] = "at small factors (<= 2) a plain rope_theta change every loader reads"
-    return Recommendation(target_length, original, factor, method, alternatives, reasons, costs)
+    return with_measurements(Recommendation(target_length, original, factor, method, alternatives, reasons, costs))
+
+
+def with_measurements(advice: Recommendation) -> Recommendation:
+    """The recommendation with what this project measured at its ratio (or that nothing was), and the commands that
+    measure it on the user's model and train it at the new length."""
+    from .measured import at_ratio
+
+    if advice.method is None:
+        return advice
+    measured = at_ratio(advice.factor, advice.method)
+    spec = f"method={advice.method},target_length={advice.target_length}"
+    advice.reasons.extend(measured.lines)
+    advice.reasons.append(
+        f"measure it on your model: rope-extend eval SOURCE --spec {spec} -o report/ (passkey and perplexity, "
+        f"patched vs unpatched); to train at the new length: rope-extend train SOURCE --method {advice.method} "
+        f"--target-length {advice.target_length} --text FILE -o OUT (docs/train.md)"
+    )
+    advice.caveat = measured.caveat
+    return advice
 
 
 def costs_or_accepted(config, method: str, factor: float, costs: dict) -> dict:
