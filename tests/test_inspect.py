@@ -266,3 +266,26 @@ def test_recommend_on_the_demo_model_carries_what_the_project_measured_at_that_r
     assert at_3x.caveat == "not measured by this project at x3.052"
     assert any(line.startswith("nothing was measured by this project at x3.052 (measured on SmolLM2-135M: x2, x4, "
                                "x8; the nearest below: x2)") for line in at_3x.reasons)
+
+
+def test_recommend_reads_its_rules_from_the_method_objects(monkeypatch):
+    """Which static methods are compared and in what preference, which shipped scheme is kept and each alternative's
+    words live on the method objects (preference, kept_when_shipped, alternative), not in inspect.py: changing an
+    object changes the recommendation."""
+    from rope_extend.methods import get_method
+
+    config = big_config()
+    advice = recommend(config, 12288)
+    assert list(advice.costs) == ["yarn", "ntk", "linear", "llama3"] and advice.method == "yarn"
+    assert advice.alternatives["dynamic"] == get_method("dynamic").alternative(6.0, "yarn")
+    monkeypatch.setattr(type(get_method("ntk")), "preference", -1)
+    advice = recommend(config, 12288)
+    assert list(advice.costs)[0] == advice.method == "ntk"
+    assert not any("do not accept" in line for line in advice.reasons)  # yarn is accepted, ntk preferred
+    assert any(line.startswith("ntk keeps the fast disks (moves 9") and "temperature" not in line
+               for line in advice.reasons)
+    assert advice.alternatives["yarn"] == get_method("yarn").alternative(6.0, "ntk")
+    monkeypatch.undo()
+    assert recommend(llama3_config(), 65536).method == "llama3"  # Llama 3.x keeps its scheme
+    monkeypatch.setattr(type(get_method("llama3")), "kept_when_shipped", False)
+    assert recommend(llama3_config(), 65536).method == "yarn"
