@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 EXAMPLES = """Examples:
 
-  rope-extend patch meta-llama/Llama-3.1-8B --method yarn --factor 8 -o out/llama-yarn8
+  rope-extend patch ./my-model --method yarn --factor 8 -o out/my-model-yarn8
+
+  rope-extend patch meta-llama/Llama-3.1-8B --method yarn --target-length 262144 --set replace_existing=true -o out/llama-256k
 
   rope-extend patch ./my-model --config configs/yarn-x8.yaml --set beta_fast=64 -o out/
 
