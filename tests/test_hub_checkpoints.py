@@ -234,3 +234,23 @@ def test_qwen2_5_with_its_yarn_x4_reaches_131072_and_only_an_explicit_opt_in_sho
     shorter = plan_patch(config, method="yarn", factor=2, replace_existing=True, shorten_window=True)
     assert shorter.max_position_embeddings == 65536 and shorter.marker["spec"]["shorten_window"] is True
     assert "shorten_window" not in plan.marker["spec"]  # not asked: not recorded
+
+
+def test_the_printed_command_keeps_the_users_other_options_and_replaces_the_length():
+    """The `Run:` command keeps SOURCE (quoted), --revision, --config, the other --set keys and OUT, drops the
+    factor/target the refusal replaces (flags or --set), and sets each fix key once."""
+    from rope_extend import AlreadyScaledError, ShorterWindowError
+    from rope_extend.cli.patch_cmd import with_command
+
+    args = {"revision": "v1", "config": Path("my spec.yaml"), "method": None, "factor": 8.0, "target_length": None,
+            "sets": ["beta_fast=64", "factor=8", "replace-existing=true"]}
+    exc = with_command(AlreadyScaledError("refused", fix={"target_length": 262144, "replace_existing": True}),
+                       "my model", Path("out dir"), args)
+    assert isinstance(exc, AlreadyScaledError) and exc.fix == {"target_length": 262144, "replace_existing": True}
+    assert str(exc) == ("refused. Run: rope-extend patch 'my model' --revision v1 --config 'my spec.yaml' "
+                        "--target-length 262144 --set beta_fast=64 --set replace_existing=true -o 'out dir'")
+    exc = with_command(AlreadyScaledError("refused", fix={"replace_existing": True}), "m", Path("o"),
+                       {**args, "config": None, "method": "yarn", "revision": None, "sets": []})
+    assert str(exc) == "refused. Run: rope-extend patch m --method yarn --factor 8 --set replace_existing=true -o o"
+    plain = ShorterWindowError("no fix")
+    assert with_command(plain, "m", Path("o"), args) is plain
