@@ -182,8 +182,8 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
             spec = spec.model_copy(update={"replace_existing": True})
         resolved = spec.resolve(spec.original_max_position_embeddings or facts.original_length())
         if facts.window and resolved.target_length < facts.window and not spec.shorten_window:
-            notes.append(f"{spec.method} x{resolved.factor:g} reaches {resolved.target_length} tokens, shorter than the "
-                         f"model's {facts.window} now: patch refuses it unless asked (shorten_window: true)")
+            notes.append(f"{spec.method} x{resolved.factor:g} reaches {resolved.target_length} tokens, shorter "
+                         f"than the model's {facts.window} now: patch refuses it unless asked (shorten_window: true)")
             spec = spec.model_copy(update={"shorten_window": True})
         plan = plan_patch(config, spec)
         slot = plan.targets[0]

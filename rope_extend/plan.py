@@ -261,9 +261,10 @@ def _check_window(facts, spec: RopeSpec, targets, base_theta: float) -> None:
     reach = f"{spec.method} x{spec.factor:g} over the original {original} tokens"
     longer = target if target > window else 2 * window
     extend = {"target_length": longer, "replace_existing": True} if facts.is_scaled else {"target_length": longer}
-    extend_text = (f"{_flags(extend)} ({spec.method} x{longer / original:g} over {original} -> {longer} tokens)")
+    extend_text = f"{_flags(extend)} ({spec.method} x{longer / original:g} over {original} -> {longer} tokens)"
     if facts.is_scaled and not spec.replace_existing:
-        now = f"the model already carries RoPE scaling ({_describe(facts.slots, targets, facts.marker)}), {window} tokens now"
+        scheme = _describe(facts.slots, targets, facts.marker)
+        now = f"the model already carries RoPE scaling ({scheme}), {window} tokens now"
         if target >= window:
             raise AlreadyScaledError(
                 f"{now}; {reach} reaches {target}, but applying it on top would double-scale: add "
