@@ -10,8 +10,8 @@ HF_HUB_OFFLINE=1, HF_HUB_CACHE at the fixture), measured with os.wait4: wall sec
 and the child's peak RSS. The 70B and the 135M runs alternate (A B B A ...) so machine noise hits both alike;
 medians are reported with their ratio.
 
-1. 70B vs 135M, `--repeats` times each (Llama-3.1 ships llama3 scaling, so its command adds
-   `--set replace_existing=true`).
+1. 70B vs 135M, `--repeats` times each (Llama-3.1 ships llama3 scaling to 131072 tokens, so its command is
+   `--target-length 262144 --set replace_existing=true`: yarn x4 would shorten it to 32768, which patch refuses).
 2. The other real checkpoints once each (Llama-2-7B, Llama-3.1-8B, Mistral-7B-v0.3, Qwen2.5-7B, Gemma-3-1B): the
    same command; each output is checked verified and hard-linked (every weight file shares the blob's inode).
 3. Error paths (bad method, OUT inside SOURCE, OUT a dangling link, factor out of range, an uncached id, scaling
@@ -58,8 +58,10 @@ def cli(args: list[str], env: dict) -> dict:
 
 
 def patch_args(source: str, out: Path) -> list[str]:
-    extra = ["--set", "replace_existing=true"] if source in LLAMA3 else []
-    return ["patch", source, "--method", "yarn", "--factor", "4", "-o", str(out), *extra]
+    if source in LLAMA3:  # yarn x32 over 8192: beyond the 131072 tokens it reaches already
+        return ["patch", source, "--method", "yarn", "--target-length", "262144", "-o", str(out), "--set",
+                "replace_existing=true"]
+    return ["patch", source, "--method", "yarn", "--factor", "4", "-o", str(out)]
 
 
 def check_output(cache: Path, repo: str, out: Path) -> str:

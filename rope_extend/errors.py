@@ -25,7 +25,23 @@ class UnsupportedModelError(RopeExtendError, ValueError):
 
 
 class AlreadyScaledError(RopeExtendError, ValueError):
-    """The model already carries a RoPE scaling scheme and the spec would silently stack on top of it."""
+    """The model already carries a RoPE scaling scheme and the spec would silently stack on top of it.
+
+    `fix`: the spec keys of a way forward that really extends the model (e.g. {"target_length": 262144,
+    "replace_existing": True}), for front ends that print a whole command."""
+
+    def __init__(self, message: str, *, fix: dict | None = None):
+        super().__init__(message)
+        self.fix = fix or {}
+
+
+class ShorterWindowError(SpecError):
+    """The patch would write a checkpoint whose window is shorter than the source's, and the spec does not ask for
+    that (`shorten_window: true`). `fix` as in `AlreadyScaledError`."""
+
+    def __init__(self, message: str, *, fix: dict | None = None, value: object = None):
+        super().__init__(message, field="target_length", value=value)
+        self.fix = fix or {}
 
 
 class ModelConfigError(RopeExtendError, ValueError):

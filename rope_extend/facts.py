@@ -73,6 +73,18 @@ class RopeFacts:
         return slot_original_length(params, self.pristine_max_position_embeddings)
 
     @property
+    def window(self) -> int | None:
+        """The length the model reaches now: max_position_embeddings, or its scheme's original length x factor when
+        that is longer (Qwen2.5's YaRN x4 from 32768 in a config that keeps 32768). None without a length."""
+        if self.max_position_embeddings is None:
+            return None
+        params = self.slots[self.main_slot]
+        factor, original = params.get("factor"), params.get("original_max_position_embeddings")
+        if params.get("rope_type", "default") in UNSCALED_TYPES or not (factor and original):
+            return self.max_position_embeddings
+        return max(self.max_position_embeddings, int(round(float(factor) * int(original))))
+
+    @property
     def is_scaled(self) -> bool:
         """True when the config already carries a scheme (its own or an earlier rope-extend patch)."""
         return self.marker is not None or any(

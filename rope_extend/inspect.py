@@ -33,7 +33,7 @@ from . import compat
 from .encodings import rope_kernel, rope_rotations, rope_wavelengths
 from .errors import CheckpointError, SpecError
 from .facts import read_rope
-from .methods import RopeContext, compute, default_inv_freq
+from .methods import RopeContext, all_methods, compute, default_inv_freq, get_method, method_names
 from .plan import check_rope_model, plan_patch
 from .spec import RopeSpec, load_spec
 
@@ -181,6 +181,11 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
                     "original length and base (replace_existing: true)"
                 )
             spec = spec.model_copy(update={"replace_existing": True})
+        resolved = spec.resolve(spec.original_max_position_embeddings or facts.original_length())
+        if facts.window and resolved.target_length < facts.window and not spec.shorten_window:
+            notes.append(f"{spec.method} x{resolved.factor:g} reaches {resolved.target_length} tokens, shorter "
+                         f"than the model's {facts.window} now: patch refuses it unless asked (shorten_window: true)")
+            spec = spec.model_copy(update={"shorten_window": True})
         plan = plan_patch(config, spec)
         slot = plan.targets[0]
         dim = plan.rotary_dims[slot]
@@ -238,6 +243,8 @@ class Recommendation:
     alternatives: dict[str, str]
     reasons: list[str]
     costs: dict[str, dict[str, float]]  # method -> {"changed": fraction of disks moved, "high_shift": ...}
+    # what this project measured at this ratio when it is a warning (rope_extend.measured), else None
+    caveat: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -316,61 +323,73 @@ def recommend(config, target_length: int) -> Recommendation:
     unseen = sum(1 for r in base_view.rows if r.rotations < 1)
     reasons.append(f"{unseen} of {len(base_view.rows)} disks make less than one turn in {original} tokens; "
                    "interpolating them is what every method does")
-    for name in ("linear", "ntk", "yarn", "llama3"):
+    compared = sorted((m for m in all_methods() if m.preference is not None), key=lambda m: m.preference)
+    for candidate in compared:
         try:
-            view = inspect_rope(config, method=name, factor=factor)
+            view = inspect_rope(config, method=candidate.name, factor=factor)
         except (SpecError, ValueError):
             continue
-        costs[name] = short_context_cost(view)
+        costs[candidate.name] = short_context_cost(view)
     if costs:
         reasons.append(
             "short-context cost (fraction of disks moved; mean shift of the fastest quarter in octaves, "
             f"log2 s = {math.log2(factor):.3f} means fully interpolated): "
             + "; ".join(f"{name} {c['changed']:.0%}, {c['high_shift']:.3f}" for name, c in costs.items())
         )
-    # in the order and the words of the README's "Which method when" (engines serve yarn, the recommendation)
-    alternatives = {
-        "dynamic-yarn": "when short-context quality matters and you serve in-process with rope_extend.patch_model: "
-        "the original model below L, YaRN beyond (stock loaders load it as static yarn)",
-        "dynamic": "when short-context quality matters with stock transformers: exact original model below L (on "
-        "SmolLM2-135M the best frequency method at retrieval, its perplexity far above yarn's at 4x)",
-        "self-extend": "for retrieval and perplexity beyond L without training, in-process (rope_extend.patch_model; "
-        "it remaps attention positions and keeps the original RoPE), best at 2x on SmolLM2-135M"
-        + ("; beyond 2x add --set log_n=true (measured at 4x: it then ties dynamic on retrieval, with lower "
-           "perplexity than any frequency method)" if factor > 2 else "; at 4x add --set log_n=true")
-        + ". Measured fast on CPU, not yet on a GPU (use a frequency method there); engines serve the original "
-        "model (serve yarn there)",
-    }
-    if current_type in ("llama3", "longrope") and current_type in costs_or_accepted(config, current_type, factor, costs):
+    shipped = get_method(current_type) if current_type in method_names() else None
+    if shipped is not None and shipped.kept_when_shipped and current_type in costs_or_accepted(
+            config, current_type, factor, costs):
         method = current_type
         reasons.append(f"the model already ships {current_type} scaling: keep its family's scheme, re-derived at the "
                        "new factor (--set replace_existing=true)")
-        if "yarn" in costs:
-            alternatives["yarn"] = "if you need a scheme every engine reproduces, with an attention temperature"
-    elif "yarn" not in costs:
-        accepted = [name for name in ("ntk", "linear", "llama3") if name in costs]
-        method = accepted[0] if accepted else None
-        reasons.append(
-            f"{base_view.model_type} configs do not accept yarn"
-            + (f"; {method} is the closest method they accept" if method else "; no method in our table applies")
-        )
     else:
-        method = "yarn"
-        if "yarn" in costs and "linear" in costs:
+        best = compared[0].name  # the preferred static method (yarn)
+        method = next(iter(costs), None)  # the most preferred one the model's config accepts
+        if method is None:
+            reasons.append(f"{base_view.model_type} configs accept none of {', '.join(m.name for m in compared)}")
+        elif method != best:
+            reasons.append(f"{base_view.model_type} configs do not accept {best}; {method} is the most preferred "
+                           "method they accept")
+        elif len(costs) > 1:
+            fullest = max(costs, key=lambda name: costs[name]["changed"])
+            attention = inspect_rope(config, method=method, factor=factor).attention_factor
             reasons.append(
-                f"yarn keeps the fast disks (moves {costs['yarn']['changed']:.0%} vs linear's "
-                f"{costs['linear']['changed']:.0%}) and adds a temperature "
-                f"{inspect_rope(config, method='yarn', factor=factor).attention_factor:.4f}; transformers, vLLM and "
-                "llama.cpp all load it: recommended for static serving"
+                f"{method} keeps the fast disks (moves {costs[method]['changed']:.0%} vs {fullest}'s "
+                f"{costs[fullest]['changed']:.0%})" + (f" and adds a temperature {attention:.4f}" if attention != 1
+                                                       else "")
+                + "; transformers, vLLM and llama.cpp all load it: recommended for static serving"
             )
         else:
-            reasons.append("yarn: the best training-free static method, loaded by every stock engine")
-        if current_type != "default":
-            reasons.append(f"the model ships {current_type} scaling: yarn is re-derived from the original length "
+            reasons.append(f"{method}: the best training-free static method, loaded by every stock engine")
+        if method is not None and current_type != "default":
+            reasons.append(f"the model ships {current_type} scaling: {method} is re-derived from the original length "
                            f"{original} (--set replace_existing=true)")
-        if factor <= 2:
-            alternatives["ntk"] = "at small factors (<= 2) a plain rope_theta change every loader reads"
-    return Recommendation(target_length, original, factor, method, alternatives, reasons, costs)
+    # in the words of the README's "Which method when" (engines serve yarn, the recommendation)
+    alternatives = {}
+    for other in all_methods():
+        why = other.alternative(factor, method) if other.name != method else None
+        if why and (other.preference is None or other.name in costs):
+            alternatives[other.name] = why
+    return with_measurements(Recommendation(target_length, original, factor, method, alternatives, reasons, costs))
+
+
+def with_measurements(advice: Recommendation) -> Recommendation:
+    """The recommendation with what this project measured at its ratio (or that nothing was), and the commands that
+    measure it on the user's model and train it at the new length."""
+    from .measured import at_ratio
+
+    if advice.method is None:
+        return advice
+    measured = at_ratio(advice.factor, advice.method)
+    spec = f"method={advice.method},target_length={advice.target_length}"
+    advice.reasons.extend(measured.lines)
+    advice.reasons.append(
+        f"measure it on your model: rope-extend eval SOURCE --spec {spec} -o report/ (passkey and perplexity, "
+        f"patched vs unpatched); to train at the new length: rope-extend train SOURCE --method {advice.method} "
+        f"--target-length {advice.target_length} --text FILE -o OUT (docs/train.md)"
+    )
+    advice.caveat = measured.caveat
+    return advice
 
 
 def costs_or_accepted(config, method: str, factor: float, costs: dict) -> dict:

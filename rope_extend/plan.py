@@ -16,7 +16,13 @@ from typing import Any
 import torch
 
 from . import compat
-from .errors import AlreadyScaledError, SpecError, UnsupportedModelError, VerificationError
+from .errors import (
+    AlreadyScaledError,
+    ShorterWindowError,
+    SpecError,
+    UnsupportedModelError,
+    VerificationError,
+)
 from .facts import encode_slots, read_rope
 from .methods import RopeContext, RopeMethod, default_inv_freq
 from .spec import RopeSpec, load_spec
@@ -260,17 +266,53 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         and (marker is None or marker.get("spec") == new_marker["spec"])  # e.g. dynamic-yarn vs yarn
         and (marker is not None or not method.acts_on_attention)  # the config alone does not show these
     )
-    if changed and facts.is_scaled and not resolved.replace_existing and not method.keeps_scheme:
-        raise AlreadyScaledError(
-            f"the model already carries RoPE scaling ({_describe(facts.slots, targets, marker)}); applying "
-            f"{resolved.method} on top would double-scale. Set replace_existing: true (CLI: --set "
-            f"replace_existing=true) to re-derive {resolved.method} from the original length "
-            f"{resolved.original_max_position_embeddings} and base {base_theta:g}, or unpatch_model() first"
-        )
+    if changed and not method.keeps_scheme:  # STRING keeps the model's scheme and its window: nothing to check
+        _check_window(facts, resolved, targets, base_theta)
     plan = replace(plan, changed=changed, attention_factor=float(plan.expected_stock(targets[0])[1]))
     if changed:
         _check_stock_accepts(config, plan)
     return plan
+
+
+def _check_window(facts, spec: RopeSpec, targets, base_theta: float) -> None:
+    """Refuse a patch that would stack on a scheme the model already carries, or write a window shorter than the
+    source's (unless the spec says `shorten_window: true`), saying in lengths what the model reaches now, what the
+    spec would reach, and the spec keys that really extend it (the error's `fix`)."""
+    window, original, target = facts.window or 0, spec.original_max_position_embeddings, spec.target_length
+    reach = f"{spec.method} x{spec.factor:g} over the original {original} tokens"
+    longer = target if target > window else 2 * window
+    extend = {"target_length": longer, "replace_existing": True} if facts.is_scaled else {"target_length": longer}
+    extend_text = f"{_flags(extend)} ({spec.method} x{longer / original:g} over {original} -> {longer} tokens)"
+    if facts.is_scaled and not spec.replace_existing:
+        scheme = _describe(facts.slots, targets, facts.marker)
+        now = f"the model already carries RoPE scaling ({scheme}), {window} tokens now"
+        if target >= window:
+            raise AlreadyScaledError(
+                f"{now}; {reach} reaches {target}, but applying it on top would double-scale: add "
+                f"{_flags({'replace_existing': True})} (spec: replace_existing: true) to re-derive {spec.method} from "
+                f"the original length {original} and base {base_theta:g} instead"
+                + (", or unpatch_model() first" if facts.marker else ""),
+                fix={"replace_existing": True},
+            )
+        raise AlreadyScaledError(
+            f"{now}; {reach} would reach only {target}, shorter than now. To extend it: {extend_text}; to replace the "
+            f"scheme at {window} tokens: {_flags({'target_length': window, 'replace_existing': True})} "
+            f"({spec.method} x{window / original:g})" + ("; or unpatch_model() first" if facts.marker else ""),
+            fix=extend,
+        )
+    if target < window and not spec.shorten_window:
+        raise ShorterWindowError(
+            f"{reach} reaches {target} tokens, shorter than the source's window of {window}; to extend it: "
+            f"{extend_text}; to write the shorter window on purpose: {_flags({'shorten_window': True})}",
+            fix=extend,
+            value=target,
+        )
+
+
+def _flags(keys: dict) -> str:
+    """CLI flags setting spec `keys` (--target-length N, --set key=true)."""
+    return " ".join(f"--target-length {value}" if key == "target_length" else f"--set {key}={str(value).lower()}"
+                    for key, value in keys.items())
 
 
 def _check_stock_accepts(config, plan: PatchPlan) -> None:

@@ -53,6 +53,9 @@ class _SpecCore(BaseModel):
     # A model that already carries a scheme (llama3, yarn...) is refused unless this is true, in which case the
     # new scheme is derived from that scheme's original length and base and replaces it.
     replace_existing: bool = False
+    # A patch never writes a window shorter than the source's unless this is true (None: not asked, left out of the
+    # spec's dict and of eval fingerprints).
+    shorten_window: bool | None = None
 
     def __init__(self, **data: Any):
         try:
@@ -187,8 +190,9 @@ class _SpecCore(BaseModel):
         data = self.model_dump(exclude_none=True)
         if data.get("layer_types") == ["full_attention"]:
             data.pop("layer_types")
-        if not data.get("replace_existing"):
-            data.pop("replace_existing", None)
+        for flag in ("replace_existing", "shorten_window"):
+            if not data.get(flag):
+                data.pop(flag, None)
         return data
 
     def to_yaml(self) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import hubcache
 import pytest
+import torch
 
 from rope_extend.cli import run
 
@@ -107,8 +108,9 @@ def test_patch_by_hub_id_offline_verifies_and_hard_links_every_shard(cache, tmp_
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     model = hubcache.MODELS[repo]
     out = tmp_path / "out"
-    args = ["patch", repo, "--method", "yarn", "--factor", "4", "-o", str(out)]
     ships_llama3 = (json.loads(hubcache.config_path(repo).read_text()).get("rope_scaling") or {}).get("rope_type")
+    factor = 32 if ships_llama3 == "llama3" else 4  # Llama 3.1 reaches 131072 = 16 x 8192 already
+    args = ["patch", repo, "--method", "yarn", "--factor", str(factor), "-o", str(out)]
     if ships_llama3 == "llama3":
         assert run(args) == 2  # it carries scaling already: re-deriving needs replace_existing
         assert "replace_existing" in capsys.readouterr().err and not out.exists()
@@ -130,10 +132,125 @@ def test_patch_by_hub_id_offline_verifies_and_hard_links_every_shard(cache, tmp_
         assert os.stat(out / "model.safetensors.index.json").st_nlink == 2
     original = _original_length(repo)
     config = json.loads((out / "config.json").read_text())
-    assert config["max_position_embeddings"] == 4 * original
+    assert config["max_position_embeddings"] == factor * original
     slots = config["rope_parameters"]
     full = slots.get("full_attention", slots)
-    assert (full["rope_type"], full["factor"], full["original_max_position_embeddings"]) == ("yarn", 4.0, original)
-    assert full["attention_factor"] == pytest.approx(0.1 * math.log(4) + 1, rel=1e-12)  # YaRN's sqrt(1/t)
+    assert (full["rope_type"], full["factor"], full["original_max_position_embeddings"]) == ("yarn", factor, original)
+    assert full["attention_factor"] == pytest.approx(0.1 * math.log(factor) + 1, rel=1e-12)  # YaRN's sqrt(1/t)
     if "sliding_attention" in slots:  # Gemma 3's local layers keep their own base, unscaled
         assert slots["sliding_attention"] == {"rope_type": "default", "rope_theta": 10000.0}
+
+
+def _hub_env(monkeypatch, cache: Path, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+
+
+def test_the_headline_command_on_llama_3_1_never_shortens_and_its_suggestion_extends(cache, tmp_path, monkeypatch,
+                                                                                      capsys):
+    """`patch meta-llama/Llama-3.1-8B --method yarn --factor 8`, as a user runs it on the real config (llama3 x8
+    from 8192, 131072 tokens): yarn x8 over the original 8192 reaches 65536, half the window it has. Refused, saying
+    both lengths and the command that extends it (yarn x32 over 8192 -> 262144); following the old advice
+    (replace_existing) alone is refused too, naming the opt-in; the printed command writes a checkpoint whose RoPE is
+    transformers' own YaRN x32 over 8192, with a 262144-token window."""
+    import shlex
+
+    from transformers import AutoConfig, LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from rope_extend.plan import plan_patch
+
+    _hub_env(monkeypatch, cache, tmp_path)
+    repo, out = "meta-llama/Llama-3.1-8B", tmp_path / "out"
+    headline = ["patch", repo, "--method", "yarn", "--factor", "8", "-o", str(out)]
+    assert run(headline) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not out.exists()
+    assert "(llama3 x8 from 8192), 131072 tokens now; yarn x8 over the original 8192 tokens would reach only 65536" in err
+    assert "--target-length 262144 --set replace_existing=true (yarn x32 over 8192 -> 262144 tokens)" in err
+    command = err.split("Run: ")[1].strip()
+    assert command == f"rope-extend patch {repo} --method yarn --target-length 262144 --set replace_existing=true -o {out}"
+
+    assert run([*headline, "--set", "replace_existing=true"]) == 2  # the advice it used to give: 131072 -> 65536
+    err = capsys.readouterr().err
+    assert "reaches 65536 tokens, shorter than the source's window of 131072" in err and "shorten_window=true" in err
+    assert err.split("Run: ")[1].strip() == command and not out.exists()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert run(shlex.split(command)[1:]) == 0, capsys.readouterr().err
+    assert "yarn x32: 8192 -> 262144 tokens" in capsys.readouterr().out
+    written = json.loads((out / "config.json").read_text())
+    assert written["max_position_embeddings"] == 262144 > 131072
+    # transformers' own YaRN x32 over 8192, built from the source's real config, is what OUT loads to
+    source = json.loads(hubcache.config_path(repo).read_text())
+    reference = LlamaConfig.from_dict({**source, "max_position_embeddings": 262144, "rope_scaling": {
+        "rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 8192}})
+    want, want_attention = ROPE_INIT_FUNCTIONS["yarn"](reference, None)
+    got, got_attention = ROPE_INIT_FUNCTIONS["yarn"](AutoConfig.from_pretrained(out), None)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    assert got_attention == pytest.approx(want_attention, rel=1e-12) and want_attention == pytest.approx(
+        0.1 * math.log(32) + 1, rel=1e-12)
+    plan = plan_patch(LlamaConfig.from_dict(source), {"method": "yarn", "target_length": 262144,
+                                                       "replace_existing": True})
+    ours, our_attention = plan.compute(None)
+    torch.testing.assert_close(ours, want.float(), rtol=1e-6, atol=0)
+    assert our_attention == pytest.approx(want_attention, rel=1e-9)
+
+
+def test_qwen2_5_with_its_yarn_x4_reaches_131072_and_only_an_explicit_opt_in_shortens_it():
+    """Qwen2.5's model card adds YaRN x4 over 32768 to a config that keeps max_position_embeddings 32768: it reaches
+    131072 tokens. yarn x2 (65536) is refused with both lengths and the opt-in; --target-length 262144 re-derives YaRN
+    x8 over 32768, equal to transformers' own; shorten_window: true writes the shorter window and records the ask."""
+    from transformers import Qwen2Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from rope_extend import AlreadyScaledError, ShorterWindowError
+    from rope_extend.facts import read_rope
+    from rope_extend.plan import plan_patch
+
+    data = json.loads(hubcache.config_path("Qwen/Qwen2.5-7B").read_text())
+    data.update(max_position_embeddings=32768,
+                rope_scaling={"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"})
+    config = Qwen2Config.from_dict(data)
+    assert read_rope(config).window == 131072
+    with pytest.raises(AlreadyScaledError, match=r"131072 tokens now; yarn x2 over the original 32768 tokens would "
+                       r"reach only 65536, shorter than now\. To extend it: --target-length 262144 --set "
+                       r"replace_existing=true \(yarn x8 over 32768 -> 262144 tokens\)") as refused:
+        plan_patch(config, method="yarn", factor=2)
+    assert refused.value.fix == {"target_length": 262144, "replace_existing": True}
+    with pytest.raises(ShorterWindowError, match="reaches 65536 tokens, shorter than the source's window of 131072; "
+                       ".*to write the shorter window on purpose: --set shorten_window=true"):
+        plan_patch(config, method="yarn", factor=2, replace_existing=True)
+    plan = plan_patch(config, method="yarn", **refused.value.fix)
+    assert (plan.spec.factor, plan.max_position_embeddings) == (8.0, 262144)
+    reference = Qwen2Config.from_dict({**data, "max_position_embeddings": 262144, "rope_scaling": {
+        "type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32768}})
+    want, want_attention = ROPE_INIT_FUNCTIONS["yarn"](reference, None)
+    got, attention = plan.compute(None)
+    torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=0)
+    assert attention == pytest.approx(want_attention, rel=1e-9)
+    shorter = plan_patch(config, method="yarn", factor=2, replace_existing=True, shorten_window=True)
+    assert shorter.max_position_embeddings == 65536 and shorter.marker["spec"]["shorten_window"] is True
+    assert "shorten_window" not in plan.marker["spec"]  # not asked: not recorded
+
+
+def test_the_printed_command_keeps_the_users_other_options_and_replaces_the_length():
+    """The `Run:` command keeps SOURCE (quoted), --revision, --config, the other --set keys and OUT, drops the
+    factor/target the refusal replaces (flags or --set), and sets each fix key once."""
+    from rope_extend import AlreadyScaledError, ShorterWindowError
+    from rope_extend.cli.patch_cmd import with_command
+
+    args = {"revision": "v1", "config": Path("my spec.yaml"), "method": None, "factor": 8.0, "target_length": None,
+            "sets": ["beta_fast=64", "factor=8", "replace-existing=true"]}
+    exc = with_command(AlreadyScaledError("refused", fix={"target_length": 262144, "replace_existing": True}),
+                       "my model", Path("out dir"), args)
+    assert isinstance(exc, AlreadyScaledError) and exc.fix == {"target_length": 262144, "replace_existing": True}
+    assert str(exc) == ("refused. Run: rope-extend patch 'my model' --revision v1 --config 'my spec.yaml' "
+                        "--target-length 262144 --set beta_fast=64 --set replace_existing=true -o 'out dir'")
+    exc = with_command(AlreadyScaledError("refused", fix={"replace_existing": True}), "m", Path("o"),
+                       {**args, "config": None, "method": "yarn", "revision": None, "sets": []})
+    assert str(exc) == "refused. Run: rope-extend patch m --method yarn --factor 8 --set replace_existing=true -o o"
+    plain = ShorterWindowError("no fix")
+    assert with_command(plain, "m", Path("o"), args) is plain

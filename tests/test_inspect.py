@@ -222,3 +222,70 @@ def test_cli_missing_folder(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert run(["inspect", str(tmp_path / "empty")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_inspecting_a_spec_shorter_than_the_window_shows_it_and_says_patch_refuses_it():
+    config = llama3_config()  # llama3 x8 from 2048: 16384 tokens
+    view = inspect_rope(config, method="yarn", factor=4)
+    assert view.target_length == 8192
+    assert any("reaches 8192 tokens, shorter than the model's 16384 now: patch refuses it" in n for n in view.notes)
+
+
+def _passkeys(folder: str, variant: str, length: int) -> tuple[int, int]:
+    """k/n straight from a committed results.jsonl (classic filler), the independent count."""
+    lines = (Path(__file__).parent.parent / "eval" / "reports" / folder / "results.jsonl").read_text().splitlines()
+    scores = [r["metrics"]["score"] for r in map(json.loads, lines)
+              if r["variant"] == variant and r["length"] == length and r["kind"] == "passkey"
+              and r.get("haystack", "filler") == "filler"]
+    return int(sum(scores)), len(scores)
+
+
+def test_recommend_on_the_demo_model_carries_what_the_project_measured_at_that_ratio(smollm2_path, capsys):
+    """SmolLM2-135M (8192 tokens) to 65536 is x8, where the committed GPU records show every frequency method failing
+    most passkeys: the recommendation says so in its first line, with the counts of the records, and points to eval
+    and train; at x2 it quotes the measurements without a caveat; at x3.05 it says nothing was measured there."""
+    assert run(["inspect", str(smollm2_path), "--recommend", "--target-length", "65536"]) == 0
+    text = capsys.readouterr().out
+    found, prompts = _passkeys("smollm2-passkey-8x-freq-cuda-bfloat16", "yarn-x8", 65536)
+    dyn_found, dyn_prompts = _passkeys("smollm2-passkey-8x-freq-cuda-bfloat16", "dynamic-x8", 65536)
+    assert found / prompts < 0.5 and dyn_found / dyn_prompts < 0.5
+    verdict = next(line for line in text.splitlines() if line.startswith("recommendation for 65536"))
+    assert verdict == ("recommendation for 65536 tokens: factor 8, method yarn (caveat: at x8 no method this project "
+                       f"measured found half the passkeys on SmolLM2-135M (best: yarn {found}/{prompts}))")
+    assert f"passkey found yarn {found}/{prompts}, dynamic {dyn_found}/{dyn_prompts} (GPU: " in text
+    assert "not measured at x8: attention-level methods, perplexity" in text
+    assert "rope-extend eval SOURCE --spec method=yarn,target_length=65536" in text
+    assert "rope-extend train SOURCE --method yarn --target-length 65536" in text
+
+    config = load_config(smollm2_path)
+    at_2x = recommend(config, 16384)
+    assert at_2x.caveat is None
+    yarn2 = _passkeys("smollm2-passkey-2x-attn", "yarn-x2", 16384)
+    assert any(f"passkey found yarn {yarn2[0]}/{yarn2[1]}, self-extend 20/20" in line for line in at_2x.reasons)
+    at_3x = recommend(config, 25000)
+    assert at_3x.caveat == "not measured by this project at x3.052"
+    assert any(line.startswith("nothing was measured by this project at x3.052 (measured on SmolLM2-135M: x2, x4, "
+                               "x8; the nearest below: x2)") for line in at_3x.reasons)
+
+
+def test_recommend_reads_its_rules_from_the_method_objects(monkeypatch):
+    """Which static methods are compared and in what preference, which shipped scheme is kept and each alternative's
+    words live on the method objects (preference, kept_when_shipped, alternative), not in inspect.py: changing an
+    object changes the recommendation."""
+    from rope_extend.methods import get_method
+
+    config = big_config()
+    advice = recommend(config, 12288)
+    assert list(advice.costs) == ["yarn", "ntk", "linear", "llama3"] and advice.method == "yarn"
+    assert advice.alternatives["dynamic"] == get_method("dynamic").alternative(6.0, "yarn")
+    monkeypatch.setattr(type(get_method("ntk")), "preference", -1)
+    advice = recommend(config, 12288)
+    assert list(advice.costs)[0] == advice.method == "ntk"
+    assert not any("do not accept" in line for line in advice.reasons)  # yarn is accepted, ntk preferred
+    assert any(line.startswith("ntk keeps the fast disks (moves 9") and "temperature" not in line
+               for line in advice.reasons)
+    assert advice.alternatives["yarn"] == get_method("yarn").alternative(6.0, "ntk")
+    monkeypatch.undo()
+    assert recommend(llama3_config(), 65536).method == "llama3"  # Llama 3.x keeps its scheme
+    monkeypatch.setattr(type(get_method("llama3")), "kept_when_shipped", False)
+    assert recommend(llama3_config(), 65536).method == "yarn"

@@ -9,7 +9,14 @@ import tiny
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rope_extend import AlreadyScaledError, SpecError, UnsupportedModelError, patch_model, unpatch_model
+from rope_extend import (
+    AlreadyScaledError,
+    ShorterWindowError,
+    SpecError,
+    UnsupportedModelError,
+    patch_model,
+    unpatch_model,
+)
 from rope_extend.compat import TRANSFORMERS_V5, read_slots
 from rope_extend.errors import ModelConfigError
 from rope_extend.patch import find_rotary_modules
@@ -128,10 +135,13 @@ def test_our_own_scheme_needs_replace_existing_and_is_rederived_from_the_origina
     model = tiny.make_model("llama")
     patch_model(model, method="ntk", factor=4)
     with pytest.raises(AlreadyScaledError, match="unpatch_model"):
-        patch_model(model, method="yarn", factor=2)
-    patch_model(model, method="yarn", factor=2, replace_existing=True)
+        patch_model(model, method="yarn", factor=8)
+    with pytest.raises(ShorterWindowError, match=f"reaches {2 * tiny.ORIGINAL} tokens, shorter than the source's "
+                       f"window of {4 * tiny.ORIGINAL}"):  # ntk x4 reached 4 L
+        patch_model(model, method="yarn", factor=2, replace_existing=True)
+    patch_model(model, method="yarn", factor=8, replace_existing=True)
     direct = tiny.make_model("llama")
-    patch_model(direct, method="yarn", factor=2)
+    patch_model(direct, method="yarn", factor=8)
     assert read_slots(model.config) == read_slots(direct.config)
     torch.testing.assert_close(logits(model), logits(direct), atol=0, rtol=0)
 

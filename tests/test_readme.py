@@ -163,6 +163,21 @@ def test_readme_results_tables_are_generated_from_the_records():
     assert len(scores) >= 20 and f"{sum(scores.values()):g}/{len(scores)} [" in row
 
 
+def test_the_measurements_recommendations_quote_are_generated_from_the_records():
+    """rope_extend/measured.json (what `inspect --recommend` quotes per ratio) is exactly what tools/readme_results.py
+    computes from eval/reports today (regenerate with `python tools/readme_results.py README.md`), its yarn x8 count
+    agrees with one made here from the raw GPU records, and the wheel ships it."""
+    tool = _tool("readme_results")
+    assert (ROOT / "rope_extend" / "measured.json").read_text() == tool.measured_json(), (
+        "rope_extend/measured.json is stale: run tools/readme_results.py README.md")
+    lines = (ROOT / "eval" / "reports" / "smollm2-passkey-8x-freq-cuda-bfloat16" / "results.jsonl").read_text()
+    scores = [r["metrics"]["score"] for r in map(json.loads, lines.splitlines())
+              if r["variant"] == "yarn-x8" and r["length"] == 65536 and r["kind"] == "passkey"]
+    yarn8 = json.loads(tool.measured_json())["ratios"]["8"]["methods"]["yarn"]["passkey"]
+    assert (yarn8["found"], yarn8["prompts"]) == (sum(scores), len(scores)) and len(scores) >= 20
+    assert '"rope_extend" = ["measured.json"]' in (ROOT / "pyproject.toml").read_text()
+
+
 def test_gpu_records_score_like_the_cpu_records_on_the_prompts_both_ran():
     """The GPU folders (eval/reports/*-cuda-*: bf16 on an H200) are reported next to the CPU float32 ones; that is
     only sound while every prompt run on both devices (same variant, spec fingerprint and case id) scored the same."""

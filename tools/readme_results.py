@@ -2,7 +2,8 @@
 tools/retrieval_tables.py pools them), so every number in them is one the code derives from the records today:
 
     python tools/readme_results.py              # print the tables
-    python tools/readme_results.py README.md    # rewrite them between the README's RESULTS markers
+    python tools/readme_results.py README.md    # rewrite them between the README's RESULTS markers, and
+                                                # rope_extend/measured.json (what `inspect --recommend` quotes)
 
 tests/test_readme.py fails while README.md holds other tables than these. The runs behind each folder are the steps
 of tools/run_retrieval_evidence.sh; their commands and the full tables are in docs/results-retrieval.md."""
@@ -235,6 +236,56 @@ def needles_table(reports: Path = REPORTS) -> str:
                   + [f"{v} at {2 * orig // 1024}k" for v in variants], rows)
 
 
+MEASURED = ROOT / "rope_extend" / "measured.json"
+
+
+def _method_of(label: str) -> str:
+    """A ROWS label as `rope-extend` names the method: "`dynamic` (NTK)" -> "dynamic", "`self-extend` + `log_n`" ->
+    "self-extend + log_n"."""
+    return label.replace("`", "").split(" (")[0]
+
+
+def measured(reports: Path = REPORTS) -> dict:
+    """What the methods table holds, per ratio and method, as data: passkey k/n on the classic filler (CPU fp32 at
+    2L and 4L, GPU bf16 at 8L) and perplexity beyond the window (docs, licences) at 2L and 4L. `rope-extend inspect
+    --recommend` quotes it (rope_extend.measured); tests/test_readme.py fails while rope_extend/measured.json differs."""
+    recs = _records(PASSKEY + CEILING, reports)
+    orig = next(r["original_length"] for r in recs if r.get("original_length"))
+    passkey = defaultdict(list)
+    for r in recs:
+        if task_label(r) == "passkey/filler" and r["length"] > orig:
+            passkey[(r["variant"], r["length"], "CPU fp32")].append(float(r["metrics"]["score"]))
+    for r in _records(GPU_8L, reports):
+        if task_label(r) == "passkey/filler" and r["length"] == 8 * orig:
+            passkey[(r["variant"], r["length"], f"GPU: {GPU_DEVICE}")].append(float(r["metrics"]["score"]))
+    ppl, _ = _perplexities(reports)
+    ratios: dict[str, dict] = {}
+    for label, *variants in ROWS:
+        if label == "unpatched":
+            continue
+        for factor, variant in zip((2, 4, 8), variants):
+            if variant is None:
+                continue
+            entry = {}
+            for (v, length, device), scores in passkey.items():
+                if v == variant and length == factor * orig:
+                    entry["passkey"] = {"found": int(sum(scores)), "prompts": len(scores), "device": device}
+            values = _ppl(ppl, variant, factor * orig)[1]
+            if values:
+                entry["perplexity"] = dict(zip(TEXTS, values))
+            if entry:
+                ratio = ratios.setdefault(str(factor), {"length": factor * orig, "methods": {}})
+                ratio["methods"][_method_of(label)] = entry
+    return {"model": "SmolLM2-135M", "original_length": orig, "made_by": "tools/readme_results.py from eval/reports",
+            "texts": list(TEXTS), "ratios": ratios}
+
+
+def measured_json(reports: Path = REPORTS) -> str:
+    import json
+
+    return json.dumps(measured(reports), indent=1, sort_keys=True) + "\n"
+
+
 TABLES = {"ceiling": ceiling_table, "methods": methods_table, "needles": needles_table}
 
 
@@ -257,6 +308,7 @@ def main() -> None:
     if len(sys.argv) > 1:
         path = Path(sys.argv[1])
         path.write_text(rewrite(path.read_text(), tables))
+        MEASURED.write_text(measured_json())
     else:
         print("\n\n".join(f"{name}:\n\n{t}" for name, t in tables.items()))
 

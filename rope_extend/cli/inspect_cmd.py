@@ -98,8 +98,9 @@ def inspect(
     if advice is not None:
         out.print()
         verdict = advice.method or "no scaling needed"
+        caveat = f" (caveat: {advice.caveat})" if advice.caveat else ""
         out.print(f"[bold]recommendation[/bold] for {advice.target_length} tokens: factor {advice.factor:.4g}, "
-                  f"method {verdict}")
+                  f"method {verdict}{caveat}")
         for line in advice.reasons:
             out.print(f"  - {line}", highlight=False)
         for name, why in advice.alternatives.items():

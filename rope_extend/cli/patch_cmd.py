@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..errors import CheckpointError, SpecError
+from ..errors import AlreadyScaledError, CheckpointError, ShorterWindowError, SpecError
 from .app import Progress, app, console, fail, out
 
 if TYPE_CHECKING:
@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 EXAMPLES = """Examples:
 
-  rope-extend patch meta-llama/Llama-3.1-8B --method yarn --factor 8 -o out/llama-yarn8
+  rope-extend patch ./my-model --method yarn --factor 8 -o out/my-model-yarn8
+
+  rope-extend patch meta-llama/Llama-3.1-8B --method yarn --target-length 262144 --set replace_existing=true -o out/llama-256k
 
   rope-extend patch ./my-model --config configs/yarn-x8.yaml --set beta_fast=64 -o out/
 
@@ -57,6 +59,35 @@ def build_spec(
     return load_spec(config, **overrides) if config is not None else load_spec(None, **overrides)
 
 
+def with_command(exc: Exception, source: str, output: Path, spec_args: dict) -> Exception:
+    """An AlreadyScaledError / ShorterWindowError with the whole command of its way forward appended (the same SOURCE,
+    OUT, --config, --method, --revision and --set keys, with the spec keys of `exc.fix` in place of the factor or
+    target length), ready to paste."""
+    import shlex
+
+    fix = getattr(exc, "fix", None)
+    if not fix:
+        return exc
+    sets = [item for item in spec_args["sets"] if item.split("=", 1)[0].strip().replace("-", "_")
+            not in ("factor", "target_length", *fix)]
+    words = ["rope-extend", "patch", source]
+    for flag, key in (("--revision", "revision"), ("--config", "config"), ("--method", "method")):
+        if spec_args.get(key) is not None:
+            words += [flag, str(spec_args[key])]
+    if "target_length" in fix:
+        words += ["--target-length", str(fix["target_length"])]
+    else:  # the user's own length
+        for key in ("factor", "target_length"):
+            if spec_args.get(key) is not None:
+                words += ["--" + key.replace("_", "-"), f"{spec_args[key]:g}"]
+    for item in sets:
+        words += ["--set", item]
+    words += [item for key, value in fix.items() if key != "target_length"
+              for item in ("--set", f"{key}={str(value).lower()}")]
+    words += ["-o", str(output)]
+    return type(exc)(f"{exc}. Run: {shlex.join(words)}", fix=fix)
+
+
 def _check_eval_dir(source: Path, output: Path, report_dir: Path) -> None:
     """The eval report must not land in SOURCE or OUT (SOURCE is never written; OUT is replaced atomically)."""
     report, src, out_ = report_dir.expanduser().resolve(), source.resolve(), output.expanduser().resolve()
@@ -91,11 +122,23 @@ def patch(
     eval_dir: Annotated[Path | None, typer.Option("--eval-dir", help="Where the eval report goes (default: OUT-eval beside OUT).")] = None,
 ) -> None:
     """Rescale a checkpoint's RoPE and write a verified checkpoint to OUT (a .gguf SOURCE writes a .gguf OUT)."""
+
+    spec = build_spec(method, factor, target_length, config, sets or [])
+    spec_args = {"revision": revision, "config": config, "method": method, "factor": factor,
+                 "target_length": target_length, "sets": sets or []}
+    try:
+        _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no_verify, push_to_hub, private,
+               dry_run, allow_pickle, trust_remote_code, eval_suite, eval_dir)
+    except (AlreadyScaledError, ShorterWindowError) as exc:
+        raise with_command(exc, source, output, spec_args) from None
+
+
+def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no_verify, push_to_hub, private, dry_run,
+           allow_pickle, trust_remote_code, eval_suite, eval_dir) -> None:
     from ..checkpoint import check_output_path, patch_checkpoint, patch_steps
     from ..gguf import is_gguf
     from ..hub import resolve_source
 
-    spec = build_spec(method, factor, target_length, config, sets or [])
     if is_gguf(source):
         if push_to_hub or eval_suite or dtype or mode != "auto":
             fail("a .gguf SOURCE takes only --method/--factor/--target-length/--config/--set/--overwrite")

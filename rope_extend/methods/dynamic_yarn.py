@@ -21,6 +21,11 @@ class DynamicYarn(Yarn):
     attention = "yarn's, from s'"
     use_when = "In-process serving with rope_extend.patch_model: original quality below L, YaRN beyond."
     paper = "https://arxiv.org/abs/2309.00071"
+    preference = None  # not a static method
+
+    def alternative(self, factor: float, recommended: str) -> str | None:
+        return ("when short-context quality matters and you serve in-process with rope_extend.patch_model: the "
+                "original model below L, YaRN beyond (stock loaders load it as static yarn)")
 
     static_counterpart = "yarn"
     tune_candidates = RopeMethod.tune_candidates  # dynamic: not searched as a closed form

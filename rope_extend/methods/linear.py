@@ -10,6 +10,7 @@ class Linear(RopeMethod):
     formula = "θ_i / s"
     use_when = "Baseline; after fine-tuning at the new length. Without fine-tuning it hurts short contexts most."
     paper = "https://arxiv.org/abs/2306.15595"
+    preference = 2
 
     def engine_rule(self, engine, plan, version):
         if engine == "llama.cpp":

@@ -22,6 +22,8 @@ class Llama3(RopeMethod):
     formula = "λ<L/h: θ; λ>L/l: θ/s; else (1−a)·θ/s + a·θ, a=(L/λ−l)/(h−l)"
     use_when = "Llama 3.x checkpoints (ships with s=8, l=1, h=4, L=8192); a smooth PI/extrapolation split."
     paper = "https://ai.meta.com/blog/meta-llama-3-1/"
+    preference = 3
+    kept_when_shipped = True  # Llama 3.x was tuned with it
 
     def _compute(self, ctx: RopeContext):
         import torch

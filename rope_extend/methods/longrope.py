@@ -40,6 +40,7 @@ class LongRope(RopeMethod):
     attention = "√(1 + ln s / ln L) (or explicit attention_factor)"
     use_when = "Models published with LongRoPE factors (Phi-3/3.5), or factors found by `rope-extend tune`."
     paper = "https://arxiv.org/abs/2402.13753"
+    kept_when_shipped = True  # its factors were searched (and Phi-3 tuned) for the model
 
     def _compute(self, ctx: RopeContext):
         import torch

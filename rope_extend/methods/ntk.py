@@ -18,6 +18,10 @@ class Ntk(RopeMethod):
     formula = "(b·s^(d/(d-2)))^(-2i/d)"
     use_when = "Quick training-free extension to ~2-4x; keeps high frequencies, so short contexts suffer little."
     paper = "https://www.reddit.com/r/LocalLLaMA/comments/14lz7j5/"
+    preference = 1
+
+    def alternative(self, factor: float, recommended: str) -> str | None:
+        return "at small factors (<= 2) a plain rope_theta change every loader reads" if factor <= 2 else None
 
     def _compute(self, ctx: RopeContext):
         return default_inv_freq(ctx.rotary_dim, ntk_base(ctx.base, ctx.factor, ctx.rotary_dim), ctx.device), 1.0

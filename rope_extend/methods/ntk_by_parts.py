@@ -15,6 +15,10 @@ class NtkByParts(Yarn):
     attention = "1"
     use_when = "Ablation of YaRN's temperature; prefer yarn."
     paper = "https://github.com/jquesnelle/yarn/pull/1"
+    preference = None  # YaRN without its temperature: compared as yarn
+
+    def alternative(self, factor: float, recommended: str) -> str | None:
+        return None
 
     tune_candidates = RopeMethod.tune_candidates  # one candidate at s, not YaRN's grid
 

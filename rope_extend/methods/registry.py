@@ -159,6 +159,11 @@ class RopeMethod:
     attention: ClassVar[str] = "1"  # the attention factor (multiplies cos and sin)
     use_when: ClassVar[str]
     paper: ClassVar[str]
+    # `rope-extend inspect --recommend` (rope_extend.inspect.recommend): the static methods it compares by their
+    # short-context cost, in this order of preference where the model's config accepts them (None: not compared);
+    # and whether a model that ships this scheme keeps it when extended further (it was tuned with it)
+    preference: ClassVar[int | None] = None
+    kept_when_shipped: ClassVar[bool] = False
 
     # -- math -------------------------------------------------------------------------------------------------
     def compute(self, ctx: RopeContext) -> tuple[torch.Tensor, float]:
@@ -260,6 +265,11 @@ class RopeMethod:
         if self.dynamic:
             return []
         return [(f"{self.name} x{factor:g}", {"method": self.name, "factor": factor})]
+
+    def alternative(self, factor: float, recommended: str) -> str | None:
+        """Why to choose this method instead of `recommended` at `factor` (an alternative `recommend` lists), or
+        None."""
+        return None
 
     def marker_note(self, spec: RopeSpec) -> str | None:
         """What stock loaders build from the written config, when it is not this method (kept in the marker)."""

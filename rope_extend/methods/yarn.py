@@ -107,6 +107,10 @@ class Yarn(RopeMethod):
     attention = "0.1·ln s + 1 (DeepSeek: mscale ratio; or explicit attention_factor)"
     use_when = "Best training-free static extension (and the usual fine-tuning recipe). Costs a little at short lengths."
     paper = "https://arxiv.org/abs/2309.00071"
+    preference = 0  # the best training-free static method, loaded by every stock engine
+
+    def alternative(self, factor: float, recommended: str) -> str | None:
+        return "if you need a scheme every engine reproduces, with an attention temperature"
 
     def _compute(self, ctx: RopeContext):
         return yarn_inv_freq(ctx, ctx.factor), yarn_attention_factor(ctx, ctx.factor)
