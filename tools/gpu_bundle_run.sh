@@ -15,6 +15,8 @@ if [ ! -f bench/gpu_check.py ]; then
     exit 2
 fi
 started=$(date +%s)
+mkdir -p "$site"
+PYTHONPATH="${PYTHONPATH:-}"
 "$python" -m pip install --quiet --disable-pip-version-check --no-input --no-index --find-links "$bundle/wheels" \
     --prefix "$site" --no-warn-script-location -r "$bundle/requirements.txt"
 for packages in $(find "$site" -type d \( -name site-packages -o -name dist-packages \)); do
