@@ -15,9 +15,13 @@ Goals (issue 19): prefill at 16k <= 1.6x, peak RSS at 32k <= 1.3x, decode step a
 `--device cuda` (or `--synthetic`) runs in one process on a model of the Llama-3.2-1B shape with random weights
 (hidden 2048, 32 query / 8 KV heads, head_dim 64, 4 layers, original length 8192, bfloat16 on CUDA; `--quick`
 shrinks it for a CPU smoke run): SDPA + YaRN against self-extend and dual-chunk, each also with log_n, factor
-max(2, length / L). Per length: the prefill (the best of `--repeats`, the first one listed apart: it includes
-compilation), and on CUDA the peak memory allocated by torch; at `--decode-length` the median of `--decode` single-
-token steps. On CPU it also runs each attention method forced onto the passes path (the CUDA decomposition, with
+max(2, length / L). Each variant first runs at two other lengths (compilation for dynamic shapes). Per length:
+a kernel row (causal FlexAttention, the passes' primitive, against SDPA alone), then per variant the first prefill
+at that length (a shape the process has not run: the block masks are built in it; the goals read this one) and the
+best of the other `--repeats` (the steady state), on CUDA the peak memory allocated by torch (the maximum over every
+repeat and step); at `--decode-length` the median of `--decode` single-token steps. Every forward checks that the
+cache holds what it was given and that each layer took the method's path (`counted_calls`), else the row is an
+error (`CheckFailed`). On CPU it also runs each attention method forced onto the passes path (the CUDA decomposition, with
 the CPU kernel primitive) next to the default fused path. Goals on CUDA (issue 35): prefill <= 1.5x SDPA + YaRN at
 64k and 128k, decode step <= 1.3x, peak memory <= 1.2x. `bench/gpu_check.py` calls this and the gpu tests.
 
