@@ -50,6 +50,7 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 CHECK_NEEDS = ("pytest",)  # bench/gpu_check.py runs the `gpu` tests with pytest
 MODEL_NEEDS = ("gguf",)  # transformers reads the GGUF with it when the demo model is converted
 PART_BYTES = 45_000_000  # large transfers to such machines are limited
+MAX_WHEELS_MIB = 48  # the wheels travel in one transfer, capped at 64 MiB with the working tree
 STUB_LABEL = "image"  # torch's metadata-only stand-in is torch==<version>+image
 OWN = ("wheels", "model", "run.sh", "requirements.txt", "manifest.json")
 
@@ -204,6 +205,11 @@ def build(out: Path, python: str, torch_version: str, transformers_version: str,
         parts = split_model(demo_gguf_path(), out / "model")
     files = [{"file": p.name, "bytes": p.stat().st_size, "sha256": sha256(p)} for p in sorted(wheels.iterdir())]
     wheel_bytes = sum(f["bytes"] for f in files)
+    if wheel_bytes > MAX_WHEELS_MIB * 2**20:
+        largest = sorted(files, key=lambda f: -f["bytes"])[:3]
+        raise BundleError(f"the wheels take {wheel_bytes / 2**20:.1f} MiB, over {MAX_WHEELS_MIB} MiB (largest: "
+                          f"{', '.join(f['file'] for f in largest)}); they travel in one transfer capped at 64 MiB: "
+                          "check what pip resolved in manifest.json's place, or raise MAX_WHEELS_MIB knowingly")
     manifest = {
         "target": {"python": python, "platforms": list(PLATFORMS), "torch": torch_version,
                    "transformers": transformers_version},
