@@ -208,8 +208,8 @@ def build(out: Path, python: str, torch_version: str, transformers_version: str,
     if wheel_bytes > MAX_WHEELS_MIB * 2**20:
         largest = sorted(files, key=lambda f: -f["bytes"])[:3]
         raise BundleError(f"the wheels take {wheel_bytes / 2**20:.1f} MiB, over {MAX_WHEELS_MIB} MiB (largest: "
-                          f"{', '.join(f['file'] for f in largest)}); they travel in one transfer capped at 64 MiB: "
-                          "check what pip resolved in manifest.json's place, or raise MAX_WHEELS_MIB knowingly")
+                          f"{', '.join(f['file'] for f in largest)}), and they travel in one transfer capped at 64 MiB: "
+                          "find which requirement pulled the largest in, or raise MAX_WHEELS_MIB knowingly")
     manifest = {
         "target": {"python": python, "platforms": list(PLATFORMS), "torch": torch_version,
                    "transformers": transformers_version},
