@@ -12,7 +12,7 @@ CONSTRAINTS5 ?= .ci/constraints-transformers5.txt
 CONSTRAINTS4 ?= .ci/constraints-transformers4.txt
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: install install4 llamacpp test test5 test4 test-latest demo bench lint clean
+.PHONY: install install4 llamacpp test test5 test4 test-latest demo bench gpu-bundle lint clean
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
@@ -53,6 +53,11 @@ demo: install
 
 bench: install
 	$(VENV)/bin/python bench/run_all.py
+
+# What a bare GPU image (torch + transformers) lacks for bench/gpu_check.py, in gpu-bundle/ (docs/development.md,
+# "The GPU bundle"); GPU_BUNDLE_FLAGS=--model adds the demo model's GGUF in parts.
+gpu-bundle: install
+	$(VENV)/bin/python tools/gpu_bundle.py $(GPU_BUNDLE_FLAGS)
 
 lint: install
 	$(VENV)/bin/ruff check rope_extend tests bench

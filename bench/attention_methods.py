@@ -15,9 +15,13 @@ Goals (issue 19): prefill at 16k <= 1.6x, peak RSS at 32k <= 1.3x, decode step a
 `--device cuda` (or `--synthetic`) runs in one process on a model of the Llama-3.2-1B shape with random weights
 (hidden 2048, 32 query / 8 KV heads, head_dim 64, 4 layers, original length 8192, bfloat16 on CUDA; `--quick`
 shrinks it for a CPU smoke run): SDPA + YaRN against self-extend and dual-chunk, each also with log_n, factor
-max(2, length / L). Per length: the prefill (the best of `--repeats`, the first one listed apart: it includes
-compilation), and on CUDA the peak memory allocated by torch; at `--decode-length` the median of `--decode` single-
-token steps. On CPU it also runs each attention method forced onto the passes path (the CUDA decomposition, with
+max(2, length / L). Each variant first runs at two other lengths (compilation for dynamic shapes). Per length:
+a kernel row (causal FlexAttention, the passes' primitive, against SDPA alone), then per variant the first prefill
+at that length (a shape the process has not run: the block masks are built in it; the goals read this one) and the
+best of the other `--repeats` (the steady state), on CUDA the peak memory allocated by torch (the maximum over every
+repeat and step); at `--decode-length` the median of `--decode` single-token steps. Every forward checks that the
+cache holds what it was given and that each layer took the method's path (`counted_calls`), else the row is an
+error (`CheckFailed`). On CPU it also runs each attention method forced onto the passes path (the CUDA decomposition, with
 the CPU kernel primitive) next to the default fused path. Goals on CUDA (issue 35): prefill <= 1.5x SDPA + YaRN at
 64k and 128k, decode step <= 1.3x, peak memory <= 1.2x. `bench/gpu_check.py` calls this and the gpu tests.
 
@@ -46,6 +50,7 @@ import json, statistics, sys, time, warnings
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 from rope_extend import patch_model
+from rope_extend.compat import GENERATE_CACHE_KEYWORD
 path, method, length, steps, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(threads)
 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
@@ -57,12 +62,12 @@ ids = torch.randint(100, 40000, (1, length + steps), generator=torch.Generator()
 with torch.no_grad():
     cache = DynamicCache(config=model.config)
     started, cpu = time.perf_counter(), time.process_time()
-    model(ids[:, :length], cache=cache, use_cache=True, logits_to_keep=1)  # as generate() prefills
+    model(ids[:, :length], **{GENERATE_CACHE_KEYWORD: cache}, use_cache=True, logits_to_keep=1)  # as generate() prefills
     prefill, prefill_cpu = time.perf_counter() - started, time.process_time() - cpu
     times, cpus = [], []
     for t in range(length, length + steps):
         started, cpu = time.perf_counter(), time.process_time()
-        model(ids[:, t : t + 1], cache=cache, use_cache=True)
+        model(ids[:, t : t + 1], **{GENERATE_CACHE_KEYWORD: cache}, use_cache=True)
         times.append(time.perf_counter() - started)
         cpus.append(time.process_time() - cpu)
 spec = {k: v for k, v in report.spec.method_params().items()}
@@ -125,9 +130,84 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+class CheckFailed(RuntimeError):
+    """A row measured something other than what it names (an empty cache, the method's path not taken)."""
+
+
+class _CountedPrimitive:
+    """The primitive a call of the passes path got, its calls counted (`calls`: masked, unmasked)."""
+
+    def __init__(self, inner, calls: dict):
+        self.inner, self.name, self.calls = inner, inner.name, calls
+
+    def prepare(self, *args):
+        return self.inner.prepare(*args)
+
+    def masked(self, *args):
+        self.calls["masked"] += 1
+        return self.inner.masked(*args)
+
+    def unmasked(self, *args):
+        self.calls["unmasked"] += 1
+        return self.inner.unmasked(*args)
+
+
+@contextlib.contextmanager
+def counted_calls():
+    """{path chosen -> calls, "masked"/"unmasked" -> the passes primitive's calls} for what runs inside: the
+    attention methods' path per layer call and the primitive's calls, counted where `kernels.remapped_attention`
+    looks them up (`select_path`, `primitive_for`), so a row can assert that its method ran."""
+    from collections import Counter
+
+    from rope_extend.attention import kernels
+
+    calls = Counter()
+    select, primitive_for = kernels.select_path, kernels.primitive_for
+
+    def counted_select(*args):
+        path = select(*args)
+        calls[path] += 1
+        return path
+
+    def counted_primitive(device):
+        primitive = primitive_for(device)
+        return None if primitive is None else _CountedPrimitive(primitive, calls)
+
+    kernels.select_path, kernels.primitive_for = counted_select, counted_primitive
+    try:
+        yield calls
+    finally:
+        kernels.select_path, kernels.primitive_for = select, primitive_for
+
+
+def _expect(condition: bool, what: str) -> None:
+    if not condition:
+        raise CheckFailed(what)
+
+
+def _method_ran(calls, before: dict, layers: int, passes_path: bool, decoding: bool, what: str) -> None:
+    """Every layer's attention took the method's path in the forward just run, and on the passes path the
+    primitive ran (its masked call in a prefill, its unmasked call on the cache's slices in a decoding step)."""
+    taken = {path: n - before.get(path, 0) for path, n in calls.items() if n - before.get(path, 0)}
+    path = "passes" if passes_path else "fused"
+    _expect(taken.get(path, 0) == layers and set(taken) - {"masked", "unmasked"} == {path},
+            f"{what}: the method's {path} path in {layers} layers expected, got {taken or 'no call'}")
+    if passes_path:
+        kind = "unmasked" if decoding else "masked"
+        _expect(taken.get(kind, 0) >= layers, f"{what}: the primitive's {kind} call in every layer expected, "
+                f"got {taken}")
+
+
 def measure_variant(model, spec: dict, path, length: int, decode_steps: int, repeats: int, device: str) -> dict:
-    """Prefill `length` random tokens (logits of the last one, as generate() does) `repeats` times; then
-    `decode_steps` single-token steps after the last prefill (0: none). Peak CUDA memory of the last repeat."""
+    """Prefill `length` random tokens (logits of the last one, as generate() does) `repeats` times, then
+    `decode_steps` single-token steps after the last prefill (0: none).
+
+    The first prefill is the one a new prompt pays (this process has not run this length: the method's block masks
+    are built in it), and it is the one the goals read (`prefill_s`); the best of the others is the steady state
+    (`steady_prefill_s`). Peak CUDA memory: the maximum over every repeat and the decoding steps, each reset and
+    read on its own. Checked, raising CheckFailed: the cache holds the prefilled length after each prefill and one
+    more token after each step; a method's every layer takes its path (the passes path on CUDA or when forced, with
+    its primitive's calls counted; the fused path on CPU), YaRN's none."""
     import torch
     from transformers import DynamicCache
 
@@ -139,80 +219,172 @@ def measure_variant(model, spec: dict, path, length: int, decode_steps: int, rep
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*acts on attention.*")
         report = patch_model(model, **spec, factor=factor)
+    method = spec["method"] != "yarn"
+    passes_path = path == "passes" or device != "cpu"
+    layers = model.config.num_hidden_layers
     ids = torch.randint(100, model.config.vocab_size, (1, length + decode_steps),
                         generator=torch.Generator().manual_seed(0)).to(device)
-    times, steps, cache = [], [], None
+    times, steps, peaks, cache = [], [], [], None
+
+    def forward(tokens, cache, what: str, decoding: bool):
+        before = dict(calls)
+        extra = {} if decoding else {"logits_to_keep": 1}
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        _sync(device)
+        started = time.perf_counter()
+        model(tokens, **{GENERATE_CACHE_KEYWORD: cache}, use_cache=True, **extra)
+        _sync(device)
+        seconds = time.perf_counter() - started
+        if device == "cuda":
+            peaks.append(torch.cuda.max_memory_allocated() / 2**30)
+        if method:
+            _method_ran(calls, before, layers, passes_path, decoding, what)
+        else:
+            _expect(dict(calls) == before, f"{what}: YaRN reached the attention methods' kernel: {dict(calls)}")
+        return seconds
+
     try:
-        with torch.no_grad(), forced_path(path):
-            for _ in range(repeats):
+        with torch.no_grad(), forced_path(path), counted_calls() as calls:
+            for repeat in range(repeats):
                 cache = DynamicCache(config=model.config)
                 if device == "cuda":
                     torch.cuda.empty_cache()
-                    torch.cuda.reset_peak_memory_stats()
-                _sync(device)
-                started = time.perf_counter()
-                model(ids[:, :length], **{GENERATE_CACHE_KEYWORD: cache}, use_cache=True, logits_to_keep=1)
-                _sync(device)
-                times.append(time.perf_counter() - started)
+                times.append(forward(ids[:, :length], cache, f"prefill {repeat + 1} at {length}", False))
+                _expect(cache.get_seq_length() == length, f"the cache holds {cache.get_seq_length()} tokens after "
+                        f"a prefill of {length} (the forward did not fill the cache it was given as "
+                        f"{GENERATE_CACHE_KEYWORD}=)")
             for t in range(length, length + decode_steps):
-                _sync(device)
-                started = time.perf_counter()
-                model(ids[:, t : t + 1], **{GENERATE_CACHE_KEYWORD: cache}, use_cache=True)
-                _sync(device)
-                steps.append(time.perf_counter() - started)
-        peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+                steps.append(forward(ids[:, t : t + 1], cache, f"decoding step at {t}", True))
+                _expect(cache.get_seq_length() == t + 1, f"the cache holds {cache.get_seq_length()} tokens after "
+                        f"the decoding step at position {t}, not {t + 1}")
+            counts = dict(calls)
     finally:
         del cache
         unpatch_model(model)
-    return {"prefill_s": min(times), "first_prefill_s": times[0], "decode_s": statistics.median(steps) if steps
-            else None, "peak_gib": peak, "factor": factor, "spec": report.spec.method_params()}
+    return {"prefill_s": times[0], "steady_prefill_s": min(times[1:]) if len(times) > 1 else None,
+            "decode_s": statistics.median(steps) if steps else None, "peak_gib": max(peaks) if peaks else None,
+            "calls": counts, "factor": factor, "spec": report.spec.method_params()}
+
+
+def kernel_row(device: str, length: int, shape: dict, dtype, repeats: int) -> dict:
+    """Causal FlexAttention (the passes path's primitive, as the passes call it: block mask, GQA, log-sum-exp)
+    against SDPA alone on the model's attention shape at `length`: the kernel ratio that bounds every method's
+    prefill ratio. Best of `repeats` after one warm call each; the causal block mask's build timed apart."""
+    import torch
+
+    from rope_extend.attention import primitives
+
+    heads, kv_heads, dim = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
+    generator = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(1, heads, length, dim, device=device, dtype=dtype, generator=generator)
+    k, v = (torch.randn(1, kv_heads, length, dim, device=device, dtype=dtype, generator=generator) for _ in "kv")
+    scale = dim**-0.5
+    flex = primitives.FlexPrimitive(compiled=device == "cuda")
+    causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx
+
+    def best(run) -> float:
+        seconds = []
+        for _ in range(repeats + 1):  # the first one warms up (compiles)
+            _sync(device)
+            started = time.perf_counter()
+            run()
+            _sync(device)
+            seconds.append(time.perf_counter() - started)
+        return min(seconds[1:])
+
+    with torch.no_grad():
+        mask_s = best(lambda: flex.prepare(causal, length, length, device))
+        mask = flex.prepare(causal, length, length, device)
+        k_rep, v_rep = (t.repeat_interleave(heads // kv_heads, 1) for t in (k, v))  # as transformers' repeat_kv
+        sdpa_s = best(lambda: torch.nn.functional.scaled_dot_product_attention(q, k_rep, v_rep, is_causal=True,
+                                                                               scale=scale))
+        flex_s = best(lambda: flex.masked(q, k, v, mask, scale))
+    return {"length": length, "variant": "kernel: causal flex / sdpa", "path": flex.name, "sdpa_s": sdpa_s,
+            "flex_s": flex_s, "flex_ratio": round(flex_s / sdpa_s, 3), "causal_mask_s": mask_s}
 
 
 def synthetic_bench(device: str, lengths: list[int], decode_length: int | None, decode_steps: int, variants: dict,
-                    shape: dict, dtype, repeats: int, log=print, rows: list | None = None) -> dict:
-    """Every variant at every length on one model, side by side; ratios against "yarn" at the same length. A
-    variant that fails (out of memory, say) is recorded with its error and the run goes on."""
+                    shape: dict, dtype, repeats: int, log=None, rows: list | None = None,
+                    deadline: float | None = None, warm_lengths: list[int] | None = None) -> dict:
+    """At each length: first the kernel row (causal FlexAttention against SDPA alone), then every variant on one
+    model, side by side; ratios against "yarn" at the same length. A variant that fails (out of memory, a failed
+    check) is recorded with its error and the run goes on. `log(row)` after each row; past `deadline`
+    (time.monotonic()) the rows left are recorded as skipped. `warm_lengths`: the lengths each variant runs once
+    before (compilation for dynamic shapes; never one of `lengths`, so every measured prefill is a shape the
+    process has not seen)."""
+    import torch
+
     model = synthetic_model(shape, device, dtype)
     rows = [] if rows is None else rows  # the caller's list fills as the run goes (gpu_check saves it row by row)
-    warm = 2 * shape["max_position_embeddings"] + 64
-    for name, (spec, path) in variants.items():  # compile / first-call costs, at two lengths (dynamic shapes)
-        for length in (warm, warm + 128):
+    if warm_lengths is None:
+        warm = 2 * shape["max_position_embeddings"] + 64
+        warm_lengths = [warm, warm + 128]
+    assert not set(warm_lengths) & set(lengths), "a warm-up length would make that length's prefill a seen shape"
+    over = lambda: deadline is not None and time.monotonic() > deadline
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        (log or (lambda row: print(describe(row), flush=True)))(row)
+
+    for name, (spec, path) in variants.items():  # compile / first-call costs, at other lengths (dynamic shapes)
+        for length in warm_lengths:
+            if over():
+                break
             try:
                 measure_variant(model, spec, path, length, 2, 1, device)
             except Exception as error:
-                log(f"warm-up {name} at {length}: {type(error).__name__}: {str(error)[:200]}")
+                print(f"warm-up {name} at {length}: {type(error).__name__}: {str(error)[:200]}", flush=True)
     for length in lengths:
+        if over():
+            add({"length": length, "variant": "kernel: causal flex / sdpa", "skipped": "time budget spent"})
+        else:
+            try:
+                add(kernel_row(device, length, shape, dtype, repeats))
+            except Exception as error:
+                add({"length": length, "variant": "kernel: causal flex / sdpa",
+                     "error": f"{type(error).__name__}: {str(error)[:500]}"})
         base = None
         for name, (spec, path) in variants.items():
             steps = decode_steps if length == decode_length else 0
             row = {"length": length, "variant": name, "path": path or "default"}
+            if over():
+                add({**row, "skipped": "time budget spent"})
+                continue
             try:
                 row.update(measure_variant(model, spec, path, length, steps, repeats, device))
             except Exception as error:
                 row["error"] = f"{type(error).__name__}: {str(error)[:500]}"
                 if device == "cuda":
-                    import torch
-
                     torch.cuda.empty_cache()
             if name == "yarn":
                 base = row
             if base is not None and "error" not in row and "error" not in base:
                 row["prefill_ratio"] = round(row["prefill_s"] / base["prefill_s"], 3)
+                if row["steady_prefill_s"] and base["steady_prefill_s"]:
+                    row["steady_prefill_ratio"] = round(row["steady_prefill_s"] / base["steady_prefill_s"], 3)
                 if row["decode_s"] and base["decode_s"]:
                     row["decode_ratio"] = round(row["decode_s"] / base["decode_s"], 3)
                 if row["peak_gib"] and base["peak_gib"]:
                     row["memory_ratio"] = round(row["peak_gib"] / base["peak_gib"], 3)
-            rows.append(row)
-            log(_describe(row))
+            add(row)
     return {"rows": rows, "shape": shape, "dtype": str(dtype), "device": device, "repeats": repeats,
-            "decode_length": decode_length, "decode_steps": decode_steps}
+            "decode_length": decode_length, "decode_steps": decode_steps, "warm_lengths": warm_lengths}
 
 
-def _describe(row: dict) -> str:
+def describe(row: dict) -> str:
+    """One line for a row of `synthetic_bench`."""
+    head = f"{row['length']:>7} {row['variant']:<26}"
     if "error" in row:
-        return f"{row['length']:>7} {row['variant']:<22} ERROR {row['error'][:160]}"
-    text = f"{row['length']:>7} {row['variant']:<22} prefill {row['prefill_s']:8.3f} s"
-    text += f" ({row.get('prefill_ratio', 1.0):.2f}x, first {row['first_prefill_s']:.2f} s)"
+        return f"{head} ERROR {row['error'][:160]}"
+    if "skipped" in row:
+        return f"{head} skipped: {row['skipped']}"
+    if "flex_ratio" in row:
+        return (f"{head} sdpa {1000 * row['sdpa_s']:9.2f} ms  {row['path']} {1000 * row['flex_s']:9.2f} ms "
+                f"({row['flex_ratio']:.2f}x)  causal block mask {1000 * row['causal_mask_s']:.1f} ms")
+    text = f"{head} prefill {row['prefill_s']:8.3f} s ({row.get('prefill_ratio', 1.0):.2f}x, new shape)"
+    if row["steady_prefill_s"]:
+        text += f" steady {row['steady_prefill_s']:.3f} s ({row.get('steady_prefill_ratio', 1.0):.2f}x)"
     if row["decode_s"]:
         text += f"  decode {1000 * row['decode_s']:7.2f} ms ({row.get('decode_ratio', 1.0):.2f}x)"
     if row["peak_gib"]:
@@ -224,8 +396,10 @@ def environment(device: str) -> dict:
     import torch
     import transformers
 
+    import rope_extend
+
     info = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0],
-            "device": device}
+            "device": device, "rope_extend": str(Path(rope_extend.__file__).parent)}
     if device == "cuda":
         info["device_name"] = torch.cuda.get_device_name(0)
     else:

@@ -166,7 +166,8 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=str(path.parent)))
     try:
-        gguf_file = _download_gguf(tmp / "download")
+        cached = cache_root() / GGUF_SUBDIR / GGUF_NAME  # demo_gguf_path's copy (or the GPU bundle's parts joined)
+        gguf_file = cached if cached.is_file() else _download_gguf(tmp / "download")
         out = tmp / "model"
         convert_gguf(gguf_file, out)
         shutil.rmtree(tmp / "download", ignore_errors=True)

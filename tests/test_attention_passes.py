@@ -211,10 +211,33 @@ def test_path_selection_and_one_warning_per_fallback_case(monkeypatch):
 
 
 # --- through a real tiny model --------------------------------------------------------------------------------------
-def _force_passes(monkeypatch, primitive):
-    """Every contiguous call takes the passes path with `primitive` (the others the general path), as CUDA does."""
+class CountedPrimitive:
+    """A primitive whose calls are counted, so a test that forces it asserts that it ran (a patched name nobody looks
+    up would leave the default primitive running and every count 0)."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.calls = inner, inner.name, {"prepare": 0, "masked": 0, "unmasked": 0}
+
+    def prepare(self, *args, **kwargs):
+        self.calls["prepare"] += 1
+        return self.inner.prepare(*args, **kwargs)
+
+    def masked(self, *args, **kwargs):
+        self.calls["masked"] += 1
+        return self.inner.masked(*args, **kwargs)
+
+    def unmasked(self, *args, **kwargs):
+        self.calls["unmasked"] += 1
+        return self.inner.unmasked(*args, **kwargs)
+
+
+def _force_passes(monkeypatch, primitive) -> tuple[list, CountedPrimitive]:
+    """Every contiguous call takes the passes path with `primitive` (the others the general path), as CUDA does.
+    `primitive_for` is patched in `kernels`, where `remapped_attention` looks it up (it imported the name, so
+    patching `primitives.primitive_for` is never reached). Returns the paths chosen and the counted primitive."""
     paths = []
     original = kernels.select_path
+    counted = CountedPrimitive(primitive)
 
     def select(device, start, case, mapping):
         chosen = "passes" if start is not None else original(device, start, case, mapping)
@@ -222,32 +245,39 @@ def _force_passes(monkeypatch, primitive):
         return chosen
 
     monkeypatch.setattr(kernels, "select_path", select)
-    monkeypatch.setattr(primitives, "primitive_for", lambda device: primitive)
-    return paths
+    monkeypatch.setattr(kernels, "primitive_for", lambda device: counted)
+    return paths, counted
 
 
 @needs_kernel
 @pytest.mark.parametrize("method", list(SPECS))
 def test_model_on_the_passes_path_equals_the_fused_path(method, monkeypatch):
-    """A patched tiny Llama (SDPA) forced onto the passes path (CPU kernel primitive): one forward equals the
-    fused path's; a prompt prefilled in pieces and token-by-token decoding equal one forward, a decoding step
-    moving only its new key (the moved keys live on the cache); the original below the window; unpatch restores
-    the original bit for bit."""
+    """A patched tiny Llama (SDPA) forced onto the passes path (CPU kernel primitive, each of its calls counted):
+    one forward equals the fused path's; a prompt prefilled in pieces and token-by-token decoding equal one
+    forward, a decoding step moving only its new key (the moved keys live on the cache) and running the
+    primitive's unmasked call in every layer; the original below the window; unpatch restores the original bit
+    for bit."""
     from transformers import DynamicCache
 
     model = _patched("llama", method, "sdpa")
+    layers = model.config.num_hidden_layers
     ids = tiny.input_ids(64)
     with torch.no_grad():
         fused = model(ids).logits
-        paths = _force_passes(monkeypatch, primitives.CpuKernelPrimitive())
+        paths, counted = _force_passes(monkeypatch, primitives.CpuKernelPrimitive())
         full = model(ids).logits
+        assert counted.calls["masked"] >= 2 * layers and counted.calls["unmasked"] == 0, counted.calls
         torch.testing.assert_close(full, fused, atol=1e-5, rtol=0)
         cache = DynamicCache(config=model.config)
         pieces = [model(ids[:, :30], **_cache(cache)).logits, model(ids[:, 30:47], **_cache(cache)).logits]
+        assert cache.get_seq_length() == 47
         key_rows, rotate = [], kernels.rotate  # keys moved during the decoding steps: only each step's new key
         monkeypatch.setattr(kernels, "rotate", lambda x, *a: key_rows.append(x.shape[2]) or rotate(x, *a))
+        masked = counted.calls["masked"]
         pieces += [model(ids[:, t : t + 1], **_cache(cache)).logits for t in range(47, 64)]
-        assert key_rows == [1] * 17 * model.config.num_hidden_layers
+        assert cache.get_seq_length() == 64
+        assert counted.calls["masked"] == masked and counted.calls["unmasked"] >= 17 * layers, counted.calls
+        assert key_rows == [1] * 17 * layers
         torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=0)
         assert set(paths) == {"passes"}
         unpatched = tiny.make_model("llama")
@@ -258,21 +288,36 @@ def test_model_on_the_passes_path_equals_the_fused_path(method, monkeypatch):
 
 
 @needs_flex
-def test_model_decoding_with_flex_eager_equals_one_forward(monkeypatch):
-    """The FlexAttention primitive (eager on CPU) through the model: cached decoding equals one forward (dual-chunk,
-    three passes; the decoding steps slice the cache, the prefill uses block masks)."""
+@pytest.mark.parametrize("method", list(SPECS))
+def test_model_decoding_with_flex_eager_equals_one_forward(method, monkeypatch):
+    """The FlexAttention primitive (eager on CPU) through the model, each call counted: one forward equals the
+    fused path's; cached decoding equals one forward (the prefill runs FlexAttention over block masks in every
+    layer, the decoding steps its unmasked call on the cache's slices); no call reaches the CPU kernel."""
     from transformers import DynamicCache
 
-    model = _patched("llama", "dual-chunk", "sdpa")
+    model = _patched("llama", method, "sdpa")
+    layers = model.config.num_hidden_layers
     ids = tiny.input_ids(50)
-    paths = _force_passes(monkeypatch, primitives.FlexPrimitive(compiled=False))
     with torch.no_grad():
+        fused = model(ids).logits
+        paths, counted = _force_passes(monkeypatch, primitives.FlexPrimitive(compiled=False))
+        kernel_calls = []
+        run = primitives.CpuKernelPrimitive._run
+        monkeypatch.setattr(primitives.CpuKernelPrimitive, "_run",
+                            lambda self, *a: kernel_calls.append(1) or run(self, *a))
         full = model(ids).logits
+        assert counted.calls["masked"] >= 2 * layers and counted.calls["prepare"] >= 2, counted.calls
+        torch.testing.assert_close(full, fused, atol=1e-5, rtol=0)
         cache = DynamicCache(config=model.config)
         pieces = [model(ids[:, :47], **_cache(cache)).logits]
+        assert cache.get_seq_length() == 47
+        before = dict(counted.calls)
         pieces += [model(ids[:, t : t + 1], **_cache(cache)).logits for t in range(47, 50)]
+        assert cache.get_seq_length() == 50
+        assert counted.calls["masked"] == before["masked"], counted.calls
+        assert counted.calls["unmasked"] - before["unmasked"] >= 3 * layers, counted.calls
     torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=0)
-    assert set(paths) == {"passes"}
+    assert set(paths) == {"passes"} and not kernel_calls
 
 
 def test_flash_and_flex_models_are_refused_in_one_line():
@@ -315,16 +360,21 @@ def test_gpu_model_takes_the_passes_path_and_equals_cpu(method, monkeypatch):
         cpu = model(ids).logits
         model.cuda()
         monkeypatch.setattr(kernels, "_WARNED", set())
-        paths = []
-        original = kernels.select_path
+        paths, used = [], []
+        original, original_for = kernels.select_path, kernels.primitive_for
         monkeypatch.setattr(kernels, "select_path", lambda *a: paths.append(original(*a)) or paths[-1])
+        monkeypatch.setattr(kernels, "primitive_for",
+                            lambda device: used.append(CountedPrimitive(original_for(device))) or used[-1])
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
             gpu = model(ids.cuda()).logits
             cache = DynamicCache(config=model.config)
             pieces = [model(ids[:, :190].cuda(), **_cache(cache)).logits]
             pieces += [model(ids[:, t : t + 1].cuda(), **_cache(cache)).logits for t in range(190, 200)]
-        assert set(paths) == {"passes"}
+        assert set(paths) == {"passes"} and {p.name for p in used} == {"flex-compiled"}
+        assert cache.get_seq_length() == 200
+        assert sum(p.calls["masked"] for p in used) >= 2 * 2 * model.config.num_hidden_layers  # 2 prefills
+        assert sum(p.calls["unmasked"] for p in used) >= 10 * model.config.num_hidden_layers  # 10 decoding steps
         torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-4, rtol=0)
         torch.testing.assert_close(torch.cat(pieces, 1), gpu, atol=1e-4, rtol=0)
         rows = [tiny.input_ids(70, seed=3)[0], tiny.input_ids(55, seed=4)[0]]
