@@ -152,11 +152,11 @@ class Selection:
             return None
         shown = ", ".join(f"{name} ({why})" for name, why in self.refused[:SHOWN])
         more = f" and {len(self.refused) - SHOWN} more" if len(self.refused) > SHOWN else ""
+        many = len(self.refused) != 1
         return CheckpointError(
-            f"OUT {str(self.folder)!r} holds {len(self.refused)} file{'s' * (len(self.refused) != 1)} that "
-            f"{'are' if len(self.refused) != 1 else 'is'} not the checkpoint's, so nothing was sent: {shown}{more}; "
-            f"move {'them' if len(self.refused) != 1 else 'it'} out of OUT, or send a file inside OUT on purpose "
-            f"with {flag} NAME"
+            f"OUT {str(self.folder)!r} holds {len(self.refused)} file{'s' * many} a push may not send as the "
+            f"checkpoint's, so nothing was sent: {shown}{more}; move {'them' if many else 'it'} out of OUT, or send "
+            f"a file inside OUT on purpose with {flag} NAME"
         )
 
 
@@ -271,6 +271,6 @@ def _sendable(root: Path, real_root: Path, rel: str, path: Path, record: Record 
         if record is not None and record.hard_links.get(rel) == info.st_ino:
             return Sent(rel, path, "a hard link rope-extend made")
         if not included:
-            return (f"a hard link ({info.st_nlink} names) that rope-extend did not record as its own; its other "
-                    "names may lie outside OUT")
+            unrecorded = "OUT has no rope-extend record" if record is None else "rope-extend did not record it"
+            return (f"a hard link ({info.st_nlink} names) and {unrecorded}; its other names may lie outside OUT")
     return Sent(rel, path, "included on purpose" if included else "a file of OUT")

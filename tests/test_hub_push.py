@@ -239,12 +239,12 @@ def test_push_sends_the_checkpoint_not_the_folder(source, tmp_path, hub, capsys)
         assert cli("push", out, "me/mixed", *dry) == 2
         printed = capsys.readouterr()
         error = one_error(printed.err)
-        assert "holds 7 files that are not the checkpoint's, so nothing was sent" in error
+        assert "holds 7 files a push may not send as the checkpoint's, so nothing was sent" in error
         for named in (".env (not a file of a checkpoint)", "notes.txt (not a file of a checkpoint)",
                       "private/id_rsa (in a subfolder", "runs/a/log.txt (in a subfolder",
                       f"passwd.txt (a symbolic link to {str(outside / 'passwd')!r}, outside OUT)",
                       f"keys (a symbolic link to the folder {str(outside / 'ssh')!r}, outside OUT",
-                      "LICENSE (a hard link (2 names) that rope-extend did not record"):
+                      "LICENSE (a hard link (2 names) and rope-extend did not record it"):
             assert named in error
         assert "--include NAME" in error and "uploading" not in printed.err
     assert dry_run_lines(printed.out) == CHECKPOINT
@@ -297,6 +297,46 @@ def test_a_hub_cache_snapshot_is_pushed_through_its_blob_links(source, tmp_path,
     assert cli("push", snapshot, "me/copy2") == 2
     assert "tokenizer.json (a symbolic link to" in one_error(capsys.readouterr().err)
     assert "me/copy2" not in hub.repos
+
+
+def test_what_rope_extend_carried_from_source_is_left_out_and_an_unrecorded_out_needs_include(source, tmp_path, hub,
+                                                                                           capsys):
+    """Files SOURCE carried into OUT that are not a checkpoint's (Llama 3.1's original/, a Mistral params.json)
+    are rope-extend's, not the user's: left out, said why, --include sends them. An OUT without rope-extend's
+    record (written before it kept one) has hard links nobody recorded: refused until named on purpose; its card
+    goes up as it is. A damaged record sends nothing."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(source, src, ignore=shutil.ignore_patterns(".*"))
+    (src / "original").mkdir()
+    (src / "original" / "params.json").write_text('{"dim": 64}')
+    (src / "params.json").write_text('{"dim": 64}')
+    out = tmp_path / "out"
+    assert cli("patch", src, *YARN, "-o", out) == 0
+    capsys.readouterr()
+    assert cli("push", out, "me/g", "--dry-run") == 0
+    printed = capsys.readouterr().out
+    assert dry_run_lines(printed) == CHECKPOINT
+    assert ("  - original/params.json   (left out: in a subfolder; a checkpoint's files are at its top level; "
+            "rope-extend carried it from SOURCE (--include original/params.json sends it))") in printed
+    assert "  - params.json   (left out: not a file of a checkpoint; rope-extend carried it" in printed
+    assert cli("push", out, "me/g", "--include", "original") == 0
+    assert sorted(hub.repos["me/g"].files) == sorted([*CHECKPOINT, "original/params.json"])
+
+    spec = (out / "rope_extend.yaml").read_text().split("# output_record")[0]
+    (out / "rope_extend.yaml").write_text(spec)  # as rope-extend wrote it before it recorded its outputs
+    (out / "params.json").unlink()
+    shutil.rmtree(out / "original")
+    assert cli("push", out, "me/h") == 2
+    error = one_error(capsys.readouterr().err)
+    assert "holds 1 file a push may not send as the checkpoint's" in error
+    assert "model.safetensors (a hard link (2 names) and OUT has no rope-extend record" in error
+    assert cli("push", out, "me/h", "--include", "model.safetensors") == 0
+    assert hub.repos["me/h"].files == folder_bytes(out)  # the card as it is: no record to rename its commands from
+    (out / "rope_extend.yaml").write_text(spec + "output_record:\n  files: [../../etc/passwd]\n  hard_links: {}\n")
+    assert cli("push", out, "me/i", "--include", "model.safetensors") == 2
+    assert "output_record is damaged" in one_error(capsys.readouterr().err) and "me/i" not in hub.repos
 
 
 @pytest.mark.parametrize("repo_id, reason", [("me/some..repo", "Cannot have -- or .. in repo_id"),
