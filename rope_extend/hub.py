@@ -243,7 +243,7 @@ def check_repo_id(repo_id: str, flag: str = "REPO") -> str:
 
 
 def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: Sequence[str] = (), *,
-              flag: str = "REPO", include_flag: str = "--include", written_now: bool = False) -> PushPlan:
+              flag: str = "REPO", written_now: bool = False) -> PushPlan:
     """Check the repo id and OUT and compute the upload (`record.select`); no network, nothing written. Refused
     files are in `plan.selection.refused` (`selection.refusal()` is the error the push raises)."""
     from .record import select, spec_text
@@ -259,13 +259,20 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
         raise CheckpointError(f"OUT {given!r} is not a checkpoint folder (no config.json); give the folder "
                               "`rope-extend patch` or `train` wrote")
     folder = Path(os.path.abspath(folder))
-    selection = select(folder, include, include_flag)
+    import shlex
+
+    hint = (f"`rope-extend push {shlex.quote(str(folder))} {repo_id} --include {{name}}`" if written_now
+            else "--include {name}")  # patch and train have no --include: the push command does
+    selection = select(folder, include, hint)
     record = selection.record
     card = None
     readme = next((entry for entry in selection.sent if entry.name == "README.md"), None)
     if record is not None and record.serving is not None and readme is not None:
-        text = readme.path.read_text(encoding="utf-8")
-        new = _with_serving(text, record.serving_for(repo_id))
+        try:
+            text = readme.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            text = None  # not a card rope-extend wrote: sent as it is
+        new = text and _with_serving(text, record.serving_for(repo_id))
         card = None if new == text else new.encode("utf-8")
     spec = spec_text(folder)
     what = " ".join(spec.split()) if spec else f"upload {folder.name}"

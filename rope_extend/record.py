@@ -138,6 +138,7 @@ class Selection:
 
     folder: Path
     record: Record | None
+    hint: str = "--include {name}"  # how the caller's command sends a file on purpose
     sent: list[Sent] = field(default_factory=list)
     left_out: list[tuple[str, str]] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)
@@ -146,7 +147,7 @@ class Selection:
     def names(self) -> list[str]:
         return [entry.name for entry in self.sent]
 
-    def refusal(self, flag: str = "--include") -> CheckpointError | None:
+    def refusal(self) -> CheckpointError | None:
         """One line naming every refused file (the first few, then how many more), or None."""
         if not self.refused:
             return None
@@ -156,18 +157,18 @@ class Selection:
         return CheckpointError(
             f"OUT {str(self.folder)!r} holds {len(self.refused)} file{'s' * many} a push may not send as the "
             f"checkpoint's, so nothing was sent: {shown}{more}; move {'them' if many else 'it'} out of OUT, or send "
-            f"a file inside OUT on purpose with {flag} NAME"
+            f"a file inside OUT on purpose with {self.hint.format(name='NAME')}"
         )
 
 
-def select(folder: Path, include: Sequence[str] = (), flag: str = "--include") -> Selection:
-    """What a push of `folder` sends (see the module docstring); no network, nothing written. `flag` is how the
-    caller's command names `include` in its errors."""
+def select(folder: Path, include: Sequence[str] = (), hint: str = "--include {name}") -> Selection:
+    """What a push of `folder` sends (see the module docstring); no network, nothing written. `include` are the
+    names of `push --include`; `hint` is how the caller's command sends a file on purpose (said in reasons)."""
     root = Path(os.path.abspath(folder))
     real_root = Path(os.path.realpath(root))
     record = read_record(root)
-    chosen = _resolve_include(root, real_root, include, flag)
-    selection = Selection(folder=root, record=record)
+    chosen = _resolve_include(root, real_root, include)
+    selection = Selection(folder=root, record=record, hint=hint)
     seen = set()
     for rel, path in _walk(root, metadata=selection.left_out):
         seen.add(rel)
@@ -178,12 +179,12 @@ def select(folder: Path, include: Sequence[str] = (), flag: str = "--include") -
             selection.sent.append(sent)
         elif not isinstance(sent, str) and record is not None and rel in record.files:
             # rope-extend carried it from SOURCE into OUT: not a file added to OUT, not a checkpoint's either
-            selection.left_out.append((rel, f"{why}; rope-extend carried it from SOURCE ({flag} {rel} sends it)"))
+            selection.left_out.append((rel, f"{why}; rope-extend carried it from SOURCE ({hint.format(name=rel)} sends it)"))
         else:
             selection.refused.append((rel, why))
-    if record is not None:
+    if record is not None:  # a checkpoint's file rope-extend wrote and OUT lost: the push would publish a broken model
         selection.refused += [(name, "rope-extend wrote it, but it is missing from OUT; rewrite OUT")
-                              for name in sorted(record.files - seen)]
+                              for name in sorted(record.files - seen) if outputs.is_checkpoint_file(name)]
     return selection
 
 
@@ -212,7 +213,7 @@ def _walk(root: Path, metadata: list | None = None) -> Iterator[tuple[str, Path]
         yield path.relative_to(root).as_posix(), path
 
 
-def _resolve_include(root: Path, real_root: Path, include: Sequence[str], flag: str) -> list[str]:
+def _resolve_include(root: Path, real_root: Path, include: Sequence[str], flag: str = "--include") -> list[str]:
     """The names (relative to OUT) that `include` adds; each must name something inside OUT."""
     chosen = []
     for item in include:

@@ -35,12 +35,11 @@ def publish(folder: Path, repo_id: str, private: bool, dry_run: bool, include: S
     was just written by patch or train."""
     from ..hub import check_reachable, hub_token, plan_push, push
 
-    include_flag = "--include" if not written_now else f"`rope-extend push OUT {repo_id} --include`"
-    plan = plan_push(folder, repo_id, private, include, flag=flag, include_flag=include_flag, written_now=written_now)
+    plan = plan_push(folder, repo_id, private, include, flag=flag, written_now=written_now)
     if dry_run:
         for line in plan.dry_run_lines():
             out.print(line, markup=False, highlight=False)
-    refusal = plan.selection.refusal(include_flag)
+    refusal = plan.selection.refusal()
     if refusal is not None:
         raise refusal
     if dry_run:
@@ -52,6 +51,10 @@ def publish(folder: Path, repo_id: str, private: bool, dry_run: bool, include: S
         visibility = push(plan, token)
     shown = {True: "private", False: "public", None: "visibility not reported by the Hub"}[visibility]
     out.print(f"pushed: {plan.url} ({len(plan.files)} files, {shown})", markup=False, highlight=False)
+    if plan.selection.left_out:  # said, not silently skipped; the dry run gives each one's reason
+        names = [name for name, _ in plan.selection.left_out]
+        out.print(f"left out: {', '.join(names[:8])}{f' and {len(names) - 8} more' if len(names) > 8 else ''} "
+                  f"(`{plan.later} --dry-run` says why)", markup=False, highlight=False)
     if plan.serve:
         out.print(f"serve:  {plan.serve}", markup=False, highlight=False)
 
