@@ -362,6 +362,12 @@ def test_repo_ids_are_validated_first(source, tmp_path, hub, capsys, repo_id, re
         assert reason in error and "--push-to-hub" not in error and "push it later" not in error
         assert error.startswith("rope-extend: error: REPO ")
     assert hub.requests == [] and tree(out) == before
+    text = tmp_path / "plays.txt"
+    text.write_text("To be, or not to be, that is the question. " * 20)
+    assert cli("train", source, *YARN, "--text", text, "-o", tmp_path / "trained", "--push-to-hub", repo_id) == 2
+    error = one_error(capsys.readouterr().err)  # before training starts
+    assert reason in error and error.startswith("rope-extend: error: --push-to-hub ")
+    assert not (tmp_path / "trained").exists() and not (tmp_path / "trained.train-state").exists()
 
 
 def test_a_failed_push_leaves_out_as_it_was_and_offers_a_retry_only_when_one_can_help(source, tmp_path, hub, capsys):
