@@ -189,6 +189,7 @@ class PushPlan:
     card: bytes | None = None  # OUT's README.md with its Serving section naming `repo_id` (None: sent as it is)
     serve: str | None = None  # the serve line for the pushed repo (from OUT's record)
     written_now: bool = False  # `patch`/`train --push-to-hub`: OUT was just written, its command is news
+    include: tuple[str, ...] = ()  # push's --include names (the push-later command repeats them)
     url: str = ""
 
     @property
@@ -200,7 +201,8 @@ class PushPlan:
         """The one command that pushes `folder` (what a failure a retry can fix prints)."""
         import shlex
 
-        return f"rope-extend push {shlex.quote(str(self.folder))} {self.repo_id}" + (" --private" if self.private else "")
+        return (f"rope-extend push {shlex.quote(str(self.folder))} {self.repo_id}" + (" --private" if self.private else "")
+                + "".join(f" --include {shlex.quote(name)}" for name in self.include))
 
     def kept(self, retry: bool = False) -> str:
         """How a failure ends: OUT is kept as it was, and, when a retry can fix the failure (network, 5xx), the
@@ -278,7 +280,8 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
     what = " ".join(spec.split()) if spec else f"upload {folder.name}"
     return PushPlan(folder=folder, repo_id=repo_id, private=private, selection=selection,
                     commit_message=("rope-extend: " + what)[:1000], card=card,
-                    serve=record.serve_for(repo_id) if record is not None else None, written_now=written_now)
+                    serve=record.serve_for(repo_id) if record is not None else None, written_now=written_now,
+                    include=tuple(include))
 
 
 def _with_serving(text: str, serving: str) -> str:

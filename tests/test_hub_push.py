@@ -377,21 +377,24 @@ def test_a_failed_push_leaves_out_as_it_was_and_offers_a_retry_only_when_one_can
     assert cli("patch", source, *YARN, "-o", out) == 0
     before = tree(out)
     capsys.readouterr()
+    (out / "NOTES.md").write_text("how it was made")  # sent on purpose: the retry command keeps --include
+    before = tree(out)
     hub.fail_commit = 503
-    assert cli("push", out, "me/f") == 2
+    assert cli("push", out, "me/f", "--include", "NOTES.md") == 2
     error = one_error(capsys.readouterr().err)
     assert "HTTP 503" in error
     later = re.search(r"push it later with `([^`]+)`", error)[1]
-    assert later == f"rope-extend push {out} me/f"
+    assert later == f"rope-extend push {out} me/f --include NOTES.md"
     assert tree(out) == before and hub.repos["me/f"].files == {}
     hub.fail_commit = 403
-    assert cli("push", out, "me/f") == 2
+    assert cli("push", out, "me/f", "--include", "NOTES.md") == 2
     error = one_error(capsys.readouterr().err)
     assert "HTTP 403" in error and "write access" in error and "push it" not in error and "is kept as it is" in error
     assert tree(out) == before
     hub.fail_commit = None
     assert run(shlex.split(later)[1:]) == 0
-    assert hub.repos["me/f"].files["config.json"] == (out / "config.json").read_bytes()
+    assert hub.repos["me/f"].files == folder_bytes(out, [*CHECKPOINT, "NOTES.md"]) | {
+        "README.md": expected_card(out, "me/f")}
 
 
 def test_the_visibility_printed_is_the_hubs(source, tmp_path, hub, capsys):
