@@ -102,9 +102,8 @@ def read_record(folder: Path) -> Record | None:
     if not isinstance(data, dict) or OUTPUT_RECORD_KEY not in data:
         return None
     raw = data.pop(OUTPUT_RECORD_KEY)
-    names = raw.get("files") if isinstance(raw, dict) else None
-    links = raw.get("hard_links") if isinstance(raw, dict) else None
-    texts = [raw.get(key) for key in ("serve", "serving")] if isinstance(raw, dict) else [0]
+    raw = raw if isinstance(raw, dict) else {}
+    names, links, texts = raw.get("files"), raw.get("hard_links"), [raw.get("serve"), raw.get("serving")]
     if not (isinstance(names, list) and all(isinstance(n, str) and files._names_inside(Path(n)) for n in names)
             and isinstance(links, dict) and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
                                                 for k, v in links.items())

@@ -323,7 +323,8 @@ def test_what_rope_extend_carried_from_source_is_left_out_and_an_unrecorded_out_
     assert "  - params.json   (left out: not a file of a checkpoint; rope-extend carried it" in printed
     assert cli("push", out, "me/g", "--include", "original") == 0
     assert sorted(hub.repos["me/g"].files) == sorted([*CHECKPOINT, "original/params.json"])
-    assert f"left out: params.json (`rope-extend push {out} me/g --dry-run` says why)" in capsys.readouterr().out
+    assert f"left out: params.json (`rope-extend push {out} me/g --include original --dry-run` says why)" in (
+        capsys.readouterr().out)
     assert cli("patch", src, *YARN, "-o", tmp_path / "out2", "--push-to-hub", "me/g2", "--dry-run") == 0
     assert (f"(`rope-extend push {tmp_path / 'out2'} me/g2 --include original/params.json` sends it)"
             in capsys.readouterr().out)  # patch has no --include: the command that has one
