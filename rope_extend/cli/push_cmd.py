@@ -22,9 +22,9 @@ EXAMPLES = """Examples:
 
   rope-extend push out/smollm2-16k me/smollm2-16k --include adapter
 
-Only the checkpoint's files are sent; anything else in OUT is refused, naming it, before any network call
-(--include NAME sends a file or folder inside OUT on purpose). The token is HF_TOKEN or the one `hf auth login`
-stored; it is never printed.
+Only the checkpoint's files are sent; anything else in OUT is refused, named,
+before any network call (--include NAME sends a file inside OUT on purpose).
+The token is HF_TOKEN or the one `hf auth login` stored; it is never printed.
 """
 
 
@@ -65,7 +65,7 @@ def push(
     repo_id: Annotated[str, typer.Argument(help="Hub repo id, e.g. me/my-model-64k (created if missing).")],
     private: Annotated[bool, typer.Option("--private", help="Create the repo as private.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be sent and left out; send nothing.")] = False,
-    include: Annotated[list[str] | None, typer.Option("--include", help="Also send this file or folder of OUT (a name relative to OUT; repeatable).")] = None,
+    include: Annotated[list[str] | None, typer.Option("--include", metavar="NAME", help="Also send this file or folder of OUT (a name relative to OUT; repeatable).")] = None,
 ) -> None:
     """Upload a checkpoint folder to the Hugging Face Hub (creates the repo; a later push adds a commit)."""
     publish(folder, repo_id, private, dry_run, include or [])
