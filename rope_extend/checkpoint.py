@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import compat, files, outputs
+from . import compat, files, outputs, record
 from .card import build_model_card
 from .engines.parity import card_section
 from .errors import CheckpointError, SpecError, UnverifiedCheckpointError, VerificationError
@@ -449,6 +449,7 @@ def patch_checkpoint(
         if (tmp / "README.md").exists():
             (tmp / "README.md").unlink()
         (tmp / "README.md").write_text(card)
+        _write_record(tmp, plan, spec_yaml)
         result.written += ["rope_extend.yaml", "README.md"]
         if verify:
             step("verifying: stock transformers reload and a forward beyond the original length")
@@ -509,6 +510,7 @@ def write_model_checkpoint(
         if (tmp / "README.md").exists():
             (tmp / "README.md").unlink()
         (tmp / "README.md").write_text(card)
+        _write_record(tmp, plan, spec_yaml)
         result.written += ["rope_extend.yaml", "README.md"]
         if verify:
             step("verifying: stock transformers reload equals the trained model")
@@ -523,6 +525,13 @@ def write_model_checkpoint(
         result.patched_outputs = None
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _write_record(tmp: Path, plan: PatchPlan, spec_yaml: str) -> None:
+    """OUT's rope_extend.yaml, written last: the spec, then rope-extend's record of every file now in OUT and of the
+    card's serving commands, with the model named `record.MODEL_ID` (what `rope-extend push` reads)."""
+    serving, _ = serving_hints(plan, record.MODEL_ID)
+    record.write_record(tmp, spec_yaml, serve=serve_command(plan, record.MODEL_ID), serving=serving)
 
 
 def stock_forward(model):

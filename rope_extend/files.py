@@ -8,7 +8,7 @@ fix; nothing else (KeyError, TypeError, RecursionError, ZeroDivisionError...) es
 Files SOURCE names, whether found in the folder or listed in model.safetensors.index.json, obey one rule
 (`source_file`): the name stays inside SOURCE, and a symbolic link is followed only in the Hugging Face Hub cache
 layout (`models--org--name/snapshots/<rev>/file -> ../../blobs/<hash>` of the same repo); any other link is refused,
-so an outside file is never linked into OUT (and never published with --push-to-hub).
+so an outside file is never linked into OUT (what a push sends from OUT is rope_extend.record's rule).
 """
 
 from __future__ import annotations

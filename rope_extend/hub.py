@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import CheckpointError
+
+if TYPE_CHECKING:
+    from .record import Selection
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -166,8 +171,10 @@ def _status(exc) -> str:
 
 
 # --- push ------------------------------------------------------------------------------------------------------------
-# Every failure of a push after OUT was written ends with this: OUT is kept and one command pushes it later.
-PUSH_LATER = "OUT {out!r} is complete: push it later with `{command}`"
+# What a push sends is decided by rope_extend.record (no network, nothing written); this part talks to the Hub.
+# OUT is never written by a push: a card naming the repo is sent from memory.
+SERVING_HEADING = "\n## Serving\n\n"
+RETRY_STATUSES = ("408", "429", "500", "502", "503", "504")
 
 
 @dataclass
@@ -177,119 +184,115 @@ class PushPlan:
     folder: Path
     repo_id: str
     private: bool
-    files: list[str]  # POSIX paths relative to `folder`, exactly the files the upload sends
+    selection: Selection
     commit_message: str
-    card: str | None = None  # README.md rewritten so its serving commands name `repo_id` (None: already does)
+    card: bytes | None = None  # OUT's README.md with its Serving section naming `repo_id` (None: sent as it is)
+    serve: str | None = None  # the serve line for the pushed repo (from OUT's record)
+    written_now: bool = False  # `patch`/`train --push-to-hub`: OUT was just written, its command is news
+    include: tuple[str, ...] = ()  # push's --include names (the push-later command repeats them)
     url: str = ""
 
     @property
+    def files(self) -> list[str]:
+        return self.selection.names
+
+    @property
     def later(self) -> str:
-        """The one command that pushes `folder` later (what every failure prints)."""
+        """The one command that pushes `folder` (what a failure a retry can fix prints)."""
         import shlex
 
-        return f"rope-extend push {shlex.quote(str(self.folder))} {self.repo_id}" + (" --private" if self.private else "")
+        return (f"rope-extend push {shlex.quote(str(self.folder))} {self.repo_id}" + (" --private" if self.private else "")
+                + "".join(f" --include {shlex.quote(name)}" for name in self.include))
 
-    def where(self) -> str:
-        return "; " + PUSH_LATER.format(out=str(self.folder), command=self.later)
+    def kept(self, retry: bool = False) -> str:
+        """How a failure ends: OUT is kept as it was, and, when a retry can fix the failure (network, 5xx), the
+        command that pushes it later; after an auth failure of `--push-to-hub`, the command to run once fixed."""
+        where = f"; OUT {str(self.folder)!r} is kept as it is"
+        if retry:
+            return f"{where}: push it later with `{self.later}`"
+        return f"{where}: once that is fixed, push it with `{self.later}`" if self.written_now else where
 
     def dry_run_lines(self) -> list[str]:
-        """The dry run's report: the repo, its visibility, the commit message and every file, one per line."""
+        """The dry run's report: the repo, its visibility, the commit message, every file sent (and why it may
+        be), left out or refused (and why)."""
         lines = [
             f"dry run: would push {len(self.files)} files to {self.repo_id} "
-            f"({'private' if self.private else 'public'}; an existing repo keeps its visibility)",
+            f"({'private' if self.private else 'public'} if created; an existing repo keeps its visibility)",
             f"commit message: {self.commit_message}",
         ]
         if self.card is not None:
-            lines.append(f"README.md: its serving commands would be rewritten to name {self.repo_id}")
-        return lines + [f"  + {name}" for name in self.files]
+            lines.append(f"README.md: sent with its Serving section naming {self.repo_id} (OUT's copy is not changed)")
+        lines += [f"  + {entry.name}   ({entry.how})" for entry in self.selection.sent]
+        lines += [f"  - {name}   (left out: {why})" for name, why in self.selection.left_out]
+        lines += [f"  x {name}   (refused: {why})" for name, why in self.selection.refused]
+        return lines
 
 
-def check_repo_id(repo_id: str) -> str:
+def check_repo_id(repo_id: str, flag: str = "REPO") -> str:
+    """`repo_id` if it is a model repo id `user/name` that huggingface_hub's own `validate_repo_id` accepts; else
+    one line naming `flag` (the caller's argument) and the library's reason. No network."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
     if not REPO_ID.match(repo_id or ""):
-        raise CheckpointError(f"--push-to-hub expects a repo id like 'user/model-name', got {repo_id!r}")
+        raise CheckpointError(f"{flag} expects a Hub repo id like 'user/model-name', got {repo_id!r}")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        reason = " ".join(str(exc).split())
+        raise CheckpointError(f"{flag} {repo_id!r} is not a valid Hub repo id (huggingface_hub: {reason})") from None
     return repo_id
 
 
-def upload_files(folder: Path) -> list[str]:
-    """The files a push uploads: every regular file under `folder` (hard-linked weights included) except hidden ones
-    (`.git*`, `.cache/`, the demo cache's `.complete`), which huggingface_hub's `upload_folder` would skip anyway.
+def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: Sequence[str] = (), *,
+              flag: str = "REPO", written_now: bool = False) -> PushPlan:
+    """Check the repo id and OUT and compute the upload (`record.select`); no network, nothing written. Refused
+    files are in `plan.selection.refused` (`selection.refusal()` is the error the push raises)."""
+    from .record import select, spec_text
 
-    The one list both `--dry-run` and the upload use: `push` hands it to `upload_folder` as exact patterns."""
-    names = []
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder)
-        if path.is_file() and not any(part.startswith(".") for part in rel.parts):
-            names.append(rel.as_posix())
-    return names
-
-
-def plan_push(folder: str | os.PathLike, repo_id: str, private: bool) -> PushPlan:
-    """Check OUT and the repo id and compute the upload (no network, nothing written)."""
-    check_repo_id(repo_id)
+    check_repo_id(repo_id, flag)
+    given = str(folder)
     folder = Path(folder).expanduser()
+    if not folder.exists():
+        raise CheckpointError(f"OUT {given!r} does not exist; give the folder `rope-extend patch` or `train` wrote")
+    if not folder.is_dir():
+        raise CheckpointError(f"OUT {given!r} is a file; give the checkpoint folder (with config.json)")
     if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{str(folder)!r} is not a checkpoint folder (no config.json); give the OUT folder "
-                              "that `rope-extend patch` or `train` wrote")
-    folder = folder.resolve()
-    spec = folder / "rope_extend.yaml"
-    what = " ".join(spec.read_text().split()) if spec.is_file() else f"upload {folder.name}"
-    return PushPlan(
-        folder=folder,
-        repo_id=repo_id,
-        private=private,
-        files=upload_files(folder),
-        commit_message=("rope-extend: " + what)[:1000],
-        card=_card_for_repo(folder, repo_id),
-    )
+        raise CheckpointError(f"OUT {given!r} is not a checkpoint folder (no config.json); give the folder "
+                              "`rope-extend patch` or `train` wrote")
+    folder = Path(os.path.abspath(folder))
+    import shlex
+
+    hint = (f"`rope-extend push {shlex.quote(str(folder))} {repo_id} --include {{name}}`" if written_now
+            else "--include {name}")  # patch and train have no --include: the push command does
+    selection = select(folder, include, hint)
+    record = selection.record
+    card = None
+    readme = next((entry for entry in selection.sent if entry.name == "README.md"), None)
+    if record is not None and record.serving is not None and readme is not None:
+        try:
+            text = readme.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            text = None  # not a card rope-extend wrote: sent as it is
+        new = text and _with_serving(text, record.serving_for(repo_id))
+        card = None if new == text else new.encode("utf-8")
+    spec = spec_text(folder)
+    what = " ".join(spec.split()) if spec else f"upload {folder.name}"
+    return PushPlan(folder=folder, repo_id=repo_id, private=private, selection=selection,
+                    commit_message=("rope-extend: " + what)[:1000], card=card,
+                    serve=record.serve_for(repo_id) if record is not None else None, written_now=written_now,
+                    include=tuple(include))
 
 
-def _card_for_repo(folder: Path, repo_id: str) -> str | None:
-    """OUT's model card with its serving commands naming `repo_id` (the path users of the pushed model have), or
-    None when it already does, or when OUT was not written by rope-extend (its card is left as it is)."""
-    card = folder / "README.md"
-    if not card.is_file():
-        return None
-    text = card.read_text(encoding="utf-8")
+def _with_serving(text: str, serving: str) -> str:
+    """`text` (a model card) with the body of its Serving section replaced by `serving`."""
     start = text.find(SERVING_HEADING)
     if start < 0:
-        return None
-    from .serving import serving_hints
-
-    plan = _plan_of(folder)
-    if plan is None:
-        return None
-    serving, _ = serving_hints(plan, repo_id)
-    body_start = start + len(SERVING_HEADING)
-    end = text.find("\n## ", body_start)
+        return text
+    body = start + len(SERVING_HEADING)
+    end = text.find("\n## ", body)
     end = len(text) if end < 0 else end
-    new = text[:body_start] + serving.strip() + "\n" + text[end:]
-    return None if new == text else new
-
-
-SERVING_HEADING = "\n## Serving\n\n"
-
-
-def _plan_of(folder: Path):
-    """The PatchPlan a rope-extend checkpoint was written with (from its config's marker), or None."""
-    from . import compat
-    from .files import load_config
-    from .plan import plan_patch
-    from .spec import RopeSpec
-
-    config = compat.text_config(load_config(folder))
-    marker = compat.read_marker(config)
-    if not marker or not isinstance(marker.get("spec"), dict):
-        return None
-    return plan_patch(config, RopeSpec(**marker["spec"]))
-
-
-def serve_command_for(folder: Path, repo_id: str) -> str | None:
-    """The serve line for the pushed model (`serving.serve_command` naming the repo id), or None for a folder
-    rope-extend did not write."""
-    from .serving import serve_command
-
-    plan = _plan_of(folder)
-    return None if plan is None else serve_command(plan, repo_id)
+    return text[:body] + serving.strip() + "\n" + text[end:]
 
 
 def hub_token(where: str = "") -> str:
@@ -306,41 +309,56 @@ def hub_token(where: str = "") -> str:
     return token
 
 
-def push(plan: PushPlan) -> str:
-    """Create the repo (`exist_ok`: a later push adds a commit) and upload exactly `plan.files`; returns the repo URL.
+def check_reachable(plan: PushPlan) -> None:
+    """One TCP connection to the Hub (3 s) instead of huggingface_hub's retries; a retry can fix this one."""
+    if not hub_reachable():
+        raise CheckpointError(f"cannot push to {plan.repo_id!r}: the Hub ({_endpoint()}) is unreachable"
+                              f"{plan.kept(retry=True)}")
 
-    Checks the token, then the Hub's reachability (one TCP connection), and only then rewrites OUT's card for the
-    repo and sends anything. Every failure is one CheckpointError line ending with the push-later command; OUT is
-    never removed or left half-written."""
-    import glob
 
-    from huggingface_hub import HfApi
+def push(plan: PushPlan, token: str) -> bool | None:
+    """Create the repo (`exist_ok`: a later push adds a commit) and send exactly `plan.selection.sent` in one
+    commit (the card from `plan.card` when it names the repo); returns the visibility the Hub reports afterwards
+    (True: private; None: not reported). Sets `plan.url`. Every failure is one CheckpointError line saying why,
+    OUT is kept as it was (a push writes nothing into it), and only a failure a retry can fix offers the command."""
+    from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
-    token = hub_token(plan.where())
-    if not hub_reachable():
-        raise CheckpointError(f"cannot push to {plan.repo_id!r}: the Hub ({_endpoint()}) is unreachable{plan.where()}")
-    if plan.card is not None:
-        card = plan.folder / "README.md"
-        tmp = card.with_name(f".README.md.rope-extend-{os.getpid()}")
-        tmp.write_text(plan.card, encoding="utf-8")
-        os.replace(tmp, card)  # a fresh file: never written through a hard link
+    if plan.selection.refused:
+        raise plan.selection.refusal()
+    operations = [
+        CommitOperationAdd(path_in_repo=entry.name, path_or_fileobj=(
+            plan.card if entry.name == "README.md" and plan.card is not None else str(entry.path)))
+        for entry in plan.selection.sent
+    ]
     api = HfApi(token=token)
     try:
         repo = api.create_repo(repo_id=plan.repo_id, private=plan.private, exist_ok=True, repo_type="model")
-        api.upload_folder(
-            repo_id=plan.repo_id,
-            folder_path=str(plan.folder),
-            commit_message=plan.commit_message,
-            allow_patterns=[glob.escape(name) for name in plan.files],
-        )
+        api.create_commit(repo_id=plan.repo_id, operations=operations, commit_message=plan.commit_message,
+                          repo_type="model")
     except HfHubHTTPError as exc:
         status = _status(exc)
-        why = "; check that the token has write access to it" if status in ("401", "403") else ""
-        raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP {status}{why}{plan.where()}") from None
+        said = " ".join(str(getattr(exc, "server_message", None) or "").split())[:200]
+        said = f" ({said})" if said else ""
+        if status in ("401", "403"):
+            raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP {status}{said}; check that the token "
+                                  f"has write access to it{plan.kept()}") from None
+        raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP {status}{said}"
+                              f"{plan.kept(retry=status in RETRY_STATUSES)}") from None
     except (KeyboardInterrupt, SystemExit, MemoryError):
         raise
-    except Exception as exc:  # connection errors of whichever HTTP client huggingface_hub uses
-        raise CheckpointError(f"pushing to {plan.repo_id!r} failed ({type(exc).__name__}){plan.where()}") from None
+    except Exception as exc:  # connection errors and timeouts of whichever HTTP client huggingface_hub uses
+        reason = " ".join(str(exc).split())[:200]
+        raise CheckpointError(f"pushing to {plan.repo_id!r} failed ({type(exc).__name__}{': ' + reason if reason else ''})"
+                              f"{plan.kept(retry=_network_error(exc))}") from None
     plan.url = str(getattr(repo, "url", None) or f"{_endpoint()}/{plan.repo_id}")
-    return plan.url
+    try:
+        return bool(api.repo_info(plan.repo_id, repo_type="model").private)
+    except Exception:  # the push is done; only the visibility report is missing
+        return None
+
+
+def _network_error(exc: BaseException) -> bool:
+    """A connection error or a timeout (requests' are OSErrors; httpx's derive from its TransportError)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return isinstance(exc, (OSError, TimeoutError)) or bool(names & {"TransportError", "TimeoutException"})

@@ -105,7 +105,8 @@ def _describe(folder: Path, entries: list[Path]) -> list[str]:
     return out
 
 
-def _is_checkpoint_file(name: str) -> bool:
+def is_checkpoint_file(name: str) -> bool:
+    """A top-level file name a checkpoint has (the rule above; `rope_extend.record` holds a push to it too)."""
     return (name in CHECKPOINT_FILES or name in ROPE_EXTEND_FILES
             or any(fnmatch.fnmatchcase(name, p) for p in CHECKPOINT_PATTERNS + WEIGHT_PATTERNS))
 
@@ -114,7 +115,7 @@ def _not_checkpoint(folder: Path) -> tuple[list[str], str] | None:
     """None for a checkpoint folder, else (the entries to name, the user's first; why it is not one)."""
     entries = list(folder.iterdir())
     strangers = [p for p in entries if (p.is_dir() and not p.is_symlink() and p.name not in CHECKPOINT_DIRS)
-                 or ((not p.is_dir() or p.is_symlink()) and not _is_checkpoint_file(p.name))]
+                 or ((not p.is_dir() or p.is_symlink()) and not is_checkpoint_file(p.name))]
     if strangers:
         return _describe(folder, strangers), "it holds files a checkpoint does not"
     names = [p.name for p in entries]

@@ -35,6 +35,9 @@ MAX_FACTOR = 1024.0  # published long-context models use up to x64 (LongRoPE 2M 
 MAX_TOKENS = 2**31 - 1  # llama.cpp positions are int32; no model serves more
 MAX_SPEC_BYTES = 1024 * 1024  # a spec is a few hundred bytes; LongRoPE lists a few KB
 MAX_SPEC_DEPTH = 4  # spec -> list of factors is depth 2
+# The key under which an OUT's rope_extend.yaml also holds rope-extend's record of that folder (rope_extend.record):
+# not a spec key, so a spec read from an OUT (`--config OUT/rope_extend.yaml`) drops it.
+OUTPUT_RECORD_KEY = "output_record"
 
 
 class _SpecCore(BaseModel):
@@ -206,6 +209,7 @@ class _SpecCore(BaseModel):
         data: dict[str, Any] = {}
         if config is not None:
             data = dict(config) if isinstance(config, dict) else _read_yaml(config)
+            data.pop(OUTPUT_RECORD_KEY, None)
         for key, value in (overrides or {}).items():
             if value is not None:
                 data[key] = value

@@ -1,7 +1,7 @@
 """A local HTTP server that speaks the part of the Hugging Face Hub API a push uses.
 
-huggingface_hub's `create_repo` and `upload_folder` (0.36 on the transformers 4.x line, 2.x on 5.x) send, for a
-folder of small files:
+huggingface_hub's `create_repo` and `create_commit` (0.36 on the transformers 4.x line, 2.x on 5.x; `upload_folder`
+ends in the same calls) send, for small files:
 
 - `POST /api/repos/create` (JSON: name, organization, `private` (0.x) or `visibility` (2.x), type), 409 if it exists;
 - `POST /api/validate-yaml` (the README's metadata; 0.x's single-commit path);
@@ -11,7 +11,9 @@ folder of small files:
   per file with its base64 content).
 
 Everything else is a 404, recorded like the rest, so a test sees any request it did not expect. Writes need an
-`Authorization: Bearer <token>` header (401 otherwise). Runs in a thread on 127.0.0.1, port 0 (the OS picks one).
+`Authorization: Bearer <token>` header (401 otherwise). `fail_commit = STATUS` answers every commit with that
+HTTP status (a Hub error after the repo exists). `GET /api/models/{org}/{name}` answers the repo's visibility.
+Runs in a thread on 127.0.0.1, port 0 (the OS picks one).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class HubServer:
     def __init__(self):
         self.requests: list[Request] = []
         self.repos: dict[str, Repo] = {}
+        self.fail_commit: int | None = None
         self._lock = threading.Lock()
         server = self
 
@@ -100,6 +103,8 @@ class HubServer:
         if h.command == "POST" and match:
             return self._preupload(h, match["repo"], json.loads(body))
         match = COMMIT.match(path)
+        if h.command == "POST" and match and self.fail_commit:
+            return self._reply(h, self.fail_commit, {"error": f"the test Hub answers {self.fail_commit}"})
         if h.command == "POST" and match:
             return self._commit(h, match["repo"], body)
         match = REPO_INFO.match(path)

@@ -1,7 +1,9 @@
 """Publishing to the Hub against a real HTTP server (tests/hubserver.py) that speaks the Hub API huggingface_hub's
-`create_repo` and `upload_folder` use: the files and bytes received, the card's metadata as the Hub parses it,
-private/public, the commit message, the token never printed, `--dry-run` listing exactly what the push uploads,
-and the failures (Hub unreachable, no token) that keep OUT and print the one command that pushes it later.
+`create_repo` and `create_commit` use: exactly the checkpoint's files arrive, byte for byte (never a user's other
+files or a link's target outside OUT, refused before any request), the card's metadata as the Hub parses it,
+private/public as the Hub reports it, the commit message, the token never printed, `--dry-run` listing exactly
+what the push sends and leaves out, the repo id validated first, and the failures (Hub unreachable or failing, no
+token) that leave OUT exactly as it was.
 
 One test runs the CLI in a subprocess with HF_ENDPOINT pointing at the server (huggingface_hub reads it at
 import); the others run in-process with `huggingface_hub.constants.ENDPOINT` set to it, which is what HF_ENDPOINT
@@ -10,22 +12,27 @@ sets (seconds instead of a Python start each).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import hubcache
 import pytest
 import tiny
 from hubserver import HubServer
 
 from rope_extend.cli import run
-from rope_extend.hub import upload_files
+from rope_extend.record import MODEL_ID, read_record
 
 SECRET = "hf_SECRETtoken1234567890abcdef"
 YARN = ["--method", "yarn", "--factor", "2"]
+CHECKPOINT = ["README.md", "config.json", "generation_config.json", "model.safetensors", "rope_extend.yaml",
+              "tokenizer_config.json"]
 
 
 def cli(*args) -> int:
@@ -55,12 +62,30 @@ def hub(monkeypatch, tmp_path):
         yield server
 
 
-def folder_bytes(folder: Path) -> dict[str, bytes]:
-    return {name: (folder / name).read_bytes() for name in upload_files(folder)}
+def folder_bytes(folder: Path, names=None) -> dict[str, bytes]:
+    """What OUT holds under each name (a link's target), read independently of rope-extend's selection."""
+    return {name: Path(os.path.realpath(folder / name)).read_bytes() for name in names or CHECKPOINT}
 
 
-def dry_run_files(stdout: str) -> list[str]:
-    return [line.split("+ ", 1)[1] for line in stdout.splitlines() if line.startswith("  + ")]
+def tree(folder: Path) -> dict[str, tuple]:
+    """Every entry under `folder`: a link's target, or a file's sha256, inode and mtime (a rewrite changes it)."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            info = os.lstat(path)
+            rel = path.relative_to(folder).as_posix()
+            if path.is_symlink():
+                found[rel] = ("link", os.readlink(path))
+            elif path.is_file():
+                found[rel] = (hashlib.sha256(path.read_bytes()).hexdigest(), info.st_ino, info.st_mtime_ns)
+            else:
+                found[rel] = ("dir", info.st_mtime_ns)
+    return found
+
+
+def dry_run_lines(stdout: str, mark: str = "+") -> list[str]:
+    return [line[4:].split("   (")[0] for line in stdout.splitlines() if line.startswith(f"  {mark} ")]
 
 
 def one_error(err: str) -> str:
@@ -76,6 +101,28 @@ def card_data(text: str, tmp_path: Path):
     path.parent.mkdir(exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return ModelCard.load(path).data
+
+
+def reference_serving(out: Path, name: str) -> tuple[str, str]:
+    """The card's Serving section and the serve line for `name`, computed from scratch by planning the patch again
+    from OUT's config (what the push did before it read OUT's record): the reference for the recorded ones."""
+    from rope_extend import compat
+    from rope_extend.files import load_config
+    from rope_extend.plan import plan_patch
+    from rope_extend.serving import serve_command, serving_hints
+    from rope_extend.spec import RopeSpec
+
+    config = compat.text_config(load_config(out))
+    plan = plan_patch(config, RopeSpec(**compat.read_marker(config)["spec"]))
+    return serving_hints(plan, name)[0], serve_command(plan, name)
+
+
+def expected_card(out: Path, repo_id: str) -> bytes:
+    """OUT's card with its Serving section (written for OUT's folder name) naming `repo_id` instead."""
+    local = (out / "README.md").read_text()
+    written, wanted = reference_serving(out, out.name)[0].strip(), reference_serving(out, repo_id)[0].strip()
+    assert local.count(written) == 1
+    return local.replace(written, wanted).encode()
 
 
 def test_patch_push_to_hub_over_http(source, tmp_path):
@@ -94,17 +141,15 @@ def test_patch_push_to_hub_over_http(source, tmp_path):
     repo = hub.repos["me/tiny-yarn"]
     assert repo.private is True
     assert repo.files == folder_bytes(out)
-    assert sorted(repo.files) == ["README.md", "config.json", "generation_config.json", "model.safetensors",
-                                  "rope_extend.yaml", "tokenizer_config.json"]
-    spec = " ".join((out / "rope_extend.yaml").read_text().split())
-    assert repo.commits == [f"rope-extend: {spec}"] and spec.startswith("method: yarn factor: 2.0")
+    spec = "method: yarn factor: 2.0 target_length: 64 original_max_position_embeddings: 32"
+    assert repo.commits == [f"rope-extend: {spec}"]
     writes = [r for r in hub.requests if r.method == "POST"]
     assert writes and all(r.headers.get("authorization") == f"Bearer {SECRET}" for r in writes)
     data = card_data(repo.files["README.md"].decode(), tmp_path)
     assert data.library_name == "transformers"
     assert {"rope-scaling", "yarn", "long-context"} <= set(data.tags)
     assert "vllm serve me/tiny-yarn" in repo.files["README.md"].decode()  # the card names the path users will have
-    assert f"pushed: {hub.endpoint}/me/tiny-yarn" in done.stdout
+    assert f"pushed: {hub.endpoint}/me/tiny-yarn (6 files, private)" in done.stdout
     assert "serve:  vllm serve me/tiny-yarn --max-model-len 64" in done.stdout
 
 
@@ -113,29 +158,256 @@ def test_dry_run_lists_exactly_what_the_push_uploads(source, tmp_path, hub, caps
     (source / ".cache").mkdir(exist_ok=True)  # hidden files are never carried or uploaded
     assert cli("patch", source, *YARN, "-o", out, "--push-to-hub", "me/a", "--dry-run") == 0
     printed = capsys.readouterr()
-    listed = dry_run_files(printed.out)
+    listed = dry_run_lines(printed.out)
     assert hub.requests == []  # a dry run sends nothing
-    assert "would push 6 files to me/a (public" in printed.out
+    assert "would push 6 files to me/a (public if created" in printed.out
+    assert "  + model.safetensors   (a hard link rope-extend made)" in printed.out
     assert cli("push", out, "me/a") == 0
-    assert sorted(hub.repos["me/a"].files) == listed == upload_files(out)
+    assert sorted(hub.repos["me/a"].files) == listed == CHECKPOINT
     assert hub.repos["me/a"].private is False
     assert SECRET not in "".join(capsys.readouterr())
 
 
-def test_a_later_push_renames_the_serving_commands_and_adds_a_commit(source, tmp_path, hub, capsys):
+def test_the_record_names_the_files_links_and_serving_of_out(source, tmp_path):
+    """rope_extend.yaml records every file patch wrote, the inode of each hard link it made (the same inode as
+    SOURCE's file), and serving commands that render, for any repo id, what planning the patch again gives; the
+    spec part still reads as a spec (`--config OUT/rope_extend.yaml`)."""
+    from rope_extend.spec import load_spec
+
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    record = read_record(out)
+    assert sorted(record.files) == CHECKPOINT
+    assert record.hard_links == {"model.safetensors": (source / "model.safetensors").stat().st_ino}
+    assert os.stat(out / "model.safetensors").st_nlink >= 2  # SOURCE's name and OUT's (other tests link it too)
+    for name in ("me/tiny-yarn", "org-x/Model_1.5-64k"):
+        serving, serve = reference_serving(out, name)
+        assert record.serving_for(name) == serving and record.serve_for(name) == serve
+    assert MODEL_ID not in (out / "README.md").read_text()
+    spec = load_spec(out / "rope_extend.yaml")
+    assert (spec.method, spec.factor, spec.target_length) == ("yarn", 2.0, 64)
+
+
+def test_a_later_push_renames_the_serving_commands_and_leaves_out_unchanged(source, tmp_path, hub, capsys):
     out = tmp_path / "smollm2-yarn2"
     assert cli("patch", source, *YARN, "-o", out) == 0
     assert "vllm serve smollm2-yarn2 " in (out / "README.md").read_text()
+    before = tree(out)
     capsys.readouterr()
     assert cli("push", out, "me/b", "--dry-run") == 0
-    assert "README.md: its serving commands would be rewritten to name me/b" in capsys.readouterr().out
-    assert "vllm serve smollm2-yarn2 " in (out / "README.md").read_text()  # the dry run wrote nothing
+    assert "README.md: sent with its Serving section naming me/b (OUT's copy is not changed)" in capsys.readouterr().out
     assert cli("push", out, "me/b") == 0
+    printed = capsys.readouterr().out
     card = hub.repos["me/b"].files["README.md"].decode()
-    assert "vllm serve me/b " in card and "smollm2-yarn2 " not in card
-    assert (out / "README.md").read_text() == card  # OUT describes what was published
+    serving, serve = reference_serving(out, "me/b")
+    assert serving.strip() in card and "smollm2-yarn2 " not in card
+    assert f"serve:  {serve}" in printed
+    assert card.encode() == expected_card(out, "me/b")
+    assert tree(out) == before  # a push writes nothing into OUT
     assert cli("push", out, "me/b") == 0  # the repo exists (409): the push adds a commit
     assert len(hub.repos["me/b"].commits) == 2
+
+
+def test_push_sends_the_checkpoint_not_the_folder(source, tmp_path, hub, capsys):
+    """OUT patched from a Hub cache snapshot (its weights hard-linked to the cache's blob), then filled with what a
+    user's folder holds: notes, a private key in a subfolder, .env, nested folders, a link to a file outside, a link
+    to a folder outside, a hard link to an outside file under a checkpoint's name. The push (and its dry run) refuses
+    all of them in one line before any request; --include cannot send what resolves outside OUT; once only what the
+    user names on purpose is left, exactly the checkpoint and that file arrive, byte for byte, and OUT is as it was."""
+    snapshot = hub_snapshot(source, tmp_path / "hub")
+    out = tmp_path / "mixed"
+    assert cli("patch", snapshot, *YARN, "-o", out) == 0
+    blob = Path(os.path.realpath(snapshot / "model.safetensors"))
+    assert os.stat(out / "model.safetensors").st_ino == blob.stat().st_ino  # hard-linked from the Hub cache
+    outside = tmp_path / "outside"
+    (outside / "ssh").mkdir(parents=True)
+    (outside / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (outside / "ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    (out / "notes.txt").write_text("my notes")
+    (out / "private").mkdir()
+    (out / "private" / "id_rsa").write_text("-----BEGIN RSA PRIVATE KEY-----\n")
+    (out / ".env").write_text("OPENAI_API_KEY=sk-123\n")
+    (out / "runs" / "a").mkdir(parents=True)
+    (out / "runs" / "a" / "log.txt").write_text("step 1")
+    (out / "passwd.txt").symlink_to(outside / "passwd")
+    (out / "keys").symlink_to(outside / "ssh", target_is_directory=True)
+    os.link(outside / "ssh" / "id_ed25519", out / "LICENSE")  # a checkpoint's name, an outside file's inode
+    before = tree(out)
+    capsys.readouterr()
+
+    for dry in ([], ["--dry-run"]):
+        assert cli("push", out, "me/mixed", *dry) == 2
+        printed = capsys.readouterr()
+        error = one_error(printed.err)
+        assert "holds 7 files a push may not send as the checkpoint's, so nothing was sent" in error
+        for named in (".env (not a file of a checkpoint)", "notes.txt (not a file of a checkpoint)",
+                      "private/id_rsa (in a subfolder", "runs/a/log.txt (in a subfolder",
+                      f"passwd.txt (a symbolic link to {str(outside / 'passwd')!r}, outside OUT)",
+                      f"keys (a symbolic link to the folder {str(outside / 'ssh')!r}, outside OUT",
+                      "LICENSE (a hard link (2 names) and rope-extend did not record it"):
+            assert named in error
+        assert "--include NAME" in error and "uploading" not in printed.err
+    assert dry_run_lines(printed.out) == CHECKPOINT
+    assert sorted(dry_run_lines(printed.out, "x")) == sorted([".env", "LICENSE", "keys", "notes.txt", "passwd.txt",
+                                                              "private/id_rsa", "runs/a/log.txt"])
+    assert hub.requests == []
+    for bad in (["--include", "passwd.txt"], ["--include", "keys/id_ed25519"], ["--include", "../outside/passwd"],
+                ["--include", str(outside / "passwd")]):
+        assert cli("push", out, "me/mixed", *bad) == 2
+        assert "outside OUT" in one_error(capsys.readouterr().err)
+    assert hub.requests == [] and tree(out) == before
+
+    for name in ("passwd.txt", "keys", "LICENSE", ".env"):
+        os.unlink(out / name)
+    shutil_rmtree(out / "private")
+    assert cli("push", out, "me/mixed", "--include", "notes.txt", "--include", "runs") == 0
+    sent = ["notes.txt", *CHECKPOINT, "runs/a/log.txt"]
+    assert hub.repos["me/mixed"].files == {**folder_bytes(out, sent), "README.md": expected_card(out, "me/mixed")}
+    assert hub.repos["me/mixed"].files["model.safetensors"] == blob.read_bytes()
+
+
+def shutil_rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
+
+
+def hub_snapshot(source: Path, cache: Path, repo_id: str = "acme/tiny-llama") -> Path:
+    """SOURCE's files in a Hub cache laid out as huggingface_hub's (tests/hubcache.py): snapshot links to blobs."""
+    import shutil
+
+    plain = cache.parent / "plain"
+    plain.mkdir(parents=True)
+    for path in source.iterdir():
+        if path.is_file():
+            shutil.copy(path, plain / path.name)
+    return hubcache.from_folder(cache, repo_id, plain)
+
+
+def test_a_hub_cache_snapshot_is_pushed_through_its_blob_links(source, tmp_path, hub, capsys):
+    """A clean checkpoint in the Hub cache: its files are links to the blobs of the same repo, which are sent; a link
+    into another repo's blobs is refused."""
+    snapshot = hub_snapshot(source, tmp_path / "hub")
+    names = sorted(p.name for p in source.iterdir() if p.is_file())
+    assert cli("push", snapshot, "me/copy") == 0
+    assert hub.repos["me/copy"].files == {name: (source / name).read_bytes() for name in names}
+    other = hubcache.from_folder(tmp_path / "hub", "evil/other", tmp_path / "hub" / "models--acme--tiny-llama" / "blobs")
+    blob = next(p for p in other.iterdir())
+    (snapshot / "tokenizer.json").symlink_to(os.path.relpath(os.path.realpath(blob), snapshot))
+    assert cli("push", snapshot, "me/copy2") == 2
+    assert "tokenizer.json (a symbolic link to" in one_error(capsys.readouterr().err)
+    assert "me/copy2" not in hub.repos
+
+
+def test_what_rope_extend_carried_from_source_is_left_out_and_an_unrecorded_out_needs_include(source, tmp_path, hub,
+                                                                                           capsys):
+    """Files SOURCE carried into OUT that are not a checkpoint's (Llama 3.1's original/, a Mistral params.json)
+    are rope-extend's, not the user's: left out, said why, --include sends them. An OUT without rope-extend's
+    record (written before it kept one) has hard links nobody recorded: refused until named on purpose; its card
+    goes up as it is. A damaged record sends nothing."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(source, src, ignore=shutil.ignore_patterns(".*"))
+    (src / "original").mkdir()
+    (src / "original" / "params.json").write_text('{"dim": 64}')
+    (src / "params.json").write_text('{"dim": 64}')
+    out = tmp_path / "out"
+    assert cli("patch", src, *YARN, "-o", out) == 0
+    capsys.readouterr()
+    assert cli("push", out, "me/g", "--dry-run") == 0
+    printed = capsys.readouterr().out
+    assert dry_run_lines(printed) == CHECKPOINT
+    assert ("  - original/params.json   (left out: in a subfolder; a checkpoint's files are at its top level; "
+            "rope-extend carried it from SOURCE (--include original/params.json sends it))") in printed
+    assert "  - params.json   (left out: not a file of a checkpoint; rope-extend carried it" in printed
+    assert cli("push", out, "me/g", "--include", "original") == 0
+    assert sorted(hub.repos["me/g"].files) == sorted([*CHECKPOINT, "original/params.json"])
+    assert f"left out: params.json (`rope-extend push {out} me/g --include original --dry-run` says why)" in (
+        capsys.readouterr().out)
+    assert cli("patch", src, *YARN, "-o", tmp_path / "out2", "--push-to-hub", "me/g2", "--dry-run") == 0
+    assert (f"(`rope-extend push {tmp_path / 'out2'} me/g2 --include original/params.json` sends it)"
+            in capsys.readouterr().out)  # patch has no --include: the command that has one
+
+    spec = (out / "rope_extend.yaml").read_text().split("# output_record")[0]
+    (out / "rope_extend.yaml").write_text(spec)  # as rope-extend wrote it before it recorded its outputs
+    (out / "params.json").unlink()
+    shutil.rmtree(out / "original")
+    assert cli("push", out, "me/h") == 2
+    error = one_error(capsys.readouterr().err)
+    assert "holds 1 file a push may not send as the checkpoint's" in error
+    assert re.search(r"model\.safetensors \(a hard link \(\d names\) and OUT has no rope-extend record", error)
+    assert cli("push", out, "me/h", "--include", "model.safetensors") == 0
+    assert hub.repos["me/h"].files == folder_bytes(out)  # the card as it is: no record to rename its commands from
+    (out / "rope_extend.yaml").write_text(spec + "output_record:\n  files: [../../etc/passwd]\n  hard_links: {}\n")
+    assert cli("push", out, "me/i", "--include", "model.safetensors") == 2
+    assert "output_record is damaged" in one_error(capsys.readouterr().err) and "me/i" not in hub.repos
+
+
+@pytest.mark.parametrize("repo_id, reason", [("me/some..repo", "Cannot have -- or .. in repo_id"),
+                                             ("me/" + "a" * 120, "the maximum length is 96"),
+                                             ("me/repo.git", "cannot end by '.git'"),
+                                             ("not a repo", "expects a Hub repo id like 'user/model-name'")])
+def test_repo_ids_are_validated_first(source, tmp_path, hub, capsys, repo_id, reason):
+    """huggingface_hub's validate_repo_id decides, before anything else (the dry run too, patch before writing OUT);
+    the error says the library's reason, names the command's own argument and offers no retry."""
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out, "--push-to-hub", repo_id, "--dry-run") == 2
+    error = one_error(capsys.readouterr().err)
+    assert reason in error and error.startswith("rope-extend: error: --push-to-hub ") and not out.exists()
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    before = tree(out)
+    for dry in (["--dry-run"], []):
+        assert cli("push", out, repo_id, *dry) == 2
+        error = one_error(capsys.readouterr().err)
+        assert reason in error and "--push-to-hub" not in error and "push it later" not in error
+        assert error.startswith("rope-extend: error: REPO ")
+    assert hub.requests == [] and tree(out) == before
+    text = tmp_path / "plays.txt"
+    text.write_text("To be, or not to be, that is the question. " * 20)
+    assert cli("train", source, *YARN, "--text", text, "-o", tmp_path / "trained", "--push-to-hub", repo_id) == 2
+    error = one_error(capsys.readouterr().err)  # before training starts
+    assert reason in error and error.startswith("rope-extend: error: --push-to-hub ")
+    assert not (tmp_path / "trained").exists() and not (tmp_path / "trained.train-state").exists()
+
+
+def test_a_failed_push_leaves_out_as_it_was_and_offers_a_retry_only_when_one_can_help(source, tmp_path, hub, capsys):
+    """A 5xx on the commit: OUT untouched (its card still names the folder), the retry command printed, and it
+    works once the Hub is back; a 403: why, no retry offered (push) and OUT untouched."""
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    before = tree(out)
+    capsys.readouterr()
+    (out / "NOTES.md").write_text("how it was made")  # sent on purpose: the retry command keeps --include
+    before = tree(out)
+    hub.fail_commit = 503
+    assert cli("push", out, "me/f", "--include", "NOTES.md") == 2
+    error = one_error(capsys.readouterr().err)
+    assert "HTTP 503" in error
+    later = re.search(r"push it later with `([^`]+)`", error)[1]
+    assert later == f"rope-extend push {out} me/f --include NOTES.md"
+    assert tree(out) == before and hub.repos["me/f"].files == {}
+    hub.fail_commit = 403
+    assert cli("push", out, "me/f", "--include", "NOTES.md") == 2
+    error = one_error(capsys.readouterr().err)
+    assert "HTTP 403" in error and "write access" in error and "push it" not in error and "is kept as it is" in error
+    assert tree(out) == before
+    hub.fail_commit = None
+    assert run(shlex.split(later)[1:]) == 0
+    assert hub.repos["me/f"].files == folder_bytes(out, [*CHECKPOINT, "NOTES.md"]) | {
+        "README.md": expected_card(out, "me/f")}
+
+
+def test_the_visibility_printed_is_the_hubs(source, tmp_path, hub, capsys):
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    capsys.readouterr()
+    assert cli("push", out, "me/p", "--private") == 0
+    assert "(6 files, private)" in capsys.readouterr().out
+    assert cli("push", out, "me/p") == 0  # an existing repo keeps its visibility, and the report says so
+    assert "(6 files, private)" in capsys.readouterr().out and hub.repos["me/p"].private is True
+    assert cli("push", out, "me/q") == 0 and cli("push", out, "me/q", "--private") == 0
+    assert capsys.readouterr().out.count("(6 files, public)") == 2
 
 
 def test_push_with_the_hub_down_keeps_out_and_prints_the_push_later_command(source, tmp_path, hub, monkeypatch,
@@ -148,26 +420,30 @@ def test_push_with_the_hub_down_keeps_out_and_prints_the_push_later_command(sour
     out = tmp_path / "my model"  # a path that needs quoting in the printed command
     assert cli("patch", source, *YARN, "-o", out, "--push-to-hub", "me/c", "--private") == 2
     error = one_error(capsys.readouterr().err)
-    assert "unreachable" in error and "is complete" in error
+    assert "unreachable" in error and "is kept as it is" in error
     later = re.search(r"push it later with `([^`]+)`", error)[1]
     assert later == f"rope-extend push '{out.resolve()}' me/c --private"
-    assert set(upload_files(out)) >= {"README.md", "config.json", "model.safetensors", "rope_extend.yaml"}
+    before = tree(out)
     monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)  # the Hub is back: the printed command pushes OUT
-    import shlex
-
     assert run(shlex.split(later)[1:]) == 0
     assert hub.repos["me/c"].private is True and hub.repos["me/c"].files == folder_bytes(out)
+    assert tree(out) == before
 
 
 def test_a_missing_token_is_reported_before_any_network_call(source, tmp_path, hub, monkeypatch, capsys):
     monkeypatch.delenv("HF_TOKEN")
     out = tmp_path / "out"
     assert cli("patch", source, *YARN, "-o", out, "--push-to-hub", "me/d") == 2
-    error = one_error(capsys.readouterr().err)
+    printed = capsys.readouterr()
+    error = one_error(printed.err)
     assert "no Hugging Face token" in error and "hf auth login" in error
-    assert f"push it later with `rope-extend push {out.resolve()} me/d`" in error
+    assert f"once that is fixed, push it with `rope-extend push {out.resolve()} me/d`" in error
+    assert "uploading" not in printed.err
     assert (out / "config.json").is_file()
-    assert cli("push", out, "me/d") == 2 and "no Hugging Face token" in one_error(capsys.readouterr().err)
+    assert cli("push", out, "me/d") == 2
+    printed = capsys.readouterr()
+    error = one_error(printed.err)
+    assert "no Hugging Face token" in error and "push it" not in error and "uploading" not in printed.err
     assert hub.requests == []
 
 
@@ -175,9 +451,9 @@ def test_push_refuses_a_folder_that_is_not_a_checkpoint(tmp_path, hub, capsys):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "todo.md").write_text("mine")
     assert cli("push", tmp_path / "notes", "me/e") == 2
-    assert "not a checkpoint folder" in one_error(capsys.readouterr().err)
-    assert cli("push", tmp_path / "notes", "not a repo") == 2
-    assert "repo id like" in one_error(capsys.readouterr().err)
+    assert "not a checkpoint folder (no config.json)" in one_error(capsys.readouterr().err)
+    assert cli("push", tmp_path / "gone", "me/e") == 2
+    assert f"OUT {str(tmp_path / 'gone')!r} does not exist" in one_error(capsys.readouterr().err)
     assert hub.requests == []
 
 

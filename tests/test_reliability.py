@@ -625,7 +625,7 @@ def test_push_with_the_hub_unreachable_says_out_is_complete(pristine, tmp_path, 
     out = tmp_path / "out"
     assert run(["patch", str(pristine), "-o", str(out), *YARN, "--push-to-hub", "me/tiny"]) == 2
     err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("rope-extend: [")]
-    assert len(err) == 1 and "unreachable" in err[0] and "is complete" in err[0], err
+    assert len(err) == 1 and "unreachable" in err[0] and "is kept as it is: push it later with" in err[0], err
     assert f"`rope-extend push {out} me/tiny`" in err[0]
     assert (out / "config.json").exists() and (out / "rope_extend.yaml").exists()
 

@@ -438,7 +438,7 @@ def test_train_push_to_hub_uploads_the_written_checkpoint(tiny_source, tmp_path,
     from hubserver import HubServer
     from huggingface_hub import constants
 
-    from rope_extend.hub import upload_files
+    from rope_extend.record import read_record
 
     source, text = tiny_source
     secret = "hf_SECRETtoken1234567890abcdef"
@@ -457,6 +457,9 @@ def test_train_push_to_hub_uploads_the_written_checkpoint(tiny_source, tmp_path,
     assert code == 0, printed.err[-3000:]
     assert secret not in printed.out + printed.err
     repo = hub.repos["me/tiny-trained"]
-    assert repo.files == {name: (out / name).read_bytes() for name in upload_files(out)}
+    recorded = read_record(out)  # every file train wrote; the card's serving commands name the repo
+    assert repo.files == {name: (out / name).read_bytes() for name in recorded.files if name != "README.md"} | {
+        "README.md": (out / "README.md").read_bytes().replace(recorded.serving_for(out.name).encode(),
+                                                              recorded.serving_for("me/tiny-trained").encode())}
     assert {"README.md", "config.json", "model.safetensors", "training.json", "training_log.jsonl"} <= set(repo.files)
     assert len(repo.commits) == 1 and f"pushed: {hub.endpoint}/me/tiny-trained" in printed.out

@@ -150,7 +150,7 @@ def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no
     if push_to_hub:
         from ..hub import check_repo_id
 
-        check_repo_id(push_to_hub)  # before writing anything
+        check_repo_id(push_to_hub, "--push-to-hub")  # before writing anything
     if dry_run and not push_to_hub:
         fail("--dry-run only applies to --push-to-hub")
     if eval_dir is not None and not eval_suite:
@@ -211,7 +211,7 @@ def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no
     if push_to_hub:
         from .push_cmd import publish
 
-        publish(result.out, push_to_hub, private, dry_run)
+        publish(result.out, push_to_hub, private, dry_run, flag="--push-to-hub", written_now=True)
 
 
 @app.command(

@@ -108,7 +108,7 @@ def train_command(
     if push_to_hub:
         from .push_cmd import publish
 
-        publish(result.out, push_to_hub, private, dry_run=False)
+        publish(result.out, push_to_hub, private, dry_run=False, flag="--push-to-hub", written_now=True)
 
 
 def _check_push(repo_id: str, output: Path, private: bool) -> None:
@@ -117,7 +117,7 @@ def _check_push(repo_id: str, output: Path, private: bool) -> None:
     from ..errors import CheckpointError
     from ..hub import check_repo_id, hub_token
 
-    check_repo_id(repo_id)
+    check_repo_id(repo_id, "--push-to-hub")
     try:
         hub_token()
     except CheckpointError as exc:
