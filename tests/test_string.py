@@ -342,6 +342,26 @@ def test_beyond_the_window_s_keeps_every_distance_inside():
         plan_patch(_config(), method="string", target_length=12288, shifted_offset=3000)
 
 
+def test_beyond_the_window_on_a_model_every_distance_stays_inside(monkeypatch):
+    """A tiny model (L = 32) patched for a 56-token target with W = 4: S is derived as N - L + W = 28, the largest
+    distance the 56-token prompt uses is 55 - 28 + 4 = 31 < L, and the logits equal the reference."""
+    model = make("llama")
+    report = patch_model(model, method="string", target_length=56, local_value=4)
+    assert report.spec.shifted_offset == 28
+    seen = []
+    original = runtime.remapped_attention
+    monkeypatch.setattr(runtime, "remapped_attention", lambda q, k, v, qp, kp, *a, **kw: seen.append(
+        max(string_distance(int(qp.max()), int(kp.min()), 28, 4), 0)) or original(q, k, v, qp, kp, *a, **kw))
+    ids = tiny.input_ids(56)
+    with torch.no_grad():
+        got = model(ids).logits
+    assert seen and max(seen) == 31
+    with torch.no_grad(), pytest.MonkeyPatch.context() as swap:
+        _string_reference(swap)
+        want = model(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"shifted_offset": 100, "local_value": 100}, "must be below shifted_offset"),
     ({"shifted_offset": 9000}, "beyond the window"),
@@ -459,3 +479,51 @@ def test_refuses_a_scheme_whose_frequencies_change_with_the_length():
         config.rope_parameters = {**config.rope_parameters, "rope_type": "dynamic", "factor": 2.0}
     with pytest.raises(UnsupportedModelError, match="no one rotation"):
         plan_patch(config, method="string")
+
+
+# --- the CLI, inspect and eval's inline spec ---------------------------------------------------------------------------
+def test_cli_patch_writes_the_model_as_it_is_and_the_marker_reapplies(tmp_path):
+    """`rope-extend patch --method string`: config.json keeps the RoPE and the window, stock transformers loads the
+    model as it was, and patch_model(model) re-applies STRING from the marker."""
+    from transformers import AutoModelForCausalLM
+
+    from rope_extend.cli import run
+
+    source, out = tmp_path / "src", tmp_path / "out"
+    original = tiny.make_model("llama")
+    original.save_pretrained(source)
+    assert run(["patch", str(source), "-o", str(out), "--method", "string", "--set", "shifted_offset=12", "--set",
+                "local_value=4"]) == 0
+    written = json.loads((out / "config.json").read_text())
+    assert written["rope_extend"]["spec"]["shifted_offset"] == 12 and written["max_position_embeddings"] == 32
+    assert written.get("rope_scaling") in (None, {}) or written["rope_scaling"].get("rope_type") == "default"
+    ids = tiny.input_ids(32)
+    loaded = AutoModelForCausalLM.from_pretrained(out, attn_implementation=IMPLS[0]).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, original(ids).logits, atol=1e-5, rtol=0)
+    report = patch_model(loaded)
+    assert (report.spec.shifted_offset, report.spec.local_value) == (12, 4)
+    want = make("llama", IMPLS[0])
+    patch_model(want, **SPEC)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, want(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_inspect_and_recommend_name_string(capsys):
+    from rope_extend.cli import run
+    from rope_extend.eval.variants import parse_spec_arg
+    from rope_extend.inspect import inspect_rope, recommend
+
+    config = json.loads((HUB / "meta-llama--Llama-3.1-8B" / "config.json").read_text())
+    from transformers import AutoConfig
+
+    llama31 = AutoConfig.for_model(**config)
+    view = inspect_rope(llama31, method="string")
+    note = next(n for n in view.notes if "keeps the model's RoPE" in n)
+    assert "llama3 x8 from 8192" in note and "shifted_offset S 43253, local_value W 128" in note
+    assert view.target_length == 131072 and view.counts()["interpolated"] > 0  # 'new' is llama3's own
+    assert "string" in recommend(llama31, 100000).alternatives
+    assert run(["inspect", str(HUB / "meta-llama--Llama-3.1-8B"), "--method", "string"]) == 0
+    assert "keeps the model's RoPE" in capsys.readouterr().out
+    assert parse_spec_arg("method=string,local_value=512,attention_factor=1.0693") == {
+        "method": "string", "local_value": 512, "attention_factor": 1.0693}
