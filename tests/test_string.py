@@ -18,7 +18,16 @@ from pathlib import Path
 import pytest
 import tiny
 import torch
-from test_attention_methods import IMPLS, _cache, distances, make, pair_scores, reference_attention, rope
+from test_attention_methods import (
+    IMPLS,
+    _cache,
+    distances,
+    make,
+    pair_scores,
+    reference_attention,
+    rope,
+    string_distance,  # the paper's rule: d < S keeps d, d >= S becomes d - S + W
+)
 
 from rope_extend import SpecError, UnsupportedModelError, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, passes, primitives, runtime
@@ -27,12 +36,6 @@ from rope_extend.attention.kernels import StringMap
 warnings.filterwarnings("ignore", message=".*acts on attention.*")
 
 AUTHORS = 0.1 * math.log(2) + 1  # the factor the authors' code puts on cos and sin
-
-
-def string_distance(i: int, j: int, shifted_offset: int, local_value: int) -> int:
-    """The paper's rule: a distance d = i - j below S is kept; d >= S becomes d - S + W."""
-    d = i - j
-    return d if d < shifted_offset else d - shifted_offset + local_value
 
 
 def _inputs(B, H, Hkv, D, rdim, n_q, n_k, start, seed):
