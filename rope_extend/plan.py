@@ -109,10 +109,7 @@ class PatchPlan:
 
     def is_identity(self) -> bool:
         """True when the planned RoPE equals the unscaled one at every length up to the target (e.g. a factor of 1
-        for a method without per-dimension lists): patching would change nothing. Never for a method that acts on
-        attention (it changes the attention, whatever the RoPE)."""
-        if self.method.acts_on_attention:
-            return False
+        for a method without per-dimension lists): patching would change nothing."""
         for slot in self.targets:
             for seq_len in (None, self.spec.target_length):
                 inv_freq, attention = self.compute(slot, seq_len=seq_len)
