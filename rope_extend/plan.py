@@ -18,7 +18,7 @@ import torch
 from . import compat
 from .errors import AlreadyScaledError, SpecError, UnsupportedModelError, VerificationError
 from .facts import encode_slots, read_rope
-from .methods import RopeContext, RopeMethod, default_inv_freq
+from .methods import RopeContext, RopeMethod, default_inv_freq, get_method
 from .spec import RopeSpec, load_spec
 from .version import __version__
 
@@ -257,6 +257,13 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         and (marker is None or marker.get("spec") == new_marker["spec"])  # e.g. dynamic-yarn vs yarn
         and (marker is not None or not method.acts_on_attention)  # the config alone does not show these
     )
+    foreign = marker is not None and not _marker_keeps_scheme(marker)
+    if changed and method.keeps_scheme and foreign:
+        raise AlreadyScaledError(
+            f"the model carries rope-extend's own patch ({_describe(facts.slots, targets, marker)}); "
+            f"{resolved.method} keeps the RoPE a model ships and remaps attention on top, which would drop that "
+            f"patch: call unpatch_model() first (or load the original model), then apply {resolved.method}"
+        )
     if changed and facts.is_scaled and not resolved.replace_existing and not method.keeps_scheme:
         raise AlreadyScaledError(
             f"the model already carries RoPE scaling ({_describe(facts.slots, targets, marker)}); applying "
@@ -268,6 +275,14 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
     if changed:
         _check_stock_accepts(config, plan)
     return plan
+
+
+def _marker_keeps_scheme(marker: dict) -> bool:
+    """Whether a rope-extend marker records a method that kept the model's scheme (its config is the shipped one)."""
+    try:
+        return get_method(str(marker.get("method"))).keeps_scheme
+    except SpecError:
+        return False
 
 
 def _check_stock_accepts(config, plan: PatchPlan) -> None:

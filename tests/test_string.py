@@ -475,6 +475,19 @@ def test_keeps_a_shipped_scheme_and_adds_string_on_top(name, monkeypatch):
         assert torch.equal(model(ids).logits, base)
 
 
+def test_refuses_a_model_carrying_another_rope_extend_patch_and_repatches_itself():
+    from rope_extend import AlreadyScaledError
+
+    model = make("llama")
+    patch_model(model, method="yarn", factor=2)
+    with pytest.raises(AlreadyScaledError, match="unpatch_model\\(\\) first"):
+        patch_model(model, **SPEC)
+    unpatch_model(model)
+    patch_model(model, **SPEC)
+    report = patch_model(model, **{**SPEC, "local_value": 6})  # STRING over STRING: new parameters, same RoPE
+    assert report.changed and report.spec.local_value == 6
+
+
 def test_refuses_a_scheme_whose_frequencies_change_with_the_length():
     config = _config()
     config.rope_scaling = {"rope_type": "dynamic", "factor": 2.0}
