@@ -24,7 +24,7 @@ from .errors import (
     VerificationError,
 )
 from .facts import encode_slots, read_rope
-from .methods import RopeContext, RopeMethod, default_inv_freq
+from .methods import RopeContext, RopeMethod, default_inv_freq, get_method
 from .spec import RopeSpec, load_spec
 from .version import __version__
 
@@ -115,10 +115,7 @@ class PatchPlan:
 
     def is_identity(self) -> bool:
         """True when the planned RoPE equals the unscaled one at every length up to the target (e.g. a factor of 1
-        for a method without per-dimension lists): patching would change nothing. Never for a method that acts on
-        attention (it changes the attention, whatever the RoPE)."""
-        if self.method.acts_on_attention:
-            return False
+        for a method without per-dimension lists): patching would change nothing."""
         for slot in self.targets:
             for seq_len in (None, self.spec.target_length):
                 inv_freq, attention = self.compute(slot, seq_len=seq_len)
@@ -266,6 +263,13 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         and (marker is None or marker.get("spec") == new_marker["spec"])  # e.g. dynamic-yarn vs yarn
         and (marker is not None or not method.acts_on_attention)  # the config alone does not show these
     )
+    foreign = marker is not None and not _marker_keeps_scheme(marker)
+    if changed and method.keeps_scheme and foreign:
+        raise AlreadyScaledError(
+            f"the model carries rope-extend's own patch ({_describe(facts.slots, targets, marker)}); "
+            f"{resolved.method} keeps the RoPE a model ships and remaps attention on top, which would drop that "
+            f"patch: call unpatch_model() first (or load the original model), then apply {resolved.method}"
+        )
     if changed and not method.keeps_scheme:  # STRING keeps the model's scheme and its window: nothing to check
         _check_window(facts, resolved, targets, base_theta)
     plan = replace(plan, changed=changed, attention_factor=float(plan.expected_stock(targets[0])[1]))
@@ -313,6 +317,14 @@ def _flags(keys: dict) -> str:
     """CLI flags setting spec `keys` (--target-length N, --set key=true)."""
     return " ".join(f"--target-length {value}" if key == "target_length" else f"--set {key}={str(value).lower()}"
                     for key, value in keys.items())
+
+
+def _marker_keeps_scheme(marker: dict) -> bool:
+    """Whether a rope-extend marker records a method that kept the model's scheme (its config is the shipped one)."""
+    try:
+        return get_method(str(marker.get("method"))).keeps_scheme
+    except SpecError:
+        return False
 
 
 def _check_stock_accepts(config, plan: PatchPlan) -> None:

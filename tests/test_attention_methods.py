@@ -18,7 +18,7 @@ import torch
 
 from rope_extend import SpecError, UnsupportedModelError, load_spec, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, runtime
-from rope_extend.attention.kernels import DualChunkMap, SelfExtendMap
+from rope_extend.attention.kernels import DualChunkMap, SelfExtendMap, StringMap
 from rope_extend.compat import GENERATE_CACHE_KEYWORD, TRANSFORMERS_V5
 
 # transformers 4.x calls its eager attention directly (refused, see test_refusals_name_why): SDPA only there
@@ -45,6 +45,12 @@ def dual_chunk_distance(i: int, j: int, chunk_size: int, local_window: int) -> i
     if i // s == j // s + 1:
         return min(t + s, chunk_size) - key
     return chunk_size - key
+
+
+def string_distance(i: int, j: int, shifted_offset: int, local_value: int) -> int:
+    """STRING (An et al. 2025): a distance d = i - j below S is kept; d >= S becomes d - S + W."""
+    d = i - j
+    return d if d < shifted_offset else d - shifted_offset + local_value
 
 
 def distances(fn, q_pos: list[int], k_pos: list[int], *params) -> torch.Tensor:
@@ -98,6 +104,7 @@ CASES = [
     (DualChunkMap(12, 4), dual_chunk_distance, (12, 4)),
     (DualChunkMap(10, 7), dual_chunk_distance, (10, 7)),  # local window longer than the chunk length 3
     (DualChunkMap(16, 1), dual_chunk_distance, (16, 1)),
+    (StringMap(12, 4), string_distance, (12, 4)),  # STRING (tests/test_string.py has its own)
 ]
 
 

@@ -60,7 +60,7 @@ def test_passes_partition_the_causal_pairs_as_the_maps_select(case):
         which = masks.int().argmax(0)
         want = torch.tensor(distances_of(dist_fn, q_pos, k_pos, params))
         selected = mapping.select(q_pos[None, :, None], k_pos[None, None, :])[0].long()
-        index_of = {"neighbour": 0, "grouped": 1, "intra": 0, "successive": 1, "inter": 2}
+        index_of = {"neighbour": 0, "grouped": 1, "shifted": 1, "intra": 0, "successive": 1, "inter": 2}
         for index, p in enumerate(plan):
             shift = torch.zeros(n_q, dtype=torch.long) if p.query_shift is None else p.query_shift(q_pos[None])[0]
             k_shift = mapping.key_shift(k_pos) if p.moved_keys else torch.zeros_like(k_pos)

@@ -18,7 +18,16 @@ from pathlib import Path
 import pytest
 import tiny
 import torch
-from test_attention_methods import IMPLS, _cache, distances, make, pair_scores, reference_attention, rope
+from test_attention_methods import (
+    IMPLS,
+    _cache,
+    distances,
+    make,
+    pair_scores,
+    reference_attention,
+    rope,
+    string_distance,  # the paper's rule: d < S keeps d, d >= S becomes d - S + W
+)
 
 from rope_extend import SpecError, UnsupportedModelError, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, passes, primitives, runtime
@@ -27,12 +36,6 @@ from rope_extend.attention.kernels import StringMap
 warnings.filterwarnings("ignore", message=".*acts on attention.*")
 
 AUTHORS = 0.1 * math.log(2) + 1  # the factor the authors' code puts on cos and sin
-
-
-def string_distance(i: int, j: int, shifted_offset: int, local_value: int) -> int:
-    """The paper's rule: a distance d = i - j below S is kept; d >= S becomes d - S + W."""
-    d = i - j
-    return d if d < shifted_offset else d - shifted_offset + local_value
 
 
 def _inputs(B, H, Hkv, D, rdim, n_q, n_k, start, seed):
@@ -342,6 +345,26 @@ def test_beyond_the_window_s_keeps_every_distance_inside():
         plan_patch(_config(), method="string", target_length=12288, shifted_offset=3000)
 
 
+def test_beyond_the_window_on_a_model_every_distance_stays_inside(monkeypatch):
+    """A tiny model (L = 32) patched for a 56-token target with W = 4: S is derived as N - L + W = 28, the largest
+    distance the 56-token prompt uses is 55 - 28 + 4 = 31 < L, and the logits equal the reference."""
+    model = make("llama")
+    report = patch_model(model, method="string", target_length=56, local_value=4)
+    assert report.spec.shifted_offset == 28
+    seen = []
+    original = runtime.remapped_attention
+    monkeypatch.setattr(runtime, "remapped_attention", lambda q, k, v, qp, kp, *a, **kw: seen.append(
+        max(string_distance(int(qp.max()), int(kp.min()), 28, 4), 0)) or original(q, k, v, qp, kp, *a, **kw))
+    ids = tiny.input_ids(56)
+    with torch.no_grad():
+        got = model(ids).logits
+    assert seen and max(seen) == 31
+    with torch.no_grad(), pytest.MonkeyPatch.context() as swap:
+        _string_reference(swap)
+        want = model(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"shifted_offset": 100, "local_value": 100}, "must be below shifted_offset"),
     ({"shifted_offset": 9000}, "beyond the window"),
@@ -452,6 +475,19 @@ def test_keeps_a_shipped_scheme_and_adds_string_on_top(name, monkeypatch):
         assert torch.equal(model(ids).logits, base)
 
 
+def test_refuses_a_model_carrying_another_rope_extend_patch_and_repatches_itself():
+    from rope_extend import AlreadyScaledError
+
+    model = make("llama")
+    patch_model(model, method="yarn", factor=2)
+    with pytest.raises(AlreadyScaledError, match="unpatch_model\\(\\) first"):
+        patch_model(model, **SPEC)
+    unpatch_model(model)
+    patch_model(model, **SPEC)
+    report = patch_model(model, **{**SPEC, "local_value": 6})  # STRING over STRING: new parameters, same RoPE
+    assert report.changed and report.spec.local_value == 6
+
+
 def test_refuses_a_scheme_whose_frequencies_change_with_the_length():
     config = _config()
     config.rope_scaling = {"rope_type": "dynamic", "factor": 2.0}
@@ -459,3 +495,70 @@ def test_refuses_a_scheme_whose_frequencies_change_with_the_length():
         config.rope_parameters = {**config.rope_parameters, "rope_type": "dynamic", "factor": 2.0}
     with pytest.raises(UnsupportedModelError, match="no one rotation"):
         plan_patch(config, method="string")
+
+
+# --- the CLI, inspect and eval's inline spec ---------------------------------------------------------------------------
+def test_cli_patch_writes_the_model_as_it_is_and_the_marker_reapplies(tmp_path):
+    """`rope-extend patch --method string`: config.json keeps the RoPE and the window, stock transformers loads the
+    model as it was, and patch_model(model) re-applies STRING from the marker."""
+    from transformers import AutoModelForCausalLM
+
+    from rope_extend.cli import run
+
+    source, out = tmp_path / "src", tmp_path / "out"
+    original = tiny.make_model("llama")
+    original.save_pretrained(source)
+    assert run(["patch", str(source), "-o", str(out), "--method", "string", "--set", "shifted_offset=12", "--set",
+                "local_value=4"]) == 0
+    written = json.loads((out / "config.json").read_text())
+    assert written["rope_extend"]["spec"]["shifted_offset"] == 12 and written["max_position_embeddings"] == 32
+    assert written.get("rope_scaling") in (None, {}) or written["rope_scaling"].get("rope_type") == "default"
+    ids = tiny.input_ids(32)
+    loaded = AutoModelForCausalLM.from_pretrained(out, attn_implementation=IMPLS[0]).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, original(ids).logits, atol=1e-5, rtol=0)
+    report = patch_model(loaded)
+    assert (report.spec.shifted_offset, report.spec.local_value) == (12, 4)
+    want = make("llama", IMPLS[0])
+    patch_model(want, **SPEC)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, want(ids).logits, atol=1e-5, rtol=0)
+
+
+def test_inspect_and_recommend_name_string(capsys):
+    from rope_extend.cli import run
+    from rope_extend.eval.variants import parse_spec_arg
+    from rope_extend.inspect import inspect_rope, recommend
+
+    config = json.loads((HUB / "meta-llama--Llama-3.1-8B" / "config.json").read_text())
+    from transformers import AutoConfig
+
+    llama31 = AutoConfig.for_model(**config)
+    view = inspect_rope(llama31, method="string")
+    note = next(n for n in view.notes if "keeps the model's RoPE" in n)
+    assert "llama3 x8 from 8192" in note and "shifted_offset S 43253, local_value W 128" in note
+    assert view.target_length == 131072 and view.counts()["interpolated"] > 0  # 'new' is llama3's own
+    assert "string" in recommend(llama31, 100000).alternatives
+    assert run(["inspect", str(HUB / "meta-llama--Llama-3.1-8B"), "--method", "string"]) == 0
+    assert "keeps the model's RoPE" in capsys.readouterr().out
+    assert parse_spec_arg("method=string,local_value=512,attention_factor=1.0693") == {
+        "method": "string", "local_value": 512, "attention_factor": 1.0693}
+
+
+def test_generate_after_a_reused_prefix_in_inference_mode_equals_generate_alone():
+    """The eval's probes: generate() under inference_mode on a cache cropped back to a shared prefix continues
+    exactly as generate() from scratch (the prompt crosses S)."""
+    from transformers import DynamicCache
+
+    model = make("llama", "sdpa")
+    patch_model(model, **SPEC)
+    first, second = tiny.input_ids(28, seed=5), tiny.input_ids(28, seed=5).clone()
+    second[0, 10:] = tiny.input_ids(18, seed=6)[0]  # shares its first 10 tokens with the first prompt
+    settings = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
+    with torch.inference_mode():
+        alone = model.generate(second, attention_mask=torch.ones_like(second), **settings)
+        cache = DynamicCache(config=model.config)
+        model.generate(first, attention_mask=torch.ones_like(first), **_cache(cache), **settings)
+        cache.crop(10 - cache.get_seq_length())
+        reused = model.generate(second, attention_mask=torch.ones_like(second), **_cache(cache), **settings)
+    assert torch.equal(reused, alone)

@@ -131,9 +131,15 @@ class StringMap:
     moves_keys = False
 
     def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool, int | None]]:
-        """As SelfExtendMap.segments with S for W; the shifted map's keys are the original ones."""
+        """As SelfExtendMap.segments with S for W; the shifted map's keys are the original ones. A block shorter
+        than S also splits the neighbour keys: the ones every query of the block sees at d < S ([b - S, a]) go
+        without a mask (the kernel's unmasked call is the faster one), only the band and the causal square keep
+        one."""
         s = self.shifted_offset
-        return [(1, 0, a - s + 1, True, None), (1, a - s + 1, b - s, False, None), (0, a - s + 1, b, False, None)]
+        shifted = [(1, 0, a - s + 1, True, None), (1, a - s + 1, b - s, False, None)]
+        if b - a > s:
+            return [*shifted, (0, a - s + 1, b, False, None)]
+        return [*shifted, (0, a - s + 1, b - s, False, None), (0, b - s, a + 1, True, None), (0, a + 1, b, False, None)]
 
 
 def rotation(shift: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -361,11 +361,12 @@ TABLE_FACTOR = 4.0
 
 def table_variants(factor: float = TABLE_FACTOR, half: int = 32) -> list[tuple[str, dict]]:
     """(label, spec) for every registered method, plus the YaRN settings engines are known to disagree on."""
-    from ..methods import method_names
+    from ..methods import get_method, method_names
 
     out = []
     for name in method_names():
-        spec: dict = {"method": name, "factor": factor}
+        # a method that keeps the model's scheme (STRING) works inside the window: no factor
+        spec: dict = {"method": name} if get_method(name).keeps_scheme else {"method": name, "factor": factor}
         if name == "longrope":  # illustrative factors: 1 .. s across the frequencies, short ones milder
             spec["long_factor"] = [1.0 + (factor - 1.0) * i / (half - 1) for i in range(half)]
             spec["short_factor"] = [1.0 + 0.5 * i / (half - 1) for i in range(half)]
