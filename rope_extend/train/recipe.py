@@ -97,8 +97,18 @@ class TrainSpec:
 
 
 def check_static(spec: RopeSpec) -> None:
-    """Training needs a static RoPE: dynamic methods recompute the frequencies from max(position_ids) + 1."""
+    """Training needs a static RoPE written into the config: dynamic methods recompute the frequencies from
+    max(position_ids) + 1, and attention-level methods (self-extend, dual-chunk, string) remap attention in-process
+    only, so the Trainer's attention would not be the one the checkpoint is served with."""
     method = spec.rope_method
+    if method.acts_on_attention:
+        raise SpecError(
+            f"method {spec.method!r} remaps attention at inference (in-process, rope_extend.patch_model); training "
+            "runs the model's own attention kernel and would fine-tune a model that is not the one served; train "
+            f"with a static frequency method (yarn, linear, ntk, ntk-by-parts, llama3), or apply {spec.method} "
+            "to the model as it is, without training",
+            field="method", value=spec.method,
+        )
     if getattr(method, "dynamic", False):
         raise SpecError(
             f"method {spec.method!r} is dynamic: it recomputes the RoPE frequencies from the longest position of each "
