@@ -288,6 +288,11 @@ def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
     return _info(_read_header(path), path)
 
 
+def read_metadata(path: str | os.PathLike, key: str) -> Any:
+    """One metadata value of a GGUF file (e.g. `general.license`), or None when the file has no such key."""
+    return _read_header(Path(path)).get(key)
+
+
 def _info(header: _Header, path: Path) -> GGUFInfo:
     arch = header.get("general.architecture")
     if not arch:

@@ -13,6 +13,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from ..terminal import command_lines, wrap
+
 app = typer.Typer(
     name="rope-extend",
     help="Extend the context window of Hugging Face LLaMA-family models by rescaling RoPE.",
@@ -23,6 +25,21 @@ app = typer.Typer(
 )
 console = Console(stderr=True)  # progress, warnings, errors
 out = Console(soft_wrap=True)  # results only: what a script may parse or a user may paste
+
+
+def say(text: str, indent: str = "", hang: str | None = None, stream: Console | None = None) -> None:
+    """Print *text* wrapped between words at the output's width (`terminal.wrap`): every command's output fits the
+    terminal, 80 columns when it is not one (or $COLUMNS)."""
+    stream = stream or out
+    for line in wrap(text, stream.width, indent, hang):
+        stream.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def say_command(label: str, command: str, python: bool = False, stream: Console | None = None) -> None:
+    """Print a command after *label* so that it fits and still pastes (`terminal.command_lines`)."""
+    stream = stream or out
+    for line in command_lines(label, command, stream.width, python):
+        stream.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def fail(message: str) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import CheckpointError, SpecError
-from .app import Progress, app, console, fail, out
+from .app import Progress, app, console, fail, out, say, say_command
 
 if TYPE_CHECKING:
     from ..spec import RopeSpec
@@ -55,6 +55,21 @@ def build_spec(
     if config is None and "method" not in overrides:
         fail("give --method (with --factor or --target-length) or --config spec.yaml")
     return load_spec(config, **overrides) if config is not None else load_spec(None, **overrides)
+
+
+HANG = " " * len("serve:  ")  # where the next-step lines continue
+
+
+def say_next_steps(folder: Path, plan) -> None:
+    """`output:` the checkpoint and `serve:` the one command to try first (`serving.serve_hint`), shell-quoted and
+    wrapped so that it pastes whole."""
+    from ..serving import serve_hint
+
+    say(f"output: {folder}", hang=HANG)
+    hint = serve_hint(plan, str(folder))
+    say_command("serve:  ", "\n".join(hint.lines) if hint.python else hint.command, hint.python)
+    if hint.python:
+        say(f"# {hint.why}", indent=HANG, hang=HANG + "# ")
 
 
 def _check_eval_dir(source: Path, output: Path, report_dir: Path) -> None:
@@ -127,7 +142,7 @@ def patch(
         except FileNotFoundError as exc:
             raise CheckpointError(f"--eval {eval_suite!r}: {exc}") from None
         records = run_eval(str(resolved), [spec], suite, report_dir)
-        eval_summary = CardEval(records, suite=suite.name, smoke=suite.smoke, report=f"{report_dir.name}/report.md")
+        eval_summary = CardEval(records, suite=suite.name, smoke=suite.smoke)
     with Progress("patching", patch_steps(not no_verify)) as progress:
         result = patch_checkpoint(
             source,
@@ -145,26 +160,21 @@ def patch(
             on_step=progress.step,
         )
     plan = result.plan
-    out.print(
-        f"[green]wrote[/green] {result.out} ({result.mode}: {result.linked} linked, {result.copied} copied, "
+    say(f"wrote {result.out} ({result.mode}: {result.linked} linked, {result.copied} copied, "
         f"{len(result.written)} written) in {result.seconds:.2f} s; "
-        f"{'verified with stock transformers (reload + a forward beyond the original length)' if result.verified else 'NOT verified (--no-verify)'}"
-    )
-    out.print(
-        f"{plan.spec.method} x{plan.spec.factor:g}: {plan.spec.original_max_position_embeddings} -> "
+        f"{'verified with stock transformers (reload + a forward beyond the original length)' if result.verified else 'NOT verified (--no-verify)'}")
+    say(f"{plan.spec.method} x{plan.spec.factor:g}: {plan.spec.original_max_position_embeddings} -> "
         f"{plan.spec.target_length} tokens, attention factor {plan.attention_factor:.4f}, "
-        f"max_position_embeddings {plan.old_max_position_embeddings} -> {plan.max_position_embeddings}"
-    )
+        f"max_position_embeddings {plan.old_max_position_embeddings} -> {plan.max_position_embeddings}")
     # What to do next, in three lines; every engine's command and where it serves identically are in the card.
-    out.print(f"output: {result.out}", markup=False, highlight=False)
-    out.print(f"serve:  {result.serve}", markup=False, highlight=False)
-    out.print(f"report: {result.out / 'README.md'} (model card: the commands for transformers, vLLM, SGLang and "
-              f"llama.cpp, and where each serves identically; `rope-extend engines {result.out}` rechecks it)",
-              markup=False, highlight=False)
+    say_next_steps(result.out, plan)
+    say(f"report: {result.out / 'README.md'} (model card: the commands for transformers, vLLM, SGLang and "
+        f"llama.cpp, and where each serves identically; `rope-extend engines {result.out}` rechecks it)",
+        hang=HANG)
     if eval_suite:
-        out.print(f"eval:   {report_dir / 'report.md'}", markup=False, highlight=False)
+        say(f"eval:   {report_dir / 'report.md'}", hang=HANG)
     for warning in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        say(f"warning: {warning}", hang="  ", stream=console)
     if push_to_hub:
         from .push_cmd import publish
 
