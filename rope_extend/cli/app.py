@@ -23,6 +23,25 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
+
+
+def _flags_show_no_value() -> None:
+    """typer's help (0.2x) prints a value type after every option, flags included (`--overwrite <bool>`), although
+    a flag takes no value (`--overwrite true` is refused): print a flag as the plain flag it is."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "flags_show_no_value", False):  # older typer prints no type for a flag
+        return
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    display_type_rich.flags_show_no_value = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_show_no_value()
 console = Console(stderr=True)  # progress, warnings, errors
 out = Console(soft_wrap=True)  # results only: what a script may parse or a user may paste
 
