@@ -44,8 +44,10 @@ def run_demo(out: str | Path = "demo-out", suite: str = "quick") -> Path:
 
     suite_ = load_suite(suite)
     records = run_eval(source, dict(SPECS), suite_, out / "report")
-    summary = summary_markdown(records)
-    console.print(summary, markup=False, highlight=False)
+    from .terminal import markdown_lines
+
+    for line in markdown_lines(summary_markdown(records), console.width):
+        console.print(line, markup=False, highlight=False)
 
     result = patch_checkpoint(
         source,

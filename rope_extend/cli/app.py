@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..terminal import command_lines, wrap
+from ..terminal import command_lines, markdown_lines, wrap
 
 app = typer.Typer(
     name="rope-extend",
@@ -58,6 +58,13 @@ def say_command(label: str, command: str, python: bool = False, stream: Console 
     """Print a command after *label* so that it fits and still pastes (`terminal.command_lines`)."""
     stream = stream or out
     for line in command_lines(label, command, stream.width, python):
+        stream.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def say_markdown(text: str, stream: Console | None = None) -> None:
+    """Print a report's markdown summary at the output's width (`terminal.markdown_lines`: tables fitted)."""
+    stream = stream or out
+    for line in markdown_lines(text, stream.width):
         stream.print(line, markup=False, highlight=False, soft_wrap=True)
 
 

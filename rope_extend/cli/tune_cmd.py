@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, out
+from .app import app, say
 
 EXAMPLES = """Examples:
 
@@ -75,5 +75,5 @@ def tune_command(
         baselines_first=baselines_first,
         attention_factor=attention_factor,
     )
-    out.print(f"winner: {summary['winner']} (loss beyond the window {summary['winner_loss']:.4f})", markup=False)
-    out.print(f"spec: {output / 'best.yaml'}   report: {output / 'report.md'}", markup=False)
+    say(f"winner: {summary['winner']} (loss beyond the window {summary['winner_loss']:.4f})", hang="  ")
+    say(f"spec: {output / 'best.yaml'}   report: {output / 'report.md'}", hang="  ")
