@@ -137,5 +137,8 @@ class Progress:
         finished = self.done - 1  # the step that starts now is not finished
         per_step = (now - self.first_step) / finished if finished else 0.0
         eta = f", ETA ~{per_step * (self.steps - finished):.1f} s" if finished else ""
-        print(f"rope-extend: [{self.done}/{self.steps}] {message} ({elapsed:.1f} s elapsed{eta})", file=sys.stderr,
-              flush=True)
+        # Wrapped at the width; each continuation line repeats the step's prefix (indented by two), so every line of
+        # a log says which step it belongs to.
+        prefix = f"rope-extend: [{self.done}/{self.steps}] "
+        lines = wrap(f"{prefix}{message} ({elapsed:.1f} s elapsed{eta})", console.width, hang=prefix + "  ")
+        print("\n".join(lines), file=sys.stderr, flush=True)

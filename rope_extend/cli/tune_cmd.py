@@ -31,7 +31,7 @@ def tune_command(
     budget: Annotated[float, typer.Option(help="Search budget in target-length forwards (short screening "
                                                 "forwards count as fractions).")] = 12.0,
     methods: Annotated[str | None, typer.Option(help="Closed forms to search, comma-separated "
-                                                     "(default yarn,ntk-by-parts,llama3,ntk,linear).")] = None,
+                                                     "(default: yarn, ntk-by-parts, llama3, ntk, linear).")] = None,
     knots: Annotated[int, typer.Option(help="Knots of the per-dimension curve.")] = 6,
     heldout: Annotated[str | None, typer.Option(help="Held-out text file for the comparison table, or 'licenses' "
                                                      "(/usr/share/common-licenses). Never the calibration text.")] = None,
