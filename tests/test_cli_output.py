@@ -63,6 +63,7 @@ def test_every_command_fits_80_columns(ckpt, tmp_path, monkeypatch, capsys):
     printed = {name: output_of(capsys, *args) for name, args in runs.items()}
     for command in COMMANDS:
         printed[f"{command} --help"] = output_of(capsys, command, "--help")
+    printed["--help"] = output_of(capsys, "--help")
     for name, text in printed.items():
         assert text.strip() and not too_wide(text), (name, too_wide(text))
     table = printed["engines dynamic"]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import CheckpointError, SpecError
-from .app import Progress, app, console, fail, out, say, say_command
+from .app import Progress, app, console, fail, say, say_command
 
 if TYPE_CHECKING:
     from ..spec import RopeSpec
@@ -208,7 +208,7 @@ def show(
     check_rope_model(config)
     slots = compat.read_slots(config)
     marker = compat.read_marker(config)
-    out.print(f"RoPE of {source} ({config.model_type})", markup=False, highlight=False)
+    say(f"RoPE of {source} ({config.model_type})", hang="  ")
     # One "key: value" line per fact: nothing to cut at 80 columns, and values wrap instead of being truncated.
     for key, params in slots.items():
         other = {k: v for k, v in params.items() if k not in ("rope_type", "rope_theta", "factor", "original_max_position_embeddings")}
@@ -219,24 +219,24 @@ def show(
             ("factor", _brief(params.get("factor", "-"))),
             ("original length", str(params.get("original_max_position_embeddings", config.max_position_embeddings))),
         ] + [(name, _brief(value)) for name, value in other.items()]
-        out.print(f"layers {key or 'all'}:", markup=False, highlight=False)
+        say(f"layers {key or 'all'}:")
         for name, value in rows:
-            out.print(f"  {name + ':':<18} {value}", markup=False, highlight=False)
-    out.print(f"max_position_embeddings: {config.max_position_embeddings}", highlight=False)
+            say(f"{name + ':':<18} {value}", indent="  ", hang=" " * 21)
+    say(f"max_position_embeddings: {config.max_position_embeddings}")
     layer_types = getattr(config, "layer_types", None)
     if layer_types:
         counts = {t: layer_types.count(t) for t in dict.fromkeys(layer_types)}
-        out.print("layer types: " + ", ".join(f"{t} x{n}" for t, n in counts.items()), highlight=False)
+        say("layer types: " + ", ".join(f"{t} x{n}" for t, n in counts.items()), hang="  ")
     scaled = [k for k, p in slots.items() if p["rope_type"] != "default"]
     if marker:
         spec = marker.get("spec") if isinstance(marker.get("spec"), dict) else {}
-        out.print(f"existing scheme: rope-extend {marker.get('method')} "
-                  f"({', '.join(f'{k}={_brief(v)}' for k, v in spec.items())})", markup=False, highlight=False)
+        say(f"existing scheme: rope-extend {marker.get('method')} "
+            f"({', '.join(f'{k}={_brief(v)}' for k, v in spec.items())})", hang="  ")
     elif scaled:
-        out.print(f"existing scheme: {slots[scaled[0]]['rope_type']} (patching needs --set replace_existing=true)",
-                  highlight=False)
+        say(f"existing scheme: {slots[scaled[0]]['rope_type']} (patching needs --set replace_existing=true)",
+            hang="  ")
     else:
-        out.print("existing scheme: none (plain RoPE)", highlight=False)
+        say("existing scheme: none (plain RoPE)")
 
 
 def _brief(value) -> str:
