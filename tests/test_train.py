@@ -374,7 +374,8 @@ def test_eval_suite_runs_before_and_after_under_their_own_names_with_the_evals_n
     card = (out / "README.md").read_text()
     block = card[card.index("### Before / after"):]
     assert "| unpatched | yarn-x4 | trained yarn-x4 |" in block and "'unpatched' because" not in card
-    assert "Suite `tiny-train` (cpu, float32)" in block and "ev-eval/after/report.md" in block
+    assert "Suite `tiny-train` (cpu, float32)" in block and "`training.json` (`eval`) holds every measurement" in block
+    assert "report.md" not in card and "ev-eval" not in card  # the reports' folder is beside OUT, never published
     assert (summary["eval"]["device"], summary["eval"]["dtype"]) == ("cpu", "float32")
     for part in ("before", "after"):
         meta = json.loads((tmp_path / "ev-eval" / part / "run.json").read_text())
