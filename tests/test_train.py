@@ -326,7 +326,7 @@ def test_fsdp_stopped_by_sigterm_resumes_to_the_weights_of_one_uninterrupted_pro
     assert not two.exists()
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from checkpoint-" in resumed.stderr and "verified with stock transformers" in resumed.stdout
+    assert "resuming from checkpoint-" in resumed.stderr and "verified with stock transformers" in " ".join(resumed.stdout.split())
     _assert_same_weights(two, one, atol=1e-5)
 
 
