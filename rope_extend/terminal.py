@@ -35,7 +35,7 @@ def command_lines(label: str, command: str, width: int, python: bool = False) ->
         for statement in command.split("\n"):
             head, paren, rest = statement.partition("(")
             if len(hang) + len(statement) > width and paren and rest:
-                lines += [head + paren, "    " + rest]
+                lines += [head + paren, *_python_literal_lines(rest, width - len(hang) - 4)]
             else:
                 lines.append(statement)
         return [(label if i == 0 else hang) + line for i, line in enumerate(lines)]
@@ -48,6 +48,29 @@ def command_lines(label: str, command: str, width: int, python: bool = False) ->
         else:
             line += " " + word
     return [*lines, line]
+
+
+def _python_literal_lines(argument: str, width: int) -> list[str]:
+    """A call's `'string')` argument on lines of *width* (indented by 4): a string too long is split after a `/`
+    into adjacent literals, which Python joins (`'/a/b/' 'c')`)."""
+    import ast
+
+    quoted, close = argument[:-1], argument[-1:]
+    try:
+        value = ast.literal_eval(quoted) if close == ")" else None
+    except (ValueError, SyntaxError):
+        value = None
+    if not isinstance(value, str) or len(argument) <= width:
+        return ["    " + argument]
+    parts = value.split("/")
+    pieces, piece = [], ""
+    for part in [part + "/" for part in parts[:-1]] + parts[-1:]:  # every "/" kept, ending its piece
+        if piece and len(repr(piece + part)) > width - 1:
+            pieces.append(piece)
+            piece = ""
+        piece += part
+    pieces.append(piece)
+    return ["    " + repr(p) + (close if i == len(pieces) - 1 else "") for i, p in enumerate(pieces)]
 
 
 def column_widths(rows: list[tuple[str, ...]], width: int, gap: int = 2) -> list[int]:

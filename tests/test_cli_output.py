@@ -160,3 +160,27 @@ def test_a_gguf_patch_fits_and_its_serve_line_pastes(tmp_path, monkeypatch, caps
     assert "rope-extend's port of the RoPE math of llama.cpp" in " ".join(printed.split())
     argv = shlex.split(serve_block(printed).replace("\\\n", ""))
     assert argv[:3] == ["llama-server", "-m", str(out)] and Path(argv[2]).is_file()
+
+
+def test_a_python_serve_hint_is_python(ckpt, tmp_path, monkeypatch, capsys):
+    """When no engine reproduces the method (dynamic-yarn), `serve:` prints Python: the printed lines (label and
+    indentation removed) parse, load OUT by its exact path and restore the method with patch_model; the reason is
+    a comment."""
+    import ast
+
+    monkeypatch.setenv("COLUMNS", "80")
+    out = tmp_path / "a folder with spaces" / "dynamic yarn x2"
+    lines = output_of(capsys, "patch", ckpt, "--method", "dynamic-yarn", "--factor", "2", "-o", out).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("serve:  "))
+    block = [lines[start]]
+    for line in lines[start + 1:]:
+        if not line.startswith(" " * 8):
+            break
+        block.append(line)
+    assert not too_wide("\n".join(block))
+    code = "\n".join(line[8:] for line in block)
+    tree = ast.parse(code)
+    calls = {node.func.attr: node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute)}
+    assert calls["from_pretrained"].args[0].value == str(out) and "patch_model" in calls
+    assert "# in-process: restores dynamic-yarn" in code
