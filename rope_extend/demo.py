@@ -44,23 +44,32 @@ def run_demo(out: str | Path = "demo-out", suite: str = "quick") -> Path:
 
     suite_ = load_suite(suite)
     records = run_eval(source, dict(SPECS), suite_, out / "report")
-    summary = summary_markdown(records)
-    console.print(summary, markup=False, highlight=False)
+    from .terminal import markdown_lines
+
+    for line in markdown_lines(summary_markdown(records), console.width):
+        console.print(line, markup=False, highlight=False)
 
     result = patch_checkpoint(
         source,
         SPECS["yarn x2"],
         out / "smollm2-yarn-x2",
         overwrite=True,
-        eval_summary=CardEval(records, suite=suite_.name, smoke=suite_.smoke, report=str(out / "report" / "report.md"),
-                              variant="yarn x2"),
+        eval_summary=CardEval(records, suite=suite_.name, smoke=suite_.smoke, variant="yarn x2"),
     )
     console.print(f"[green]done[/green] in {time.perf_counter() - started:.0f} s: SmolLM2-135M unpatched vs "
                   f"{', '.join(SPECS)}, then the YaRN x2 checkpoint ({result.mode}, verified: {result.verified})")
-    # What to do next, in three lines (every engine's command is in the checkpoint's model card).
-    console.print(f"output: {result.out}", markup=False, highlight=False)
-    console.print(f"serve:  {result.serve}", markup=False, highlight=False)
-    console.print(f"report: {out / 'report' / 'report.md'} (the comparison); {result.out / 'README.md'} (model "
-                  "card: every engine's command)", markup=False, highlight=False)
+    # What to do next, in three lines (every engine's command is in the checkpoint's model card), wrapped to the
+    # terminal: the serve command with shell continuations, so that it pastes whole.
+    from .serving import serve_hint
+    from .terminal import command_lines, wrap
+
+    hint = serve_hint(result.plan, str(result.out))
+    lines = [*wrap(f"output: {result.out}", console.width, hang=" " * 8),
+             *command_lines("serve:  ", "\n".join(hint.lines) if hint.python else hint.command, console.width,
+                            hint.python),
+             *wrap(f"report: {out / 'report' / 'report.md'} (the comparison); {result.out / 'README.md'} (model "
+                   "card: every engine's command)", console.width, hang=" " * 8)]
+    for line in lines:
+        console.print(line, markup=False, highlight=False)
     return Path(result.out)
 

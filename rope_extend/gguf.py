@@ -33,6 +33,7 @@ import errno
 import glob
 import math
 import os
+import shlex
 import struct
 import tempfile
 from collections.abc import Callable, Mapping
@@ -286,6 +287,11 @@ def read_gguf_info(path: str | os.PathLike) -> GGUFInfo:
     """The RoPE facts of a GGUF file (header only; tensor data is not read)."""
     path = Path(path)
     return _info(_read_header(path), path)
+
+
+def read_metadata(path: str | os.PathLike, key: str) -> Any:
+    """One metadata value of a GGUF file (e.g. `general.license`), or None when the file has no such key."""
+    return _read_header(Path(path)).get(key)
 
 
 def _info(header: _Header, path: Path) -> GGUFInfo:
@@ -670,9 +676,10 @@ def result_lines(result: GGUFPatchResult) -> list[str]:
         f"{spec.method} x{spec.factor:g}: {spec.original_max_position_embeddings} -> {spec.target_length} tokens, "
         f"attention factor {plan.attention_factor:.6f}",
         f"metadata: {keys}",
-        f"checked against {LLAMACPP_SOURCE}'s RoPE math; llama.cpp needs no RoPE flags for it",
+        f"checked with rope-extend's port of the RoPE math of {LLAMACPP_SOURCE} (not llama.cpp itself); llama.cpp "
+        "needs no RoPE flags for it",
         f"output: {result.out}",
-        f"serve:  llama-server -m {result.out} -c {spec.target_length}",
+        f"serve:  llama-server -m {shlex.quote(str(result.out))} -c {spec.target_length}",
     ]
     lines += [f"warning: {w}" for w in plan.warnings]
     return lines

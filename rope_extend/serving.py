@@ -7,12 +7,21 @@ printed here by running it through the engine ports (see `rope_extend.engines.pa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .engines import llama_cpp, sglang, transformers_engine, vllm
 from .engines.served import EngineHint
 from .plan import PatchPlan
 
 RULES = (transformers_engine.serving_rule, vllm.serving_rule, sglang.serving_rule, llama_cpp.serving_rule)
-CHECKED_AGAINST = f"{vllm.VERSION}, {sglang.VERSION}, {llama_cpp.VERSION}"
+# The Serving section's first line: what "checked" means for these commands (rope_extend.engines.parity runs their
+# settings through rope-extend's ports of each engine's config reading and RoPE; no engine is launched).
+PORTS_RUN = (
+    f"These commands were not run in the engines. They follow each engine's source as read at {vllm.VERSION}, "
+    f"{sglang.VERSION} and {llama_cpp.VERSION}; rope-extend checks them by running its ports of those engines' "
+    "config reading and RoPE code (`rope_extend/engines/`) on the same settings and comparing the cos/sin they "
+    "build with its own (`rope-extend engines` reruns it)."
+)
 
 
 def engine_hints(plan: PatchPlan, out: str) -> list[EngineHint]:
@@ -20,20 +29,44 @@ def engine_hints(plan: PatchPlan, out: str) -> list[EngineHint]:
     return [rule(plan, out) for rule in RULES]
 
 
-def serve_command(plan: PatchPlan, out: str) -> str:
-    """The one way to serve `out` a newcomer should try first: the first of vLLM and SGLang that reproduces the
-    method exactly (its hint has no warning), else stock transformers, else in-process with `patch_model` (which
-    restores a method stock loaders read differently, e.g. dynamic-yarn). Every engine's command is in the model
-    card and `rope-extend engines`."""
+@dataclass(frozen=True)
+class ServeHint:
+    """The one way to serve a checkpoint a newcomer should try first: a shell command (its path quoted with shlex,
+    so it pastes whole) or, when no engine reproduces the method, Python statements; `why` names the engine."""
+
+    lines: tuple[str, ...]  # one shell command, or Python statements
+    why: str
+    python: bool = False
+
+    @property
+    def command(self) -> str:
+        return "; ".join(self.lines)
+
+    def __str__(self) -> str:
+        """One line that pastes as it is: a shell command alone, or Python with `why` as its comment."""
+        return f"{self.command}  # {self.why}" if self.python else self.command
+
+
+def serve_hint(plan: PatchPlan, out: str) -> ServeHint:
+    """The first of vLLM and SGLang that reproduces the method exactly (its hint has no warning), else stock
+    transformers, else in-process with `patch_model` (which restores a method stock loaders read differently, e.g.
+    dynamic-yarn). Every engine's command is in the model card and `rope-extend engines`."""
     hints = {hint.engine: hint for hint in engine_hints(plan, out)}
     for engine in ("vLLM", "SGLang"):
         if hints[engine].command and not hints[engine].warnings:
-            return f"{hints[engine].command}   ({engine})"
+            return ServeHint((hints[engine].command,), engine)
     load = f"model = AutoModelForCausalLM.from_pretrained({out!r})"
+    method = plan.spec.method
     if not hints["transformers"].warnings:
-        return f"{load}   (transformers: vLLM and SGLang do not reproduce {plan.spec.method} exactly; see the warnings)"
-    return (f"{load}; rope_extend.patch_model(model)   (in-process: restores {plan.spec.method}, which stock "
-            "loaders and serving engines do not reproduce exactly; see the warnings)")
+        return ServeHint((load,), f"transformers: vLLM and SGLang do not reproduce {method} exactly; see the "
+                         "warnings", python=True)
+    return ServeHint((load, "rope_extend.patch_model(model)"), f"in-process: restores {method}, which stock "
+                     "loaders and serving engines do not reproduce exactly; see the warnings", python=True)
+
+
+def serve_command(plan: PatchPlan, out: str) -> str:
+    """`serve_hint` as one line that pastes whole (a shell command, or Python with its comment)."""
+    return str(serve_hint(plan, out))
 
 
 def serving_hints(plan: PatchPlan, out: str) -> tuple[str, list[str]]:
@@ -52,8 +85,7 @@ def serving_hints(plan: PatchPlan, out: str) -> tuple[str, list[str]]:
         lines.append(f"- llama.cpp, GGUF converted from this checkpoint (convert_hf_to_gguf.py): `{c.command}`")
     warnings = [w for hint in hints.values() for w in hint.warnings]
     notes = [n for hint in hints.values() for n in hint.notes]
-    text = "\n".join(lines)
-    text += f"\n\nChecked against {CHECKED_AGAINST}."
+    text = PORTS_RUN + "\n\n" + "\n".join(lines)
     if notes:
         text += "\n\n" + "\n".join(f"> Note: {n}" for n in notes)
     if warnings:

@@ -62,11 +62,13 @@ def test_fast_and_full_paths_load_to_identical_logits(source, tmp_path, capsys):
     assert json.loads((tmp_path / "fast" / "generation_config.json").read_text())["max_length"] == 4 * tiny.ORIGINAL
     assert "method: yarn" in (tmp_path / "fast" / "rope_extend.yaml").read_text()
     out = capsys.readouterr().out
-    # stdout says what to do next in three lines; every engine's command is in the model card
+    # stdout says what to do next in three lines (wrapped at 80 columns between words, the serve command with shell
+    # continuations); every engine's command is in the model card
     fast = tmp_path / "fast"
-    assert "verified with stock transformers" in out and f"output: {fast}\n" in out
-    assert f"serve:  vllm serve {fast} --max-model-len {4 * tiny.ORIGINAL}" in out and "--rope-scaling yarn" not in out
-    assert f"report: {fast / 'README.md'}" in out and "--rope-scaling yarn" in (fast / "README.md").read_text()
+    words = " ".join(out.replace(" \\\n", " ").split())
+    assert "verified with stock transformers" in words and f"output: {fast} " in words
+    assert f"serve: vllm serve {fast} --max-model-len {4 * tiny.ORIGINAL}" in words and "--rope-scaling yarn" not in out
+    assert f"report: {fast / 'README.md'}" in words and "--rope-scaling yarn" in (fast / "README.md").read_text()
 
 
 def test_config_only_does_not_load_weights(source, tmp_path, monkeypatch):

@@ -27,7 +27,7 @@ def _fake_convert(gguf_file, out_dir):
 def test_build_is_atomic_and_reused(monkeypatch, tmp_path):
     calls = []
 
-    def fake_download(workdir):
+    def fake_download(workdir, then=""):
         calls.append(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         f = workdir / demo_model.GGUF_NAME
@@ -60,7 +60,7 @@ def test_incomplete_cache_is_rebuilt(monkeypatch, tmp_path):
     target.mkdir()
     (target / "config.json").write_text("{}")  # leftover without the .complete marker
     monkeypatch.setattr(demo_model, "_download_gguf",
-                        lambda w: (w.mkdir(parents=True, exist_ok=True), w / "f.gguf")[1])
+                        lambda w, then="": (w.mkdir(parents=True, exist_ok=True), w / "f.gguf")[1])
     monkeypatch.setattr(demo_model, "convert_gguf", _fake_convert)
     assert demo_model.smollm2_path(target) == target
     assert (target / "model.safetensors").is_file()

@@ -359,12 +359,19 @@ def test_engines_table_is_readable_at_80_columns(tmp_path):
                                 "--factor", str(S)], env=env, capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
-    table = [line for line in lines if line[:1] in "┏┃┡│└"]
-    assert table and max(len(line) for line in table) <= 80 and "…" not in shown.stdout, shown.stdout
-    assert "[1] not run: set ROPE_EXTEND_OTHER_PYTHON to a Python with the other transformers line" in lines
-    assert "".join(table).count("not run [1]") == 2, table  # the other line's short and long requests
+    assert max(len(line) for line in lines) <= 80 and "…" not in shown.stdout, shown.stdout
+    start = next(i for i, line in enumerate(lines) if line.startswith("engine "))
+    end = next(i for i, line in enumerate(lines) if line.startswith("The transformers rows"))
+    table = lines[start:end]
+    for word in ("--json-model-override-args", "(llama-cpp-python", "--hf-overrides"):  # whole, never cut
+        assert any(word in line.split() for line in table), (word, table)
+    # a note: "[n] reason", wrapped onto lines indented by 4
+    notes = [note.strip() for note in re.split(r"(?=\[\d+\] )", " ".join(" ".join(lines[end:]).split()))
+             if re.match(r"\[\d+\] ", note)]
+    assert notes[0].startswith("[1] not run: set ROPE_EXTEND_OTHER_PYTHON to a Python with the other transformers "
+                               "line"), notes
+    assert "".join(table).count("[1]") == 2, table  # the other line's short and long requests, "not run [1]"
     # every other reason too (vLLM's capped cache, llama.cpp's -c), each once, each referenced from the table
-    notes = [line for line in lines if re.match(r"\[\d+\] ", line)]
     assert len(notes) >= 3 and len(set(notes)) == len(notes)
     for number in range(1, len(notes) + 1):
         assert f"[{number}]" in "".join(table)

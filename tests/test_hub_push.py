@@ -486,14 +486,14 @@ def test_card_metadata_license_eval_results_and_banner(tmp_path):
     (YaRN x2's, up to 16k tokens) as its evaluation marked smoke: the Hub's metadata and the body."""
     from huggingface_hub import ModelCard
 
-    from rope_extend.card import CardEval, build_model_card, repository_url
+    from rope_extend.card import CardEval, build_model_card
 
     source = tmp_path / "src"
     source.mkdir()
     (source / "README.md").write_text("---\nlicense: apache-2.0\nlanguage: en\n---\n# A model\n")
     (source / "config.json").write_text(json.dumps({"model_type": "llama"}))
     records = [json.loads(line) for line in PAPER.read_text().splitlines() if line.strip()]
-    evaluation = CardEval(records, suite="paper", smoke=True, report="out-eval/report.md", variant="yarn-x2")
+    evaluation = CardEval(records, suite="paper", smoke=True, variant="yarn-x2")
     spec = "method: yarn\nfactor: 8.0\ntarget_length: 65536\noriginal_max_position_embeddings: 8192\n"
     text = build_model_card("HuggingFaceTB/SmolLM2-135M-Instruct", spec, "yarn", [], "- vLLM: `vllm serve me/x`",
                             eval_summary=evaluation, training="400 steps.", source_dir=source)
@@ -526,10 +526,11 @@ def test_card_metadata_license_eval_results_and_banner(tmp_path):
             assert result.metric_type == "accuracy" and result.metric_args["n"] == n
             assert result.metric_value == pytest.approx(k / n, abs=1e-4)
             assert result.metric_args["interval_95"] == pytest.approx(wilson(k, n), abs=1e-4)
-        assert "smoke test" in result.metric_config and result.source_url == repository_url()
+        assert "smoke test" in result.metric_config and result.source_url is None  # no unchecked address
     assert card.text.count("> **Smoke test.** The `paper` suite") == 1
     assert "Nothing was measured at the target length (65536 tokens): the longest context evaluated is 16384" in text
-    assert "pypi.org" not in text
+    assert "pypi.org" not in text and "github.com" not in text
+    assert "License: `apache-2.0`, read from the metadata of the base model's card (its README.md)." in text
 
 
 def test_config_only_card_without_a_known_source(tmp_path):
@@ -542,6 +543,7 @@ def test_config_only_card_without_a_known_source(tmp_path):
     (tmp_path / "README.md").write_text(text)
     data = ModelCard.load(tmp_path / "README.md").data.to_dict()
     assert "base_model" not in data and "base_model_relation" not in data and "license" not in data
+    assert "No license is given: neither the base model's card nor its config.json says one" in text
     assert "model-index" not in data and "eval_results" not in data
     assert "the local checkpoint `my-model`" in text
     assert "No evaluation was run" in text and "Nothing was measured at the target length (64 tokens)" in text

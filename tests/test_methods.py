@@ -234,7 +234,7 @@ def test_attention_methods_list_the_defaults_they_derive(original, target, capsy
     from rope_extend.spec import RopeSpec
 
     assert run(["methods"]) == 0
-    listed = capsys.readouterr().out
+    listed = " ".join(capsys.readouterr().out.split())  # wrapped at 80 columns between words
     assert "parameters: chunk_size=3L/4, local_window=L/16, log_n=False" in listed
     assert "parameters: group_size=smallest G ≥ 2 with W + (N−W)/G ≤ 5L/8, neighbor_window=L/8, log_n=False" in listed
     L, N = original, target

@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -643,6 +644,8 @@ def test_version_debug_and_progress_when_not_a_terminal(pristine, tmp_path, caps
     process = _cli_process(["patch", pristine, "-o", out, "--method", "yarn", "--factor", "2"])
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr
+    # one line per step (a step's wrapped continuation lines repeat its prefix, indented by two)
+    stderr = re.sub(r"\nrope-extend: \[\d+/\d+\]   ", " ", stderr)
     progress = [line for line in stderr.splitlines() if line.startswith("rope-extend: [")]
     assert [line.split("]")[0] for line in progress] == ["rope-extend: [1/2", "rope-extend: [2/2"], stderr
     assert "elapsed" in progress[0] and "ETA" in progress[1]

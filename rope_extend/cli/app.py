@@ -13,6 +13,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from ..terminal import command_lines, markdown_lines, wrap
+
 app = typer.Typer(
     name="rope-extend",
     help="Extend the context window of Hugging Face LLaMA-family models by rescaling RoPE.",
@@ -21,8 +23,49 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
+
+
+def _flags_show_no_value() -> None:
+    """typer's help (0.2x) prints a value type after every option, flags included (`--overwrite <bool>`), although
+    a flag takes no value (`--overwrite true` is refused): print a flag as the plain flag it is."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "flags_show_no_value", False):  # older typer prints no type for a flag
+        return
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    display_type_rich.flags_show_no_value = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_show_no_value()
 console = Console(stderr=True)  # progress, warnings, errors
 out = Console(soft_wrap=True)  # results only: what a script may parse or a user may paste
+
+
+def say(text: str, indent: str = "", hang: str | None = None, stream: Console | None = None) -> None:
+    """Print *text* wrapped between words at the output's width (`terminal.wrap`): every command's output fits the
+    terminal, 80 columns when it is not one (or $COLUMNS)."""
+    stream = stream or out
+    for line in wrap(text, stream.width, indent, hang):
+        stream.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def say_command(label: str, command: str, python: bool = False, stream: Console | None = None) -> None:
+    """Print a command after *label* so that it fits and still pastes (`terminal.command_lines`)."""
+    stream = stream or out
+    for line in command_lines(label, command, stream.width, python):
+        stream.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def say_markdown(text: str, stream: Console | None = None) -> None:
+    """Print a report's markdown summary at the output's width (`terminal.markdown_lines`: tables fitted)."""
+    stream = stream or out
+    for line in markdown_lines(text, stream.width):
+        stream.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def fail(message: str) -> None:
@@ -94,5 +137,8 @@ class Progress:
         finished = self.done - 1  # the step that starts now is not finished
         per_step = (now - self.first_step) / finished if finished else 0.0
         eta = f", ETA ~{per_step * (self.steps - finished):.1f} s" if finished else ""
-        print(f"rope-extend: [{self.done}/{self.steps}] {message} ({elapsed:.1f} s elapsed{eta})", file=sys.stderr,
-              flush=True)
+        # Wrapped at the width; each continuation line repeats the step's prefix (indented by two), so every line of
+        # a log says which step it belongs to.
+        prefix = f"rope-extend: [{self.done}/{self.steps}] "
+        lines = wrap(f"{prefix}{message} ({elapsed:.1f} s elapsed{eta})", console.width, hang=prefix + "  ")
+        print("\n".join(lines), file=sys.stderr, flush=True)

@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.table import Table
 
-from .app import app, out
+from ..terminal import column_widths
+from .app import app, out, say
 from .patch_cmd import build_spec
 
 EXAMPLES = """Examples:
@@ -45,23 +47,29 @@ def engines(
     if as_json:
         out.print_json(report.to_json())
         return
-    table = Table(title=f"{report.method} x{report.factor:g}: {report.original} -> {report.target} tokens")
-    for column in ("engine", "route", f"short ({report.original})", f"long ({report.target})", "result"):
-        table.add_column(column, overflow="fold")  # a long word wraps; a cell is never cut at 80 columns
+    say(f"{report.method} x{report.factor:g}: {report.original} -> {report.target} tokens. Each cell: max |Δcos|, "
+        "|Δsin| against rope-extend's RoPE, for a short and a long request.")
+    # Borderless, so that the columns' longest words (`--json-model-override-args`) fit 80 columns: a cell wraps
+    # between words, never inside one.
     notes: list[str] = []  # why a request was not run or not served: below the table, where it has the full width
-    for row in report.rows:
-        result = "[green]identical[/green]" if row.identical else ("not run" if row.skipped else "[red]differs[/red]")
-        table.add_row(row.engine, row.route, _cell(row.short, notes), _cell(row.long, notes), result)
-    out.print(table)
-    out.print(ports_note(), markup=False, highlight=False)  # what the "identical" of the engine rows rests on
+    rows = [(row.engine, row.route, _cell(row.short, notes), _cell(row.long, notes),
+             "identical" if row.identical else ("not run" if row.skipped else "differs")) for row in report.rows]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    header = ("engine", "route", f"short ({report.original})", f"long ({report.target})", "result")
+    for column, width in zip(header, column_widths([header, *rows], out.width)):
+        table.add_column(column, width=width)
+    for cells in rows:
+        table.add_row(*cells, style={"identical": None, "differs": "red"}.get(cells[-1]))
+    out.print(table, soft_wrap=False)
+    say(ports_note())  # what the "identical" of the engine rows rests on
     for number, reason in enumerate(notes, 1):
-        out.print(f"[{number}] {reason}", markup=False, highlight=False)
+        say(f"[{number}] {reason}", hang="    ")
     shown: set[str] = set()
     for row in report.rows:
         for warning in row.warnings if not row.identical else []:
             if warning not in shown:
                 shown.add(warning)
-                out.print(f"[yellow]warning[/yellow]: {warning}", highlight=False)
+                say(f"warning: {warning}", hang="  ")
 
 
 def _cell(result, notes: list[str]) -> str:
@@ -73,4 +81,4 @@ def _cell(result, notes: list[str]) -> str:
             notes.append(result.reason)
         label = "not run" if result.reason.startswith("not run") else "not served"
         return f"{label} [{notes.index(result.reason) + 1}]"
-    return f"Δcos {result.max_cos:.2g}, Δsin {result.max_sin:.2g}"
+    return f"{max(result.max_cos, result.max_sin):.2g}"

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, out
+from .app import app, out, say, say_markdown
 
 EXAMPLES = """Examples:
 
@@ -71,8 +71,8 @@ def eval_command(
         plots=not no_plots,
         interleave=interleave,
     )
-    out.print(summary_markdown(records), markup=False, highlight=False)
-    out.print(f"report: {output / 'report.md'}")
+    say_markdown(summary_markdown(records))
+    say(f"report: {output / 'report.md'}", hang="        ")
 
 
 @app.command(name="eval-report")
@@ -90,8 +90,8 @@ def eval_report_command(
 
     path = rebuild_report(output, plots=not no_plots, compare=compare or (),
                           compare_variants=compare_variant or ())
-    out.print(summary_markdown(run_records(output)[1]), markup=False, highlight=False)
-    out.print(f"report: {path}")
+    say_markdown(summary_markdown(run_records(output)[1]))
+    say(f"report: {path}", hang="        ")
 
 
 @app.command(name="demo")

@@ -10,7 +10,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from .app import app, fail, out
+from .app import app, fail, out, say
 
 if TYPE_CHECKING:
     from ..spec import RopeSpec
@@ -99,14 +99,13 @@ def inspect(
         out.print()
         verdict = advice.method or "no scaling needed"
         caveat = f" (caveat: {advice.caveat})" if advice.caveat else ""
-        out.print(f"[bold]recommendation[/bold] for {advice.target_length} tokens: factor {advice.factor:.4g}, "
-                  f"method {verdict}{caveat}")
+        say(f"recommendation for {advice.target_length} tokens: factor {advice.factor:.4g}, method {verdict}{caveat}")
         for line in advice.reasons:
-            out.print(f"  - {line}", highlight=False)
+            say(f"- {line}", indent="  ", hang="    ")
         for name, why in advice.alternatives.items():
-            out.print(f"  alternative {name}: {why}", highlight=False)
+            say(f"alternative {name}: {why}", indent="  ", hang="    ")
     if plot_path is not None:
-        out.print(f"plot written to {plot_path}")
+        say(f"plot written to {plot_path}")
 
 
 def _print_table(view) -> None:
@@ -116,7 +115,7 @@ def _print_table(view) -> None:
         f"{view.model_type}: rotary dim {view.rotary_dim}, base {view.base:g}, original length {view.original_length}"
         f" -> {view.target_length}; {what}; attention factor {view.attention_factor:.4f}"
     )
-    out.print(title, highlight=False)
+    say(title)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
     columns = ["i", "λ", "r = L/λ"]
     if scaled:
@@ -134,9 +133,9 @@ def _print_table(view) -> None:
             cells += [f"{row.old_inv_freq:.4g}"]
         table.add_row(*cells)
     out.print(table)
-    out.print("i: a rotary pair of query/key dimensions (a \"disk\"), turning θ radians per token; λ = 2π/θ tokens "
-              "per turn; r = turns within L (original) or N (target)", highlight=False)
+    say("i: a rotary pair of query/key dimensions (a \"disk\"), turning θ radians per token; λ = 2π/θ tokens per "
+        "turn; r = turns within L (original) or N (target)", hang="   ")
     counts = ", ".join(f"{n} {regime}" for regime, n in view.counts().items())
-    out.print(f"disks: {counts}; attention factor {view.attention_factor:.4f}", highlight=False)
+    say(f"disks: {counts}; attention factor {view.attention_factor:.4f}", hang="   ")
     for note in view.notes:
-        out.print(f"note: {note}", highlight=False)
+        say(f"note: {note}", hang="   ")

@@ -98,6 +98,17 @@ def _key_error_message(exc: KeyError) -> str:
             "case it does not handle (--debug shows the traceback)")
 
 
+BOOLEAN_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
+
+
+def _flag_value_hint(argv: list[str]) -> str:
+    """For `--overwrite true` (a flag given a value, which click reports as an extra argument): how to write it."""
+    for flag, value in zip(argv, argv[1:]):
+        if flag.startswith("--") and "=" not in flag and value.lower() in BOOLEAN_WORDS:
+            return f"; {flag} is a flag and takes no value: write {flag} (or leave it out) instead of {flag} {value}"
+    return ""
+
+
 def run(argv: list[str], debug: bool = False) -> int:
     """Run one command line; returns the exit code (never raises for user errors or interrupts)."""
     argv = list(argv)
@@ -131,7 +142,9 @@ def run(argv: list[str], debug: bool = False) -> int:
         return 2
     except Exception as exc:  # click's own exceptions (typer >= 0.20 vendors click, so match by shape)
         if hasattr(exc, "format_message"):  # usage errors: bad option, missing argument
-            print(f"rope-extend: error: {' '.join(exc.format_message().split())}", file=sys.stderr)
+            message = " ".join(exc.format_message().split())
+            hint = _flag_value_hint(argv) if "unexpected extra argument" in message else ""
+            print(f"rope-extend: error: {message}{hint}", file=sys.stderr)
             return 2
         if type(exc).__name__ == "Abort":
             return _interrupted(signals, output, atomic)

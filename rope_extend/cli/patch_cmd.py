@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import AlreadyScaledError, CheckpointError, ShorterWindowError, SpecError
-from .app import Progress, app, console, fail, out
+from .app import Progress, app, console, fail, say, say_command
 
 if TYPE_CHECKING:
     from ..spec import RopeSpec
@@ -88,6 +88,21 @@ def with_command(exc: Exception, source: str, output: Path, spec_args: dict) -> 
     return type(exc)(f"{exc}. Run: {shlex.join(words)}", fix=fix)
 
 
+HANG = " " * len("serve:  ")  # where the next-step lines continue
+
+
+def say_next_steps(folder: Path, plan) -> None:
+    """`output:` the checkpoint and `serve:` the one command to try first (`serving.serve_hint`), shell-quoted and
+    wrapped so that it pastes whole."""
+    from ..serving import serve_hint
+
+    say(f"output: {folder}", hang=HANG)
+    hint = serve_hint(plan, str(folder))
+    say_command("serve:  ", "\n".join(hint.lines) if hint.python else hint.command, hint.python)
+    if hint.python:
+        say(f"# {hint.why}", indent=HANG, hang=HANG + "# ")
+
+
 def _check_eval_dir(source: Path, output: Path, report_dir: Path) -> None:
     """The eval report must not land in SOURCE or OUT (SOURCE is never written; OUT is replaced atomically)."""
     report, src, out_ = report_dir.expanduser().resolve(), source.resolve(), output.expanduser().resolve()
@@ -145,7 +160,10 @@ def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no
         from ..gguf import patch_gguf, result_lines
 
         for line in result_lines(patch_gguf(source, spec, output, overwrite=overwrite)):
-            out.print(line, markup=False, highlight=False)
+            if line.startswith("serve:  "):
+                say_command("serve:  ", line.removeprefix("serve:  "))
+            else:
+                say(line, hang=HANG)
         return
     if push_to_hub:
         from ..hub import check_repo_id
@@ -170,7 +188,7 @@ def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no
         except FileNotFoundError as exc:
             raise CheckpointError(f"--eval {eval_suite!r}: {exc}") from None
         records = run_eval(str(resolved), [spec], suite, report_dir)
-        eval_summary = CardEval(records, suite=suite.name, smoke=suite.smoke, report=f"{report_dir.name}/report.md")
+        eval_summary = CardEval(records, suite=suite.name, smoke=suite.smoke)
     with Progress("patching", patch_steps(not no_verify)) as progress:
         result = patch_checkpoint(
             source,
@@ -188,26 +206,21 @@ def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no
             on_step=progress.step,
         )
     plan = result.plan
-    out.print(
-        f"[green]wrote[/green] {result.out} ({result.mode}: {result.linked} linked, {result.copied} copied, "
+    say(f"wrote {result.out} ({result.mode}: {result.linked} linked, {result.copied} copied, "
         f"{len(result.written)} written) in {result.seconds:.2f} s; "
-        f"{'verified with stock transformers (reload + a forward beyond the original length)' if result.verified else 'NOT verified (--no-verify)'}"
-    )
-    out.print(
-        f"{plan.spec.method} x{plan.spec.factor:g}: {plan.spec.original_max_position_embeddings} -> "
+        f"{'verified with stock transformers (reload + a forward beyond the original length)' if result.verified else 'NOT verified (--no-verify)'}")
+    say(f"{plan.spec.method} x{plan.spec.factor:g}: {plan.spec.original_max_position_embeddings} -> "
         f"{plan.spec.target_length} tokens, attention factor {plan.attention_factor:.4f}, "
-        f"max_position_embeddings {plan.old_max_position_embeddings} -> {plan.max_position_embeddings}"
-    )
+        f"max_position_embeddings {plan.old_max_position_embeddings} -> {plan.max_position_embeddings}")
     # What to do next, in three lines; every engine's command and where it serves identically are in the card.
-    out.print(f"output: {result.out}", markup=False, highlight=False)
-    out.print(f"serve:  {result.serve}", markup=False, highlight=False)
-    out.print(f"report: {result.out / 'README.md'} (model card: the commands for transformers, vLLM, SGLang and "
-              f"llama.cpp, and where each serves identically; `rope-extend engines {result.out}` rechecks it)",
-              markup=False, highlight=False)
+    say_next_steps(result.out, plan)
+    say(f"report: {result.out / 'README.md'} (model card: the commands for transformers, vLLM, SGLang and "
+        f"llama.cpp, and where each serves identically; `rope-extend engines {result.out}` rechecks it)",
+        hang=HANG)
     if eval_suite:
-        out.print(f"eval:   {report_dir / 'report.md'}", markup=False, highlight=False)
+        say(f"eval:   {report_dir / 'report.md'}", hang=HANG)
     for warning in result.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        say(f"warning: {warning}", hang="  ", stream=console)
     if push_to_hub:
         from .push_cmd import publish
 
@@ -229,7 +242,7 @@ def show(
 
     if is_gguf(source):
         for line in info_lines(read_gguf_info(source)):
-            out.print(line, markup=False, highlight=False)
+            say(line, hang="  ")
         return
     from ..hub import resolve_source
     from ..plan import check_rope_model
@@ -238,7 +251,7 @@ def show(
     check_rope_model(config)
     slots = compat.read_slots(config)
     marker = compat.read_marker(config)
-    out.print(f"RoPE of {source} ({config.model_type})", markup=False, highlight=False)
+    say(f"RoPE of {source} ({config.model_type})", hang="  ")
     # One "key: value" line per fact: nothing to cut at 80 columns, and values wrap instead of being truncated.
     for key, params in slots.items():
         other = {k: v for k, v in params.items() if k not in ("rope_type", "rope_theta", "factor", "original_max_position_embeddings")}
@@ -249,24 +262,24 @@ def show(
             ("factor", _brief(params.get("factor", "-"))),
             ("original length", str(params.get("original_max_position_embeddings", config.max_position_embeddings))),
         ] + [(name, _brief(value)) for name, value in other.items()]
-        out.print(f"layers {key or 'all'}:", markup=False, highlight=False)
+        say(f"layers {key or 'all'}:")
         for name, value in rows:
-            out.print(f"  {name + ':':<18} {value}", markup=False, highlight=False)
-    out.print(f"max_position_embeddings: {config.max_position_embeddings}", highlight=False)
+            say(f"{name + ':':<18} {value}", indent="  ", hang=" " * 21)
+    say(f"max_position_embeddings: {config.max_position_embeddings}")
     layer_types = getattr(config, "layer_types", None)
     if layer_types:
         counts = {t: layer_types.count(t) for t in dict.fromkeys(layer_types)}
-        out.print("layer types: " + ", ".join(f"{t} x{n}" for t, n in counts.items()), highlight=False)
+        say("layer types: " + ", ".join(f"{t} x{n}" for t, n in counts.items()), hang="  ")
     scaled = [k for k, p in slots.items() if p["rope_type"] != "default"]
     if marker:
         spec = marker.get("spec") if isinstance(marker.get("spec"), dict) else {}
-        out.print(f"existing scheme: rope-extend {marker.get('method')} "
-                  f"({', '.join(f'{k}={_brief(v)}' for k, v in spec.items())})", markup=False, highlight=False)
+        say(f"existing scheme: rope-extend {marker.get('method')} "
+            f"({', '.join(f'{k}={_brief(v)}' for k, v in spec.items())})", hang="  ")
     elif scaled:
-        out.print(f"existing scheme: {slots[scaled[0]]['rope_type']} (patching needs --set replace_existing=true)",
-                  highlight=False)
+        say(f"existing scheme: {slots[scaled[0]]['rope_type']} (patching needs --set replace_existing=true)",
+            hang="  ")
     else:
-        out.print("existing scheme: none (plain RoPE)", highlight=False)
+        say("existing scheme: none (plain RoPE)")
 
 
 def _brief(value) -> str:

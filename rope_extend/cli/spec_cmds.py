@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, fail, out
+from .app import app, fail, out, say
 
 
 @app.command(
@@ -45,4 +45,4 @@ def methods() -> None:
         for label, value in (("formula", method.formula), ("attention factor", method.attention),
                              ("parameters", method.param_doc()),
                              ("use when", method.use_when), ("paper", method.paper)):
-            out.print(f"  {label}: {value}", highlight=False)
+            say(f"{label}: {value}", indent="  ", hang="    ")

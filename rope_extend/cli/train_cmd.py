@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, fail, out
+from .app import app, fail, say
 
 EXAMPLES = """Examples:
 
@@ -101,10 +101,10 @@ def train_command(
         return
     if result.first_loss is None:
         fail("training logged no loss")
-    out.print(f"wrote {result.out}: {result.steps} steps, {result.tokens:,} tokens in {result.seconds:.1f} s; loss "
-              f"{loss_line(result.summary)}; "
-              f"{'verified with stock transformers (reload equals the trained model)' if result.verified else 'NOT verified'}",
-              markup=False, highlight=False)
+    say(f"wrote {result.out}: {result.steps} steps, {result.tokens:,} tokens in {result.seconds:.1f} s; loss "
+        f"{loss_line(result.summary)}; "
+        f"{'verified with stock transformers (reload equals the trained model)' if result.verified else 'NOT verified'}",
+        hang="  ")
     if push_to_hub:
         from .push_cmd import publish
 

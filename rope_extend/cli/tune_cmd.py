@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .app import app, out
+from .app import app, say
 
 EXAMPLES = """Examples:
 
@@ -31,7 +31,7 @@ def tune_command(
     budget: Annotated[float, typer.Option(help="Search budget in target-length forwards (short screening "
                                                 "forwards count as fractions).")] = 12.0,
     methods: Annotated[str | None, typer.Option(help="Closed forms to search, comma-separated "
-                                                     "(default yarn,ntk-by-parts,llama3,ntk,linear).")] = None,
+                                                     "(default: yarn, ntk-by-parts, llama3, ntk, linear).")] = None,
     knots: Annotated[int, typer.Option(help="Knots of the per-dimension curve.")] = 6,
     heldout: Annotated[str | None, typer.Option(help="Held-out text file for the comparison table, or 'licenses' "
                                                      "(/usr/share/common-licenses). Never the calibration text.")] = None,
@@ -75,5 +75,5 @@ def tune_command(
         baselines_first=baselines_first,
         attention_factor=attention_factor,
     )
-    out.print(f"winner: {summary['winner']} (loss beyond the window {summary['winner_loss']:.4f})", markup=False)
-    out.print(f"spec: {output / 'best.yaml'}   report: {output / 'report.md'}", markup=False)
+    say(f"winner: {summary['winner']} (loss beyond the window {summary['winner_loss']:.4f})", hang="  ")
+    say(f"spec: {output / 'best.yaml'}   report: {output / 'report.md'}", hang="  ")

