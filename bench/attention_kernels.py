@@ -1,6 +1,7 @@
 """One attention layer of self-extend and dual-chunk against plain SDPA: where the time goes, in CPU time.
 
     python bench/attention_kernels.py [--lengths 8192 16384] [--threads 1]
+    python bench/attention_kernels.py --masks [--lengths 16384 65536 131072] [--grid-up-to 16384] [--threads 1]
 
 Random queries, keys and values at SmolLM2-135M's attention shape (9 query heads on 3 key heads, head_dim 64,
 float32), the factor-2 defaults (self-extend G = 4, W = 1024; dual-chunk chunk_size 6144, local_window 512). For
@@ -9,6 +10,15 @@ each length: SDPA with `is_causal` (what transformers' SDPA runs for an unpadded
 masks, the log-sum-exp merge); then a decoding step (one query over `length` keys, the moved keys held in a store
 as on a KV cache) against SDPA's. Times are CPU seconds of this process (`time.process_time`, all threads), the
 best of `--repeats`, so other jobs on a shared machine disturb them less than wall time; ratios are against SDPA.
+
+`--masks` (issue 43 §3): the block masks of the passes path (the FlexAttention primitive's `prepare`, closed form:
+`passes.band_blocks`) of every pass of each method for a whole prompt of each length, Llama-3.2-1B's original
+length 8192 with the defaults of factor max(2, length / 8192) (self-extend W = 1024 and its default G, dual-chunk
+chunk_size 6144, local_window 512). Per method: CPU and wall seconds to build all its masks, the first build (fresh
+memory) and the best of `--repeats`; the blocks the kernel visits (partial + full, summed over the passes) against
+a causal mask's; and, up to `--grid-up-to`, the same masks from torch's `create_block_mask` evaluating `mask_mod`
+on the whole grid (what the primitive did before), with a check that both give the same blocks.
+Goal: all of a method's masks at 128k in at most 50 ms.
 """
 
 from __future__ import annotations
@@ -74,13 +84,57 @@ def method_row(name, mapping, q, k, v, inv_freq, base, step, repeats):
           flush=True)
 
 
+def timed(fn, repeats: int) -> tuple[tuple[float, float], tuple[float, float], object]:
+    """((CPU s, wall s) of the first call, (CPU s, wall s) of the best of `repeats` calls, the last result)."""
+    runs, result = [], None
+    for _ in range(repeats):
+        cpu, wall = time.process_time(), time.perf_counter()
+        result = fn()
+        runs.append((time.process_time() - cpu, time.perf_counter() - wall))
+    return runs[0], min(runs), result
+
+
+def mask_rows(lengths: list[int], repeats: int, grid_up_to: int) -> None:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from rope_extend.attention import passes, primitives
+    from rope_extend.methods.self_extend import default_group
+
+    original, window = 8192, 1024
+    flex = primitives.FlexPrimitive(compiled=False)
+    for n in lengths:
+        n_b = -(-n // passes.BLOCK)
+        causal = n_b * (n_b + 1) // 2
+        methods = {"self-extend": kernels.SelfExtendMap(default_group(n, original, window), window),
+                   "dual-chunk": kernels.DualChunkMap(6144, 512)}
+        for name, mapping in methods.items():
+            plan = passes.method_passes(mapping, 0, 0, "cpu")
+            first, best, masks = timed(lambda plan=plan: [flex.prepare(p, n, n, "cpu") for p in plan], repeats)
+            visited = sum(int(m.kv_num_blocks.sum() + m.full_kv_num_blocks.sum()) for m in masks)
+            text = (f"{n:>7} {name:<12} {mapping}  closed form: first {1000 * first[0]:7.1f} ms CPU "
+                    f"({1000 * first[1]:7.1f} wall), best {1000 * best[0]:6.1f} ms CPU ({1000 * best[1]:6.1f} wall) "
+                    f"for {len(plan)} masks; blocks visited {visited / causal:.4f}x causal")
+            if n <= grid_up_to:
+                grid_first, _, grid = timed(lambda plan=plan: [create_block_mask(p.mask_mod, None, None, n, n,
+                                                                                 device="cpu") for p in plan], 1)
+                same = all(torch.equal(a.to_dense(), b.to_dense()) for a, b in zip(masks, grid))
+                text += f"; grid (create_block_mask) {grid_first[0]:.2f} s CPU, same blocks: {same}"
+            print(text, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384])
+    parser.add_argument("--lengths", type=int, nargs="+", default=None)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--masks", action="store_true", help="the passes' block masks: closed form vs the grid")
+    parser.add_argument("--grid-up-to", type=int, default=16384)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.masks:
+        mask_rows(args.lengths or [16384, 65536, 131072], max(args.repeats, 3), args.grid_up_to)
+        return
+    args.lengths = args.lengths or [8192, 16384]
     inv_freq = 1.0 / (100000.0 ** (torch.arange(0, 64, 2).float() / 64))
     sdpa = torch.nn.functional.scaled_dot_product_attention
     counted = counting(kernels.fused_kernel())

@@ -162,15 +162,15 @@ def test_primitives_agree_and_unseen_rows_are_not_nan():
     whose first rows see no key (log-sum-exp -inf, output finite), and the merge gives such rows weight 0."""
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 20, 8), torch.randn(2, 2, 20, 8), torch.randn(2, 2, 20, 8)
-    mask_mod = lambda b, h, q_idx, kv_idx: q_idx - kv_idx >= 6
-    allowed = primitives.dense_mask(mask_mod, 20, 20, "cpu")
+    far = passes.Pass("far", None, False, (0, 0, 1, 6, passes.FAR), lambda p: (0, p - 5), "cpu")
+    allowed = primitives.dense_mask(lambda b, h, q_idx, kv_idx: q_idx - kv_idx >= 6, 20, 20, "cpu")
     scores = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2) * 0.4).masked_fill(~allowed, -math.inf)
     lse = torch.logsumexp(scores, -1)
     out = torch.softmax(scores, -1).nan_to_num(0.0) @ v.double().repeat_interleave(2, 1)
     results = []
     for make in PRIMITIVES.values():
         primitive = make()
-        got, got_lse = primitive.masked(q, k, v, primitive.prepare(mask_mod, 20, 20, "cpu"), 0.4)
+        got, got_lse = primitive.masked(q, k, v, primitive.prepare(far, 20, 20, "cpu"), 0.4)
         assert got_lse.dtype == torch.float32 and bool(torch.isneginf(got_lse[..., :6]).all())
         torch.testing.assert_close(got.double(), out, atol=1e-5, rtol=0)
         torch.testing.assert_close(got_lse[..., 6:].double(), lse[..., 6:], atol=1e-5, rtol=0)

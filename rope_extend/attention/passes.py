@@ -60,6 +60,7 @@ class Pass:
 
 
 FAR = 1 << 62  # "no upper bound" for a band
+BLOCK = 128  # FlexAttention's default sparse block (queries and keys)
 
 
 def band_mask(q0: int, k0: int, div: int, lo: int, hi: int, device):
@@ -67,7 +68,8 @@ def band_mask(q0: int, k0: int, div: int, lo: int, hi: int, device):
     p_i = q0 + q_idx, p_j = k0 + kv_idx. div = 1 gives distance bands (self-extend), div = s chunk gaps (dual
     chunk). One function for every pass and method, with every number a tensor: a compiled kernel keeps one entry
     for all of them (it would compile again for each distinct function, or each Python number closed over, and
-    torch.compile gives up after 8 entries per function)."""
+    torch.compile gives up after 8 entries per function). FlexAttention evaluates it only inside the partial
+    blocks of `band_block_mask`; `band_rows` is the same band in closed form."""
     q_base, k_base, div_t, lo_t, hi_t = (torch.tensor(x, device=device) for x in (q0, k0, div, lo, hi))
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -76,6 +78,67 @@ def band_mask(q0: int, k0: int, div: int, lo: int, hi: int, device):
         return (k_p <= q_p) & (u >= lo_t) & (u < hi_t)
 
     return mask_mod
+
+
+def band_rows(band, n_q: int, n_k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The band's pairs as one key-index range [lo, hi) per query row (int64 [n_q] each, lo >= hi: none): the keys
+    p_j with p_j // div in (p_i // div - hi, p_i // div - lo] and p_j <= p_i, i.e. positions
+    [(c - hi + 1)·div, min((c - lo + 1)·div, p_i + 1)) with c = p_i // div. One division per row, none per pair."""
+    q0, k0, div, lo, hi = band
+    p = torch.arange(q0, q0 + n_q, device=device)
+    c = p // div if div != 1 else p
+    start = torch.full_like(p, k0) if hi >= FAR else (c - (hi - 1)) * div
+    stop = torch.minimum((c - (lo - 1)) * div, p + 1)
+    return (start - k0).clamp_(0, n_k), (stop - k0).clamp_(0, n_k)
+
+
+def band_dense(band, n_q: int, n_k: int, device) -> torch.Tensor:
+    """bool [n_q, n_k]: the band's pairs (what `band_mask` gives on every pair), from `band_rows` by comparisons."""
+    lo, hi = band_rows(band, n_q, n_k, device)
+    keys = torch.arange(n_k, device=device)
+    return (keys >= lo[:, None]) & (keys < hi[:, None])
+
+
+def band_blocks(band, n_q: int, n_k: int, block: int = BLOCK, device=None):
+    """The band as FlexAttention's block structure: (kv_num_blocks, kv_indices, full_kv_num_blocks,
+    full_kv_indices), int32 [1, 1, query blocks] and [1, 1, query blocks, key blocks], what `create_block_mask`
+    gives for `band_mask` (blocks padded past n_q / n_k count as partial there, so they are partial here too).
+
+    The rows' ranges grow with the query position (both ends nondecreasing, consecutive rows' ranges overlap or
+    touch), so in each block of queries the key blocks the band touches form one range [e0, e1) (from the first
+    non-empty row's start to the last row's stop) and the key blocks it fills for every row one range [f0, f1)
+    inside it (from the last row's start to the first row's stop; none for an incomplete block of queries): the
+    partial blocks are [e0, f0) and [f1, e1). Integer work per row and per block, none per pair."""
+    lo, hi = band_rows(band, n_q, n_k, device)
+    n_qb, n_kb = -(-n_q // block), -(-n_k // block)
+    pad = n_qb * block - n_q
+    seen = hi > lo
+    first = torch.nn.functional.pad(torch.where(seen, lo, n_k), (0, pad), value=n_k).view(n_qb, block).amin(1)
+    last = torch.nn.functional.pad(torch.where(seen, hi, 0), (0, pad), value=0).view(n_qb, block).amax(1)
+    touched = last > first
+    e0 = torch.where(touched, first // block, 0)
+    e1 = torch.where(touched, (last + block - 1) // block, 0)
+    starts = torch.arange(n_qb, device=lo.device) * block
+    row_first, row_last = starts, (starts + block - 1).clamp_(max=n_q - 1)
+    f0 = (lo[row_last] + block - 1) // block
+    f1 = hi[row_first] // block
+    whole = (f1 > f0) & (starts + block <= n_q)
+    f0, f1 = torch.where(whole, f0, e0), torch.where(whole, f1, e0)
+    before = f0 - e0
+    partial, full = before + (e1 - f1), f1 - f0
+    # partial blocks: e0 .. f0 - 1, then f1 .. e1 - 1; in a complete block of queries each side spans at most the
+    # rows' spread of range starts (or stops), under block + div keys: written into the first `wide` columns
+    wide = min(n_kb, 2 * ((2 * block + (div if (div := band[2]) > 1 else 0) - 1) // block + 1))
+    j = torch.arange(n_kb, dtype=torch.int32, device=lo.device)
+    head = j[:wide] + torch.where(j[:wide] < before[:, None], e0[:, None], (f1 - before)[:, None])
+    indices = torch.zeros(n_qb, n_kb, dtype=torch.int32, device=lo.device)  # past a row's count: never read
+    indices[:, :wide] = head.clamp_(max=n_kb - 1)
+    if n_q % block:  # an incomplete last block of queries: every touched key block is partial, e0 .. e1 - 1
+        indices[-1] = (j + e0[-1]).clamp_(max=n_kb - 1)
+    full_indices = (j + f0.to(torch.int32)[:, None]).clamp_(max=n_kb - 1)
+    shape = (1, 1, n_qb)
+    return (partial.to(torch.int32).view(shape), indices.view(*shape, n_kb), full.to(torch.int32).view(shape),
+            full_indices.view(*shape, n_kb))
 
 
 def method_passes(mapping, q0: int, k0: int, device) -> list[Pass]:
@@ -117,7 +180,7 @@ def _plan(mapping, q0, k0, n_q, n_k, primitive, device, memo):
             lo, hi = p.key_range(last)
             if min(hi, last + 1) <= max(lo, k0):
                 continue
-            plan.append((p, None if n_q == 1 else primitive.prepare(p.mask_mod, n_q, n_k, device)))
+            plan.append((p, None if n_q == 1 else primitive.prepare(p, n_q, n_k, device)))
         plans[key] = plan
     return plans[key]
 

@@ -6,8 +6,9 @@ multiple of Hkv, KV heads never repeated), with the pass's mask given as a FlexA
 in the queries' dtype and the natural-log log-sum-exp of each query's scaled scores [B, Hq, n_q] in float32
 (-inf for a query the pass does not see at all; its output row is then ignored by the merge).
 
-- `prepare(mask_mod, n_q, n_k, device)` turns the mask into what `masked` takes (a FlexAttention `BlockMask`, or a
-  dense additive mask); the passes path keeps it for the other layers of the forward.
+- `prepare(pass_, n_q, n_k, device)` turns the pass's band (`passes.Pass.band`) into what `masked` takes (a
+  FlexAttention `BlockMask` built in closed form, `passes.band_blocks`, or a dense boolean mask); the passes path
+  keeps it for the other layers of the forward.
 - `masked(q, k, v, prepared, scale)` runs the pass.
 - `unmasked(q, k, v, scale)` runs a pass whose keys every query sees (a decoding step reads contiguous key slices).
 
@@ -29,6 +30,8 @@ import inspect
 import warnings
 
 import torch
+
+from .passes import BLOCK, band_blocks, band_dense
 
 _EAGER_NOTE = "flex_attention called without torch.compile"
 
@@ -72,8 +75,8 @@ class CpuKernelPrimitive:
                                "and scale; use FlexPrimitive")
         return kernel
 
-    def prepare(self, mask_mod, n_q: int, n_k: int, device):
-        allowed = dense_mask(mask_mod, n_q, n_k, device)
+    def prepare(self, pass_, n_q: int, n_k: int, device):
+        allowed = band_dense(pass_.band, n_q, n_k, device)
         seen = allowed.any(-1)
         if not bool(seen.any()):
             return None
@@ -120,6 +123,15 @@ def _flex():
     return module.flex_attention, module.create_block_mask, {"return_lse": True}, lambda lse: lse
 
 
+@functools.cache
+def _forward_only() -> dict:
+    """from_kv_blocks' switch that skips the transposed (backward) indices, where this torch has it (2.7+)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    return {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters \
+        else {}
+
+
 def flex_available() -> bool:
     return _flex() is not None
 
@@ -140,10 +152,15 @@ class FlexPrimitive:
         self.compiled = compiled
         self.name = "flex-compiled" if compiled else "flex-eager"
 
-    def prepare(self, mask_mod, n_q: int, n_k: int, device):
-        create_block_mask = _flex()[1]
-        # compiled: the mask is built block by block, never as an n_q x n_k tensor (128k² booleans = 16 GiB)
-        return create_block_mask(mask_mod, None, None, n_q, n_k, device=device, _compile=self.compiled)
+    def prepare(self, pass_, n_q: int, n_k: int, device):
+        """The pass's BlockMask from its band in closed form (`passes.band_blocks`: per block of queries the ranges
+        of partial and full key blocks), never evaluating the mask on the n_q x n_k grid; `mask_mod` runs only
+        inside the partial blocks. Forward only (no transposed indices for a backward pass)."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        blocks = band_blocks(pass_.band, n_q, n_k, BLOCK, device)
+        return BlockMask.from_kv_blocks(*blocks, BLOCK_SIZE=BLOCK, mask_mod=pass_.mask_mod, seq_lengths=(n_q, n_k),
+                                        **_forward_only())
 
     def masked(self, q, k, v, prepared, scale: float):
         flex_attention, _, lse_kwargs, read_lse = _flex()
