@@ -230,9 +230,10 @@ def _force_passes(monkeypatch, primitive):
 @pytest.mark.parametrize("method", list(SPECS))
 def test_model_on_the_passes_path_equals_the_fused_path(method, monkeypatch):
     """A patched tiny Llama (SDPA) forced onto the passes path (CPU kernel primitive): one forward equals the
-    fused path's; a prompt prefilled in pieces and token-by-token decoding equal one forward, a decoding step
-    moving only its new key (the moved keys live on the cache); the original below the window; unpatch restores
-    the original bit for bit."""
+    fused path's; a prompt prefilled in pieces and token-by-token decoding equal one forward, the decoding steps
+    moving each new key at most once, never the cache (the moved keys live on the cache, and a key is moved when a
+    moved pass first reads it: in batches); the original below the window; unpatch restores the original bit for
+    bit."""
     from transformers import DynamicCache
 
     model = _patched("llama", method, "sdpa")
@@ -244,10 +245,10 @@ def test_model_on_the_passes_path_equals_the_fused_path(method, monkeypatch):
         torch.testing.assert_close(full, fused, atol=1e-5, rtol=0)
         cache = DynamicCache(config=model.config)
         pieces = [model(ids[:, :30], **_cache(cache)).logits, model(ids[:, 30:47], **_cache(cache)).logits]
-        key_rows, rotate = [], kernels.rotate  # keys moved during the decoding steps: only each step's new key
+        key_rows, rotate = [], kernels.rotate  # keys moved during the decoding steps: each new key at most once
         monkeypatch.setattr(kernels, "rotate", lambda x, *a: key_rows.append(x.shape[2]) or rotate(x, *a))
         pieces += [model(ids[:, t : t + 1], **_cache(cache)).logits for t in range(47, 64)]
-        assert key_rows == [1] * 17 * model.config.num_hidden_layers
+        assert sum(key_rows) <= 17 * model.config.num_hidden_layers and max(key_rows, default=0) <= 17, key_rows
         torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=0)
         assert set(paths) == {"passes"}
         unpatched = tiny.make_model("llama")

@@ -40,6 +40,10 @@ class SelfExtendMap:
         """Every pair uses the original distance (all distances < W)."""
         return int(q_pos.max()) - int(k_pos.min()) < self.neighbor_window
 
+    def is_identity_span(self, first: int, last: int) -> bool:
+        """`is_identity` for the contiguous positions first .. last (Python ints: nothing read from a tensor)."""
+        return last - first < self.neighbor_window
+
     def split_points(self, start: int, stop: int) -> list[int]:
         return []  # any block of query positions works
 
@@ -80,6 +84,9 @@ class DualChunkMap:
     def is_identity(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
         """Everything lies in the first chunk."""
         return max(int(q_pos.max()), int(k_pos.max())) < self.chunk_len
+
+    def is_identity_span(self, first: int, last: int) -> bool:
+        return last < self.chunk_len
 
     def split_points(self, start: int, stop: int) -> list[int]:
         """The chunk starts inside (start, stop): a block of queries must lie in one chunk."""

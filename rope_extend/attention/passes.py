@@ -153,8 +153,8 @@ def method_passes(mapping, q0: int, k0: int, device) -> list[Pass]:
     if isinstance(mapping, DualChunkMap):
         s = mapping.chunk_len
         return [
-            Pass("intra", lambda q_pos: q_pos % s - q_pos, True, (q0, k0, s, 0, 1), lambda p: (p // s * s, p + 1),
-                 device),
+            # same chunk: queries and keys would both move by minus the chunk's start, which leaves q·k as it is
+            Pass("intra", None, False, (q0, k0, s, 0, 1), lambda p: (p // s * s, p + 1), device),
             Pass("successive", lambda q_pos: mapping.query_shifts(q_pos)[1], True, (q0, k0, s, 1, 2),
                  lambda p: (p // s * s - s, p // s * s), device),
             Pass("inter", lambda q_pos: mapping.query_shifts(q_pos)[2], True, (q0, k0, s, 2, FAR),
@@ -185,49 +185,122 @@ def _plan(mapping, q0, k0, n_q, n_k, primitive, device, memo):
     return plans[key]
 
 
-def _pass_queries(query, p, row, factor, mapping, inv_freq, memo):
+def _pass_queries(query, p, q0, factor, mapping, inv_freq, memo):
     """The queries moved by the pass's query shift (and log-n scaled), rotated a slice of queries at a time. The
     rotation tables are kept for the other layers by (first position, count): positions are contiguous here, so
     no comparison of position tensors (a device sync per layer) is needed."""
     if p.query_shift is None:
-        return query if factor is None else query * factor[:, None].to(query.dtype)
+        return query if factor is None else query * factor
+    n_q = query.shape[2]
     key = ("pass-query", mapping, p.name)
-    span = (p.band[0], row.shape[1], str(row.device))
+    span = (q0, n_q, str(query.device))
     entry = memo.get(key) if memo is not None else None
     if entry is not None and entry[0] == span:
         cos, sin = entry[1], entry[2]
     else:
-        cos, sin = rotation(p.query_shift(row), inv_freq)
+        cos, sin = rotation(p.query_shift(torch.arange(q0, q0 + n_q, device=query.device)[None]), inv_freq)
         if memo is not None:
             memo[key] = (span, cos, sin)
+    if n_q <= ROTATE_QUERIES:
+        moved = rotate(query, cos, sin)
+        return moved if factor is None else moved * factor
     out = torch.empty_like(query)
-    for a in range(0, query.shape[2], ROTATE_QUERIES):
+    for a in range(0, n_q, ROTATE_QUERIES):
         b = a + ROTATE_QUERIES
         moved = rotate(query[:, :, a:b], cos[:, :, a:b], sin[:, :, a:b])
-        out[:, :, a:b] = moved if factor is None else moved * factor[a:b, None].to(query.dtype)
+        out[:, :, a:b] = moved if factor is None else moved * factor[a:b]
     return out
 
 
-def passes_attention(query, key, value, moved, first, n_k, scaling, mapping, inv_freq, log_n_original,
+def _log_n(q0: int, n_q: int, original: int, dtype, device, memo) -> torch.Tensor:
+    """log-n's factor per query [n_q, 1] in the queries' dtype, kept for the other layers by (position, count)."""
+    span = (q0, n_q, original, dtype, str(device))
+    entry = memo.get("log-n") if memo is not None else None
+    if entry is not None and entry[0] == span:
+        return entry[1]
+    factor = log_n_factor(torch.arange(q0, q0 + n_q, device=device)[None], original)[0][:, None].to(dtype)
+    if memo is not None:
+        memo["log-n"] = (span, factor)
+    return factor
+
+
+def passes_attention(query, key, value, move, first, n_k, scaling, mapping, inv_freq, log_n_original,
                      primitive, memo) -> torch.Tensor:
     """Attention output [B, n_q, Hq, Dv] for contiguous positions (see the module docstring): query [B, Hq, n_q, D]
-    rotated at first + n_k - n_q .., key/value [B, Hkv, >= n_k, D], `moved` the keys moved by the key shift."""
+    rotated at first + n_k - n_q .., key/value [B, Hkv, >= n_k, D], `move(needed)` the keys moved by the key shift
+    (at least the first `needed`). Every position is a Python int here: nothing is read from a tensor."""
     n_q = query.shape[2]
     q0 = first + n_k - n_q
-    row = torch.arange(q0, q0 + n_q, device=query.device)[None]
-    factor = log_n_factor(row, log_n_original)[0] if log_n_original else None
-    keys, values = key[:, :, :n_k], value[:, :, :n_k]
-    parts = []
-    for p, prepared in _plan(mapping, q0, first, n_q, n_k, primitive, query.device, memo):
-        q_p = _pass_queries(query, p, row, factor, mapping, inv_freq, memo)
-        k_p = moved if p.moved_keys else keys
-        if n_q == 1:  # a decoding step: one contiguous key range per pass
-            lo, hi = p.key_range(q0)
-            lo, hi = max(lo, first) - first, min(hi, q0 + 1) - first
-            parts.append(primitive.unmasked(q_p, k_p[:, :, lo:hi], values[:, :, lo:hi], scaling))
-        else:
-            parts.append(primitive.masked(q_p, k_p, values, prepared, scaling))
+    factor = _log_n(q0, n_q, log_n_original, query.dtype, query.device, memo) if log_n_original else None
+    keys = key if key.shape[2] == n_k else key[:, :, :n_k]
+    values = value if value.shape[2] == n_k else value[:, :, :n_k]
+    plan = _plan(mapping, q0, first, n_q, n_k, primitive, query.device, memo)
+    last = q0 + n_q - 1
+    needed = max([min(p.key_range(last)[1], last + 1) - first for p, _ in plan if p.moved_keys], default=0)
+    moved = move(needed) if needed > 0 else None
+    if n_q == 1:
+        return _decode(query, keys, values, moved, plan, q0, first, factor, scaling, mapping, inv_freq, primitive,
+                       memo)
+    parts = [primitive.masked(_pass_queries(query, p, q0, factor, mapping, inv_freq, memo),
+                              moved if p.moved_keys else keys, values, prepared, scaling) for p, prepared in plan]
     return merge(parts)
+
+
+def _decode(query, keys, values, moved, plan, q0, first, factor, scaling, mapping, inv_freq, primitive, memo):
+    """A decoding step: each pass sees one contiguous range of keys; the moved queries of all passes come from one
+    matmul with the step's rotation matrices (`_step_rotation`, shared by the layers), and the primitive's `decode`
+    runs one softmax over the union of the slices."""
+    slices = []
+    for p, _ in plan:
+        lo, hi = p.key_range(q0)
+        lo, hi = max(lo, first) - first, min(hi, q0 + 1) - first
+        if hi > lo:
+            slices.append((lo, hi, p))
+    slices.sort(key=lambda part: part[0])
+    shifted = [p for _, _, p in slices if p.query_shift is not None]
+    if factor is not None:
+        query = query * factor
+    moved_q = {}
+    if shifted:
+        matrix = _step_rotation(shifted, q0, query.shape[-1], mapping, inv_freq, memo)
+        stacked = torch.matmul(query.float(), matrix).to(query.dtype)
+        moved_q = dict(zip([p.name for p in shifted], stacked.view(*query.shape[:3], len(shifted), -1).unbind(3)))
+    return primitive.decode([moved_q.get(p.name, query) for _, _, p in slices],
+                            [(moved if p.moved_keys else keys)[:, :, lo:hi] for lo, hi, p in slices],
+                            [(lo, hi) for lo, hi, _ in slices], values, scaling)
+
+
+def _step_rotation(shifted, q0: int, dim: int, mapping, inv_freq, memo) -> torch.Tensor:
+    """[dim, K·dim] float32: side by side, the matrices that rotate a row vector (transformers' rotate_half layout,
+    the first rotary dims) by each of the K passes' query shifts at position q0, so one matmul moves a query to
+    every pass. Kept in `memo` for the other layers of the step."""
+    key = ("step-rotation", mapping, q0, tuple(p.name for p in shifted), dim, str(inv_freq.device))
+    entry = memo.get("step-rotation") if memo is not None else None
+    if entry is not None and entry[0] == key:
+        return entry[1]
+    position = torch.arange(q0, q0 + 1, device=inv_freq.device)[None]
+    cos, sin = rotation(torch.cat([p.query_shift(position) for p in shifted], dim=1), inv_freq)  # [1, 1, K, r]
+    cos, sin = cos[0, 0], sin[0, 0]
+    rdim = cos.shape[-1]
+    if rdim < dim:  # the dims past the rotary ones pass through
+        cos = torch.nn.functional.pad(cos, (0, dim - rdim), value=1.0)
+        sin = torch.nn.functional.pad(sin, (0, dim - rdim), value=0.0)
+    # x @ R = x·cos + rotate_half(x)·sin, with rotate_half(x) = x @ half: R = diag(cos) + half·sin (by column)
+    matrix = (torch.diag_embed(cos) + _half_turn(dim, rdim, cos.device) * sin[:, None, :]).permute(1, 0, 2)
+    matrix = matrix.reshape(dim, -1)
+    if memo is not None:
+        memo["step-rotation"] = (key, matrix)
+    return matrix
+
+
+@functools.cache
+def _half_turn(dim: int, rdim: int, device) -> torch.Tensor:
+    """[dim, dim] float32 with x @ it = rotate_half(x) in the first rdim dims (0 beyond): (-x2, x1)."""
+    half = torch.zeros(dim, dim, device=device)
+    idx = torch.arange(rdim // 2, device=device)
+    half[idx + rdim // 2, idx] = -1.0
+    half[idx, idx + rdim // 2] = 1.0
+    return half
 
 
 def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

@@ -10,7 +10,9 @@ in the queries' dtype and the natural-log log-sum-exp of each query's scaled sco
   FlexAttention `BlockMask` built in closed form, `passes.band_blocks`, or a dense boolean mask); the passes path
   keeps it for the other layers of the forward.
 - `masked(q, k, v, prepared, scale)` runs the pass.
-- `unmasked(q, k, v, scale)` runs a pass whose keys every query sees (a decoding step reads contiguous key slices).
+- `unmasked(q, k, v, scale)` runs a pass whose keys every query sees.
+- `decode(queries, keys, ranges, values, scale)` runs a decoding step: each pass's query against its contiguous
+  slice of the cache, one softmax over their union (`union_attention`), no log-sum-exp merge.
 
 Two primitives:
 - `FlexPrimitive`: `torch.nn.attention.flex_attention` over a block mask, so blocks the mask leaves empty are
@@ -97,6 +99,10 @@ class CpuKernelPrimitive:
             return _empty_result(q, v)
         return self._run(q, k, v, None, scale)
 
+    def decode(self, queries, keys, ranges, values, scale: float):
+        """A decoding step over the passes' contiguous key slices (`union_attention`)."""
+        return union_attention(queries, keys, ranges, values, scale)
+
     def _run(self, q, k, v, mask, scale):
         batch, heads, n_q, dim = q.shape
         kv_heads = k.shape[1]
@@ -176,20 +182,46 @@ class FlexPrimitive:
         bandwidth; no block mask, no compilation per cache length."""
         return math_attention(q, k, v, scale)
 
+    def decode(self, queries, keys, ranges, values, scale: float):
+        """A decoding step: one softmax over the passes' key slices of the cache (`union_attention`), matmuls in
+        the model's dtype; no block mask, no compilation per cache length."""
+        return union_attention(queries, keys, ranges, values, scale)
+
 
 def math_attention(q, k, v, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unmasked attention with its log-sum-exp by matmuls (scores in float32), any device, GQA without repeats."""
+    """Unmasked attention with its log-sum-exp by matmuls, any device, GQA without repeats: scores in the inputs'
+    dtype (the matmuls accumulate in float32 on CPU and CUDA; nothing of k or v is cast), softmax and log-sum-exp
+    in float32, the probabilities in v's dtype for the values' matmul."""
     batch, heads, n_q, dim = q.shape
     kv_heads = k.shape[1]
     if k.shape[2] == 0:
         return _empty_result(q, v)
-    # float32 throughout, as the fused kernels accumulate (bf16 scores would round logits by ~2^-8 of their size);
-    # the extra traffic of a float copy of a few keys' slice is small next to the step's launches
-    stacked = q.float().reshape(batch, kv_heads, heads // kv_heads * n_q, dim)
-    scores = torch.matmul(stacked, k.float().transpose(-1, -2)) * scale
+    stacked = q.reshape(batch, kv_heads, heads // kv_heads * n_q, dim)
+    scores = torch.matmul(stacked, k.transpose(-1, -2)).float().mul_(scale)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    out = torch.matmul(torch.exp(scores - lse), v.float()).to(v.dtype)
+    out = torch.matmul(torch.exp(scores - lse).to(v.dtype), v)
     return out.reshape(batch, heads, n_q, -1), lse.reshape(batch, heads, n_q)
+
+
+def union_attention(queries, keys, ranges, values, scale: float) -> torch.Tensor:
+    """A decoding step's attention [B, n_q, Hq, Dv] as one softmax over the union of the passes' key slices: pass
+    i scores its queries queries[i] [B, Hq, n_q, D] against keys[i] [B, Hkv, n_i, D], the keys ranges[i] = (lo, hi)
+    of `values` [B, Hkv, n_k, Dv] (in key order). Scores in the inputs' dtype (no cast of the cache), softmax in
+    float32, then one matmul with the values the ranges cover (one slice when they touch, as every method's do):
+    the same softmax as the passes merged by log-sum-exp, without the log-sum-exps."""
+    batch, heads, n_q, dim = queries[0].shape
+    kv_heads = keys[0].shape[1]
+    rows, groups = heads // kv_heads * n_q, batch * kv_heads
+    # keys on the left, [keys, dim] @ [dim, rows]: a slice of the cache as it lies (CPU's bf16 bmm copies a
+    # transposed right operand: ~7x slower at 16k); scores [groups, keys, rows], softmax over the keys
+    scores = [torch.bmm(k.reshape(groups, -1, dim), q.reshape(groups, rows, dim).transpose(1, 2))
+              for q, k in zip(queries, keys)]
+    probs = torch.softmax((torch.cat(scores, dim=1) if len(scores) > 1 else scores[0]).float().mul_(scale), dim=1)
+    touching = all(a[1] == b[0] for a, b in zip(ranges[:-1], ranges[1:]))
+    v = values[:, :, ranges[0][0] : ranges[-1][1]] if touching else torch.cat(
+        [values[:, :, lo:hi] for lo, hi in ranges], dim=2)
+    out = torch.bmm(probs.transpose(1, 2).to(v.dtype), v.reshape(groups, -1, v.shape[-1]))
+    return out.view(batch, heads, n_q, -1).transpose(1, 2)
 
 
 def primitive_for(device: torch.device):
