@@ -82,3 +82,92 @@ def test_flex_output_with_closed_form_masks_equals_the_grid_masks():
                                 0.25)
         torch.testing.assert_close(ours[0], grid[0], atol=0, rtol=0)
         torch.testing.assert_close(ours[1], grid[1], atol=0, rtol=0)
+
+
+# --- a decoding step: no host synchronisation, no cast of the cache --------------------------------------------------
+SYNC_OPS = {"_local_scalar_dense", "equal", "is_nonzero"}  # what hands a tensor's value to the host
+
+
+class _Counted:
+    """aten ops run inside (a TorchDispatchMode), those that synchronise with the host (`.item()`, `int()`,
+    `bool()` of a tensor, torch.equal; and Tensor.tolist, which reads memory without an op), and the largest
+    tensor any dtype conversion read (a cast of the cache would read a whole cache slice)."""
+
+    def __init__(self, monkeypatch):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self.ops, self.syncs, self.largest_cast = 0, [], 0
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.ops += 1
+                name = func.overloadpacket.__name__
+                if name in SYNC_OPS:
+                    counter.syncs.append(name)
+                if name == "_to_copy" and isinstance(args[0], torch.Tensor):
+                    counter.largest_cast = max(counter.largest_cast, args[0].numel())
+                return func(*args, **(kwargs or {}))
+
+        tolist = torch.Tensor.tolist
+        monkeypatch.setattr(torch.Tensor, "tolist", lambda t: counter.syncs.append("tolist") or tolist(t))
+        self.mode = Mode()
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+@pytest.mark.parametrize("method", ["self-extend", "dual-chunk"])
+def test_decoding_step_synchronises_nothing_and_casts_no_cache(method, monkeypatch):
+    """A bf16 tiny Llama (SDPA, 4 layers) with the method forced onto the passes path with the CUDA primitive (FlexAttention;
+    a decoding step is its math on the cache slices), 40 cached tokens: a decoding step (not one at a
+    chunk start, where dual-chunk moves the keys of the chunk before, once) runs the primitive's decode on every layer, reads no tensor value on the host, converts nothing the size of a cache slice, and runs at
+    most 1.5x the aten ops of the same step with YaRN; its logits equal one forward's (bf16 rounding)."""
+    import tiny
+    from test_attention_methods import SPECS, _cache
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from rope_extend import patch_model, unpatch_model
+    from rope_extend.attention import kernels
+
+    config = tiny.make_config("llama")
+    config.num_hidden_layers = 4  # the shape of the goal's bench (bench/decode_step.py --attention): 4 layers
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval().to(torch.bfloat16)
+    ids = tiny.input_ids(46)
+    counts = {}
+    for name, spec in (("yarn", {"method": "yarn"}), (method, SPECS[method])):
+        patch_model(model, **spec, factor=3)
+        flex = primitives.FlexPrimitive(compiled=False)
+        decoded = []
+        monkeypatch.setattr(flex, "decode", lambda *a, _f=flex.decode: decoded.append(1) or _f(*a))
+        select = kernels.select_path
+        monkeypatch.setattr(kernels, "select_path", lambda d, start, c, m: "passes" if start is not None
+                            else select(d, start, c, m))
+        monkeypatch.setattr(kernels, "primitive_for", lambda device: flex)
+        with torch.no_grad():
+            cache = DynamicCache(config=model.config)
+            model(ids[:, :40], **_cache(cache))
+            for t in range(40, 44):  # dual-chunk's chunk starts at 42: its keys before it are moved then
+                model(ids[:, t : t + 1], **_cache(cache))
+            decoded.clear()
+            with _Counted(monkeypatch) as counted:
+                step = model(ids[:, 44:45], **_cache(cache)).logits
+            decoded_in_step = len(decoded)
+            last = model(ids[:, 45:46], **_cache(cache)).logits[0, -1]
+            whole = model(ids).logits[0, -1]
+        monkeypatch.undo()
+        unpatch_model(model)
+        assert cache.get_seq_length() == 46 and step.shape[1] == 1
+        counts[name] = counted.ops
+        if name == "yarn":
+            continue
+        assert decoded_in_step == model.config.num_hidden_layers  # the method's decode ran on every layer
+        assert counted.syncs == [], counted.syncs
+        assert counted.largest_cast < 40 * model.config.head_dim, counted.largest_cast
+        torch.testing.assert_close(last.float(), whole.float(), atol=0.1, rtol=0.02)
+    assert counts[method] <= 1.5 * counts["yarn"], counts

@@ -151,14 +151,14 @@ def method_passes(mapping, q0: int, k0: int, device) -> list[Pass]:
                  lambda p: (k0, p - w + 1), device),
         ]
     if isinstance(mapping, DualChunkMap):
-        s = mapping.chunk_len
+        s, c = mapping.chunk_len, mapping.chunk_size
         return [
             # same chunk: queries and keys would both move by minus the chunk's start, which leaves q·k as it is
             Pass("intra", None, False, (q0, k0, s, 0, 1), lambda p: (p // s * s, p + 1), device),
-            Pass("successive", lambda q_pos: mapping.query_shifts(q_pos)[1], True, (q0, k0, s, 1, 2),
-                 lambda p: (p // s * s - s, p // s * s), device),
-            Pass("inter", lambda q_pos: mapping.query_shifts(q_pos)[2], True, (q0, k0, s, 2, FAR),
-                 lambda p: (k0, p // s * s - s), device),
+            Pass("successive", lambda q_pos: torch.clamp(q_pos % s + s, max=c) - q_pos, True, (q0, k0, s, 1, 2),
+                 lambda p: (p // s * s - s, p // s * s), device),  # mapping.query_shifts' [1] and [2], one each
+            Pass("inter", lambda q_pos: c - q_pos, True, (q0, k0, s, 2, FAR), lambda p: (k0, p // s * s - s),
+                 device),
         ]
     raise TypeError(f"no passes for {type(mapping).__name__}")
 
@@ -273,34 +273,40 @@ def _decode(query, keys, values, moved, plan, q0, first, factor, scaling, mappin
 def _step_rotation(shifted, q0: int, dim: int, mapping, inv_freq, memo) -> torch.Tensor:
     """[dim, K·dim] float32: side by side, the matrices that rotate a row vector (transformers' rotate_half layout,
     the first rotary dims) by each of the K passes' query shifts at position q0, so one matmul moves a query to
-    every pass. Kept in `memo` for the other layers of the step."""
+    every pass. Kept in `memo` for the other layers of the step; built by one matmul from `_rotation_basis`."""
     key = ("step-rotation", mapping, q0, tuple(p.name for p in shifted), dim, str(inv_freq.device))
     entry = memo.get("step-rotation") if memo is not None else None
     if entry is not None and entry[0] == key:
         return entry[1]
     position = torch.arange(q0, q0 + 1, device=inv_freq.device)[None]
-    cos, sin = rotation(torch.cat([p.query_shift(position) for p in shifted], dim=1), inv_freq)  # [1, 1, K, r]
-    cos, sin = cos[0, 0], sin[0, 0]
-    rdim = cos.shape[-1]
-    if rdim < dim:  # the dims past the rotary ones pass through
-        cos = torch.nn.functional.pad(cos, (0, dim - rdim), value=1.0)
-        sin = torch.nn.functional.pad(sin, (0, dim - rdim), value=0.0)
-    # x @ R = x·cos + rotate_half(x)·sin, with rotate_half(x) = x @ half: R = diag(cos) + half·sin (by column)
-    matrix = (torch.diag_embed(cos) + _half_turn(dim, rdim, cos.device) * sin[:, None, :]).permute(1, 0, 2)
-    matrix = matrix.reshape(dim, -1)
+    shifts = torch.cat([p.query_shift(position) for p in shifted], dim=1)[0]  # [K]
+    angles = shifts.to(torch.float64)[:, None] * inv_freq.to(torch.float64)  # [K, r/2], as maps.rotation
+    fixed, basis = _rotation_basis(len(shifted), dim, inv_freq.shape[0], str(inv_freq.device))
+    coefficients = torch.cat((angles.cos(), angles.sin())).float().view(1, -1)
+    matrix = torch.addmm(fixed, coefficients, basis).view(dim, -1)
     if memo is not None:
         memo["step-rotation"] = (key, matrix)
     return matrix
 
 
 @functools.cache
-def _half_turn(dim: int, rdim: int, device) -> torch.Tensor:
-    """[dim, dim] float32 with x @ it = rotate_half(x) in the first rdim dims (0 beyond): (-x2, x1)."""
-    half = torch.zeros(dim, dim, device=device)
-    idx = torch.arange(rdim // 2, device=device)
-    half[idx + rdim // 2, idx] = -1.0
-    half[idx, idx + rdim // 2] = 1.0
-    return half
+def _rotation_basis(k: int, dim: int, half: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The constant parts of K rotation matrices side by side, [dim, K·dim] flattened: R_k = fixed + Σ_f cos_kf·C_f
+    + sin_kf·S_f, with x @ R_k = x·cos + rotate_half(x)·sin in the first 2·half dims (the rest pass through):
+    (fixed [1, dim·K·dim], basis [2·K·half, dim·K·dim]), coefficients ordered (cos of every k and f, sin of
+    every k and f)."""
+    rdim = 2 * half
+    fixed = torch.zeros(dim, k, dim, device=device)
+    cos = torch.zeros(k, half, dim, k, dim, device=device)
+    sin = torch.zeros(k, half, dim, k, dim, device=device)
+    for m in range(k):
+        for j in range(rdim, dim):
+            fixed[j, m, j] = 1.0
+        for f in range(half):
+            cos[m, f, f, m, f] = cos[m, f, f + half, m, f + half] = 1.0
+            sin[m, f, f + half, m, f] = -1.0  # rotate_half: column f takes -x[f + half], column f + half x[f]
+            sin[m, f, f, m, f + half] = 1.0
+    return fixed.view(1, -1), torch.cat((cos.view(k * half, -1), sin.view(k * half, -1)))
 
 
 def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

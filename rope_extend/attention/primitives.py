@@ -217,10 +217,14 @@ def union_attention(queries, keys, ranges, values, scale: float) -> torch.Tensor
     scores = [torch.bmm(k.reshape(groups, -1, dim), q.reshape(groups, rows, dim).transpose(1, 2))
               for q, k in zip(queries, keys)]
     probs = torch.softmax((torch.cat(scores, dim=1) if len(scores) > 1 else scores[0]).float().mul_(scale), dim=1)
-    touching = all(a[1] == b[0] for a, b in zip(ranges[:-1], ranges[1:]))
-    v = values[:, :, ranges[0][0] : ranges[-1][1]] if touching else torch.cat(
-        [values[:, :, lo:hi] for lo, hi in ranges], dim=2)
+    lo, hi = ranges[0][0], ranges[-1][1]
+    if any(a[1] != b[0] for a, b in zip(ranges[:-1], ranges[1:])):
+        v = torch.cat([values[:, :, a:b] for a, b in ranges], dim=2)
+    else:
+        v = values if (lo, hi) == (0, values.shape[2]) else values[:, :, lo:hi]
     out = torch.bmm(probs.transpose(1, 2).to(v.dtype), v.reshape(groups, -1, v.shape[-1]))
+    if n_q == 1:
+        return out.view(batch, 1, heads, -1)
     return out.view(batch, heads, n_q, -1).transpose(1, 2)
 
 
