@@ -2,6 +2,7 @@
 
     python bench/attention_kernels.py [--lengths 8192 16384] [--threads 1]
     python bench/attention_kernels.py --masks [--lengths 16384 65536 131072] [--grid-up-to 16384] [--threads 1]
+    python bench/attention_kernels.py --passes [--lengths 16384] [--threads 1]
 
 Random queries, keys and values at SmolLM2-135M's attention shape (9 query heads on 3 key heads, head_dim 64,
 float32), the factor-2 defaults (self-extend G = 4, W = 1024; dual-chunk chunk_size 6144, local_window 512). For
@@ -19,6 +20,13 @@ memory) and the best of `--repeats`; the blocks the kernel visits (partial + ful
 a causal mask's; and, up to `--grid-up-to`, the same masks from torch's `create_block_mask` evaluating `mask_mod`
 on the whole grid (what the primitive did before), with a check that both give the same blocks.
 Goal: all of a method's masks at 128k in at most 50 ms.
+
+`--passes` (issue 43 §3): one layer's prefill on the passes path (the CUDA decomposition) with the CPU kernel
+primitive, bfloat16, 8 query heads on 8 key heads, head_dim 64 (smaller than SmolLM2's 9/3 so that the dense
+masks of this CPU stand-in fit: 0.5 GiB a pass at 16k), the same method defaults as `--masks`: CPU seconds in the
+rotations (the passes' queries, the moved keys), the log-sum-exp merge, the masks and the primitive's calls, next
+to SDPA `is_causal` on the same inputs. The share that counts for the GPU is rotations + merge against SDPA (the
+primitive here scores every pair under a dense mask; FlexAttention skips the empty blocks).
 """
 
 from __future__ import annotations
@@ -122,9 +130,61 @@ def mask_rows(lengths: list[int], repeats: int, grid_up_to: int) -> None:
             print(text, flush=True)
 
 
+def passes_rows(lengths: list[int], repeats: int) -> None:
+    from rope_extend.attention import passes, primitives
+    from rope_extend.methods.self_extend import default_group
+
+    spent: dict = {}
+
+    def timing(owner, name, label):
+        original = getattr(owner, name)
+
+        def timed_call(*args, **kwargs):
+            started = time.process_time()
+            result = original(*args, **kwargs)
+            spent[label] = spent.get(label, 0.0) + time.process_time() - started
+            return result
+
+        setattr(owner, name, timed_call)
+
+    primitive = primitives.CpuKernelPrimitive()
+    timing(passes, "_pass_queries", "rotate queries")
+    timing(passes, "merge", "merge")
+    timing(kernels, "moved_keys", "move keys")
+    timing(primitive, "prepare", "masks")
+    timing(primitive, "masked", "primitive")
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, 64, 2).float() / 64))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for n in lengths:
+        generator = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 8, n, 64, generator=generator).to(torch.bfloat16) for _ in range(3))
+        pos = torch.arange(n)[None]
+        base = cpu_time(lambda q=q, k=k, v=v: sdpa(q, k, v, is_causal=True, scale=0.125), repeats)
+        print(f"{n:>6} sdpa is_causal {base:.3f} s CPU", flush=True)
+        methods = {"self-extend": kernels.SelfExtendMap(default_group(n, 8192, 1024), 1024),
+                   "dual-chunk": kernels.DualChunkMap(6144, 512)}
+        for name, mapping in methods.items():
+            best = None
+            for _ in range(repeats):
+                spent.clear()
+                started = time.process_time()
+                kernels.remapped_attention(q, k, v, pos, pos, None, 0.125, mapping, inv_freq, memo={}, key_store={},
+                                           path="passes", primitive=primitive)
+                total = time.process_time() - started
+                if best is None or total < best[0]:
+                    best = (total, dict(spent))
+            total, parts = best
+            moved = sum(parts.get(label, 0.0) for label in ("rotate queries", "move keys", "merge"))
+            print(f"{n:>6} {name:<12} passes prefill {total:.3f} s CPU: "
+                  + ", ".join(f"{label} {seconds:.3f} s" for label, seconds in parts.items())
+                  + f"; rotations + merge {moved:.3f} s = {100 * moved / total:.1f} % of it, "
+                  f"{100 * moved / base:.1f} % of SDPA", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", type=int, nargs="+", default=None)
+    parser.add_argument("--passes", action="store_true", help="one layer's passes-path prefill, where the time goes")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--masks", action="store_true", help="the passes' block masks: closed form vs the grid")
@@ -133,6 +193,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.masks:
         mask_rows(args.lengths or [16384, 65536, 131072], max(args.repeats, 3), args.grid_up_to)
+        return
+    if args.passes:
+        passes_rows(args.lengths or [16384], args.repeats)
         return
     args.lengths = args.lengths or [8192, 16384]
     inv_freq = 1.0 / (100000.0 ** (torch.arange(0, 64, 2).float() / 64))

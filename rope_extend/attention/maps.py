@@ -114,13 +114,16 @@ def rotation(shift: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, n, D] rotated in its first rotary_dim dims (transformers' rotate_half layout), in x's dtype."""
+    """x [B, H, n, D] rotated in its first rotary_dim dims (transformers' rotate_half layout), in x's dtype: float32
+    math, x·cos then rotate_half(x)·sin added in place half by half (two temporaries, not six)."""
     rdim = cos.shape[-1]
+    half = rdim // 2
     xr = x[..., :rdim].float()
-    x1, x2 = xr[..., : rdim // 2], xr[..., rdim // 2 :]
-    out = xr * cos + torch.cat((-x2, x1), dim=-1) * sin
+    out = xr * cos
+    out[..., :half].addcmul_(xr[..., half:], sin[..., :half], value=-1.0)
+    out[..., half:].addcmul_(xr[..., :half], sin[..., half:])
     if rdim < x.shape[-1]:
-        out = torch.cat((out, x[..., rdim:].float()), dim=-1)
+        return torch.cat((out.to(x.dtype), x[..., rdim:]), dim=-1)
     return out.to(x.dtype)
 
 

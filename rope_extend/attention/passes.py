@@ -13,9 +13,10 @@ pairs of one map form a simple region of the (query, key) plane. A *pass* is one
 
 SelfExtend, window W, group G: neighbour (original q, original k, 0 <= p_i - p_j < W) and grouped (q at
 p_i // G + W - W // G, k at p_j // G, p_i - p_j >= W).
-Dual chunk, chunk length s = chunk_size - local_window, c = chunk_size; keys moved once to p_j mod s (for all three
-passes, unlike the CPU fused path, which rotates queries per chunk instead): intra (q at p_i mod s, same chunk,
-causal), successive (q at min(p_i mod s + s, c), previous chunk), inter (q at c, chunks two or more back).
+Dual chunk, chunk length s = chunk_size - local_window, c = chunk_size; keys moved once to p_j mod s (unlike the
+CPU fused path, which rotates queries per chunk instead): intra (same chunk, causal: queries and keys as rotated,
+since both would move by minus the chunk's start), successive (q at min(p_i mod s + s, c), previous chunk), inter
+(q at c, chunks two or more back).
 
 Each pass runs one call of a primitive (`primitives.py`: FlexAttention compiled on CUDA, the fused CPU kernel or
 eager FlexAttention for tests) that returns its output and log-sum-exp; the outputs merge exactly by their
@@ -23,9 +24,14 @@ log-sum-exps, the softmax over the union of the passes' keys. A query a pass doe
 and weight 0. With block-sparse masks the passes cost about one causal attention: the neighbour pass reads about
 W keys per query, the grouped pass the causal rest.
 
+The block masks come from each pass's band in closed form (`band_rows`, `band_blocks`): integer work per query row
+and per block, never the mask evaluated on the n_q x n_k grid.
+
 A decoding step (one query) sees, through each pass, one contiguous range of keys: its last W keys and the rest
-(self-extend), its own chunk, the previous chunk and the older ones (dual chunk). It runs the primitive's
-`unmasked` call on those slices: no mask, no compilation per cache length, no re-rotated cache.
+(self-extend), its own chunk, the previous chunk and the older ones (dual chunk). It runs the primitive's `decode`
+on those slices (one softmax over their union: no mask, no compilation per cache length, no re-rotated or cast
+cache), with every position a Python int, so nothing is read back from the device. The moved keys are rotated
+when a moved pass first needs them, in batches.
 """
 
 from __future__ import annotations
@@ -323,8 +329,9 @@ def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         acc = None
         for out, lse in parts:
             # nan_to_num: a row no pass sees (cannot happen causally) has total -inf and weight 0, not NaN
-            weight = torch.exp(lse[..., a:b] - total[..., a:b]).nan_to_num_(0.0)
-            term = out[..., a:b, :].float() * weight[..., None]
-            acc = term if acc is None else acc.add_(term)
+            weight = torch.exp(lse[..., a:b] - total[..., a:b]).nan_to_num_(0.0)[..., None]
+            piece = out[..., a:b, :]
+            # float32 accumulation; the passes' outputs stay in their dtype (addcmul_ promotes), no float copy
+            acc = piece.float().mul_(weight) if acc is None else acc.addcmul_(piece, weight)
         result[:, a:b] = acc.transpose(1, 2)
     return result
