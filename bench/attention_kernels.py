@@ -117,13 +117,13 @@ def mask_rows(lengths: list[int], repeats: int, grid_up_to: int) -> None:
                    "dual-chunk": kernels.DualChunkMap(6144, 512)}
         for name, mapping in methods.items():
             plan = passes.method_passes(mapping, 0, 0, "cpu")
-            first, best, masks = timed(lambda plan=plan: [flex.prepare(p, n, n, "cpu") for p in plan], repeats)
+            first, best, masks = timed(lambda plan=plan, n=n: [flex.prepare(p, n, n, "cpu") for p in plan], repeats)
             visited = sum(int(m.kv_num_blocks.sum() + m.full_kv_num_blocks.sum()) for m in masks)
             text = (f"{n:>7} {name:<12} {mapping}  closed form: first {1000 * first[0]:7.1f} ms CPU "
                     f"({1000 * first[1]:7.1f} wall), best {1000 * best[0]:6.1f} ms CPU ({1000 * best[1]:6.1f} wall) "
                     f"for {len(plan)} masks; blocks visited {visited / causal:.4f}x causal")
             if n <= grid_up_to:
-                grid_first, _, grid = timed(lambda plan=plan: [create_block_mask(p.mask_mod, None, None, n, n,
+                grid_first, _, grid = timed(lambda plan=plan, n=n: [create_block_mask(p.mask_mod, None, None, n, n,
                                                                                  device="cpu") for p in plan], 1)
                 same = all(torch.equal(a.to_dense(), b.to_dense()) for a, b in zip(masks, grid))
                 text += f"; grid (create_block_mask) {grid_first[0]:.2f} s CPU, same blocks: {same}"

@@ -107,7 +107,7 @@ def attention_main(args) -> None:
                 kernels.select_path, kernels.primitive_for = forced, lambda device: flex
                 calls = []
                 original_passes = kernels.passes_attention
-                kernels.passes_attention = lambda *a, **k: calls.append(1) or original_passes(*a, **k)
+                kernels.passes_attention = lambda *a, _c=calls, _f=original_passes, **k: _c.append(1) or _f(*a, **k)
                 try:
                     cache = DynamicCache(config=model.config)
                     for layer, (k, v) in enumerate(filled):

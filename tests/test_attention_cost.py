@@ -144,11 +144,10 @@ def test_decoding_step_synchronises_nothing_and_casts_no_cache(method, monkeypat
         patch_model(model, **spec, factor=3)
         flex = primitives.FlexPrimitive(compiled=False)
         decoded = []
-        monkeypatch.setattr(flex, "decode", lambda *a, _f=flex.decode: decoded.append(1) or _f(*a))
-        select = kernels.select_path
-        monkeypatch.setattr(kernels, "select_path", lambda d, start, c, m: "passes" if start is not None
-                            else select(d, start, c, m))
-        monkeypatch.setattr(kernels, "primitive_for", lambda device: flex)
+        monkeypatch.setattr(flex, "decode", lambda *a, _f=flex.decode, _d=decoded: _d.append(1) or _f(*a))
+        monkeypatch.setattr(kernels, "select_path", lambda d, start, c, m, _s=kernels.select_path: "passes"
+                            if start is not None else _s(d, start, c, m))
+        monkeypatch.setattr(kernels, "primitive_for", lambda device, _p=flex: _p)
         with torch.no_grad():
             cache = DynamicCache(config=model.config)
             model(ids[:, :40], **_cache(cache))

@@ -154,7 +154,7 @@ def remapped_attention(
         primitive = primitive or primitive_for(query.device)
         if primitive is None:
             raise ValueError(f"no passes primitive for {query.device.type} tensors")
-        move = lambda needed: moved_keys(mapping, key, positions, inv_freq, memo, key_store, needed)  # noqa: E731
+        move = lambda needed: moved_keys(mapping, key, positions, inv_freq, memo, key_store, needed)
         return passes_attention(query, key, value, move, start, n_k, scaling, mapping, inv_freq, log_n_original,
                                 primitive, memo)
     moved = None

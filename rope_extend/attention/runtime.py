@@ -25,9 +25,9 @@ the model with `attn_implementation="sdpa"`: the method computes attention itsel
 
 from __future__ import annotations
 
+import inspect
 import sys
 import weakref
-import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
