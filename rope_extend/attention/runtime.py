@@ -85,7 +85,9 @@ def _dispatcher(impl: str):
         if span is not None:  # positions known as Python ints: nothing read from the device (decoding steps)
             last = span.first + span.count - 1
             long_enough = context.log_n_original and last >= context.log_n_original
-            identity = context.mapping.is_identity_span(span.first, last)
+            by_span = getattr(context.mapping, "is_identity_span", None)  # a map without it: its tensor test
+            identity = by_span(span.first, last) if by_span is not None else context.mapping.is_identity(
+                *(torch.arange(span.first, last + 1, device=query.device)[None],) * 2)
         else:
             long_enough = context.log_n_original and int(q_pos.max()) >= context.log_n_original
             identity = context.mapping.is_identity(q_pos, k_pos)
