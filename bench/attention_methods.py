@@ -135,7 +135,7 @@ class CheckFailed(RuntimeError):
 
 
 class _CountedPrimitive:
-    """The primitive a call of the passes path got, its calls counted (`calls`: masked, unmasked)."""
+    """The primitive a call of the passes path got, its calls counted (`calls`: masked, unmasked, decode)."""
 
     def __init__(self, inner, calls: dict):
         self.inner, self.name, self.calls = inner, inner.name, calls
@@ -151,10 +151,14 @@ class _CountedPrimitive:
         self.calls["unmasked"] += 1
         return self.inner.unmasked(*args)
 
+    def decode(self, *args):
+        self.calls["decode"] += 1
+        return self.inner.decode(*args)
+
 
 @contextlib.contextmanager
 def counted_calls():
-    """{path chosen -> calls, "masked"/"unmasked" -> the passes primitive's calls} for what runs inside: the
+    """{path chosen -> calls, "masked"/"unmasked"/"decode" -> the passes primitive's calls} for what runs inside: the
     attention methods' path per layer call and the primitive's calls, counted where `kernels.remapped_attention`
     looks them up (`select_path`, `primitive_for`), so a row can assert that its method ran."""
     from collections import Counter
@@ -187,13 +191,13 @@ def _expect(condition: bool, what: str) -> None:
 
 def _method_ran(calls, before: dict, layers: int, passes_path: bool, decoding: bool, what: str) -> None:
     """Every layer's attention took the method's path in the forward just run, and on the passes path the
-    primitive ran (its masked call in a prefill, its unmasked call on the cache's slices in a decoding step)."""
+    primitive ran (its masked call in a prefill, its decode call on the cache's slices in a decoding step)."""
     taken = {path: n - before.get(path, 0) for path, n in calls.items() if n - before.get(path, 0)}
     path = "passes" if passes_path else "fused"
-    _expect(taken.get(path, 0) == layers and set(taken) - {"masked", "unmasked"} == {path},
+    _expect(taken.get(path, 0) == layers and set(taken) - {"masked", "unmasked", "decode"} == {path},
             f"{what}: the method's {path} path in {layers} layers expected, got {taken or 'no call'}")
     if passes_path:
-        kind = "unmasked" if decoding else "masked"
+        kind = "decode" if decoding else "masked"
         _expect(taken.get(kind, 0) >= layers, f"{what}: the primitive's {kind} call in every layer expected, "
                 f"got {taken}")
 

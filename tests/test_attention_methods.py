@@ -195,8 +195,11 @@ def _patched(arch: str, method: str, impl: str | None = None, **extra):
 def _reference_kernel(monkeypatch, spec):
     """Swap the kernel for the reference: un-rotate the model's q/k at their positions, then the naive formulas."""
     def reference(query, key, value, q_pos, k_pos, mask, scaling, mapping, inv_freq, *, softcap=None,
-                  log_n_original=None, block_elements=None, memo=None, key_store=None):
+                  log_n_original=None, block_elements=None, memo=None, key_store=None, span=None):
         unrotate = lambda x, p: rope(x.double(), -p, inv_freq.double()).float()
+        if span is not None:  # positions the runtime knows without a tensor: first .. first + count - 1
+            k_pos = torch.arange(span[0], span[0] + span[1])[None]
+            q_pos = k_pos[:, span[1] - query.shape[2] :]
         n_k = k_pos.shape[1]
         B = query.shape[0]
         q_pos, k_pos = q_pos.expand(B, -1), k_pos.expand(B, -1)

@@ -145,11 +145,12 @@ def bench():
 def test_each_row_counts_the_path_its_method_took(bench):
     """2 prefills and 2 decoding steps of 160 tokens on a 2-layer model (L = 64): self-extend's fused path in each
     layer of each forward (CPU's default), dual-chunk forced onto the passes path with its primitive's masked calls
-    in the prefills and unmasked calls in the steps (3 passes), YaRN reaching neither."""
+    in the prefills (3 passes) and one decode call per layer in the steps (one softmax over the passes' slices),
+    YaRN reaching neither."""
     module, model = bench
     calls = lambda spec, path: module.measure_variant(model, spec, path, 160, 2, 2, "cpu")["calls"]
     assert calls({"method": "self-extend"}, None) == {"fused": 8}
-    assert calls({"method": "dual-chunk"}, "passes") == {"passes": 8, "masked": 12, "unmasked": 12}
+    assert calls({"method": "dual-chunk"}, "passes") == {"passes": 8, "masked": 12, "decode": 4}
     assert calls({"method": "yarn"}, None) == {}
 
 

@@ -90,7 +90,7 @@ def test_kernel_equals_the_papers_rule_on_every_path(path, offset, local, factor
     called = []
     if path.startswith("passes"):
         owner = primitives.CpuKernelPrimitive if path.endswith("cpu-kernel") else primitives.FlexPrimitive
-        for name in ("masked", "unmasked"):
+        for name in ("masked", "decode"):
             original = getattr(owner, name)
             monkeypatch.setattr(owner, name, lambda self, *a, _o=original, _n=name: called.append(_n) or _o(self, *a))
     moved_key_rows = _counting(monkeypatch, kernels, "key_rotation")
@@ -108,7 +108,7 @@ def test_kernel_equals_the_papers_rule_on_every_path(path, offset, local, factor
         torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=0)
     assert not moved_key_rows
     if path.startswith("passes"):
-        assert "masked" in called and "unmasked" in called
+        assert "masked" in called and "decode" in called
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -204,7 +204,10 @@ SPEC = {"method": "string", "shifted_offset": 12, "local_value": 4}
 def _string_reference(monkeypatch):
     """Swap the kernel for the reference: un-rotate the model's q/k at their positions, then the paper's rule."""
     def reference(query, key, value, q_pos, k_pos, mask, scaling, mapping, inv_freq, *, softcap=None,
-                  log_n_original=None, block_elements=None, memo=None, key_store=None):
+                  log_n_original=None, block_elements=None, memo=None, key_store=None, span=None):
+        if span is not None:  # positions the runtime knows without a tensor: first .. first + count - 1
+            k_pos = torch.arange(span[0], span[0] + span[1])[None]
+            q_pos = k_pos[:, span[1] - query.shape[2] :]
         unrotate = lambda x, p: rope(x.double(), -p, inv_freq.double()).float()
         n_k, B = k_pos.shape[1], query.shape[0]
         q_pos, k_pos = q_pos.expand(B, -1), k_pos.expand(B, -1)
@@ -353,8 +356,12 @@ def test_beyond_the_window_on_a_model_every_distance_stays_inside(monkeypatch):
     assert report.spec.shifted_offset == 28
     seen = []
     original = runtime.remapped_attention
-    monkeypatch.setattr(runtime, "remapped_attention", lambda q, k, v, qp, kp, *a, **kw: seen.append(
-        max(string_distance(int(qp.max()), int(kp.min()), 28, 4), 0)) or original(q, k, v, qp, kp, *a, **kw))
+    def counted(q, k, v, qp, kp, *a, span=None, **kw):  # the largest distance this call uses (positions as tensors
+        last, first = (int(qp.max()), int(kp.min())) if span is None else (span[0] + span[1] - 1, span[0])  # or ints)
+        seen.append(max(string_distance(last, first, 28, 4), 0))
+        return original(q, k, v, qp, kp, *a, span=span, **kw)
+
+    monkeypatch.setattr(runtime, "remapped_attention", counted)
     ids = tiny.input_ids(56)
     with torch.no_grad():
         got = model(ids).logits

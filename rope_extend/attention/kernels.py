@@ -52,25 +52,39 @@ MASKS_KEPT = 64  # fused path: band masks kept for reuse (a few per prompt lengt
 QUERY_BLOCK = 256  # fused path: queries per block (the band of keys scored by two maps grows with it)
 
 
-def key_rotation(mapping, k_pos: torch.Tensor, inv_freq: torch.Tensor, memo: dict | None):
-    """cos/sin of the mapping's key shift at k_pos, reused from `memo` (shared by the layers of a model) when the
-    positions are the same or extend the ones it holds (every layer of a forward, every decoding step)."""
+def key_rotation(mapping, positions, n_old: int, inv_freq: torch.Tensor, memo: dict | None):
+    """cos/sin of the mapping's key shift for keys n_old .. of `positions` (a tensor [B, k], or (first, count) for
+    contiguous positions known on the host), reused from `memo` (shared by the layers of a model): a tensor by the
+    positions it holds or extends (every layer of a forward, every decoding step), a span by its range."""
+    if isinstance(positions, tuple):
+        first, count = positions
+        span = (first + n_old, first + count, str(inv_freq.device))
+        entry = memo.get(("key-span", mapping)) if memo is not None else None
+        if entry is not None and entry[0] == span:
+            return entry[1], entry[2]
+        cos, sin = rotation(mapping.key_shift(torch.arange(span[0], span[1], device=inv_freq.device)[None]),
+                            inv_freq)
+        if memo is not None:
+            memo[("key-span", mapping)] = (span, cos, sin)
+        return cos, sin
+    k_pos = positions
     if memo is None:
-        return rotation(mapping.key_shift(k_pos), inv_freq)
+        cos, sin = rotation(mapping.key_shift(k_pos), inv_freq)
+        return cos[:, :, n_old:], sin[:, :, n_old:]
     entry = memo.get(mapping)
     if entry is not None:
         held, cos, sin = entry
-        n_old = held.shape[1]
-        if (held.shape[0] == k_pos.shape[0] and held.device == k_pos.device and n_old <= k_pos.shape[1]
-                and torch.equal(held, k_pos[:, :n_old])):
-            if n_old < k_pos.shape[1]:
-                more = rotation(mapping.key_shift(k_pos[:, n_old:]), inv_freq)
+        n_held = held.shape[1]
+        if (held.shape[0] == k_pos.shape[0] and held.device == k_pos.device and n_held <= k_pos.shape[1]
+                and torch.equal(held, k_pos[:, :n_held])):
+            if n_held < k_pos.shape[1]:
+                more = rotation(mapping.key_shift(k_pos[:, n_held:]), inv_freq)
                 cos, sin = torch.cat((cos, more[0]), dim=2), torch.cat((sin, more[1]), dim=2)
                 memo[mapping] = (k_pos, cos, sin)
-            return cos, sin
+            return cos[:, :, n_old:], sin[:, :, n_old:]
     cos, sin = rotation(mapping.key_shift(k_pos), inv_freq)
     memo[mapping] = (k_pos, cos, sin)
-    return cos, sin
+    return cos[:, :, n_old:], sin[:, :, n_old:]
 
 
 def remapped_attention(
@@ -93,6 +107,7 @@ def remapped_attention(
     fused: bool | None = None,
     path: str | None = None,
     primitive=None,
+    span: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Attention output [B, q, Hq, Dv] (transformers' attention-function layout).
 
@@ -107,14 +122,17 @@ def remapped_attention(
     "fused"/"passes" raise ValueError where they do not apply). `primitive`: the passes path's primitive
     (`primitives.py`), by default `primitives.primitive_for(query.device)`. `fused` is the older switch: True is
     path="fused", False path="general".
+    `span`: (first, count) when the positions are known on the host to be first .. first + count - 1 in every row
+    (the runtime's bookkeeping): q_pos and k_pos may then be None, and nothing is read from a tensor to decide the
+    path (a decoding step on the passes path synchronises nothing).
     """
     if path is None and fused is not None:
         path = "fused" if fused else "general"
-    n_k = k_pos.shape[1]
-    q_pos = q_pos.to(query.device)
-    k_pos = k_pos.to(query.device)
-    start, case = (None, "the general path asked for") if path == "general" else \
-        contiguous_start(query, q_pos, k_pos, attention_mask, softcap)
+    n_k = span[1] if span is not None else k_pos.shape[1]
+    if path == "general":
+        start, case = None, "the general path asked for"
+    else:
+        start, case = contiguous_start(query, q_pos, k_pos, attention_mask, softcap, span)
     if path is None:
         if start is not None and primitive is None and query.device.type != "cpu":
             primitive = primitive_for(query.device)
@@ -127,18 +145,25 @@ def remapped_attention(
     if path == "fused" and (query.device.type != "cpu" or fused_kernel() is None or not hasattr(mapping, "segments")):
         raise ValueError("the fused path needs a CPU tensor and torch's fused CPU attention kernel")
     scaling = scaling * mapping.logit_scale
-    moved = None
-    if mapping.key_shift is not None and (path != "fused" or mapping.moves_keys):  # STRING moves no key
-        moved = moved_keys(mapping, key, k_pos.expand(query.shape[0], n_k), inv_freq, memo, key_store)
-    if path == "general":
-        return _blocked_attention(query, key, value, q_pos, k_pos, attention_mask, scaling, mapping, inv_freq,
-                                  moved, softcap, log_n_original, block_elements, memo)
+    if (q_pos is None or k_pos is None) and path != "passes":  # host-known positions; a path reads them as tensors
+        k_pos = torch.arange(span[0], span[0] + n_k, device=query.device)[None]
+        q_pos = k_pos[:, n_k - query.shape[2] :]
+    if q_pos is not None and k_pos is not None:
+        q_pos, k_pos = q_pos.to(query.device), k_pos.to(query.device)
+    positions = (start, n_k) if span is not None and start is not None else k_pos.expand(query.shape[0], n_k)
     if path == "passes":
         primitive = primitive or primitive_for(query.device)
         if primitive is None:
             raise ValueError(f"no passes primitive for {query.device.type} tensors")
-        return passes_attention(query, key, value, moved, start, n_k, scaling, mapping, inv_freq, log_n_original,
+        move = lambda needed: moved_keys(mapping, key, positions, inv_freq, memo, key_store, needed)
+        return passes_attention(query, key, value, move, start, n_k, scaling, mapping, inv_freq, log_n_original,
                                 primitive, memo)
+    moved = None
+    if mapping.key_shift is not None and (path != "fused" or mapping.moves_keys):  # STRING moves no key
+        moved = moved_keys(mapping, key, positions, inv_freq, memo, key_store)
+    if path == "general":
+        return _blocked_attention(query, key, value, q_pos, k_pos, attention_mask, scaling, mapping, inv_freq,
+                                  moved, softcap, log_n_original, block_elements, memo)
     return _fused_attention(query, key, value, moved, q_pos, n_k, start, scaling, mapping, inv_freq,
                             log_n_original, max(1, block_queries), memo)
 
@@ -164,26 +189,33 @@ def select_path(device: torch.device, start: int | None, case: str | None, mappi
     return "general"
 
 
-def moved_keys(mapping, key, k_pos, inv_freq, memo, store) -> torch.Tensor:
-    """The first k_pos.shape[1] keys rotated by the map's key shift [B, Hkv, k, D]. With a `store` (this layer's,
-    kept on the KV cache by `runtime`, which empties it when the cache's key tensor is not the one it last saw)
-    the keys moved at earlier calls at the same positions are reused and only the new ones are rotated: a decoding
-    step rotates one key per layer, not the whole cache."""
-    n_k = k_pos.shape[1]
+def moved_keys(mapping, key, positions, inv_freq, memo, store, needed: int | None = None) -> torch.Tensor:
+    """The keys rotated by the map's key shift [B, Hkv, >= needed, D] (all n_k of them when `needed` is None, or
+    when some must be rotated), `positions` a tensor [B, n_k] or (first, n_k) for contiguous positions known on the
+    host. With a `store` (this layer's, kept on the KV cache by `runtime`, which empties it when the cache's key
+    tensor is not the one it last saw) the keys moved at earlier calls at the same positions are reused and only
+    the new ones are rotated. A caller that reads only the first `needed` (the passes path: a key joins the moved
+    passes W steps after it is written, or when its chunk ends) gets the held ones while they suffice, so the
+    cache's new keys are rotated in batches (all that have arrived) every so many steps, not one per layer and step;
+    with host-known positions nothing is compared on the device."""
+    span = isinstance(positions, tuple)
+    n_k = positions[1] if span else positions.shape[1]
+    needed = n_k if needed is None else min(needed, n_k)
     held = store.get("moved") if store is not None else None
+    n_old = 0
     if held is not None:
-        positions = store["positions"]
-        n_old = min(positions.shape[1], n_k)
-        if (held.shape[0] != key.shape[0] or held.dtype != key.dtype or held.device != key.device
-                or not torch.equal(positions[:, :n_old], k_pos[:, :n_old])):
-            held, n_old = None, 0
-        else:
-            held = held[:, :, :n_old]
-    else:
-        n_old = 0
+        n_old = min(store["count"], n_k)
+        kept = store["positions"]
+        same = held.shape[0] == key.shape[0] and held.dtype == key.dtype and held.device == key.device and (
+            kept == positions[0] if span else
+            isinstance(kept, torch.Tensor) and torch.equal(kept[:, :n_old], positions[:, :n_old]))
+        held, n_old = (held[:, :, :n_old], n_old) if same else (None, 0)
+        if held is not None and n_old >= needed:
+            store["keys"] = key
+            return held
     if held is None or n_old < n_k:
-        cos, sin = key_rotation(mapping, k_pos, inv_freq, memo)
-        fresh = rotate(key[:, :, n_old:n_k], cos[:, :, n_old:], sin[:, :, n_old:])
+        cos, sin = key_rotation(mapping, positions, n_old, inv_freq, memo)
+        fresh = rotate(key[:, :, n_old:n_k], cos, sin)
         if store is None:
             return fresh
         buffer = store.get("buffer") if n_old else None
@@ -196,7 +228,7 @@ def moved_keys(mapping, key, k_pos, inv_freq, memo, store) -> torch.Tensor:
         buffer[:, :, n_old:n_k] = fresh
         store["buffer"], held = buffer, buffer[:, :, :n_k]
     if store is not None:
-        store.update(moved=held, positions=k_pos, keys=key)
+        store.update(moved=held, positions=positions[0] if span else positions, count=n_k, keys=key)
     return held
 
 
@@ -229,19 +261,25 @@ def plain_causal(mask: torch.Tensor, n_q: int, n_k: int) -> bool:
     return answer
 
 
-def contiguous_start(query, q_pos, k_pos, mask, softcap) -> tuple[int | None, str | None]:
+def contiguous_start(query, q_pos, k_pos, mask, softcap, span=None) -> tuple[int | None, str | None]:
     """(the position of key 0, None) when the fused and passes paths apply: no softcap, no mask or the plain causal
-    one, the same contiguous positions in every row, queries the last keys; else (None, the case that does not)."""
+    one, the same contiguous positions in every row, queries the last keys; else (None, the case that does not).
+    With `span` = (first, count), positions the caller knows to be contiguous (q_pos, k_pos may be None), only the
+    rest is checked: nothing is read from a tensor unless a mask is given."""
     if softcap is not None:
         return None, "attention logit softcapping"
     if query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None, f"dtype {query.dtype}"
-    n_q, n_k = q_pos.shape[1], k_pos.shape[1]
-    first = int(k_pos[0, 0])
-    if first < 0 or not torch.equal(k_pos, (torch.arange(n_k, device=k_pos.device) + first).expand_as(k_pos)):
-        return None, "positions not contiguous or not the same in every batch row (left padding, packed sequences)"
-    if not torch.equal(q_pos, k_pos[:, n_k - n_q :].expand_as(q_pos)):
-        return None, "queries that are not the last keys"
+    if span is not None:
+        (first, n_k), n_q = span, query.shape[2]
+    else:
+        n_q, n_k = q_pos.shape[1], k_pos.shape[1]
+        k_pos, q_pos = k_pos.to(query.device), q_pos.to(query.device)
+        first = int(k_pos[0, 0])
+        if first < 0 or not torch.equal(k_pos, (torch.arange(n_k, device=k_pos.device) + first).expand_as(k_pos)):
+            return None, "positions not contiguous or not the same in every batch row (left padding, packed sequences)"
+        if not torch.equal(q_pos, k_pos[:, n_k - n_q :].expand_as(q_pos)):
+            return None, "queries that are not the last keys"
     if mask is not None and not plain_causal(mask, n_q, n_k):  # last: the one check that reads n_q x n_k values
         return None, "an attention mask other than the causal one (padding or a custom mask)"
     return first, None

@@ -40,6 +40,10 @@ class SelfExtendMap:
         """Every pair uses the original distance (all distances < W)."""
         return int(q_pos.max()) - int(k_pos.min()) < self.neighbor_window
 
+    def is_identity_span(self, first: int, last: int) -> bool:
+        """`is_identity` for the contiguous positions first .. last (Python ints: nothing read from a tensor)."""
+        return last - first < self.neighbor_window
+
     def split_points(self, start: int, stop: int) -> list[int]:
         return []  # any block of query positions works
 
@@ -81,6 +85,9 @@ class DualChunkMap:
     def is_identity(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> bool:
         """Everything lies in the first chunk."""
         return max(int(q_pos.max()), int(k_pos.max())) < self.chunk_len
+
+    def is_identity_span(self, first: int, last: int) -> bool:
+        return last < self.chunk_len
 
     def split_points(self, start: int, stop: int) -> list[int]:
         """The chunk starts inside (start, stop): a block of queries must lie in one chunk."""
@@ -125,6 +132,10 @@ class StringMap:
         """Every distance below S and no logit scale: the original attention."""
         return self.logit_scale == 1.0 and int(q_pos.max()) - int(k_pos.min()) < self.shifted_offset
 
+    def is_identity_span(self, first: int, last: int) -> bool:
+        """`is_identity` for the contiguous positions first .. last (Python ints: nothing read from a tensor)."""
+        return self.logit_scale == 1.0 and last - first < self.shifted_offset
+
     def split_points(self, start: int, stop: int) -> list[int]:
         return []
 
@@ -150,13 +161,16 @@ def rotation(shift: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, n, D] rotated in its first rotary_dim dims (transformers' rotate_half layout), in x's dtype."""
+    """x [B, H, n, D] rotated in its first rotary_dim dims (transformers' rotate_half layout), in x's dtype: float32
+    math, x·cos then rotate_half(x)·sin added in place half by half (two temporaries, not six)."""
     rdim = cos.shape[-1]
+    half = rdim // 2
     xr = x[..., :rdim].float()
-    x1, x2 = xr[..., : rdim // 2], xr[..., rdim // 2 :]
-    out = xr * cos + torch.cat((-x2, x1), dim=-1) * sin
+    out = xr * cos
+    out[..., :half].addcmul_(xr[..., half:], sin[..., :half], value=-1.0)
+    out[..., half:].addcmul_(xr[..., :half], sin[..., half:])
     if rdim < x.shape[-1]:
-        out = torch.cat((out, x[..., rdim:].float()), dim=-1)
+        return torch.cat((out.to(x.dtype), x[..., rdim:]), dim=-1)
     return out.to(x.dtype)
 
 

@@ -6,10 +6,13 @@ multiple of Hkv, KV heads never repeated), with the pass's mask given as a FlexA
 in the queries' dtype and the natural-log log-sum-exp of each query's scaled scores [B, Hq, n_q] in float32
 (-inf for a query the pass does not see at all; its output row is then ignored by the merge).
 
-- `prepare(mask_mod, n_q, n_k, device)` turns the mask into what `masked` takes (a FlexAttention `BlockMask`, or a
-  dense additive mask); the passes path keeps it for the other layers of the forward.
+- `prepare(pass_, n_q, n_k, device)` turns the pass's band (`passes.Pass.band`) into what `masked` takes (a
+  FlexAttention `BlockMask` built in closed form, `passes.band_blocks`, or a dense boolean mask); the passes path
+  keeps it for the other layers of the forward.
 - `masked(q, k, v, prepared, scale)` runs the pass.
-- `unmasked(q, k, v, scale)` runs a pass whose keys every query sees (a decoding step reads contiguous key slices).
+- `unmasked(q, k, v, scale)` runs a pass whose keys every query sees.
+- `decode(queries, keys, ranges, values, scale)` runs a decoding step: each pass's query against its contiguous
+  slice of the cache, one softmax over their union (`union_attention`), no log-sum-exp merge.
 
 Two primitives:
 - `FlexPrimitive`: `torch.nn.attention.flex_attention` over a block mask, so blocks the mask leaves empty are
@@ -29,6 +32,8 @@ import inspect
 import warnings
 
 import torch
+
+from .passes import BLOCK, band_blocks, band_dense
 
 _EAGER_NOTE = "flex_attention called without torch.compile"
 
@@ -72,8 +77,8 @@ class CpuKernelPrimitive:
                                "and scale; use FlexPrimitive")
         return kernel
 
-    def prepare(self, mask_mod, n_q: int, n_k: int, device):
-        allowed = dense_mask(mask_mod, n_q, n_k, device)
+    def prepare(self, pass_, n_q: int, n_k: int, device):
+        allowed = band_dense(pass_.band, n_q, n_k, device)
         seen = allowed.any(-1)
         if not bool(seen.any()):
             return None
@@ -93,6 +98,10 @@ class CpuKernelPrimitive:
         if k.shape[2] == 0:
             return _empty_result(q, v)
         return self._run(q, k, v, None, scale)
+
+    def decode(self, queries, keys, ranges, values, scale: float):
+        """A decoding step over the passes' contiguous key slices (`union_attention`)."""
+        return union_attention(queries, keys, ranges, values, scale)
 
     def _run(self, q, k, v, mask, scale):
         batch, heads, n_q, dim = q.shape
@@ -120,6 +129,15 @@ def _flex():
     return module.flex_attention, module.create_block_mask, {"return_lse": True}, lambda lse: lse
 
 
+@functools.cache
+def _forward_only() -> dict:
+    """from_kv_blocks' switch that skips the transposed (backward) indices, where this torch has it (2.7+)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    return {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters \
+        else {}
+
+
 def flex_available() -> bool:
     return _flex() is not None
 
@@ -140,10 +158,15 @@ class FlexPrimitive:
         self.compiled = compiled
         self.name = "flex-compiled" if compiled else "flex-eager"
 
-    def prepare(self, mask_mod, n_q: int, n_k: int, device):
-        create_block_mask = _flex()[1]
-        # compiled: the mask is built block by block, never as an n_q x n_k tensor (128k² booleans = 16 GiB)
-        return create_block_mask(mask_mod, None, None, n_q, n_k, device=device, _compile=self.compiled)
+    def prepare(self, pass_, n_q: int, n_k: int, device):
+        """The pass's BlockMask from its band in closed form (`passes.band_blocks`: per block of queries the ranges
+        of partial and full key blocks), never evaluating the mask on the n_q x n_k grid; `mask_mod` runs only
+        inside the partial blocks. Forward only (no transposed indices for a backward pass)."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        blocks = band_blocks(pass_.band, n_q, n_k, BLOCK, device)
+        return BlockMask.from_kv_blocks(*blocks, BLOCK_SIZE=BLOCK, mask_mod=pass_.mask_mod, seq_lengths=(n_q, n_k),
+                                        **_forward_only())
 
     def masked(self, q, k, v, prepared, scale: float):
         flex_attention, _, lse_kwargs, read_lse = _flex()
@@ -159,20 +182,50 @@ class FlexPrimitive:
         bandwidth; no block mask, no compilation per cache length."""
         return math_attention(q, k, v, scale)
 
+    def decode(self, queries, keys, ranges, values, scale: float):
+        """A decoding step: one softmax over the passes' key slices of the cache (`union_attention`), matmuls in
+        the model's dtype; no block mask, no compilation per cache length."""
+        return union_attention(queries, keys, ranges, values, scale)
+
 
 def math_attention(q, k, v, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unmasked attention with its log-sum-exp by matmuls (scores in float32), any device, GQA without repeats."""
+    """Unmasked attention with its log-sum-exp by matmuls, any device, GQA without repeats: scores in the inputs'
+    dtype (the matmuls accumulate in float32 on CPU and CUDA; nothing of k or v is cast), softmax and log-sum-exp
+    in float32, the probabilities in v's dtype for the values' matmul."""
     batch, heads, n_q, dim = q.shape
     kv_heads = k.shape[1]
     if k.shape[2] == 0:
         return _empty_result(q, v)
-    # float32 throughout, as the fused kernels accumulate (bf16 scores would round logits by ~2^-8 of their size);
-    # the extra traffic of a float copy of a few keys' slice is small next to the step's launches
-    stacked = q.float().reshape(batch, kv_heads, heads // kv_heads * n_q, dim)
-    scores = torch.matmul(stacked, k.float().transpose(-1, -2)) * scale
+    stacked = q.reshape(batch, kv_heads, heads // kv_heads * n_q, dim)
+    scores = torch.matmul(stacked, k.transpose(-1, -2)).float().mul_(scale)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    out = torch.matmul(torch.exp(scores - lse), v.float()).to(v.dtype)
+    out = torch.matmul(torch.exp(scores - lse).to(v.dtype), v)
     return out.reshape(batch, heads, n_q, -1), lse.reshape(batch, heads, n_q)
+
+
+def union_attention(queries, keys, ranges, values, scale: float) -> torch.Tensor:
+    """A decoding step's attention [B, n_q, Hq, Dv] as one softmax over the union of the passes' key slices: pass
+    i scores its queries queries[i] [B, Hq, n_q, D] against keys[i] [B, Hkv, n_i, D], the keys ranges[i] = (lo, hi)
+    of `values` [B, Hkv, n_k, Dv] (in key order). Scores in the inputs' dtype (no cast of the cache), softmax in
+    float32, then one matmul with the values the ranges cover (one slice when they touch, as every method's do):
+    the same softmax as the passes merged by log-sum-exp, without the log-sum-exps."""
+    batch, heads, n_q, dim = queries[0].shape
+    kv_heads = keys[0].shape[1]
+    rows, groups = heads // kv_heads * n_q, batch * kv_heads
+    # keys on the left, [keys, dim] @ [dim, rows]: a slice of the cache as it lies (CPU's bf16 bmm copies a
+    # transposed right operand: ~7x slower at 16k); scores [groups, keys, rows], softmax over the keys
+    scores = [torch.bmm(k.reshape(groups, -1, dim), q.reshape(groups, rows, dim).transpose(1, 2))
+              for q, k in zip(queries, keys)]
+    probs = torch.softmax((torch.cat(scores, dim=1) if len(scores) > 1 else scores[0]).float().mul_(scale), dim=1)
+    lo, hi = ranges[0][0], ranges[-1][1]
+    if any(a[1] != b[0] for a, b in zip(ranges[:-1], ranges[1:])):
+        v = torch.cat([values[:, :, a:b] for a, b in ranges], dim=2)
+    else:
+        v = values if (lo, hi) == (0, values.shape[2]) else values[:, :, lo:hi]
+    out = torch.bmm(probs.transpose(1, 2).to(v.dtype), v.reshape(groups, -1, v.shape[-1]))
+    if n_q == 1:
+        return out.view(batch, 1, heads, -1)
+    return out.view(batch, heads, n_q, -1).transpose(1, 2)
 
 
 def primitive_for(device: torch.device):

@@ -25,9 +25,10 @@ the model with `attn_implementation="sdpa"`: the method computes attention itsel
 
 from __future__ import annotations
 
+import inspect
 import sys
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -50,6 +51,15 @@ class AttentionContext:
     inv_freq: torch.Tensor
     log_n_original: int | None
     memo: dict  # key-rotation tables by position, shared by the layers of one RoPE slot (see kernels.key_rotation)
+    forward: dict = field(default_factory=dict)  # {"derived": True} while the model derives its own positions
+
+
+@dataclass(frozen=True)
+class Span:
+    """Positions known on the host without reading a tensor: first .. first + count - 1, every batch row alike."""
+
+    first: int
+    count: int
 
 
 def _original_function(impl: str, module):
@@ -66,13 +76,22 @@ def _dispatcher(impl: str):
         context = module.__dict__.get(CONTEXT)
         if context is None:
             return original(module, query, key, value, attention_mask, *args, **kwargs)
-        q_pos, k_pos, store = module.__dict__.pop(POSITIONS, (None, None, None))
+        q_pos, k_pos, store, span = module.__dict__.pop(POSITIONS, (None, None, None, None))
         n_q, n_k = query.shape[2], key.shape[2]
-        if q_pos is None or k_pos is None or q_pos.shape[-1] != n_q or k_pos.shape[-1] > n_k:
-            k_pos = torch.arange(n_k, device=query.device)[None]
-            q_pos, store = k_pos[:, n_k - n_q :], None
-        long_enough = context.log_n_original and int(q_pos.max()) >= context.log_n_original
-        if context.mapping.is_identity(q_pos, k_pos) and not long_enough:
+        if span is not None and (span.count > n_k or span.count < n_q):
+            span = None
+        if span is None and (q_pos is None or k_pos is None or q_pos.shape[-1] != n_q or k_pos.shape[-1] > n_k):
+            span, q_pos, k_pos, store = Span(0, n_k), None, None, None
+        if span is not None:  # positions known as Python ints: nothing read from the device (decoding steps)
+            last = span.first + span.count - 1
+            long_enough = context.log_n_original and last >= context.log_n_original
+            by_span = getattr(context.mapping, "is_identity_span", None)  # a map without it: its tensor test
+            identity = by_span(span.first, last) if by_span is not None else context.mapping.is_identity(
+                *(torch.arange(span.first, last + 1, device=query.device)[None],) * 2)
+        else:
+            long_enough = context.log_n_original and int(q_pos.max()) >= context.log_n_original
+            identity = context.mapping.is_identity(q_pos, k_pos)
+        if identity and not long_enough:
             return original(module, query, key, value, attention_mask, *args, **kwargs)
         scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
         if scaling is None:
@@ -81,6 +100,7 @@ def _dispatcher(impl: str):
             query, key, value, q_pos, k_pos, attention_mask, float(scaling), context.mapping,
             context.inv_freq.to(query.device), softcap=kwargs.get("softcap"),
             log_n_original=context.log_n_original, memo=context.memo, key_store=store,
+            span=None if span is None else (span.first, span.count),
         )
         return output, None
 
@@ -113,7 +133,12 @@ def _cache_of(kwargs: dict):
 
 
 def record_positions(module, args, kwargs):
-    """Forward pre-hook: (query positions [B, q], positions of every key of this layer [B, k]) on the module."""
+    """Forward pre-hook: the positions of this call's queries and of every key of this layer, on the module.
+
+    While the model derives its own positions (`note_derived_positions`: the caller passed none, so they are the
+    cache's length onwards) and this layer's keys so far sit at 0 .. past - 1, they are a `Span` of Python ints
+    and no tensor is read or built: a decoding step is then free of host synchronisation. Otherwise, tensors
+    (query positions [B, q], key positions [B, k]) from the position ids the module receives."""
     hidden = kwargs.get("hidden_states", args[0] if args else None)
     if hidden is None:
         return None
@@ -121,6 +146,19 @@ def record_positions(module, args, kwargs):
     cache = _cache_of(kwargs)
     layer = getattr(module, "layer_idx", 0)
     past = int(cache.get_seq_length(layer)) if cache is not None else 0
+    context = module.__dict__.get(CONTEXT)
+    derived = context is not None and context.forward.get("derived", False)
+    store = cache.__dict__.setdefault(POSITIONS, {}) if cache is not None else {}
+    previous = store.get(layer)
+    if derived and (previous is None or (isinstance(previous, Span) and previous.first == 0
+                                          and previous.count >= past)):
+        span = Span(0, past + n_q)
+        if cache is None:
+            module.__dict__[POSITIONS] = (None, None, None, span)
+            return None
+        store[layer] = span
+        module.__dict__[POSITIONS] = (None, None, _moved_store(cache, layer, past), span)
+        return None
     positions = kwargs.get("position_ids")
     if positions is None:
         cache_position = kwargs.get("cache_position")
@@ -133,23 +171,77 @@ def record_positions(module, args, kwargs):
         )
     positions = positions.to(hidden.device).expand(batch, n_q)
     if cache is None:
-        module.__dict__[POSITIONS] = (positions, positions, None)
+        module.__dict__[POSITIONS] = (positions, positions, None, None)
         return None
-    store = cache.__dict__.setdefault(POSITIONS, {})
-    previous = store.get(layer)
-    if previous is not None and previous.shape[0] == batch and previous.shape[1] >= past:
-        before = previous[:, :past].to(positions.device)
+    if isinstance(previous, Span):
+        previous = torch.arange(previous.first, previous.first + previous.count, device=positions.device)[None]
+    if previous is not None and previous.shape[0] in (1, batch) and previous.shape[1] >= past:
+        before = previous[:, :past].to(positions.device).expand(batch, past)
     else:  # a cache filled before patching: contiguous positions ending before the new tokens
         before = positions[:, :1] - past + torch.arange(past, device=positions.device)[None]
     keys = torch.cat((before, positions), dim=1)
     store[layer] = keys
+    module.__dict__[POSITIONS] = (positions, keys, _moved_store(cache, layer, past), None)
+    return None
+
+
+def _moved_store(cache, layer: int, past: int) -> dict:
+    """This layer's moved keys on the cache (`kernels.moved_keys`), emptied when the cache no longer holds the key
+    tensor they were computed from, cut to `past` keys when the cache was cut (a static cache reset)."""
     moved = cache.__dict__.setdefault(MOVED, {}).setdefault(layer, {})
     if moved.get("keys") is None or compat.cache_layer_keys(cache, layer) is not moved["keys"]:
         moved.clear()
-    elif moved["positions"].shape[1] > past:  # a static cache reset or refilled from `past` on
-        moved["positions"] = moved["positions"][:, :past]
-    module.__dict__[POSITIONS] = (positions, keys, moved)
-    return None
+    elif moved["count"] > past:
+        moved["count"] = past
+    return moved
+
+
+def _positions_module(model, modules):
+    """The innermost module that holds every patched attention module and takes `position_ids` and
+    `inputs_embeds`: the one that derives the positions when the caller passes none (LlamaModel and the like; a
+    decoder layer receives them), or None."""
+    found = None
+    for _, candidate in model.named_modules():
+        try:
+            parameters = inspect.signature(candidate.forward).parameters
+        except (TypeError, ValueError):
+            continue
+        if "position_ids" not in parameters or "inputs_embeds" not in parameters:  # not a decoder layer
+            continue
+        inside = {id(m) for m in candidate.modules()}
+        if all(id(m) in inside for m in modules):
+            found = candidate
+    return found
+
+
+class _DerivedPositions:
+    """Pre- and post-hook on the module that derives positions: notes, for the attention hooks of one forward,
+    whether the caller passed neither `position_ids` nor `cache_position` (the model then uses the cache's length
+    onwards, transformers' rule), so the positions are known without reading a tensor."""
+
+    def __init__(self, module, state: dict):
+        self.state = state
+        self.signature = inspect.signature(module.forward)
+        self.handles = [module.register_forward_pre_hook(self.before, with_kwargs=True),
+                        module.register_forward_hook(self.after, always_call=True)]
+
+    def before(self, module, args, kwargs):
+        try:
+            given = self.signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            given = {"position_ids": True}
+        self.state["derived"] = given.get("position_ids") is None and given.get("cache_position") is None \
+            and kwargs.get("cache_position") is None
+        return None
+
+    def after(self, *_):
+        self.state.pop("derived", None)
+        return None
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.state.pop("derived", None)
 
 
 class _Handle:
@@ -206,9 +298,10 @@ def install(model, plan, mapping, log_n: bool) -> list[_Handle]:
             f"no attention module with q/k/v projections and a layer index found in {type(model).__name__}; "
             f"{plan.spec.method} acts on transformers' attention modules"
         )
-    handles: list[_Handle] = []
+    handles: list = []
     original = plan.spec.original_max_position_embeddings if log_n else None
     memos: dict = {}
+    forward: dict = {}  # shared by every patched module: whether this forward's positions are the derived ones
     for name, module in modules:
         slot = _layer_slot(module, config, plan.targets)
         if slot is False:
@@ -223,11 +316,15 @@ def install(model, plan, mapping, log_n: bool) -> list[_Handle]:
                 "full-attention layer type"
             )
         inv_freq, _ = plan.compute(slot)
-        module.__dict__[CONTEXT] = AttentionContext(mapping, inv_freq.float(), original, memos.setdefault(slot, {}))
+        module.__dict__[CONTEXT] = AttentionContext(mapping, inv_freq.float(), original, memos.setdefault(slot, {}),
+                                                    forward)
         _LIVE.add(module)
         handles.append(_Handle(module, module.register_forward_pre_hook(record_positions, with_kwargs=True)))
     if not handles:
         raise UnsupportedModelError(f"no attention layer of {type(model).__name__} serves layer types "
                                     f"{list(plan.targets)}")
+    positions_module = _positions_module(model, [handle.module for handle in handles])
+    if positions_module is not None:
+        handles.append(_DerivedPositions(positions_module, forward))
     _install_dispatchers()
     return handles
