@@ -46,6 +46,7 @@ import json, statistics, sys, time, warnings
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 from rope_extend import patch_model
+from rope_extend.compat import GENERATE_CACHE_KEYWORD
 path, method, length, steps, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(threads)
 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
@@ -57,12 +58,12 @@ ids = torch.randint(100, 40000, (1, length + steps), generator=torch.Generator()
 with torch.no_grad():
     cache = DynamicCache(config=model.config)
     started, cpu = time.perf_counter(), time.process_time()
-    model(ids[:, :length], cache=cache, use_cache=True, logits_to_keep=1)  # as generate() prefills
+    model(ids[:, :length], **{GENERATE_CACHE_KEYWORD: cache}, use_cache=True, logits_to_keep=1)  # as generate() prefills
     prefill, prefill_cpu = time.perf_counter() - started, time.process_time() - cpu
     times, cpus = [], []
     for t in range(length, length + steps):
         started, cpu = time.perf_counter(), time.process_time()
-        model(ids[:, t : t + 1], cache=cache, use_cache=True)
+        model(ids[:, t : t + 1], **{GENERATE_CACHE_KEYWORD: cache}, use_cache=True)
         times.append(time.perf_counter() - started)
         cpus.append(time.process_time() - cpu)
 spec = {k: v for k, v in report.spec.method_params().items()}

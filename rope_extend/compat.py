@@ -33,8 +33,26 @@ if TYPE_CHECKING:
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 TRANSFORMERS_V5 = TRANSFORMERS_VERSION.major >= 5
 
-# `generate`'s keyword for a prefilled KV cache: `cache` in 5.x (`past_key_values` is deprecated there).
-GENERATE_CACHE_KEYWORD = "cache" if TRANSFORMERS_V5 else "past_key_values"
+
+@functools.cache
+def generate_cache_keyword() -> str:
+    """The keyword that hands a prefilled KV cache to a model's forward and `generate`: the one the running
+    transformers' Llama forward declares. `cache` from 5.24 (where `past_key_values` warns as deprecated), and
+    `past_key_values` before, in 4.x and 5.0-5.23 alike: there `cache=` is refused by `generate` and swallowed by the
+    forward's `**kwargs`, leaving the cache empty."""
+    import inspect
+
+    from transformers.models.llama.modeling_llama import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+def __getattr__(name: str):
+    # GENERATE_CACHE_KEYWORD is computed on first use: reading it imports the Llama modeling code (seconds).
+    if name == "GENERATE_CACHE_KEYWORD":
+        return generate_cache_keyword()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 MARKER_KEY = "rope_extend"
 # Top-level legacy names some config classes read instead of rope_theta / partial_rotary_factor (both lines).
