@@ -70,7 +70,7 @@ def _venv(folder: Path, line: str, build, say) -> Path:
 
 
 def ensure_venv(venvs: Path, release: str, say) -> Path:
-    """The release's virtualenv: transformers (and the versions of its own dependencies it asks for) over a shared
+    """The release's virtualenv: transformers (and the versions of the other dependencies it needs) over a shared
     base virtualenv that holds the CPU torch and every other dependency (a .pth file puts the base's site-packages
     after the release's own, so the release's packages win and the base's torch is installed once)."""
     base_line = json.dumps({"python": sys.version.split()[0], "torch": TORCH, "requirements": requirements()})
@@ -89,9 +89,12 @@ def ensure_venv(venvs: Path, release: str, say) -> Path:
         site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                               check=True, capture_output=True, text=True).stdout.strip()
         Path(site, "rope_extend_compat_base.pth").write_text(base_site + "\n")
-        _pip(python, f"transformers=={release}", TORCH)
+        # with the other requirements, so pip installs here what this release needs instead of the base's (4.x's
+        # huggingface_hub < 1 and the datasets that accepts it)
+        _pip(python, f"transformers=={release}", *requirements(), TORCH)
 
-    return _venv(venvs / release, json.dumps({"base": base_line, "transformers": release}), build_release, say)
+    line = json.dumps({"base": base_line, "transformers": release, "with": requirements()})
+    return _venv(venvs / release, line, build_release, say)
 
 
 def run_checks(python: Path, release: str, work: Path, checks: list[str], timeout: int) -> dict:
