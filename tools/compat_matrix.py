@@ -111,13 +111,13 @@ def run_checks(python: Path, release: str, work: Path, checks: list[str], timeou
         return {"transformers": release, "checks": {name: f"FAIL: {reason} (see {log})" for name in checks}}
 
 
-def table(rows: list[dict], checks: list[str]) -> str:
-    lines = ["| transformers | " + " | ".join(checks) + " | seconds |", "|---" * (len(checks) + 2) + "|"]
-    for row in rows:
-        cells = [row["checks"].get(name, "-") for name in checks]
-        seconds = sum(row.get("seconds", {}).values())
-        lines.append(f"| {row['transformers']} | " + " | ".join(cells) + f" | {seconds:.0f} |")
-    return "\n".join(lines)
+def header(checks: list[str]) -> str:
+    return "| transformers | " + " | ".join(checks) + " | seconds |\n" + "|---" * (len(checks) + 2) + "|"
+
+
+def row_line(row: dict, checks: list[str]) -> str:
+    cells = [row["checks"].get(name, "-") for name in checks]
+    return f"| {row['transformers']} | " + " | ".join(cells) + f" | {sum(row.get('seconds', {}).values()):.0f} |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,14 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         python = ensure_venv(args.venvs, release, say)
         if args.build_only:
             continue
+        if not rows:
+            print(header(checks), flush=True)
         started = time.perf_counter()
         row = run_checks(python, release, work, checks, args.timeout)
         say(f"{release}: {sum(v == 'ok' for v in row['checks'].values())}/{len(checks)} ok in "
             f"{time.perf_counter() - started:.0f} s")
+        print(row_line(row, checks), flush=True)  # row by row: a long run shows its results as it goes
         rows.append(row)
-    if args.build_only:
-        return 0
-    print(table(rows, checks))
     failed = [f"{row['transformers']} {name}" for row in rows for name, v in row["checks"].items() if v != "ok"]
     if failed:
         say(f"failed: {', '.join(failed)}; tracebacks in {work}/<release>.log")
