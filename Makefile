@@ -12,7 +12,7 @@ CONSTRAINTS5 ?= .ci/constraints-transformers5.txt
 CONSTRAINTS4 ?= .ci/constraints-transformers4.txt
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: install install4 llamacpp test test5 test4 test-latest demo bench gpu-bundle lint clean
+.PHONY: install install4 llamacpp test test5 test4 test-latest compat-matrix compat-check demo bench gpu-bundle lint clean
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
@@ -37,10 +37,23 @@ $(VENV4)/.installed: pyproject.toml $(CONSTRAINTS4)
 llamacpp: install
 	$(VENV)/bin/python -m rope_extend.llamacpp
 
-# The README's test command: the whole suite on transformers 5.x, then the portability/parity tests on 4.x.
-test: install install4 llamacpp
+# The README's test command: the whole suite on transformers 5.x, then the portability/parity tests on 4.x, then
+# the compatibility matrix's core checks on the oldest supported 5.x.
+test: install install4 llamacpp compat-check
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV4)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_FLAGS)
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV)/bin/python $(VENV4)/bin/python -m pytest $(PYTEST_FLAGS) -m portability
+
+# The compatibility matrix (docs/development.md#supported-versions): rope-extend's core checks (tools/compat_checks.py)
+# in one virtualenv per transformers release (tools/compat_matrix.py's RELEASES: the floor, the middle and newest of
+# each line, every 5.x minor that changed what rope-extend calls), each built once under COMPAT_VENVS; prints a table.
+COMPAT_VENVS ?= $(HOME)/.cache/rope-extend/compat-venvs
+compat-matrix: install
+	nice -n 5 $(VENV)/bin/python tools/compat_matrix.py --venvs $(COMPAT_VENVS)
+
+# CI's share of the matrix: the oldest supported 5.x only (transformers 5.0.0, the last release before eager
+# attention went through the registry and before `cache=`).
+compat-check: install
+	$(VENV)/bin/python tools/compat_matrix.py --venvs $(COMPAT_VENVS) --releases 5.0.0
 
 # The same two runs against the newest transformers 5.x / 4.x releases, in separate virtualenvs (no constraints).
 # A failure here and not in `make test` is an upstream change: adapt, then bump the pins in .ci/constraints-*.txt.

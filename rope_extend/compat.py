@@ -47,13 +47,6 @@ def generate_cache_keyword() -> str:
     return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 
-def __getattr__(name: str):
-    # GENERATE_CACHE_KEYWORD is computed on first use: reading it imports the Llama modeling code (seconds).
-    if name == "GENERATE_CACHE_KEYWORD":
-        return generate_cache_keyword()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 MARKER_KEY = "rope_extend"
 # Top-level legacy names some config classes read instead of rope_theta / partial_rotary_factor (both lines).
 LEGACY_ALIASES = {"gpt_neox": {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}}
@@ -485,7 +478,14 @@ class _AttentionRegistry:
         return type(self.functions)._global_mapping[name]
 
 
-EAGER_THROUGH_ATTENTION_REGISTRY = TRANSFORMERS_V5
+@functools.cache
+def eager_through_attention_registry() -> bool:
+    """Does the running transformers' modeling code look "eager" up in the registry? From 5.1, whose
+    `get_interface(impl, eager_attention_forward)` (what the modeling files call) returns a local "eager" entry; 4.x
+    and 5.0 call their modeling file's `eager_attention_forward` directly and look only other names up."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return hasattr(type(ALL_ATTENTION_FUNCTIONS), "get_interface")
 
 
 def attention_functions() -> _AttentionRegistry:
@@ -499,3 +499,16 @@ def cache_layer_keys(cache, layer: int):
     if layers is None or not 0 <= layer < len(layers):
         return None
     return getattr(layers[layer], "keys", None)
+
+
+# Module attributes computed on first use: reading them imports transformers' modeling code (seconds).
+_COMPUTED = {
+    "GENERATE_CACHE_KEYWORD": generate_cache_keyword,
+    "EAGER_THROUGH_ATTENTION_REGISTRY": eager_through_attention_registry,
+}
+
+
+def __getattr__(name: str):
+    if name in _COMPUTED:
+        return _COMPUTED[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,10 +19,10 @@ import torch
 from rope_extend import SpecError, UnsupportedModelError, load_spec, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, runtime
 from rope_extend.attention.kernels import DualChunkMap, SelfExtendMap, StringMap
-from rope_extend.compat import GENERATE_CACHE_KEYWORD, TRANSFORMERS_V5
+from rope_extend.compat import EAGER_THROUGH_ATTENTION_REGISTRY, GENERATE_CACHE_KEYWORD
 
-# transformers 4.x calls its eager attention directly (refused, see test_refusals_name_why): SDPA only there
-IMPLS = ["eager", "sdpa"] if TRANSFORMERS_V5 else ["sdpa"]
+# transformers 4.x and 5.0 call their eager attention directly (refused, see test_refusals_name_why): SDPA only there
+IMPLS = ["eager", "sdpa"] if EAGER_THROUGH_ATTENTION_REGISTRY else ["sdpa"]
 
 warnings.filterwarnings("ignore", message=".*acts on attention.*")
 
@@ -430,7 +430,7 @@ def test_refusals_name_why():
         get_method("self-extend").gguf_rope(load_spec(method="self-extend", factor=2), 1e4, 16, None, 1.0)
     with pytest.raises(SpecError, match="no dual chunk attention"):
         get_method("dual-chunk").gguf_rope(load_spec(method="dual-chunk"), 1e4, 16, None, 1.0)
-    if not TRANSFORMERS_V5:
+    if not EAGER_THROUGH_ATTENTION_REGISTRY:
         with pytest.raises(UnsupportedModelError, match="calls its eager attention directly"):
             patch_model(tiny.make_model("llama"), method="self-extend", factor=4)
     model = make("mistral")
