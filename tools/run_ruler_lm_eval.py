@@ -136,8 +136,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     variants = make_variants([parse_spec_arg(s) for s in args.spec], include_baseline=not args.no_baseline)
     command = "PYTHONPATH=$PWD python " + shlex.join(["tools/run_ruler_lm_eval.py", *(argv or sys.argv[1:])])
-    for variant in variants:
-        for task in args.tasks:
+    for task in args.tasks:  # one task for every variant first: a cut-off run still leaves paired cells
+        for variant in variants:
             dest = out / variant.name / f"{task}.json"
             if dest.exists():
                 print(f"{variant.name} {task}: done earlier ({dest})", flush=True)
