@@ -43,6 +43,15 @@ class AttentionMethod(RopeMethod):
     def max_position_embeddings(self, spec) -> int:
         return int(spec.original_max_position_embeddings)  # stock loaders serve the original model
 
+    # What stock loaders serve from such a checkpoint, in the words of the notes and engine warnings below.
+    served: ClassVar[str] = "the ORIGINAL model"  # the model they serve
+    served_rope: ClassVar[str] = "original RoPE"  # its RoPE
+
+    def no_stock_engine(self, L: int) -> str:
+        """Why vLLM/SGLang cannot serve the method (the end of their warning)."""
+        return (f"it has no {self.name} for LLaMA-family models; beyond {L} tokens only rope_extend.patch_model "
+                f"serves {self.name}")
+
     def marker_note(self, spec) -> str | None:
         return (
             f"the original model (RoPE and max_position_embeddings {spec.original_max_position_embeddings} "
@@ -53,7 +62,7 @@ class AttentionMethod(RopeMethod):
     def loader_notes(self, spec) -> list[str]:
         return [
             f"{self.name} acts on attention, which no config key carries: stock transformers, vLLM and SGLang serve "
-            f"the ORIGINAL model (up to {spec.original_max_position_embeddings} tokens) from this checkpoint; call "
+            f"{self.served} (up to {spec.original_max_position_embeddings} tokens) from this checkpoint; call "
             "rope_extend.patch_model(model) after loading to re-apply it in-process"
         ]
 
@@ -61,22 +70,21 @@ class AttentionMethod(RopeMethod):
         L = plan.spec.original_max_position_embeddings
         if engine == "transformers":
             return EngineRule(max_len=L, warnings=[
-                f"stock transformers loads this checkpoint as the ORIGINAL model (original RoPE, "
+                f"stock transformers loads this checkpoint as {self.served} ({self.served_rope}, "
                 f"max_position_embeddings {L}): {self.name} acts on attention and no config key carries it; call "
                 "rope_extend.patch_model(model) after loading to re-apply it from the rope_extend marker"
             ])
         if engine in ("vllm", "sglang"):
             return EngineRule(max_len=L, warnings=[
-                f"{version} serves the ORIGINAL model from this checkpoint, so the command serves {L} tokens: it has "
-                f"no {self.name} for LLaMA-family models; beyond {L} tokens only rope_extend.patch_model serves "
-                f"{self.name}"
+                f"{version} serves {self.served} from this checkpoint, so the command serves {L} tokens: "
+                f"{self.no_stock_engine(L)}"
             ])
         return self.llama_cpp_rule(plan)
 
     def llama_cpp_rule(self, plan) -> EngineRule:
         L = plan.spec.original_max_position_embeddings
         return EngineRule(max_len=L, flags=None, convertible=False, warnings=[
-            f"llama.cpp serves the ORIGINAL model from this checkpoint (up to {L} tokens): {self.llama_cpp_note}"
+            f"llama.cpp serves {self.served} from this checkpoint (up to {L} tokens): {self.llama_cpp_note}"
         ])
 
     def gguf_rope(self, spec, base, rope_dim, inv_freq, attention_factor):

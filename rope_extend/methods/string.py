@@ -25,7 +25,7 @@ Decisions (docs/attention-methods.md, "STRING"; each pinned by a test in tests/t
 from __future__ import annotations
 
 from .attention import AttentionMethod
-from .registry import EngineRule, Param, register
+from .registry import Param, register
 
 SHIFTED_SHARE = 0.33  # the authors' default shifted_offset, as a share of the window (they suggest 0.25-0.4)
 AUTHORS_ATTENTION_FACTOR = 1.0693147180559945  # 0.1·ln 2 + 1, what the authors' string_for_llama.py sets
@@ -130,34 +130,18 @@ class String(AttentionMethod):
             )
         return dict(base_slot)
 
+    served = "the model WITHOUT string"  # stock loaders serve the model as it ships, its own scheme included
+    served_rope = "its own RoPE"
+
     def marker_note(self, spec) -> str | None:
         return (
             f"the model as it is (its RoPE and max_position_embeddings {spec.original_max_position_embeddings} "
             "unchanged): string acts on attention; call rope_extend.patch_model(model) after loading to re-apply it"
         )
 
-    def loader_notes(self, spec) -> list[str]:
-        return [
-            "string acts on attention, which no config key carries: stock transformers, vLLM and SGLang serve the "
-            "model without it (its own RoPE and window) from this checkpoint; call rope_extend.patch_model(model) "
-            "after loading to re-apply it in-process"
-        ]
-
-    def engine_rule(self, engine, plan, version):
-        L = plan.spec.original_max_position_embeddings
-        if engine == "transformers":
-            return EngineRule(max_len=L, warnings=[
-                f"stock transformers loads this checkpoint as the model WITHOUT string (its own RoPE, "
-                f"max_position_embeddings {L}): string acts on attention and no config key carries it; call "
-                "rope_extend.patch_model(model) after loading to re-apply it from the rope_extend marker"
-            ])
-        if engine in ("vllm", "sglang"):
-            return EngineRule(max_len=L, warnings=[
-                f"{version} serves the model WITHOUT string from this checkpoint (its own RoPE, up to {L} tokens): "
-                "no stock engine has STRING (the authors' fork of vLLM 0.5 is not stock vLLM); only "
-                "rope_extend.patch_model serves it"
-            ])
-        return self.llama_cpp_rule(plan)
+    def no_stock_engine(self, L: int) -> str:
+        return ("no stock engine has STRING (the authors' fork of vLLM 0.5 is not stock vLLM); only "
+                "rope_extend.patch_model serves it")
 
 
 STRING = register(String())
