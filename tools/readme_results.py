@@ -32,6 +32,9 @@ PASSKEY = ["smollm2-passkey-2x", "smollm2-passkey-2x-attn", "smollm2-passkey-2x-
 # perplexity folders in groups, each pooled with the unpatched run of its first folder (same blocks, same kernels)
 PERPLEXITY = [["smollm2-paper", "smollm2-ppl-attn", "smollm2-ppl-2x-freq"], ["smollm2-ppl-4x", "smollm2-ppl-4x-attn"]]
 NEEDLES = ["smollm2-needles-2x", "smollm2-needles-ceiling"]
+# STRING inside the window (bf16 on the CPU): the same prompts for the unpatched model and each STRING variant
+STRING = ["smollm2-string-filler-cpu-bfloat16", "smollm2-string-prose-cpu-bfloat16"]
+STRING_VARIANTS = [("string", "`string` (S 2703, W 128)"), ("string-2", "`string` W 512")]
 TEXTS = ("pydoc_topics", "debian_licenses")  # docs / licences, the order of every perplexity cell
 REFERENCE = "dynamic"  # paired differences against the best frequency method at 2L and 4L (by its passkey)
 
@@ -236,6 +239,30 @@ def needles_table(reports: Path = REPORTS) -> str:
                   + [f"{v} at {2 * orig // 1024}k" for v in variants], rows)
 
 
+def string_table(reports: Path = REPORTS) -> str:
+    """STRING inside the window: passkey k/n [95 % Wilson] per haystack and length, unpatched and each STRING
+    variant, with each variant's paired difference to the unpatched model on the same prompts [95 % Newcombe]."""
+    recs = [r for r in _records(STRING, reports) if r["kind"] == "passkey"]
+    lengths = sorted({r["length"] for r in recs if r["variant"] != BASELINE})  # the suites' (older 2k rows aside)
+    by = defaultdict(list)
+    for r in recs:
+        by[(r["variant"], haystack_of(r), r["length"])].append(r)
+    names = {"filler": "filler", "pydoc_topics": "prose"}
+    rows = []
+    for h in sorted({haystack_of(r) for r in recs}, key=lambda h: h != "filler"):
+        for L in lengths:
+            base = by[(BASELINE, h, L)]
+            row = [f"{names.get(h, h)} {L // 1024}k", _count([float(r["metrics"]["score"]) for r in base])]
+            for variant, _ in STRING_VARIANTS:
+                mine = by[(variant, h, L)]
+                row += [_count([float(r["metrics"]["score"]) for r in mine]), _paired_cell(mine, base)]
+            rows.append(row)
+    head = ["passkey", "unpatched"]
+    for _, label in STRING_VARIANTS:
+        head += [label, "vs unpatched, paired [95 %], pairs"]
+    return _table(head, rows)
+
+
 MEASURED = ROOT / "rope_extend" / "measured.json"
 
 
@@ -286,7 +313,7 @@ def measured_json(reports: Path = REPORTS) -> str:
     return json.dumps(measured(reports), indent=1, sort_keys=True) + "\n"
 
 
-TABLES = {"ceiling": ceiling_table, "methods": methods_table, "needles": needles_table}
+TABLES = {"ceiling": ceiling_table, "methods": methods_table, "needles": needles_table, "string": string_table}
 
 
 def markers(name: str) -> tuple[str, str]:

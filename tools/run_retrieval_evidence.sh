@@ -67,6 +67,9 @@ recorded() {  # recorded OUT COMMAND...: run COMMAND, then append to OUT/steps.l
   # exit status and machine (every run of a step, resumed ones too: a folder's lines add up to its compute)
   out=$1; shift
   if [ -n "$DRY_RUN" ]; then echo "$@"; exit 0; fi
+  # nice alone yields only inside this session where the kernel groups processes by session (autogroup): the
+  # group gets nice 10 too, so a step run with setsid does not take its share from the other sessions' jobs
+  [ -w /proc/self/autogroup ] && echo 10 2>/dev/null > /proc/self/autogroup
   start=$(date -u +%Y-%m-%dT%H:%M:%SZ) t0=$(date +%s) rc=0
   commit=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- rope_extend tools 2>/dev/null || echo "+uncommitted")
   nice -n 10 "$@" || rc=$?
