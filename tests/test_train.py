@@ -283,7 +283,7 @@ def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global
     assert {k: a.get(k) for k in same} == {k: b.get(k) for k in same}
 
 
-@pytest.mark.parametrize(("launcher", "extra"), [("accelerate-fsdp-config", ["--no-train-embeddings-norms"]),
+@pytest.mark.parametrize(("launcher", "extra"), [("accelerate-fsdp-config", ["--lora-only"]),
                                                  ("accelerate-deepspeed-config", [])])
 def test_lora_sharded_gives_the_weights_of_one_process(tiny_source, tmp_path, launcher, extra):
     """LoRA alone under FSDP, LoRA+ (trainable embeddings and norms) under ZeRO-3, dropout 0: the merged weights of
@@ -338,7 +338,7 @@ def test_lora_plus_under_fsdp_is_refused_before_any_work(tiny_source, tmp_path, 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` with the FSDP config sets
     assert run(_args(source, text, tmp_path / "out", "--lora")) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--no-train-embeddings-norms" in err[0] and "deepspeed-zero3.yaml" in err[0], err
+    assert len(err) == 1 and "--lora-only" in err[0] and "deepspeed-zero3.yaml" in err[0], err
     assert not (tmp_path / "out.train-state").exists()
 
 

@@ -40,7 +40,7 @@ def check_lora(trains_embeddings_and_norms: bool) -> None:
     LoRA+ under DeepSpeed ZeRO-3 (both in the suite on 2 CPU processes)."""
     if trains_embeddings_and_norms and asked() == "FSDP":
         raise SpecError("--lora trains the embeddings and norms too (peft modules_to_save), which accelerate's FSDP "
-                        "cannot prepare or save; add --no-train-embeddings-norms (LoRA alone runs under FSDP), or "
+                        "cannot prepare or save; add --lora-only (LoRA alone runs under FSDP), or "
                         "launch with configs/accelerate/deepspeed-zero3.yaml or plain data-parallel (torchrun)",
                         field="lora", value=True)
 
