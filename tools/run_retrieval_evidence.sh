@@ -45,7 +45,8 @@
 #   tools/run_retrieval_evidence.sh string-prose   # ... the prose haystack (side by side with string-filler)
 #   tools/run_retrieval_evidence.sh string-ppl     # ... perplexity at 2k/4k/8k on both texts, + the authors' factor
 #   tools/run_retrieval_evidence.sh string-ruler    # ... lm-eval's own RULER niah_single_1 and niah_multikey_2 at 8k,
-#                                               # 20 prompts each (tools/run_ruler_lm_eval.py)
+#                                               # 20 prompts each (tools/run_ruler_lm_eval.py; RULER_TASKS=one task:
+#                                               # one process per task, side by side)
 #   The string steps run in bfloat16 unless DTYPE is set (on this project's CPUs, with AMX, 3x faster than float32).
 #   Every step appends its command, start, wall time, exit status, commit and machine to OUT/steps.log.
 #   The 8L/16L steps run on DEVICE (cpu unless set, e.g. DEVICE=cuda) in DTYPE (float32 unless set, e.g.
@@ -149,6 +150,6 @@ case "$1" in
   string-ppl) evd eval/reports/smollm2-string/suite-ppl.yaml eval/reports/smollm2-string-ppl $STRING_VARIANTS $STRING_FACTOR ;;
   string-ruler) recorded eval/reports/smollm2-string-ruler$TAG $PY tools/run_ruler_lm_eval.py \
                 -o eval/reports/smollm2-string-ruler$TAG --dtype "$DTYPE" --device "$DEVICE" --length 8192 --limit 20 \
-                --tasks niah_single_1 niah_multikey_2 $STRING_VARIANTS ;;
+                --tasks ${RULER_TASKS:-niah_single_1 niah_multikey_2} $STRING_VARIANTS ;;
   *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|ppl-2x-freq|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper|2x-dynyarn|8x-freq|8x-se|8x-dc|16x-freq|16x-se|16x-dc|ppl-8x|string-filler|string-prose|string-ppl|string-ruler" >&2; exit 2 ;;
 esac
