@@ -277,7 +277,7 @@ def kernel_row(device: str, length: int, shape: dict, dtype, repeats: int) -> di
     prefill ratio. Best of `repeats` after one warm call each; the causal block mask's build timed apart."""
     import torch
 
-    from rope_extend.attention import primitives
+    from rope_extend.attention import passes, primitives
 
     heads, kv_heads, dim = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
     generator = torch.Generator(device=device).manual_seed(0)
@@ -285,7 +285,8 @@ def kernel_row(device: str, length: int, shape: dict, dtype, repeats: int) -> di
     k, v = (torch.randn(1, kv_heads, length, dim, device=device, dtype=dtype, generator=generator) for _ in "kv")
     scale = dim**-0.5
     flex = primitives.FlexPrimitive(compiled=device == "cuda")
-    causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx
+    # plain causal attention as a pass (every distance >= 0), so its block mask is built the methods' way
+    causal = passes.Pass("causal", None, False, (0, 0, 1, 0, passes.FAR), lambda p: (0, p + 1), device)
 
     def best(run) -> float:
         seconds = []
