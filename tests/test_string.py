@@ -28,6 +28,7 @@ from test_attention_methods import (
     rope,
     string_distance,  # the paper's rule: d < S keeps d, d >= S becomes d - S + W
 )
+from test_attention_passes import _inputs  # random q/k/v at given positions, as the passes tests draw them
 
 from rope_extend import SpecError, UnsupportedModelError, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, passes, primitives, runtime
@@ -36,16 +37,6 @@ from rope_extend.attention.kernels import StringMap
 warnings.filterwarnings("ignore", message=".*acts on attention.*")
 
 AUTHORS = 0.1 * math.log(2) + 1  # the factor the authors' code puts on cos and sin
-
-
-def _inputs(B, H, Hkv, D, rdim, n_q, n_k, start, seed):
-    generator = torch.Generator().manual_seed(seed)
-    q_raw = torch.randn(B, H, n_q, D, generator=generator)
-    k_raw = torch.randn(B, Hkv, n_k, D, generator=generator)
-    v = torch.randn(B, Hkv, n_k, D, generator=generator)
-    inv_freq = 1.0 / (100.0 ** (torch.arange(0, rdim, 2).double() / rdim))
-    k_pos = (torch.arange(n_k) + start)[None].repeat(B, 1)
-    return q_raw, k_raw, v, k_pos[:, n_k - n_q :], k_pos, inv_freq
 
 
 def _allowed(B, n_q, n_k):
