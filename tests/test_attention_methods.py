@@ -495,22 +495,31 @@ def test_generate_after_a_reused_prefix_takes_the_fused_path_in_inference_mode(m
     """The eval's probes: generate() under inference_mode on a cache cropped back to a shared prefix (its prefill
     carries transformers' causal mask, an inference tensor) continues exactly as generate() from scratch, on the
     fused path."""
-    from transformers import DynamicCache
 
     model = _patched("llama", method, "sdpa")
     paths = []
     for name in ("_fused_attention", "_blocked_attention"):
         original = getattr(kernels, name)
         monkeypatch.setattr(kernels, name, lambda *a, _f=original, _n=name, **k: paths.append(_n) or _f(*a, **k))
-    first, second = tiny.input_ids(70, seed=5), tiny.input_ids(70, seed=5).clone()
-    second[0, 30:] = tiny.input_ids(40, seed=6)[0]  # shares its first 30 tokens with the first prompt
-    settings = {"max_new_tokens": 5, "do_sample": False, "pad_token_id": 0}
+    alone, reused = generate_alone_and_after_a_shared_prefix(model, 70, 30, 5, before_reuse=paths.clear)
+    assert torch.equal(reused, alone)
+    assert set(paths) == {"_fused_attention"}
+
+
+def generate_alone_and_after_a_shared_prefix(model, n: int, shared: int, new_tokens: int, before_reuse=None):
+    """(generate() on a second n-token prompt from scratch, the same after generate() on a first prompt that shares
+    its first `shared` tokens, the cache cropped back to them), under inference_mode as the eval's probes run."""
+    from transformers import DynamicCache
+
+    first, second = tiny.input_ids(n, seed=5), tiny.input_ids(n, seed=5).clone()
+    second[0, shared:] = tiny.input_ids(n - shared, seed=6)[0]
+    settings = {"max_new_tokens": new_tokens, "do_sample": False, "pad_token_id": 0}
     with torch.inference_mode():
         alone = model.generate(second, attention_mask=torch.ones_like(second), **settings)
         cache = DynamicCache(config=model.config)
         model.generate(first, attention_mask=torch.ones_like(first), **_cache(cache), **settings)
-        cache.crop(30 - cache.get_seq_length())
-        paths.clear()
+        cache.crop(shared - cache.get_seq_length())
+        if before_reuse is not None:
+            before_reuse()
         reused = model.generate(second, attention_mask=torch.ones_like(second), **_cache(cache), **settings)
-    assert torch.equal(reused, alone)
-    assert set(paths) == {"_fused_attention"}
+    return alone, reused

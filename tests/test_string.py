@@ -22,6 +22,7 @@ from test_attention_methods import (
     IMPLS,
     _cache,
     distances,
+    generate_alone_and_after_a_shared_prefix,
     make,
     pair_scores,
     reference_attention,
@@ -546,17 +547,7 @@ def test_inspect_and_recommend_name_string(capsys):
 def test_generate_after_a_reused_prefix_in_inference_mode_equals_generate_alone():
     """The eval's probes: generate() under inference_mode on a cache cropped back to a shared prefix continues
     exactly as generate() from scratch (the prompt crosses S)."""
-    from transformers import DynamicCache
-
     model = make("llama", "sdpa")
     patch_model(model, **SPEC)
-    first, second = tiny.input_ids(28, seed=5), tiny.input_ids(28, seed=5).clone()
-    second[0, 10:] = tiny.input_ids(18, seed=6)[0]  # shares its first 10 tokens with the first prompt
-    settings = {"max_new_tokens": 4, "do_sample": False, "pad_token_id": 0}
-    with torch.inference_mode():
-        alone = model.generate(second, attention_mask=torch.ones_like(second), **settings)
-        cache = DynamicCache(config=model.config)
-        model.generate(first, attention_mask=torch.ones_like(first), **_cache(cache), **settings)
-        cache.crop(10 - cache.get_seq_length())
-        reused = model.generate(second, attention_mask=torch.ones_like(second), **_cache(cache), **settings)
+    alone, reused = generate_alone_and_after_a_shared_prefix(model, 28, 10, 4)
     assert torch.equal(reused, alone)
