@@ -698,6 +698,8 @@ def _hub(tmp_path, monkeypatch, folder, repo="acme/tiny-sharded"):
 
 
 def test_sharded_model_from_the_hub_cache_is_patched_and_every_shard_linked(sharded, tmp_path, monkeypatch, capsys):
+    """Every shard is the blob's inode in OUT (a hard link: this filesystem has no clone); the index, a small file,
+    is OUT's own copy."""
     cache, snapshot = _hub(tmp_path, monkeypatch, sharded)
     before = checksums(cache)
     out = tmp_path / "out"
@@ -707,8 +709,11 @@ def test_sharded_model_from_the_hub_cache_is_patched_and_every_shard_linked(shar
     for name in shards + ["model.safetensors.index.json"]:
         blob = Path(os.path.realpath(snapshot / name))
         assert blob.parent == cache / "models--acme--tiny-sharded" / "blobs"
-        assert not (out / name).is_symlink() and os.stat(out / name).st_ino == os.stat(blob).st_ino
-        assert os.stat(blob).st_nlink == 2  # the blob and OUT's hard link: nothing copied
+        assert not (out / name).is_symlink()
+        shared = name.endswith(".safetensors")
+        assert (os.stat(out / name).st_ino == os.stat(blob).st_ino) is shared
+        assert os.stat(blob).st_nlink == (2 if shared else 1)  # the blob and OUT's hard link / a copy
+    assert (out / "model.safetensors.index.json").read_bytes() == (snapshot / "model.safetensors.index.json").read_bytes()
     assert checksums(cache) == before
 
 
