@@ -302,7 +302,11 @@ def parse_spec(data: Mapping[str, Any]) -> RopeSpec:
     data = dict(data)
     if "method" not in data:
         raise SpecError("the spec is missing 'method'; add it (e.g. method: yarn)", field="method", value=None)
-    data["method"] = canonical_name(data["method"])
+    try:
+        data["method"] = canonical_name(data["method"])
+    except SpecError as exc:  # in the words of every other field's bad value
+        value = data["method"]
+        raise SpecError(f"spec field 'method' has bad value {value!r}: {exc}", field="method", value=value) from None
     try:
         return _union(tuple(m.name for m in all_methods())).validate_python(data)
     except ValidationError as exc:
