@@ -181,6 +181,12 @@ class RopeMethod:
     def validate(self, spec: RopeSpec) -> None:
         """Cross-parameter rules; raise ValueError naming the values and the fix."""
 
+    def depends_on_length(self, spec: dict) -> bool:
+        """Whether the output at a position depends on the sequence's length (`spec` as a dict, defaults not filled
+        in): dynamic methods, and attention-level ones with a length-dependent scale. The evaluation then gives
+        each perplexity length its own forward."""
+        return self.dynamic
+
     def fill_params(self, spec: RopeSpec) -> RopeSpec:
         """The resolved spec with derived parameters written out (attention methods pick G/W from the target
         length); raise SpecError for impossible combinations. Default: unchanged."""
