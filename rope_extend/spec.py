@@ -237,12 +237,22 @@ def _check_method_param(cls, value: Any, info) -> Any:
     return value
 
 
+def _refuse_booleans(cls, value: Any, info) -> Any:
+    """A number parameter given true/false (`--set shifted_offset=true`) is an error, not 1 or 0."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, got {str(value).lower()} (a boolean)")
+    return value
+
+
+_NUMBERS = [name for name, param in METHOD_PARAMS.items() if param.kind in (int, float)]
+
 RopeSpec = create_model(
     "RopeSpec",
     __base__=_SpecCore,
     __module__=__name__,
     __doc__="A RoPE scaling spec. Build with keywords, `load_spec(path)`, or `RopeSpec.from_sources`.",
-    __validators__={"_method_param": field_validator(*METHOD_PARAMS)(_check_method_param)},
+    __validators__={"_method_param": field_validator(*METHOD_PARAMS)(_check_method_param),
+                    "_numbers": field_validator(*_NUMBERS, mode="before")(_refuse_booleans)},
     **{name: _FIELD_TYPES[param.kind] for name, param in METHOD_PARAMS.items()},
 )
 

@@ -1,4 +1,6 @@
-"""Dual chunk attention pinned to a dense port of the authors' own code, on a tiny Llama.
+"""Dual chunk attention and STRING pinned to dense ports of the authors' own code, on a tiny Llama.
+
+Dual chunk attention.
 
 The port (`ChunkLlamaPort`) is written from HKUNLP/ChunkLlama's `chunkllama_attn_replace.py` at commit 847ae71 (the
 current one), not from rope-extend's position map: their rotary tables (`ChunkLlamaRotaryEmbedding`: queries at
@@ -15,6 +17,15 @@ every length from inside the first chunk to 4L; their decoding equals it without
 decoding differs in one thing, shown: a key keeps the factor of the forward that wrote it, where rope-extend scales
 every logit of a step by the factor of the step's length (so a one-shot forward, a prefill in pieces and decoding
 agree).
+
+STRING. The port (`string_forward`) is written from HKUNLP/STRING's `string_for_llama.py` (commit 216cc2f): their
+rotary tables times `attention_factor` (0.1 ln 2 + 1 in their code), their prefill (`string_flash_forward`: a
+flash-attn sliding window `window_size=[S, 0]` at the original positions, a causal call of the last n - S queries
+rotated at `i - S + W` against the first n - S keys, merged by their log-sum-exps) and their decoding step (the cache
+split at n - S, two flash-decoding calls merged the same way), dense. Their one difference, shown: the window
+[S, 0] includes d = S, which the shifted call also counts, so their prefill scores the key at d = S twice; with
+the window [S - 1, 0] (one character) their prefill equals rope-extend's, and their decoding (which splits the cache
+at n - S and counts it once, shifted) equals it as it is.
 """
 
 from __future__ import annotations
@@ -288,3 +299,138 @@ def test_with_the_scale_their_keys_keep_the_factor_of_the_forward_that_wrote_the
             differences.append((got - port.logits(ids[:, t : t + 1])).abs().max().item())
     assert get_mscale(end / L, 0.05) / get_mscale(n / L, 0.05) > 1.02  # what the prompt keys lack at the end
     assert max(differences) > 5e-4  # visible in the logits (10x the tolerance above)
+
+
+# --- STRING: HKUNLP/STRING string_for_llama.py ------------------------------------------------------------------------
+SHIFTED_OFFSET, LOCAL_VALUE = 12, 4  # S and W on the tiny window L = 32 (their defaults 0.33 L and 128 are for 128k)
+AUTHORS_FACTOR = 0.1 * math.log(2) + 1  # replace_with_string: attention_factor = 0.1*math.log(2) + 1
+
+
+def _window_flash(q, k, v, left: int):
+    """flash_attn_func(..., causal=True, window_size=[left, 0], return_attn_probs=True) densely: query i sees the
+    keys i - left .. i (bottom-right aligned, square here)."""
+    scores = torch.matmul(q.float(), k.float().transpose(2, 3)) / math.sqrt(q.shape[-1])
+    d = torch.arange(q.shape[2])[:, None] - torch.arange(k.shape[2])[None, :]
+    scores = scores.masked_fill((d < 0) | (d > left), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.matmul(torch.exp(scores - lse[..., None]), v.float()).to(q.dtype), lse
+
+
+def string_flash_forward(state, neighbor_query_states, shifted_query_states, key_states, value_states):
+    """Theirs, in [B, H, n, D] layout (flash-attn's is [B, n, H, D]); `state["window"]` is their diag_size."""
+    diag_size = state["S"]
+    kv_seq_len = neighbor_query_states.shape[2]
+    diag_out, diag_lse = _window_flash(neighbor_query_states, key_states, value_states, state["window"])
+    triangle_len = kv_seq_len - diag_size
+    if triangle_len <= 0:  # theirs: `< 0` (a zero-length flash call at n = S)
+        return diag_out
+    shifted_out, shifted_lse = _flash(shifted_query_states[:, :, -triangle_len:], key_states[:, :, :triangle_len],
+                                      value_states[:, :, :triangle_len])
+    S = kv_seq_len - triangle_len
+    diag_lse_tail = diag_lse[:, :, S:]
+    lse_gap = 1 / (1 + torch.exp(diag_lse_tail - shifted_lse))
+    lse_gap_re = 1 / (1 + torch.exp(shifted_lse - diag_lse_tail))
+    merge_out_tail = diag_out[:, :, S:] * lse_gap_re[..., None] + shifted_out * lse_gap[..., None]
+    return torch.cat([diag_out[:, :, :S], merge_out_tail], dim=2)
+
+
+def string_forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+    """Their `forward` (their rotary tables and cache, not the model's)."""
+    state = self.string
+    bsz, q_len, _ = hidden_states.size()
+    shape = (bsz, q_len, -1, self.head_dim)
+    query_states = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+    key_states = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+    value_states = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+    past = state["keys"].shape[2] if state["keys"] is not None else 0
+    kv_seq_len = q_len + past
+    position_ids = torch.arange(past, kv_seq_len)[None]
+    has_kv_cache = q_len != kv_seq_len
+    dim = self.head_dim  # RotaryEmbedding: _compute_default_rope_parameters, tables times attention_factor
+    inv_freq = 1.0 / (state["base"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    emb = torch.cat((torch.outer(torch.arange(kv_seq_len, dtype=inv_freq.dtype), inv_freq),) * 2, dim=-1)
+    cos, sin = state["factor"] * emb.cos(), state["factor"] * emb.sin()
+    key_states = apply_rotary_pos_emb(key_states, cos, sin, position_ids)
+    if state["keys"] is not None:
+        key_states = torch.cat((state["keys"], key_states), dim=2)
+        value_states = torch.cat((state["values"], value_states), dim=2)
+    state["keys"], state["values"] = key_states, value_states
+    diag_size, local_window = state["S"], state["W"]
+    query_states_1 = apply_rotary_pos_emb(query_states, cos, sin, position_ids)
+    # i - S + W: negative for the first queries, which the shifted call never reads (as in theirs, where the
+    # negative index wraps around the table)
+    query_states_2 = apply_rotary_pos_emb(query_states, cos, sin, position_ids - diag_size + local_window)
+    key_states = repeat_kv(key_states, self.num_key_value_groups)
+    value_states = repeat_kv(value_states, self.num_key_value_groups)
+    if not has_kv_cache:
+        attn_output = string_flash_forward(state, query_states_1, query_states_2, key_states, value_states)
+    else:  # flash decoding: the cache split at n - S, each part one unmasked call
+        shifted_size = kv_seq_len - diag_size
+        out1, lse1 = _flash(query_states_1, key_states[:, :, shifted_size:], value_states[:, :, shifted_size:],
+                            False)
+        out2, lse2 = _flash(query_states_2, key_states[:, :, :shifted_size], value_states[:, :, :shifted_size],
+                            False)
+        gap21 = 1 / (1 + torch.exp(lse2 - lse1))
+        gap12 = 1 / (1 + torch.exp(lse1 - lse2))
+        attn_output = out1 * gap21[..., None] + out2 * gap12[..., None]
+    attn_output = attn_output.transpose(1, 2).contiguous().reshape(bsz, q_len, -1)
+    return self.o_proj(attn_output), None
+
+
+class StringPort(ChunkLlamaPort):
+    """A tiny Llama whose attention modules run `string_forward` (neighbour window `window`: theirs is S)."""
+
+    def __init__(self, window: int = SHIFTED_OFFSET, seed: int = 0):
+        self.model = tiny_llama(seed)
+        config = self.model.config
+        base = config.rope_theta if hasattr(config, "rope_theta") else config.rope_parameters["rope_theta"]
+        for layer in self.model.model.layers:
+            attention = layer.self_attn
+            attention.string = {"keys": None, "values": None, "S": SHIFTED_OFFSET, "W": LOCAL_VALUE,
+                                "factor": AUTHORS_FACTOR, "base": base, "window": window}
+            attention.forward = types.MethodType(string_forward, attention)
+
+
+def _string():
+    model = tiny_llama()
+    model.set_attn_implementation("sdpa")
+    patch_model(model, method="string", shifted_offset=SHIFTED_OFFSET, local_value=LOCAL_VALUE,
+                attention_factor=AUTHORS_FACTOR)
+    return model
+
+
+def test_string_prefill_equals_the_authors_port_but_for_the_key_at_d_equal_to_s():
+    """Prompts of S - 1 (every distance below S), S + 1 (one pair at d = S) and L tokens: rope-extend's one
+    forward equals their prefill with the neighbour window [S - 1, 0] at every length, and their prefill as it is
+    (window [S, 0]: the key at d = S in both calls) only while no distance reaches S."""
+    ours = _string()
+    for n in (SHIFTED_OFFSET - 1, SHIFTED_OFFSET + 1, L):
+        ids = tiny.input_ids(n)
+        with torch.no_grad():
+            got = ours(ids).logits
+        torch.testing.assert_close(got, StringPort(window=SHIFTED_OFFSET - 1).logits(ids), atol=5e-5, rtol=0)
+        theirs = StringPort().logits(ids)
+        if n < SHIFTED_OFFSET:
+            torch.testing.assert_close(got, theirs, atol=5e-5, rtol=0)
+        else:
+            assert (got - theirs)[:, SHIFTED_OFFSET:].abs().max() > 5e-4  # the rows with a pair at d = S
+            torch.testing.assert_close(got[:, :SHIFTED_OFFSET], theirs[:, :SHIFTED_OFFSET], atol=5e-5, rtol=0)
+
+
+def test_string_decoding_equals_the_authors_port():
+    """Their decoding step (the cache split at n - S: the last S keys at their distance, the rest shifted) after a
+    prompt of S + 2 tokens, to L tokens, against rope-extend's decoding with the KV cache: the same logits at every
+    step. The port's prompt is prefilled with the window [S - 1, 0], so that the two caches hold the same keys and
+    values (their own prefill counts d = S twice, above); their decoding branch is as they wrote it."""
+    from transformers import DynamicCache
+
+    port, ours = StringPort(window=SHIFTED_OFFSET - 1), _string()
+    ids = tiny.input_ids(L)
+    n = SHIFTED_OFFSET + 2
+    cache = DynamicCache(config=ours.config)
+    with torch.no_grad():
+        ours(ids[:, :n], past_key_values=cache, use_cache=True)
+        port.logits(ids[:, :n])
+        for t in range(n, L):
+            got = ours(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits
+            torch.testing.assert_close(got, port.logits(ids[:, t : t + 1]), atol=5e-5, rtol=0)

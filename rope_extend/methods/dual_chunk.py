@@ -28,10 +28,10 @@ class DualChunk(AttentionMethod):
                             "long (default 3L/4)", positive=True, derived="3L/4"),
         "local_window": Param(int, None, "queries this close to a chunk boundary keep exact distances to the "
                               "previous chunk (default L/16)", positive=True, derived="L/16"),
+        "log_n": LOG_N,
         "length_scale": Param(float, None, "c: cos and sin of every query and key times c·ln(n/L) + 1 once the "
                               "sequence n exceeds L, so every logit times its square (the authors' code: 0.05; 0: "
                               "off)", derived="0"),
-        "log_n": LOG_N,
     }
     formula = "original θ_i; keys at j mod s; queries intra / successive / inter-chunk (largest distance chunk_size)"
     use_when = ("Retrieval and perplexity beyond L without training, served in-process with rope_extend.patch_model "

@@ -287,6 +287,13 @@ class RopeMethod:
         values = {key: getattr(spec, key) for key in self.params if getattr(spec, key, None) is not None}
         return ", ".join(f"{key} {value}" for key, value in values.items()) or "no parameters"
 
+    def summary(self, plan) -> str:
+        """The one line `rope-extend patch` prints about what was planned."""
+        spec = plan.spec
+        return (f"{spec.method} x{spec.factor:g}: {spec.original_max_position_embeddings} -> {spec.target_length} "
+                f"tokens, attention factor {plan.attention_factor:.4f}, max_position_embeddings "
+                f"{plan.old_max_position_embeddings} -> {plan.max_position_embeddings}")
+
     def param_doc(self) -> str:
         shown = {k: p.default if p.default is not None else p.derived for k, p in self.params.items()}
         return ", ".join(k if v is None else f"{k}={v}" for k, v in shown.items()) or "none"
