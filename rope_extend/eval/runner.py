@@ -137,7 +137,6 @@ def run_eval(
         from ..facts import read_rope
         from ..files import load_config
         from ..hub import resolve_source
-
         from ..plan import plan_patch
 
         folder = resolve_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
