@@ -11,16 +11,24 @@ from __future__ import annotations
 import shlex
 import textwrap
 
+KEEP = "\u00a0"  # joins the words of a quoted path (`shell_path`) so that `wrap` never breaks it; printed as a space
+
+
+def shell_path(path) -> str:
+    """*path* as a shell reads it (quoted by shlex where it needs to be: `'my out'`), one word for `wrap`, so that a
+    printed path pastes into a shell whole."""
+    return shlex.quote(str(path)).replace(" ", KEEP)
+
 
 def wrap(text: str, width: int, indent: str = "", hang: str | None = None) -> list[str]:
     """*text* wrapped between words at *width*: each of its lines starts with *indent*, and the lines it wraps onto
-    with *hang* (default: *indent*)."""
+    with *hang* (default: *indent*); a `shell_path` stays whole."""
     lines: list[str] = []
     for paragraph in str(text).split("\n"):
         lines += textwrap.wrap(paragraph, width=width, initial_indent=indent,
                                subsequent_indent=indent if hang is None else hang, break_long_words=False,
                                break_on_hyphens=False) or [indent.rstrip()]
-    return lines
+    return [line.replace(KEEP, " ") for line in lines]
 
 
 def command_lines(label: str, command: str, width: int, python: bool = False, hang: str | None = None) -> list[str]:

@@ -164,6 +164,7 @@ def test_a_gguf_patch_fits_and_its_serve_line_pastes(tmp_path, monkeypatch, caps
     assert "rope-extend's port of the RoPE math of llama.cpp" in " ".join(printed.split())
     argv = shlex.split(serve_block(printed).replace("\\\n", ""))
     assert argv[:3] == ["llama-server", "-m", str(out)] and Path(argv[2]).is_file()
+    assert shlex.split(printed.split("output: ")[1].split("\nserve:")[0]) == [str(out)]  # quoted, whole
 
 
 def test_a_python_serve_hint_is_python(ckpt, tmp_path, monkeypatch, capsys):

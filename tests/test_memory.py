@@ -170,3 +170,17 @@ def test_on_cuda_the_free_memory_of_the_device_is_what_is_available():
     free, _ = torch.cuda.mem_get_info(0)
     have = memory.available("cuda:0")
     assert have.where == "cuda:0" and abs(have.bytes - free) < 64 << 20
+
+
+def test_eval_plans_every_spec_on_the_config_before_the_memory_check(cache, tmp_path, monkeypatch, capsys):
+    """Llama 3.1 ships llama3 x8: a llama3 spec at 262144 without replace_existing is refused by the plan, in one
+    line, before the memory check; with it the plan passes and the memory check answers (nothing loaded either way)."""
+    hub_env(monkeypatch, cache, tmp_path)
+    fake_memory(monkeypatch, tmp_path, GiB)
+    args = ["eval", "meta-llama/Llama-3.1-8B", "-o", "r", "--spec", "method=llama3,target_length=262144"]
+    assert run(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "replace_existing" in err[0] and "needs ~" not in err[0], err
+    assert run([*args[:-1], args[-1] + ",replace_existing=true"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "meta-llama/Llama-3.1-8B needs ~" in err[0] and not Path("r").exists(), err

@@ -10,7 +10,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from ..terminal import column_widths, fits
+from ..terminal import column_widths, fits, shell_path
 from .app import app, fail, out, say
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def inspect(
         for name, why in advice.alternatives.items():
             say(f"alternative {name}: {why}", indent="  ", hang="    ")
     if plot_path is not None:
-        say(f"plot written to {plot_path}")
+        say(f"plot written to {shell_path(plot_path)}")
 
 
 def _print_table(view) -> None:
