@@ -27,7 +27,7 @@ class DualChunk(AttentionMethod):
     }
     formula = "original θ_i; keys at j mod s; queries intra / successive / inter-chunk (largest distance chunk_size)"
     use_when = ("Retrieval and perplexity beyond L without training, served in-process with rope_extend.patch_model "
-                "(stock engines serve the original model); measured ahead of frequency scaling at 2x, behind it "
+                "(stock engines serve the model without it, its own RoPE and window); measured ahead of frequency scaling at 2x, behind it "
                 "at 4x (docs/results-retrieval.md)")
     paper = "https://arxiv.org/abs/2402.17463"
     llama_cpp_note = (
@@ -36,6 +36,7 @@ class DualChunk(AttentionMethod):
     )
 
     def validate(self, spec) -> None:
+        super().validate(spec)
         chunk, local = spec.chunk_size, spec.local_window
         if chunk is not None and local is not None and local >= chunk:
             raise ValueError(

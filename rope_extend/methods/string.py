@@ -29,7 +29,6 @@ from .registry import Param, register
 
 SHIFTED_SHARE = 0.33  # the authors' default shifted_offset, as a share of the window (they suggest 0.25-0.4)
 AUTHORS_ATTENTION_FACTOR = 1.0693147180559945  # 0.1·ln 2 + 1, what the authors' string_for_llama.py sets
-UNSUPPORTED_SCHEMES = ("dynamic", "longrope")  # their frequencies change with the length: no one rotation to keep
 
 
 def largest_distance(n: int, shifted_offset: int, local_value: int) -> int:
@@ -46,7 +45,7 @@ class String(AttentionMethod):
     name = "string"
     aliases = ()
     needs_factor = False
-    keeps_scheme = True
+    works_inside_window = True
     params = {
         "shifted_offset": Param(int, None, "S: distances d >= S become d - S + W (the authors: 0.25-0.4 of the "
                                 "window); default 0.33·L, raised to N - L + W for a target N beyond L",
@@ -68,16 +67,12 @@ class String(AttentionMethod):
     )
 
     def validate(self, spec) -> None:
+        super().validate(spec)
         offset, local = spec.shifted_offset, spec.local_value
         if offset is not None and local is not None and local >= offset:
             raise ValueError(
                 f"local_value {local} must be below shifted_offset {offset} (the key at distance S moves to W, so "
                 f"W >= S would move distances up, not down); lower local_value or raise shifted_offset"
-            )
-        if spec.replace_existing:
-            raise ValueError(
-                "replace_existing does not apply to string: it keeps the model's own RoPE scheme and remaps "
-                "attention positions on top; remove replace_existing"
             )
 
     def fill_params(self, spec):
@@ -117,27 +112,6 @@ class String(AttentionMethod):
         from ..attention.kernels import StringMap
 
         return StringMap(int(spec.shifted_offset), int(spec.local_value), float(spec.attention_factor) ** 2)
-
-    # -- config: the model's own scheme, unchanged ------------------------------------------------------------
-    def config_slot(self, spec, base_slot: dict, rotary_dim: int, base_theta: float) -> dict:
-        from ..errors import UnsupportedModelError
-
-        kind = base_slot.get("rope_type", "default")
-        if kind in UNSUPPORTED_SCHEMES:
-            raise UnsupportedModelError(
-                f"string keeps the model's own RoPE, but this model's {kind} scheme changes its frequencies with the "
-                "length, so there is no one rotation to remap; use self-extend or dual-chunk"
-            )
-        return dict(base_slot)
-
-    served = "the model WITHOUT string"  # stock loaders serve the model as it ships, its own scheme included
-    served_rope = "its own RoPE"
-
-    def marker_note(self, spec) -> str | None:
-        return (
-            f"the model as it is (its RoPE and max_position_embeddings {spec.original_max_position_embeddings} "
-            "unchanged): string acts on attention; call rope_extend.patch_model(model) after loading to re-apply it"
-        )
 
     def no_stock_engine(self, L: int) -> str:
         return ("no stock engine has STRING (the authors' fork of vLLM 0.5 is not stock vLLM); only "
