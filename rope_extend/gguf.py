@@ -501,6 +501,23 @@ class GGUFPatchResult:
     bytes_copied: int
 
 
+def check_gguf_name(out: Path, example: str) -> None:
+    """A .gguf SOURCE writes one GGUF file: OUT must be a file name ending in .gguf, not a folder (`-o out.bin` or
+    `-o newdir/`, whose slash the path drops, would have become a GGUF file of that name). `example`: a file name
+    for OUT inside a folder."""
+    if out.is_dir() and not out.is_symlink():
+        raise CheckpointError(f"OUT {str(out)!r} is a folder, but a .gguf SOURCE writes one GGUF file; name the file: "
+                              f"-o {shlex.quote(str(out / example))}")
+    if out.suffix.lower() == ".gguf":
+        return
+    if out.suffix:
+        fix = f"-o {shlex.quote(str(out.with_suffix('.gguf')))}"
+    else:
+        fix = f"-o {shlex.quote(str(out) + '.gguf')}, or -o {shlex.quote(str(out / example))} for a file in a folder"
+    raise CheckpointError(f"OUT {str(out)!r} does not end in .gguf, but a .gguf SOURCE writes one GGUF file; name "
+                          f"it so: {fix}")
+
+
 def patch_gguf(
     source: str | os.PathLike,
     spec: RopeSpec | dict | str,
@@ -518,13 +535,14 @@ def patch_gguf(
     source, out = Path(source), Path(out)
     header = _read_header(source)
     info = _info(header, source)
+    plan = plan_gguf(info, spec)
+    check_gguf_name(out, f"{source.stem}-{plan.spec.method}-x{plan.spec.factor:g}.gguf")
     if out.exists():
         if out.resolve() == source.resolve() or (out.is_file() and os.path.samefile(out, source)):
             raise CheckpointError(f"OUT {str(out)!r} is SOURCE; rope-extend never modifies its source: pick another path")
         check_replaceable(out, "gguf")  # only a GGUF file is ever replaced
         if not overwrite:
             raise CheckpointError(f"OUT {str(out)!r} exists; pass overwrite=True (--overwrite) or pick another path")
-    plan = plan_gguf(info, spec)
     if on_step:
         on_step(f"writing {out}")
 

@@ -40,15 +40,12 @@ def eval_command(
     no_resume: Annotated[bool, typer.Option("--no-resume", help="Start a fresh results.jsonl instead of resuming.")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
     interleave: Annotated[bool, typer.Option("--interleave", help="Sample round by round across variants, so a stopped run compares like with like.")] = False,
+    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the model even if the memory estimate says it does not fit.")] = False,
 ) -> None:
     """Evaluate before/after: perplexity by length, passkey, needles, short-context regression; resumable."""
     from ..eval.runner import run_eval, summary_markdown
     from ..eval.variants import parse_spec_arg
 
-    if model == "smollm2":
-        from ..demo_model import smollm2_path
-
-        model = str(smollm2_path())
     variants = [parse_spec_arg(s) for s in specs or []]
     if name is not None:
         from ..eval.variants import BASELINE
@@ -70,6 +67,7 @@ def eval_command(
         resume=not no_resume,
         plots=not no_plots,
         interleave=interleave,
+        memory_check=not no_memory_check,
     )
     say_markdown(summary_markdown(records))
     say(f"report: {output / 'report.md'}", hang="        ")
@@ -107,7 +105,8 @@ def demo_command(
 
 @app.command(name="eval-tasks")
 def eval_tasks_command(
-    tokenizer: Annotated[str, typer.Option(help="Tokenizer path (the model you will evaluate with lm-eval).")],
+    tokenizer: Annotated[str, typer.Option(help="The model you will evaluate with lm-eval (its tokenizer): a "
+                                           "folder, Hub id, or 'smollm2'.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", "--out", help="Data folder (default: eval/tasks/data).")] = None,
     tasks: Annotated[list[str] | None, typer.Option("--task", "--tasks", help="Task (repeatable; default: all).")] = None,
     lengths: Annotated[list[int] | None, typer.Option("--length", "--lengths", help="Prompt length in tokens (repeatable).")] = None,
@@ -118,7 +117,9 @@ def eval_tasks_command(
 ) -> None:
     """Write the jsonl data for the lm-eval tasks in eval/tasks (rope_passkey, rope_niah_*, rope_vt, rope_perplexity)."""
     from ..eval.lm_tasks import ALL_TASKS, write_task_data
+    from ..hub import resolve_source
 
+    tokenizer = str(resolve_source(tokenizer, tokenizer_only=True))  # a Hub id: its tokenizer's files alone
     unknown = [t for t in tasks or [] if t not in ALL_TASKS]
     if unknown:
         raise ValueError(f"unknown lm-eval task {unknown[0]!r}; expected one of {', '.join(ALL_TASKS)}")

@@ -89,8 +89,9 @@ def train_command(
         eval_suite=eval_suite, eval_texts=[str(t) for t in eval_text or []], overwrite=overwrite, resume=not restart,
         verify=not no_verify,
     )
-    from ..train.card import loss_line
-    from ..train.runner import TrainingInterrupted, progress_printer, train_model
+    from ..train.progress import TrainingInterrupted, progress_printer
+    from ..train.runner import train_model
+    from ..train.training_card import loss_line
 
     try:
         result = train_model(spec, on_progress=progress_printer())

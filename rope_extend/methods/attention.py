@@ -45,7 +45,7 @@ class AttentionMethod(RopeMethod):
     def install_attention(self, model, plan) -> list[Any]:
         from ..attention import runtime
 
-        return runtime.install(model, plan, self.mapping(plan.spec), bool(plan.spec.log_n))
+        return runtime.install(model, plan, self.mapping(plan.spec), bool(plan.spec.method_params().get("log_n")))
 
     @staticmethod
     def _error(message: str, field: str, value: Any) -> SpecError:

@@ -86,12 +86,13 @@ class TrainSpec:
         out = Path(self.output).expanduser().absolute()
         return out.parent / f"{out.name}{STATE_SUFFIX}"
 
-    def fingerprint(self, extra: dict[str, Any]) -> str:
-        """What a resumed run must share with the interrupted one (everything that changes the weights)."""
+    def fingerprint(self, rope: RopeSpec, extra: dict[str, Any]) -> str:
+        """What a resumed run must share with the interrupted one (everything that changes the weights); `rope` is
+        this run's parsed spec (`rope_spec()`, parsed once by `prepare`)."""
         keep = {k: v for k, v in asdict(self).items()
                 if k not in ("output", "overwrite", "resume", "verify", "eval_suite", "eval_texts", "save_steps",
                              "logging_steps", "texts", "dataset")}
-        keep["rope"] = self.rope_spec().to_dict()
+        keep["rope"] = rope.to_dict()
         keep.update(extra)
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
