@@ -317,7 +317,11 @@ def test_attention_methods_keep_the_shipped_scheme_and_window(shipped_cache, tmp
         assert got_attention == attention
         spec = written["rope_extend"]["spec"]
         assert (spec["original_max_position_embeddings"], spec["target_length"]) == (STOCK_WINDOW, target)
-        assert f"{method} x{target // STOCK_WINDOW}: {STOCK_WINDOW} -> {target} tokens" in out_text
+        if method == "string":  # STRING works inside the window: its line says the window it keeps
+            assert f"string: window {STOCK_WINDOW} (kept)" in out_text
+        else:
+            assert f"{method} x2: {STOCK_WINDOW} -> {target} tokens in-process" in out_text
+            assert f"stock loaders serve {STOCK_WINDOW} tokens" in out_text
         assert f"up to {STOCK_WINDOW} tokens" in err and str(STOCK_WINDOW // 4) + " tokens" not in err
         if not verify:
             assert "verified with stock transformers" in out_text

@@ -99,6 +99,13 @@ class AttentionMethod(RopeMethod):
             f"{spec.target_length} tokens)"
         ]
 
+    def summary(self, plan) -> str:
+        spec = plan.spec
+        return (f"{spec.method} x{spec.factor:g}: {spec.original_max_position_embeddings} -> {spec.target_length} "
+                f"tokens in-process (rope_extend.patch_model), on top of {self._own(plan)} (attention factor "
+                f"{plan.attention_factor:.4f}); config.json keeps it: stock loaders serve "
+                f"{spec.original_max_position_embeddings} tokens; {self.describe(spec)}")
+
     @staticmethod
     def _own(plan) -> str:
         """The model's own RoPE in words: 'its own RoPE: llama3 x8 from 8192'."""

@@ -138,7 +138,7 @@ class String(AttentionMethod):
                 f"{spec.target_length}")
 
     def summary(self, plan) -> str:
-        return (f"{self.name}: window {plan.max_position_embeddings} (kept), on top of the model's own RoPE "
+        return (f"{self.name}: window {plan.spec.original_max_position_embeddings} (kept), on top of the model's own RoPE "
                 f"({plan.kept_scheme}, its attention factor {plan.attention_factor:.4f}); "
                 f"{self.describe(plan.spec)}")
 
