@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,8 +209,6 @@ class PushPlan:
     @property
     def later(self) -> str:
         """The one command that pushes `folder` (what a failure a retry can fix prints)."""
-        import shlex
-
         return (f"rope-extend push {shlex.quote(str(self.folder))} {self.repo_id}" + (" --private" if self.private else "")
                 + "".join(f" --include {shlex.quote(name)}" for name in self.include))
 
@@ -235,6 +234,9 @@ class PushPlan:
             lines.append(f"{CARD}: sent with its Serving section naming {self.repo_id} (OUT's copy is not changed)")
         elif self.selection.card_edited:
             lines.append(f"{CARD}: edited since rope-extend wrote it: yours, sent as written")
+        if self.selection.record is not None and not self.selection.record.verified:
+            lines.append(f"not verified: OUT was written with --no-verify; `rope-extend verify "
+                         f"{shlex.quote(str(self.folder))}` verifies it")
         if self.record_text is not None:
             lines.append(f"{SPEC_FILE}: sent without this machine's data (inodes, times); OUT's copy is not changed")
         lines += [f"  + {entry.name}   ({entry.how})" for entry in self.selection.sent]
@@ -283,8 +285,6 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
         raise CheckpointError(f"OUT {given!r} is not a checkpoint folder (no config.json); give the folder "
                               "`rope-extend patch` or `train` wrote")
     folder = Path(os.path.abspath(folder))
-    import shlex
-
     hint = (f"`rope-extend push {shlex.quote(str(folder))} {repo_id} --include {{name}}`" if written_now
             else "--include {name}")  # patch and train have no --include: the push command does
     selection = select(folder, include, hint)

@@ -734,3 +734,15 @@ def test_include_names_that_would_send_nothing_are_refused_and_counts_read_as_en
     assert "would push 1 file to me/one" in printed and max(map(len, printed.splitlines())) <= 80
     assert cli("push", one, "me/one") == 0
     assert "(1 file, public)" in capsys.readouterr().out
+
+
+def test_an_output_written_without_verification_says_so_until_verify(source, tmp_path, hub, capsys):
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out, "--no-verify") == 0
+    assert read_record(out).verified is False
+    capsys.readouterr()
+    assert cli("push", out, "me/nv", "--dry-run") == 0
+    assert f"not verified: OUT was written with --no-verify; `rope-extend verify {out}` verifies it" in " ".join(
+        capsys.readouterr().out.split())
+    assert cli("verify", out) == 0 and read_record(out).verified is True
+    assert cli("push", out, "me/nv", "--dry-run") == 0 and "not verified" not in capsys.readouterr().out
