@@ -1,9 +1,11 @@
-"""What self-extend and dual-chunk share: methods that act on attention, on top of the model's original RoPE.
+"""What the attention-level methods (self-extend, dual-chunk, STRING) share: they act on attention, on top of the
+model's RoPE (the original one; STRING keeps a shipped scheme too).
 
-The frequencies stay the original ones (`compute` returns them), so the config keeps the original RoPE slot and
-`max_position_embeddings` = L: stock loaders (transformers, vLLM, SGLang) serve the *original* model from such a
-checkpoint, and the `rope_extend` marker carries the spec, which `patch_model(model)` re-applies in-process. The
-attention itself lives in `rope_extend.attention`, imported only by `install_attention`.
+The frequencies stay the model's (`compute` returns the original ones), so the config keeps its RoPE slot and
+`max_position_embeddings` = L: stock loaders (transformers, vLLM, SGLang) serve the model *without* the method from
+such a checkpoint, and the `rope_extend` marker carries the spec, which `patch_model(model)` re-applies in-process.
+Each method names its position map (`mapping`, a `rope_extend.attention.maps.PositionMap`); the attention itself
+lives in `rope_extend.attention`, imported only by `install_attention`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ class AttentionMethod(RopeMethod):
         return default_inv_freq(ctx.rotary_dim, ctx.base, ctx.device), 1.0
 
     def mapping(self, spec) -> Any:
-        """The position map `rope_extend.attention.kernels` applies (from a spec `fill_params` completed)."""
+        """The method's position map (a `rope_extend.attention.maps.PositionMap`) from a spec `fill_params`
+        completed."""
         raise NotImplementedError
 
     def install_attention(self, model, plan) -> list[Any]:
