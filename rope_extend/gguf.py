@@ -46,6 +46,7 @@ import numpy as np
 from .errors import AlreadyScaledError, CheckpointError, SpecError, UnsupportedModelError, VerificationError
 from .outputs import check_replaceable
 from .spec import RopeSpec, load_spec
+from .terminal import shell_path
 
 ROPE_FREQS = "rope_freqs.weight"
 LLAMACPP_SOURCE = "llama.cpp as vendored in llama-cpp-python 0.3.36"
@@ -689,14 +690,14 @@ def result_lines(result: GGUFPatchResult) -> list[str]:
     spec = plan.spec
     keys = ", ".join(f"{k}={v:.9g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.written_keys.items())
     lines = [
-        f"wrote {result.out} ({result.bytes_copied / 1e6:.1f} MB of tensors copied"
+        f"wrote {shell_path(result.out)} ({result.bytes_copied / 1e6:.1f} MB of tensors copied"
         f"{', added ' + ', '.join(result.added_tensors) if result.added_tensors else ''})",
         f"{spec.method} x{spec.factor:g}: {spec.original_max_position_embeddings} -> {spec.target_length} tokens, "
         f"attention factor {plan.attention_factor:.6f}",
         f"metadata: {keys}",
         f"checked with rope-extend's port of the RoPE math of {LLAMACPP_SOURCE} (not llama.cpp itself); llama.cpp "
         "needs no RoPE flags for it",
-        f"output: {result.out}",
+        f"output: {shell_path(result.out)}",
         f"serve:  llama-server -m {shlex.quote(str(result.out))} -c {spec.target_length}",
     ]
     lines += [f"warning: {w}" for w in plan.warnings]

@@ -493,7 +493,7 @@ def test_cli_patch_and_validate(tmp_path, capsys):
     marker = json.loads((out / "config.json").read_text())["rope_extend"]
     assert marker["spec"]["group_size"] == 4 and marker["spec"]["neighbor_window"] == 4
     capsys.readouterr()
-    assert "ORIGINAL model" in (out / "README.md").read_text()  # the model card says what stock engines serve
+    assert "the model WITHOUT self-extend" in (out / "README.md").read_text()  # the model card says what stock engines serve
     spec = tmp_path / "se.yaml"
     spec.write_text("method: self-extend\nfactor: 4\ngroup_size: 2\n")
     assert run(["validate", str(spec)]) == 0

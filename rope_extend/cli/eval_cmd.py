@@ -11,7 +11,8 @@ from typing import Annotated
 
 import typer
 
-from .app import app, out, say, say_markdown
+from ..terminal import shell_path
+from .app import app, say, say_markdown
 
 EXAMPLES = """Examples:
 
@@ -70,7 +71,7 @@ def eval_command(
         memory_check=not no_memory_check,
     )
     say_markdown(summary_markdown(records))
-    say(f"report: {output / 'report.md'}", hang="        ")
+    say(f"report: {shell_path(output / 'report.md')}", hang="        ")
 
 
 @app.command(name="eval-report")
@@ -89,7 +90,7 @@ def eval_report_command(
     path = rebuild_report(output, plots=not no_plots, compare=compare or (),
                           compare_variants=compare_variant or ())
     say_markdown(summary_markdown(run_records(output)[1]))
-    say(f"report: {path}", hang="        ")
+    say(f"report: {shell_path(path)}", hang="        ")
 
 
 @app.command(name="demo")
@@ -126,4 +127,4 @@ def eval_tasks_command(
     paths = write_task_data(tokenizer, output, list(tasks or ALL_TASKS), lengths or None, depths or None,
                             samples, seed, num_needles)
     for task, path in paths.items():
-        out.print(f"{task}: {path}")
+        say(f"{task}: {shell_path(path)}")

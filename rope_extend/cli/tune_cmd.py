@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..terminal import shell_path
 from .app import app, say
 
 EXAMPLES = """Examples:
@@ -75,4 +76,4 @@ def tune_command(
         memory_check=not no_memory_check,
     )
     say(f"winner: {summary['winner']} (loss beyond the window {summary['winner_loss']:.4f})", hang="  ")
-    say(f"spec: {output / 'best.yaml'}   report: {output / 'report.md'}", hang="  ")
+    say(f"spec: {shell_path(output / 'best.yaml')}   report: {shell_path(output / 'report.md')}", hang="  ")

@@ -137,10 +137,14 @@ def run_eval(
         from ..facts import read_rope
         from ..files import load_config
         from ..hub import resolve_source
+        from ..plan import plan_patch
 
         folder = resolve_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
         config = load_config(folder)
         original, preflight_tok = read_rope(config).original_length(), None
+        for variant in variants:  # each spec planned on SOURCE's config now: a spec the model refuses (a shipped
+            if variant.spec is not None and not callable(variant.spec):  # scheme without replace_existing...) is
+                plan_patch(config, variant.spec_dict())  # one line before any weights load
     else:
         m, preflight_tok = loader()
         original = original_length(m)
