@@ -33,9 +33,8 @@ PASSKEY = ["smollm2-passkey-2x", "smollm2-passkey-2x-attn", "smollm2-passkey-2x-
 PERPLEXITY = [["smollm2-paper", "smollm2-ppl-attn", "smollm2-ppl-2x-freq"], ["smollm2-ppl-4x", "smollm2-ppl-4x-attn"]]
 NEEDLES = ["smollm2-needles-2x", "smollm2-needles-ceiling"]
 # STRING inside the window (bf16 on the CPU): the same prompts for the unpatched model and each STRING variant
-STRING = ["smollm2-string-filler-cpu-bfloat16", "smollm2-string-prose-cpu-bfloat16", "smollm2-string-authors-cpu-bfloat16"]
-STRING_VARIANTS = [("string", "`string` (S 2703, W 128)"), ("string-2", "`string` W 512"),
-                   ("string-authors", "the authors' recipe (S = 0.33·N, factor 1.0693)")]
+STRING = ["smollm2-string-filler-cpu-bfloat16", "smollm2-string-prose-cpu-bfloat16"]
+STRING_VARIANTS = [("string", "`string` (S 2703, W 128)"), ("string-2", "`string` W 512")]
 TEXTS = ("pydoc_topics", "debian_licenses")  # docs / licences, the order of every perplexity cell
 REFERENCE = "dynamic"  # paired differences against the best frequency method at 2L and 4L (by its passkey)
 
