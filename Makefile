@@ -43,6 +43,13 @@ llamacpp: install
 vllm: install
 	$(VENV)/bin/python -m rope_extend.engines.vllm_env
 
+# What the suite's vLLM tests leave out for CI's time: every method through both card routes, served by the offline
+# LLM and by the OpenAI server (a server start costs ~40 CPU-seconds), on the suite's 2-layer demo model; the table
+# lands in eval/reports/vllm-engines-tiny/README.md (last result and date: docs/development.md).
+vllm-check: vllm
+	nice -n 10 $(VENV)/bin/python tools/run_vllm_engines.py --model short-window --runs vllm vllm-server \
+		-o eval/reports/vllm-engines-tiny
+
 # The README's test command: the whole suite on transformers 5.x, then the portability/parity tests on 4.x, then
 # the compatibility matrix's core checks on the oldest supported 5.x.
 test: install install4 llamacpp vllm compat-check

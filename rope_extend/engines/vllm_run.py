@@ -15,6 +15,7 @@ model) on the same token ids, float32 both. Identical: no NaN and max |Δ logpro
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -219,12 +220,17 @@ def linked_folder(weights: Path, config: dict, folder: Path) -> Path:
 def text_ids(tokenizer_dir: Path, n: int, text: str | None = None) -> list[int]:
     """The first n token ids of the evaluation text (`eval.texts`; default pydoc_topics, with the debian_licenses
     text appended when it is too short) under the checkpoint's tokenizer. Only a prefix is tokenised."""
+    return list(_text_ids(str(Path(tokenizer_dir).resolve()), n, text))
+
+
+@functools.lru_cache(maxsize=8)
+def _text_ids(tokenizer_dir: str, n: int, text: str | None) -> tuple[int, ...]:
     from transformers import AutoTokenizer
 
     from ..eval.perplexity import tokenize_text
     from ..eval.texts import LICENSES_TEXT, load_text
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     full = load_text(text) if text is not None else load_text(None) + "\n\n" + load_text(LICENSES_TEXT)
     chars = 8 * n
     while True:  # a token is rarely more than 8 characters: tokenise a prefix, longer only if it falls short
@@ -234,7 +240,7 @@ def text_ids(tokenizer_dir: Path, n: int, text: str | None = None) -> list[int]:
         chars *= 2
     if len(ids) < n:
         raise ValueError(f"the evaluation text has {len(ids)} tokens under this tokenizer; the long request needs {n}")
-    return ids[:n]
+    return tuple(ids[:n])
 
 
 def reference(model_dir: Path, spec, requests: dict[int, list[int]]) -> dict[int, list[float]]:
@@ -250,7 +256,7 @@ def reference(model_dir: Path, spec, requests: dict[int, list[int]]) -> dict[int
     from ..patch import patch_model
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), **dtype_kwargs(torch.float32)).eval()
-    patch_model(model, spec)
+    patch_model(model, spec, verify=False)  # the RoPE rope-extend computes; the writer's verification is not at stake
     out = {}
     for n, ids in requests.items():
         with fixed_rope_length(model, n):

@@ -52,6 +52,9 @@ class Offline:
         from vllm import envs
 
         envs.disable_envs_cache()  # the engine caches environment variables once started; this load sets its own
+        args = dict(request.get("engine_args", {}))
+        parallel = int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
+        args.setdefault("distributed_executor_backend", "uni" if parallel == 1 else "mp")  # one process on one device
         self.llm = vllm.LLM(
             model=request["model"],
             max_model_len=int(request["max_model_len"]),
@@ -59,8 +62,7 @@ class Offline:
             dtype=request.get("dtype", "float32"),
             enforce_eager=True,
             seed=0,
-            distributed_executor_backend="uni",
-            **request.get("engine_args", {}),
+            **args,
         )
 
     def prompt_logprobs(self, prompt: list[int]) -> list:
@@ -230,6 +232,10 @@ def main() -> None:
     reply({"ok": True, "ready": True, "vllm": vllm.__version__, "device": str(current_platform.device_type),
            "python": sys.version.split()[0]})
     serve((json.loads(line) for line in sys.stdin if line.strip()), reply)
+    # The engine is shut down (serve's finally); skip the interpreter's teardown of vLLM and torch (atexit hooks,
+    # thread joins: seconds, for nothing left to save).
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":  # vLLM may start processes with spawn: nothing runs on import
