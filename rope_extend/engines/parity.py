@@ -404,6 +404,46 @@ def _report(inputs: _Inputs, here, other) -> ParityReport:
     )
 
 
+@dataclass(frozen=True)
+class VllmEvalServing:
+    """How `eval --engine vllm` serves the original model with a plan's method (`plan` None: unpatched)."""
+
+    overrides: dict | None  # --hf-overrides (the card's, for the original model)
+    env: dict  # VLLM_ALLOW_LONG_MAX_MODEL_LEN when max_model_len exceeds what vLLM derives from the config
+    verdicts: dict  # request length n -> None when served as rope-extend computes it at positions 0..n-1, else why
+
+
+def vllm_eval_serving(plan: PatchPlan | None, original_config: dict, max_model_len: int,
+                      lengths) -> VllmEvalServing:
+    """For `eval --engine vllm`: the original model served with plan's method and --max-model-len max_model_len,
+    checked through the vLLM port at every request length (positions 0..n-1) against rope-extend's own RoPE. The
+    unpatched model is checked against its own RoPE (vLLM's cache holds max_position_embeddings positions)."""
+    from ..serving import engine_hints
+
+    overrides = None
+    if plan is not None:
+        overrides = next(h for h in engine_hints(plan, "OUT") if h.engine == "vLLM").args["original_overrides"]
+    fields, rope = vllm.load_config(original_config, overrides)
+    env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if max_model_len > vllm.derived_max_model_len(fields, rope) else {}
+    verdicts = {}
+    for n in sorted(set(lengths)):
+        served = vllm.served(fields, rope, max_model_len, n)
+        if plan is not None and plan.method.acts_on_attention:
+            verdicts[n] = f"{plan.spec.method} acts on attention, which vLLM does not apply"
+            continue
+        if isinstance(served, NotServed):
+            verdicts[n] = served.reason
+            continue
+        if plan is None:
+            verdicts[n] = None  # the original RoPE, within vLLM's cache
+            continue
+        delta = compare(served, reference(plan, n), n)
+        verdicts[n] = None if delta.identical else (
+            f"{vllm.VERSION} builds cos/sin {max(delta.max_cos, delta.max_sin):.2g} away from rope-extend's"
+            + (f": {served.note}" if served.note else ""))
+    return VllmEvalServing(overrides, env, verdicts)
+
+
 def compat_model_type(config: dict) -> str:
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     return str(text.get("model_type", ""))
