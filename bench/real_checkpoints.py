@@ -13,7 +13,8 @@ medians are reported with their ratio.
 1. 70B vs 135M, `--repeats` times each (Llama-3.1 ships llama3 scaling to 131072 tokens, so its command is
    `--target-length 262144 --set replace_existing=true`: yarn x4 would shorten it to 32768, which patch refuses).
 2. The other real checkpoints once each (Llama-2-7B, Llama-3.1-8B, Mistral-7B-v0.3, Qwen2.5-7B, Gemma-3-1B): the
-   same command; each output is checked verified and hard-linked (every weight file shares the blob's inode).
+   same command; each output is checked verified, its weights hard-linked (every weight file shares the blob's
+   inode: no copy-on-write clone on this filesystem) and its other files copied.
 3. Error paths (bad method, OUT inside SOURCE, OUT a dangling link, factor out of range, an uncached id, scaling
    already present) vs the config read of `rope-extend show ID`: each must answer in about that time.
 
@@ -65,12 +66,15 @@ def patch_args(source: str, out: Path) -> list[str]:
 
 
 def check_output(cache: Path, repo: str, out: Path) -> str:
-    """'verified, N/N weight files hard-linked' (or what is wrong)."""
+    """'verified, N/N weight files hard-linked, M other files copied' (or what is wrong): on a filesystem without
+    copy-on-write clones the weights share the blob's inode, and every other file of SOURCE is OUT's own."""
     snapshot = next((cache / f"models--{repo.replace('/', '--')}" / "snapshots").iterdir())
     weights = sorted(snapshot.glob("*.safetensors"))
     linked = sum(os.stat(out / w.name).st_ino == os.stat(os.path.realpath(w)).st_ino for w in weights)
+    others = [p for p in snapshot.iterdir() if p.suffix != ".safetensors" and p.name != "config.json"]
+    copied = sum(os.stat(out / p.name).st_nlink == 1 for p in others)
     verified = "verified" if (out / "rope_extend.yaml").exists() else "NOT written"
-    return f"{verified}, {linked}/{len(weights)} weight files hard-linked"
+    return f"{verified}, {linked}/{len(weights)} weight files hard-linked, {copied}/{len(others)} others copied"
 
 
 def summary(runs: list[dict]) -> dict:

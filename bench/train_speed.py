@@ -45,7 +45,7 @@ import torch
 from pathlib import Path
 from transformers import Trainer, TrainerCallback, PrinterCallback, AutoModelForCausalLM
 from rope_extend.train import TrainSpec
-from rope_extend.train import runner, data
+from rope_extend.train import data, prepare, trainer as stage
 path, text, mode, window, target, windows, steps, checkpointing = (sys.argv[1], sys.argv[2], sys.argv[3],
                                                                    *map(int, sys.argv[4:9]))
 factor = target / 8192 if target > 8192 else 2.0
@@ -53,9 +53,9 @@ tmp = Path(tempfile.mkdtemp())
 spec = TrainSpec(path, str(tmp / "out"), {"method": "yarn", "factor": factor}, texts=[text], steps=steps,
                  window=window, batch_tokens=window * windows, warmup_steps=0, save_steps=10**6,
                  gradient_checkpointing=bool(checkpointing))
-prep = runner.prepare(spec)
-model = runner.load_patched_model(prep)
-args = runner.training_arguments(prep, tmp / "state")
+prep = prepare.prepare(spec)
+model = stage.load_patched_model(prep)
+args = stage.training_arguments(prep, tmp / "state")
 args.save_strategy = "no"
 dataset = data.WindowDataset(prep.corpus, window, prep.plan.spec.target_length, steps * windows, 0)
 class Clock(TrainerCallback):
@@ -67,7 +67,7 @@ if mode == "plain":  # the same token windows, as a plain causal-LM batch (no po
     rows = [{"input_ids": dataset[i]["input_ids"], "labels": dataset[i]["input_ids"]} for i in range(len(dataset))]
     trainer = Trainer(model=model, args=args, train_dataset=rows, data_collator=data.collate, callbacks=[clock])
 else:
-    trainer = runner._trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
+    trainer = stage.trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
                                       callbacks=[clock])
     trainer.tokens_per_step, trainer.clock_start = window * windows, time.perf_counter()
 trainer.remove_callback(PrinterCallback)
@@ -90,7 +90,7 @@ import torch
 from pathlib import Path
 from transformers import TrainerCallback, PrinterCallback
 from rope_extend.train import TrainSpec, attention
-from rope_extend.train import runner, data
+from rope_extend.train import data, prepare, trainer as stage
 path, text, window, steps, checkpointing, dtype, full_logits = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
                                                                  int(sys.argv[4]), sys.argv[5], sys.argv[6],
                                                                  sys.argv[7] == "1")
@@ -99,12 +99,12 @@ tmp = Path(tempfile.mkdtemp())
 spec = TrainSpec(path, str(tmp / "out"), {"method": "yarn", "factor": factor}, texts=[text], steps=steps,
                  window=window, batch_tokens=window, warmup_steps=0, save_steps=10**6, dtype=dtype,
                  gradient_checkpointing=checkpointing)
-prep = runner.prepare(spec)
-on, why = runner.gradient_checkpointing(prep)
-args = runner.training_arguments(prep, tmp / "state", on)
+prep = prepare.prepare(spec)
+on, why = stage.gradient_checkpointing(prep)
+args = stage.training_arguments(prep, tmp / "state", on)
 args.save_strategy = "no"
-choice, chunk = runner._memory_plan(prep, args)
-model = runner.load_patched_model(prep)
+choice, chunk = stage.memory_plan(prep, args)
+model = stage.load_patched_model(prep)
 cuda = torch.cuda.is_available()
 dataset = data.WindowDataset(prep.corpus, window, prep.plan.spec.target_length, steps, 0)
 class Clock(TrainerCallback):
@@ -114,7 +114,7 @@ class Clock(TrainerCallback):
         if cuda: torch.cuda.synchronize()
         self.marks.append(time.perf_counter()); self.cpu.append(time.process_time())
 clock = Clock()
-trainer = runner._trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
+trainer = stage.trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
                                   callbacks=[clock])
 trainer.remove_callback(PrinterCallback)
 trainer.tokens_per_step, trainer.clock_start = window, time.perf_counter()

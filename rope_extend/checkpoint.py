@@ -2,13 +2,13 @@
 
 RoPE scaling changes no weight, so the default (`mode="auto"` without a dtype change) writes a new config.json
 (portable across transformers 4.x/5.x), updates the length caps in generation_config.json / tokenizer_config.json,
-and hard-links every other file (copying only where linking is impossible). Nothing is loaded but JSON and the
-safetensors headers, so time and memory do not grow with the model. `mode="full"` loads, patches and
+shares the weights with SOURCE and copies every other file (`rope_extend.sharing` decides how). Nothing is loaded
+but JSON and the safetensors headers, so time and memory do not grow with the model. `mode="full"` loads, patches and
 `save_pretrained`s the model with the same output layout.
 
 Output is built in a temporary folder beside OUT and renamed into place at the end: after an error, Ctrl-C or
-SIGKILL, OUT is absent (or its previous content, with --overwrite) and SOURCE is never written (files are linked,
-never written through: every file we change is written fresh).
+SIGKILL, OUT is absent (or its previous content, with --overwrite) and SOURCE is never written (every file we change
+is written fresh, and no write to OUT reaches SOURCE but an in-place edit of hard-linked weights: `sharing`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import compat, files, outputs, record
+from . import compat, files, outputs, record, sharing
 from .card import build_model_card
 from .engines.parity import card_section
 from .errors import CheckpointError, SpecError, UnverifiedCheckpointError, VerificationError
@@ -51,8 +51,7 @@ class PatchResult:
     source: Path
     mode: str
     plan: PatchPlan
-    linked: int = 0
-    copied: int = 0
+    placed: dict[str, str] = field(default_factory=dict)  # SOURCE's files in OUT -> how (`sharing.place`)
     written: list[str] = field(default_factory=list)
     verified: bool = False
     seconds: float = 0.0
@@ -61,6 +60,15 @@ class PatchResult:
     warnings: list[str] = field(default_factory=list)
     patched_outputs: Any = field(default=None, repr=False)  # full path: the patched model's probe outputs
     patched_dtype: Any = field(default=None, repr=False)  # ... and the dtype they were computed in
+
+    @property
+    def linked(self) -> int:
+        """SOURCE's files whose bytes OUT shares (reflinked or hard-linked)."""
+        return sum(how in sharing.SHARED for how in self.placed.values())
+
+    @property
+    def copied(self) -> int:
+        return sum(how == sharing.COPIED for how in self.placed.values())
 
 
 # --- safety checks -------------------------------------------------------------------------------------------------
@@ -140,21 +148,9 @@ def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
 
 
 # --- writing -------------------------------------------------------------------------------------------------------
-def _link_or_copy(src: Path, dst: Path) -> bool:
-    """Hard-link (True) or copy (False). A link shares the inode: we never open it for writing."""
-    real = Path(os.path.realpath(src))
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(real, dst)
-        return True
-    except OSError:
-        shutil.copy2(real, dst)
-        return False
-
-
 def _write_json(path: Path, data: dict) -> None:
     if path.exists() or path.is_symlink():
-        path.unlink()  # a hard link to SOURCE: replace, never write through
+        path.unlink()  # replace, never write through
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
@@ -276,10 +272,7 @@ def _config_only(source: Path, tmp: Path, files: list[Path], plan: PatchPlan, ra
     for rel in files:
         if rel.as_posix() in WRITTEN - {"generation_config.json", "tokenizer_config.json"}:
             continue
-        if _link_or_copy(source / rel, tmp / rel):
-            result.linked += 1
-        else:
-            result.copied += 1
+        result.placed[rel.as_posix()] = sharing.place(source / rel, tmp / rel)
     _write_json(tmp / "config.json", new)
     return new
 
@@ -331,10 +324,7 @@ def _save_loaded(model, source: Path, tmp: Path, files: list[Path], plan: PatchP
         weight = rel.suffix in (".safetensors",) + PICKLE_SUFFIXES or name.endswith(".index.json")
         if name in saved or weight or name in WRITTEN - {"tokenizer_config.json"}:
             continue
-        if _link_or_copy(source / rel, tmp / rel):
-            result.linked += 1
-        else:
-            result.copied += 1
+        result.placed[name] = sharing.place(source / rel, tmp / rel)
     saved_config = read_json(tmp / "config.json", "config.json")
     new = compat.portable_checkpoint_config(saved_config, plan.slots, plan.max_position_embeddings, plan.marker)
     _write_json(tmp / "config.json", new)

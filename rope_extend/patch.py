@@ -110,7 +110,7 @@ def _state(model: nn.Module) -> PatchState | None:
 # --- patch / unpatch -------------------------------------------------------------------------------------------------
 def patch_model(
     model: nn.Module,
-    spec: RopeSpec | dict | str | None = None,
+    spec: RopeSpec | dict | str | PatchPlan | None = None,
     *,
     dynamic_mode: str = "consistent",
     verify: bool = True,
@@ -123,7 +123,7 @@ def patch_model(
     stock loaders load as static). Applying the same spec twice changes nothing; `unpatch_model` undoes it.
     After patching, `model.save_pretrained` / `push_to_hub` write a config.json that stock transformers 4.x and
     5.x both load to the patched RoPE; for a method they load as something else (dynamic-yarn as static YaRN,
-    self-extend and dual-chunk as the original model) saving warns, saying what they load and how to restore it.
+    self-extend, dual-chunk and STRING as the model without them) saving warns, saying what they load and how to restore it.
 
     `dynamic_mode` (dynamic, dynamic-yarn, longrope): "consistent" fixes the scale per `generate` request so the
     KV cache stays valid; "stock" reproduces transformers' behaviour exactly (see `rope_extend.dynamic`).
@@ -131,11 +131,16 @@ def patch_model(
     `verify` (default): before touching the model, check the plan with `rope_extend.verify.verify_plan` (stock
     transformers rebuilds the same RoPE from the rewritten config, and a forward beyond the original length runs and
     agrees on a small model of the same config); a plan that fails raises VerificationError and changes nothing.
+
+    `spec` may also be a `PatchPlan` the caller made from this model's config (`rope-extend train` plans once,
+    before loading): it is applied as planned, not planned again, to a model not patched yet.
     """
     if dynamic_mode not in dynamic.MODES:
         raise SpecError(f"dynamic_mode {dynamic_mode!r} is not one of {', '.join(dynamic.MODES)}", field="dynamic_mode")
     config = compat.text_config(model.config)
     check_rope_model(config)
+    if isinstance(spec, PatchPlan):
+        return _apply_planned(model, spec, config, dynamic_mode, verify)
     if spec is None and not kwargs:
         marker = compat.read_marker(config)
         if not marker:
@@ -157,7 +162,23 @@ def patch_model(
         state = PatchState(plan, state.config_snapshot)
     else:
         state = PatchState(plan, compat.snapshot_rope_config(config))
+    return _install(model, plan, state, config, dynamic_mode)
 
+
+def _apply_planned(model: nn.Module, plan: PatchPlan, config, dynamic_mode: str, verify: bool) -> PatchReport:
+    """`patch_model` with a plan made by the caller from this model's config: applied, never planned again."""
+    if _state(model) is not None:
+        raise SpecError("this model is already patched: a plan made from the unpatched config cannot be applied on "
+                        "top; pass the spec instead (patch_model(model, plan.spec)), which re-plans from the original")
+    if not find_rotary_modules(model):
+        raise no_rotary_modules_error(model)
+    if verify and plan.changed:
+        verify_or_explain(plan, config)
+    return _install(model, plan, PatchState(plan, compat.snapshot_rope_config(config)), config, dynamic_mode)
+
+
+def _install(model: nn.Module, plan: PatchPlan, state: PatchState, config, dynamic_mode: str) -> PatchReport:
+    """Apply `plan` to the model's rotary modules (and attention), rewrite its config, record `state` on it."""
     applied = apply_plan(model, plan, dynamic_mode)
     state.modules, state.hooks, state.touched = applied.changes, applied.hooks, applied.touched
     if plan.method.acts_on_attention:  # self-extend, dual-chunk: the attention itself (handles undo it)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hubcache
 import pytest
 import tiny
 import torch
@@ -54,7 +55,7 @@ def test_fast_and_full_paths_load_to_identical_logits(source, tmp_path, capsys):
         in_memory = model(ids).logits
     torch.testing.assert_close(fast, full, atol=1e-5, rtol=0)
     torch.testing.assert_close(fast, in_memory, atol=1e-5, rtol=0)
-    # the fast path hard-links weights; SOURCE is byte-identical afterwards
+    # the fast path shares the weights (a hard link here: this filesystem has no clone); SOURCE is byte-identical
     assert os.path.samefile(source / "model.safetensors", tmp_path / "fast" / "model.safetensors")
     assert checksums(source) == before
     # length caps users forget are raised; provenance written
@@ -248,3 +249,119 @@ def test_real_smollm2_fast_and_full_paths_agree(smollm2_path, tmp_path):
                                atol=1e-4, rtol=0)
     assert os.path.samefile(smollm2_path / "model.safetensors", tmp_path / "fast" / "model.safetensors")
     assert checksums(smollm2_path) == before
+
+
+# --- no write to OUT reaches SOURCE (rope_extend.sharing) ---------------------------------------------------------
+SMALL_FILES = {  # what users edit before publishing, as SOURCE ships them (none rewritten by the patch)
+    "chat_template.jinja": "{% for m in messages %}{{ m.content }}{% endfor %}",
+    "special_tokens_map.json": json.dumps({"bos_token": "<s>", "eos_token": "</s>"}),
+    "tokenizer_config.json": json.dumps({"model_max_length": 10**30, "chat_template": "x"}),  # never raised
+    "generation_config.json": json.dumps({"temperature": 0.6, "bos_token_id": 1}),  # no max_length: not rewritten
+}
+
+
+def with_small_files(folder: Path) -> Path:
+    for name, text in SMALL_FILES.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def edit_in_place(folder: Path, skip=()) -> list[str]:
+    """Overwrite the first bytes of every file under `folder` through its own name, in place (`r+b`: the inode kept,
+    as vim's backupcopy=yes and many editors save); returns the names edited."""
+    edited = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = path.relative_to(folder).as_posix()
+        if name in skip:
+            continue
+        with open(path, "r+b") as handle:
+            head = handle.read(8)
+            handle.seek(0)
+            handle.write(bytes(255 - b for b in head) or b"x")
+        edited.append(name)
+    return edited
+
+
+@pytest.mark.parametrize("layout", ["folder", "hub-cache"])
+def test_in_place_edits_of_every_small_file_in_out_leave_source_and_the_hub_cache_as_they_were(
+        source, tmp_path, monkeypatch, layout):
+    """After a config-only patch (from a folder, and from a Hub cache whose snapshot links to blobs), every file in
+    OUT but the hard-linked weights is its own copy: overwriting each in place leaves SOURCE (the cache's blobs)
+    byte for byte. The weights are hard links here (this filesystem has no clone, and `sharing.clone` is asked
+    first: the test records the call), so editing THEM in place does edit SOURCE: the documented exception."""
+    from rope_extend import sharing
+
+    with_small_files(source)
+    tried = []
+    monkeypatch.setattr(sharing, "clone", lambda src, dst: tried.append(Path(dst).name) or False)
+    src = source if layout == "folder" else hubcache.from_folder(tmp_path / "hub", "acme/tiny-llama", source)
+    kept = tmp_path / "hub" if layout == "hub-cache" else source
+    before = checksums(kept)
+    out = tmp_path / "out"
+    assert cli("patch", src, "--method", "yarn", "--factor", 2, "-o", out) == 0
+    assert tried == ["model.safetensors"]  # only the weights are shared; the clone was tried first
+    weights = out / "model.safetensors"
+    assert os.stat(weights).st_ino == os.stat(os.path.realpath(src / "model.safetensors")).st_ino  # hard-linked
+    assert all(os.stat(p).st_nlink == 1 for p in out.iterdir() if p != weights)
+    edited = edit_in_place(out, skip={"model.safetensors"})
+    assert set(edited) == {"README.md", "config.json", "rope_extend.yaml", *SMALL_FILES}
+    assert checksums(kept) == before
+    edit_in_place(out, skip=set(edited))  # the hard-linked weights: their other name is SOURCE's
+    assert checksums(kept) != before
+
+
+def test_weights_are_cloned_where_the_filesystem_can_and_then_every_edit_stays_in_out(source, tmp_path, monkeypatch):
+    """Where OUT's filesystem clones (copy-on-write), the weights are a clone, not a hard link: then an in-place edit
+    of EVERY file in OUT, weights included, leaves SOURCE as it was. The capability is forced here (a clone that
+    copies, as a clone reads); tests/test_checkpoint.py::test_a_real_reflink runs it on a real one."""
+    from rope_extend import sharing
+
+    with_small_files(source)
+    cloned = []
+
+    def copy_on_write(src, dst):
+        import shutil
+
+        shutil.copyfile(src, dst)
+        cloned.append(Path(dst).name)
+        return True
+
+    monkeypatch.setattr(sharing, "clone", copy_on_write)
+    before = checksums(source)
+    out = tmp_path / "out"
+    assert cli("patch", source, "--method", "yarn", "--factor", 2, "-o", out) == 0
+    assert cloned == ["model.safetensors"]
+    assert all(os.stat(p).st_nlink == 1 for p in out.iterdir())
+    assert "model.safetensors" in edit_in_place(out)
+    assert checksums(source) == before
+
+
+def test_a_real_reflink(source, tmp_path, capsys):
+    """On a filesystem with copy-on-write clones (ROPE_EXTEND_REFLINK_DIR, e.g. an XFS formatted with reflink=1 or a
+    btrfs, mounted; else tmp_path if it is one), a patch clones the weights for real (its own inode, the same bytes,
+    no link) and an in-place edit of every file in OUT, weights included, leaves SOURCE byte for byte."""
+    import shutil
+    import uuid
+
+    from rope_extend import sharing
+
+    base = Path(os.environ.get("ROPE_EXTEND_REFLINK_DIR") or tmp_path) / f"rope-extend-test-{uuid.uuid4().hex[:8]}"
+    base.mkdir()
+    try:
+        probe = base / "probe"
+        probe.write_bytes(b"x" * 4096)
+        if not sharing.clone(probe, base / "probe-clone"):
+            pytest.skip(f"{base.parent} has no copy-on-write clones (set ROPE_EXTEND_REFLINK_DIR to a folder on an XFS "
+                        "with reflink=1 or a btrfs)")
+        src = with_small_files(Path(shutil.copytree(source, base / "src")))
+        before = checksums(src)
+        out = base / "out"
+        assert cli("patch", src, "--method", "yarn", "--factor", 2, "-o", out) == 0
+        assert "1 reflinked" in " ".join(capsys.readouterr().out.split())
+        weights = out / "model.safetensors"
+        assert os.stat(weights).st_ino != os.stat(src / "model.safetensors").st_ino and os.stat(weights).st_nlink == 1
+        assert weights.read_bytes() == (src / "model.safetensors").read_bytes()
+        assert "model.safetensors" in edit_in_place(out)
+        assert checksums(src) == before
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -342,7 +342,7 @@ def test_training_loss_has_a_smoothed_line():
     of the run), checked against numpy's convolution of the logged losses."""
     import numpy as np
 
-    from rope_extend.train import card
+    from rope_extend.train import training_card as card
 
     folder = ROOT / "eval/reports/smollm2-trained-16k/training"
     rows = [r for r in read(folder / "training_log.jsonl") if "loss" in r]

@@ -77,8 +77,8 @@ def reference(tiny_source, tmp_path_factory):
 
 
 def test_the_loss_line_adds_the_means_of_the_first_and_last_tenth_of_the_steps():
-    from rope_extend.train.card import loss_line
-    from rope_extend.train.runner import loss_means
+    from rope_extend.train.finish import loss_means
+    from rope_extend.train.training_card import loss_line
 
     losses = [2.5, 3.5] + [3.0] * 16 + [2.0, 3.0]  # 20 steps: a tenth is 2
     summary = {"first_loss": losses[0], "last_loss": losses[-1], "loss_means": loss_means(losses)}
@@ -405,12 +405,11 @@ def test_eval_suite_runs_before_and_after_under_their_own_names_with_the_evals_n
 def test_eval_suite_runs_where_the_training_runs(monkeypatch, device, dtype, bf16, want):
     """--eval-suite before/after on the training's device: float32 on the CPU (the CPU records' setting), the
     training's bf16 on a GPU (the GPU records' setting), so a GPU run does not evaluate 64k prompts on the CPU."""
-    from rope_extend.train import TrainSpec, runner
+    from rope_extend.train import TrainSpec, evaluation
 
-    monkeypatch.setattr(runner, "_device", lambda: device)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
     spec = TrainSpec(source="s", output="o", rope=None, texts=["t"], dtype=dtype)
-    assert tuple(runner.eval_settings(spec).values()) == want
+    assert tuple(evaluation.settings(spec, device).values()) == want
 
 
 def test_the_pose_flop_bound_counts_what_torch_counts_in_a_forward():

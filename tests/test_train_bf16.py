@@ -67,19 +67,19 @@ def sources(tmp_path_factory, smollm2_path):
 
 
 def _spy_trained_model(monkeypatch) -> dict:
-    """Wrap the writer the runner calls: record whether the model came with accelerate's mixed-precision wrapper
+    """Wrap the writer the training run calls: record whether the model came with accelerate's mixed-precision wrapper
     and, after the write, the trained model itself (its class's plain forward is the reference below)."""
-    from rope_extend.train import runner
+    from rope_extend.train import finish
 
     seen: dict = {}
-    real = runner.write_model_checkpoint
+    real = finish.write_model_checkpoint
 
     def spy(model, *args, **kwargs):
         seen["autocast_wrapper"] = "_original_forward" in vars(model)
         seen["model"] = model
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "write_model_checkpoint", spy)
+    monkeypatch.setattr(finish, "write_model_checkpoint", spy)
     return seen
 
 
@@ -125,9 +125,9 @@ def test_half_precision_training_verifies_and_reloads_to_the_trained_logits(sour
 
 def test_float16_on_the_cpu_is_refused_before_any_work(sources, tmp_path, capsys, monkeypatch):
     """accelerate runs fp16 mixed precision only on accelerators; on the CPU it would silently train in float32."""
-    from rope_extend.train import runner
+    from rope_extend.train import prepare
 
-    monkeypatch.setattr(runner, "_device", lambda: "cpu")
+    monkeypatch.setattr(prepare, "device", lambda: "cpu")
     out = tmp_path / "fp16"
     args = ["train", str(sources["tiny"]), "--method", "yarn", "--factor", "4", "--text", str(sources["text"]),
             "--window", "32", "--steps", "2", "--dtype", "float16", "-o", str(out)]

@@ -63,11 +63,20 @@ def _append(path: Path, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
-def _config_original_length(model_path) -> int:
-    from ..facts import read_rope
-    from ..files import load_config
+def check_memory(name: str, folder: Path, config, cases: list, dtype: str, device: str | None,
+                 device_map: str | None, skip: bool = False) -> None:
+    """Refuse in one line, before any weights load, a run whose longest pending case needs more memory than the
+    device has (`rope_extend.memory`): the probes decode with a key/value cache, entropy holds one layer's
+    attention probabilities."""
+    from .. import memory
 
-    return read_rope(load_config(Path(model_path))).original_length()
+    if not cases:
+        return
+    entropy = [c.length for c in cases if c.kind == "entropy"]
+    ways = memory.WaysOut(length="--suite SUITE.yaml with lengths up to ~{fits} tokens")
+    memory.check_inference(name, folder, config, dtype, max(c.length for c in cases),
+                           kv_cache=any(c.is_probe for c in cases), scores_length=max(entropy, default=0),
+                           device=device, device_map=device_map, ways=ways, skip=skip)
 
 
 def run_eval(
@@ -88,6 +97,7 @@ def run_eval(
     interleave: bool = False,
     loader: Callable[[], tuple[Any, Any]] | None = None,
     on_record: Callable[[dict], None] | None = None,
+    memory_check: bool = True,
     engine: str = "transformers",
     engine_args: dict | None = None,
     vllm_worker=None,
@@ -95,7 +105,8 @@ def run_eval(
     """Evaluate the unpatched model and each spec on *suite*; write results, report and plots.
 
     Args:
-        model_path: HF checkpoint directory (or hub id) of the *unpatched* model.
+        model_path: the *unpatched* model: a checkpoint folder, a Hub id (resolved through the Hub cache, as
+            ``patch`` resolves SOURCE) or the alias ``smollm2``.
         specs: RoPE specs (``RopeSpec``, dict, YAML path, or ``f(model)`` callable), or a
             ``{name: spec}`` dict.  Each is applied with ``rope_extend.patch_model`` to a
             freshly loaded copy of the model.
@@ -110,6 +121,9 @@ def run_eval(
         interleave: evaluate round by round across variants (see :func:`~rope_extend.eval.jobs.plan_jobs`).
         loader: optional ``() -> (model, tokenizer)`` replacing ``load_model`` (tests, custom loading).
         on_record: called with every new record after it has been written.
+        memory_check: refuse, before loading, a run that needs more memory than the device has
+            (``rope_extend.memory``; ``--no-memory-check`` turns it off). Transformers' estimate: not made for
+            ``engine="vllm"``, whose engine sizes its own KV cache at start.
         engine: ``transformers`` (each variant patched in this process) or ``vllm`` (each variant served by a real
             vLLM as the card serves the original model with the method; see :mod:`rope_extend.eval.backends`:
             variants vLLM does not serve identically are refused before anything loads, and the unpatched
@@ -137,30 +151,44 @@ def run_eval(
     variants = make_variants(specs, include_baseline=include_baseline)
 
     if loader is None:
-        original, preflight_tok = _config_original_length(model_path), None
+        from .. import compat
+        from ..facts import read_rope
+        from ..files import load_config
+        from ..hub import resolve_source
+        from ..plan import plan_patch
+
+        folder = resolve_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
+        config = load_config(folder)
+        original, preflight_tok = read_rope(config).original_length(), None
+        for variant in variants:  # each spec planned on SOURCE's config now: a spec the model refuses (a shipped
+            if variant.spec is not None and not callable(variant.spec):  # scheme without replace_existing...) is
+                plan_patch(config, variant.spec_dict())  # one line before any weights load
     else:
         m, preflight_tok = loader()
         original = original_length(m)
         del m
     cases = suite_obj.cases(original)
-
     serving, excluded = {}, frozenset()
     if engine == "vllm":  # planned once, before anything loads: refuses what vLLM does not serve identically
         from .backends import plan_vllm
 
-        preflight_tok = preflight_tok or _tokenizer(model_path)
+        preflight_tok = preflight_tok or _tokenizer(folder)
         sampler = Evaluator(None, preflight_tok, original, suite_obj.seed)
-        serving = plan_vllm(model_path, variants, cases, lambda c: sampler.probe(c).max_new_tokens)
+        serving = plan_vllm(folder, variants, cases, lambda c: sampler.probe(c).max_new_tokens)
         excluded = frozenset((name, case_id) for name, s in serving.items() for case_id in s.left_out)
         for name, s in serving.items():
             if s.left_out and progress:
                 print(f"rope-extend: eval --engine vllm: {len(s.left_out)} case(s) of {name} left out: {s.why}",
                       file=sys.stderr, flush=True)
-    out.mkdir(parents=True, exist_ok=True)  # only now: a bad suite, spec or model leaves no empty folder behind
+    done = {_key(r): r for r in read_results(results_path)} if resume else {}
+    jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave, excluded=excluded)
+    if loader is None:
+        check_memory(str(model_path), folder, compat.text_config(config), [c for j in jobs for c in j.cases], dtype,
+                     device, device_map, skip=not memory_check or engine != "transformers")
+
+    out.mkdir(parents=True, exist_ok=True)  # only now: a bad suite, spec, model or size leaves no empty folder
     if not resume and results_path.exists():
         results_path.rename(out / f"results.{int(time.time())}.jsonl.bak")
-    done = {_key(r): r for r in read_results(results_path)}
-    jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave, excluded=excluded)
     meta = _run_meta(model_path, original, suite_obj, variants, dtype, device_map)
     meta["device"] = None if device_map else (device or "cpu")
     meta["expected_records"] = sum(applies(c, v) and (v.name, c.case_id) not in excluded
@@ -171,7 +199,7 @@ def run_eval(
     (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
 
     if jobs:
-        preflight_tok = preflight_tok or _tokenizer(model_path)
+        preflight_tok = preflight_tok or _tokenizer(folder)
         pending = {c.case_id: c for j in jobs for c in j.cases}
         Evaluator(None, preflight_tok, original, suite_obj.seed).preflight(list(pending.values()))
 
@@ -187,14 +215,14 @@ def run_eval(
 
                 vllm_worker = VllmWorker()
             s = serving[v.name]
-            vllm_worker.load(_local(model_path), s.max_model_len, hf_overrides=s.hf_overrides, env=s.env,
+            vllm_worker.load(folder, s.max_model_len, hf_overrides=s.hf_overrides, env=s.env,
                              engine_args=engine_args)
             ev = Evaluator(None, preflight_tok, original, suite_obj.seed, backend=VllmBackend(vllm_worker, preflight_tok))
             ev.patch_report = {"engine": vllm_worker.label("offline"), "hf_overrides": s.hf_overrides,
                                "max_model_len": s.max_model_len, "env": s.env}
             return ev
         model, tok = loader() if loader is not None else load_model(
-            model_path, dtype=dtype, device_map=device_map, device=device
+            folder, dtype=dtype, device_map=device_map, device=device
         )
         ev = Evaluator(model, tok, original, suite_obj.seed)
         ev.patch_report = apply_spec(model, v.spec)
@@ -229,13 +257,6 @@ def _tokenizer(model_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_path))
-
-
-def _local(model_path) -> Path:
-    """The local folder of MODEL (a Hub id: its cache snapshot), for an engine that loads it itself."""
-    from ..hub import resolve_source
-
-    return resolve_source(model_path)
 
 
 def _check_same_engine(out: Path, engine: str, resume: bool) -> None:

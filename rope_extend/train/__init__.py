@@ -4,8 +4,13 @@
     result = train_model(TrainSpec("smollm2", "out/smollm2-16k", {"method": "yarn", "factor": 2},
                                    texts=["plays.txt"], steps=100, window=2048))
 
-Modules: `data` (documents, packing, PoSE windows), `recipe` (TrainSpec, defaults, validation), `lora` (peft,
-trainable embeddings/norms, tied embeddings), `runner` (Trainer, resume, output), `card` (model card, loss plot).
+A run in stages, `runner.train_model` calling each once: `prepare` (validation, SOURCE's config read once, the
+run's one plan, the data tokenized: all before any model loads), `trainer` (the patched model, LoRA, the Trainer,
+the resume state), `finish` (OUT written with that plan, verified, nothing trained thrown away), `evaluation`
+(--eval-suite before and after). Beside them: `recipe` (TrainSpec, defaults, validation), `data` (documents,
+packing, PoSE windows), `lora` (peft, trainable embeddings/norms, tied embeddings), `loss` (the loss in chunks),
+`attention` (the memory-efficient kernel), `sharding` (FSDP / ZeRO-3 under accelerate), `progress` (what a run
+prints, signals), `training_card` (the card's training section, the loss plot, the log files).
 Importing this package imports no torch/transformers/peft; `train_model` does.
 """
 

@@ -179,3 +179,22 @@ def stop_on_signals(progress):
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def progress_printer(stream=None) -> Callable[[str], None]:
+    """One line per log step (stderr, flushed); on a terminal the line is rewritten in place."""
+    import sys
+
+    stream = stream or sys.stderr
+    tty = stream.isatty()
+
+    def show(line: str) -> None:
+        if tty:
+            stream.write("\r\033[K" + f"rope-extend: {line}")
+            if not line.startswith("step "):
+                stream.write("\n")
+        else:
+            stream.write(f"rope-extend: {line}\n")
+        stream.flush()
+
+    return show

@@ -1,0 +1,185 @@
+"""The first stage of a training run: everything validated, planned and tokenized before any model is loaded.
+
+`prepare(spec)` reads SOURCE's config once, parses the RoPE spec once and makes the run's one `PatchPlan` (verified
+against stock transformers here, before loading: the later stages apply and write this plan, they never plan
+again), checks the numbers, paths, texts and held-out overlap, picks the window and splits the global batch. What
+it returns, `Prepared`, is all the later stages read: `trainer` (the model and the Trainer), `finish` (writing
+OUT) and `evaluation` (--eval-suite before and after).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import compat, files, memory
+from ..checkpoint import check_output_path
+from ..errors import SpecError
+from ..hub import resolve_source
+from ..plan import check_rope_model, plan_patch
+from . import data, sharding
+from .recipe import TrainSpec, batch_split, check_numbers, check_static, default_window
+
+
+@dataclass
+class Prepared:
+    """Everything validated before any model is loaded."""
+
+    spec: TrainSpec
+    source: Path
+    out: Path
+    config: object  # SOURCE's config, as transformers loads it (read once, here)
+    plan: object  # the run's one PatchPlan: applied to the model, written with the trained weights
+    tokenizer: object
+    corpus: data.Corpus
+    window: int
+    world: int
+    accumulation: int
+    global_windows: int
+    fingerprint: str
+    device: str  # "cuda" or "cpu": where the run trains (and --eval-suite evaluates)
+
+    @property
+    def text(self):
+        """The text model's config (multimodal configs nest it)."""
+        return compat.text_config(self.config)
+
+    @property
+    def target(self) -> int:
+        return self.plan.spec.target_length
+
+    @property
+    def pose(self) -> bool:
+        return self.window < self.target
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_windows * self.window
+
+
+def world() -> tuple[int, int]:
+    """(processes, this process's rank) as the launcher (torchrun, accelerate, deepspeed) set them."""
+    return int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+
+
+def device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def prepare(spec: TrainSpec) -> Prepared:
+    """Validate the whole run, plan it and tokenize its data; refuses bad input in one line before any model is
+    loaded."""
+    check_numbers(spec)
+    where = device()
+    check_dtype_on_device(spec.dtype, where)
+    sharding.check_lora(spec.lora and spec.train_embeddings_and_norms)
+    rope = spec.rope_spec()
+    check_static(rope)
+    source = resolve_source(spec.source)
+    out = check_output_path(source, Path(spec.output), spec.overwrite)
+    state = spec.state_dir()
+    if source.resolve() in state.resolve().parents:
+        raise ValueError(f"the training state folder {str(state)!r} would be inside SOURCE; choose another -o")
+    config = files.load_config(source)
+    text = compat.text_config(config)
+    check_rope_model(text)
+    plan = plan_patch(config, rope)
+    if plan.is_identity():
+        raise SpecError(f"{rope.method} x{rope.factor:g} changes nothing on this model; choose a factor > 1",
+                        field="factor", value=rope.factor)
+    groups: list[tuple[str, list[data.Document], bool]] = []
+    train_docs: list[data.Document] = []
+    if spec.texts:
+        docs = data.read_text_files(spec.texts)
+        train_docs += docs
+        groups += [(d.name, [d], True) for d in docs]
+    if spec.dataset is not None:
+        name, rows = data.read_dataset(spec.dataset, spec.dataset_split, spec.dataset_column)
+        train_docs += rows
+        groups.append((name, rows, False))
+    for path in spec.eval_texts:
+        p = Path(path).expanduser()
+        if p.is_file():
+            data.check_no_overlap(train_docs, p.read_text(encoding="utf-8", errors="replace"), str(path))
+    if spec.eval_suite is not None:  # an unknown or invalid suite is refused here, and so is a suite text trained on
+        from ..eval.suite import load_suite
+        from ..eval.texts import load_text
+
+        suite = load_suite(spec.eval_suite)
+        for name in (suite.perplexity.texts if suite.perplexity is not None else []):
+            data.check_no_overlap(train_docs, load_text(name), f"{name} (suite {suite.name})")
+    target, original = plan.spec.target_length, plan.spec.original_max_position_embeddings
+    window = spec.window
+    if window is None:
+        window = default_window(target, original, memory.weights_bytes(source, "float32"), text.hidden_size,
+                                text.num_hidden_layers, text.vocab_size, available_memory())
+    if window > target:
+        raise ValueError(f"--window {window} is longer than the target length {target}; use --window <= {target}")
+    if world()[0] == 1:  # a launch across processes shards or replicates by its own config: not estimated here
+        check_memory(spec, source, text, window, where)
+    from transformers import AutoTokenizer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    corpus = data.build_corpus(tokenizer, groups, window)
+    processes, _ = world()
+    global_windows = spec.global_windows(window)
+    accumulation = batch_split(global_windows, spec.micro_batch, processes)
+    digest = spec.fingerprint(rope, {"window": window, "global_windows": global_windows,
+                                     "data": [s.sha256 for s in corpus.sources], "source": _config_digest(source)})
+    from ..patch import verify_or_explain
+
+    if plan.changed:  # stock transformers rebuilds the planned RoPE (as `patch_model(verify=True)`), before loading
+        verify_or_explain(plan, text)
+    return Prepared(spec, source, out, config, plan, tokenizer, corpus, window, processes, accumulation,
+                    global_windows, digest, where)
+
+
+def check_dtype_on_device(dtype: str, where: str) -> None:
+    """float16 trains only where accelerate runs fp16 mixed precision (autocast with its gradient scaler): CUDA and
+    other accelerators. On the CPU accelerate turns it off without a word and the run would train in float32."""
+    if dtype == "float16" and where == "cpu":
+        raise SpecError("--dtype float16 needs a GPU: accelerate runs fp16 mixed precision (with its gradient scaler) "
+                        "only on accelerators, and on the CPU the run would silently train in float32; use --dtype "
+                        "bfloat16 (CPU autocast) or float32", field="dtype", value=dtype)
+
+
+def trains_in_bf16(spec: TrainSpec, where: str) -> bool:
+    """bf16 mixed precision: asked for, or `--dtype auto` on a GPU that has bf16."""
+    import torch
+
+    return spec.dtype == "bfloat16" or (spec.dtype == "auto" and where == "cuda" and torch.cuda.is_bf16_supported())
+
+
+def _config_digest(source: Path) -> str:
+    return hashlib.sha256((source / "config.json").read_bytes()).hexdigest()[:16]
+
+
+def available_memory() -> int:
+    """Free memory where the run trains: the GPU's, else the machine's (`memory.available`)."""
+    return memory.available("cuda" if device() == "cuda" else None).bytes
+
+
+def check_memory(spec: TrainSpec, source: Path, text, window: int, where: str) -> None:
+    """Refuse, before loading, a run whose float32 weights, gradients and AdamW state plus one micro-batch's
+    activations (`memory.training_need`) exceed the memory where it trains; --lora and a shorter --window are
+    offered with their numbers, --no-memory-check loads anyway."""
+    compute = "bfloat16" if spec.dtype == "bfloat16" or (spec.dtype == "auto" and where == "cuda") else "float32"
+
+    def need(lora: bool) -> memory.Need:
+        return memory.training_need(source, text, window, spec.micro_batch, compute_dtype=compute,
+                                    checkpointing=spec.gradient_checkpointing != "off",
+                                    lora_r=spec.lora_r if lora else None,
+                                    embeddings_and_norms=spec.train_embeddings_and_norms)
+
+    ways = memory.WaysOut(device="a GPU, or accelerate launch with FSDP or DeepSpeed ZeRO-3 offload",
+                          length="--window {fits}: PoSE", offers=() if spec.lora else (
+                              ("train adapters", "--lora", need(True)),))
+    memory.check(spec.source, need(spec.lora), device="cuda" if where == "cuda" else None, ways=ways,
+                 what="weights, gradients and optimizer state", skip=not spec.memory_check)
