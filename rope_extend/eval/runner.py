@@ -63,6 +63,23 @@ def _append(path: Path, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
+def _source_config(model_path) -> tuple[Path, Any]:
+    """(the folder, its config) of SOURCE: a folder, a Hub id (through the Hub cache) or an alias, as `patch`
+    resolves it."""
+    from ..files import load_config
+    from ..hub import resolve_source
+
+    folder = resolve_source(model_path)
+    return folder, load_config(folder)
+
+
+def _config_original_length(model_path) -> int:
+    """SOURCE's original (pretraining) length, the one the suite's relative lengths count from."""
+    from ..facts import read_rope
+
+    return read_rope(_source_config(model_path)[1]).original_length()
+
+
 def check_memory(name: str, folder: Path, config, cases: list, dtype: str, device: str | None,
                  device_map: str | None, skip: bool = False) -> None:
     """Refuse in one line, before any weights load, a run whose longest pending case needs more memory than the
@@ -153,12 +170,9 @@ def run_eval(
     if loader is None:
         from .. import compat
         from ..facts import read_rope
-        from ..files import load_config
-        from ..hub import resolve_source
         from ..plan import plan_patch
 
-        folder = resolve_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
-        config = load_config(folder)
+        folder, config = _source_config(model_path)
         original, preflight_tok = read_rope(config).original_length(), None
         for variant in variants:  # each spec planned on SOURCE's config now: a spec the model refuses (a shipped
             if variant.spec is not None and not callable(variant.spec):  # scheme without replace_existing...) is
