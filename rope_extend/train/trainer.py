@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import compat
-from . import lora, sharding
+from . import lora, sequence_parallel, sharding
 from .prepare import Prepared, available_memory, trains_in_bf16
 from .progress import complete_checkpoints
 from .recipe import activation_bytes, needs_checkpointing
@@ -46,6 +46,9 @@ def load_patched_model(prep: Prepared):
         model = AutoModelForCausalLM.from_pretrained(prep.source, **compat.dtype_kwargs(torch.float32))
         patch_model(model, prep.plan, verify=False)
     model.config.use_cache = False
+    if prep.sequence_parallel > 1:  # a model class without sdpa loads eager whatever its config says
+        sequence_parallel.check_attention(prep.sequence_parallel, model.config._attn_implementation,
+                                          f"the loaded {type(model).__name__}")
     return model
 
 
@@ -82,8 +85,7 @@ def gradient_checkpointing(prep: Prepared) -> tuple[bool, str]:
     q_dim, kv_dim = heads * head_dim, (getattr(text, "num_key_value_heads", None) or heads) * head_dim
     float32 = prep.spec.dtype == "float32" or (prep.spec.dtype == "auto" and prep.device == "cpu")
     element = 4 if float32 else 2  # mixed precision keeps most activations in 16 bits
-    activations = activation_bytes(prep.spec.micro_batch * prep.window, hidden, text.intermediate_size, kv_dim,
-                                   layers, element)
+    activations = activation_bytes(prep.micro_tokens, hidden, text.intermediate_size, kv_dim, layers, element)
     params = (layers * (2 * hidden * (q_dim + kv_dim) + 3 * hidden * text.intermediate_size)
               + text.vocab_size * hidden * (1 if getattr(text, "tie_word_embeddings", False) else 2))
     available, fixed = available_memory(), 16 * params  # float32 weights, gradients, AdamW's two moments
@@ -141,7 +143,12 @@ def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None =
         kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     if device == "cpu" and prep.world > 1:
         kwargs["ddp_backend"] = "gloo"
-    return TrainingArguments(**kwargs)
+    if prep.sequence_parallel > 1:
+        kwargs.update(sequence_parallel.arguments(prep.sequence_parallel, prep.world, prep.deepspeed))
+    args = TrainingArguments(**kwargs)
+    if prep.sequence_parallel > 1:
+        sequence_parallel.join_deepspeed_comm()
+    return args
 
 
 def precision(args) -> str:
@@ -210,8 +217,8 @@ def previous_seconds(checkpoint: Path | None) -> float:
 def callbacks(prep: Prepared, on_progress: Callable[[str], None] | None, resumed: int):
     from .progress import callback
 
-    return callback(prep.spec.steps, resumed, prep.tokens_per_step, prep.accumulation,
-                    prep.spec.micro_batch * prep.window, prep.spec.state_dir(), KEEP_CHECKPOINTS, on_progress)
+    return callback(prep.spec.steps, resumed, prep.tokens_per_step, prep.accumulation, prep.micro_tokens,
+                    prep.spec.state_dir(), KEEP_CHECKPOINTS, on_progress)
 
 
 # --- the Trainer -----------------------------------------------------------------------------------------------------
@@ -229,6 +236,8 @@ def trainer_class():
         loss_chunk_tokens = 0  # > 0: the loss in chunks of this many positions (`loss.py`); 0: transformers' own
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if self.loss_chunk_tokens and sequence_parallel.active(self):  # the batch holds this process's shard
+                return sequence_parallel.compute_loss(self, model, inputs, self.loss_chunk_tokens, return_outputs)
             if not self.loss_chunk_tokens or "labels" not in inputs:
                 return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                             num_items_in_batch=num_items_in_batch)
