@@ -350,7 +350,8 @@ def _losses(folder: Path) -> list[float]:
 
 def test_sequence_parallel_over_two_processes_trains_the_one_process_run(reference, tiny_source, tmp_path):
     """`--sequence-parallel 2` under torchrun: DeepSpeed's Ulysses (ALST) through transformers' Trainer, each
-    32-token PoSE window split into two 16-token shards, one per process, the built-in ZeRO-1 config. The loss of
+    32-token PoSE window split into two 16-token shards, one per process, the built-in ZeRO-0 config (the same
+    as the shipped configs/deepspeed/zero0.json). The loss of
     every step and the final weights are the one-process run's (the shared reference: same data, same recipe), and
     the checkpoint is verified. Then the negative control: the same sharding without the Ulysses attention (each
     process attends only within its shard, tests/sharded_without_ulysses.py) gives another loss at the first step,
@@ -360,8 +361,11 @@ def test_sequence_parallel_over_two_processes_trains_the_one_process_run(referen
     command, env = _launch_command("torchrun", _args(source, text, out, "--sequence-parallel", "2"), tmp_path)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-6000:]
-    assert ("processes: DeepSpeed ZeRO-1 over 2 processes (cpu): each holds 1/2 of the optimizer state; Ulysses "
-            "sequence parallel: each window split over 2 processes" in done.stderr), done.stderr[-3000:]
+    assert ("processes: DeepSpeed ZeRO-0 over 2 processes (cpu); Ulysses sequence parallel: each window split over 2 "
+            "processes" in done.stderr), done.stderr[-3000:]
+    from rope_extend.train.sequence_parallel import DEFAULT_ZERO
+
+    assert json.loads((ROOT / "configs/deepspeed/zero0.json").read_text()) == DEFAULT_ZERO
     assert "2 micro-batch(es) of 16 tokens per process" in done.stderr  # each process holds half of each window
     assert "verified with stock transformers" in " ".join(done.stdout.split())
     want, got = _losses(reference), _losses(out)
@@ -386,15 +390,52 @@ def test_sequence_parallel_over_two_processes_trains_the_one_process_run(referen
     assert abs(first - want[0]) > 1e-3 * want[0], (first, want[0])  # measured: 10.7706 against 10.7578
 
 
+def test_a_resumed_sequence_parallel_run_skips_exactly_the_micro_batches_it_trained():
+    """transformers skips a resumed run's batches with accelerate's `skip_first_batches`, which cannot reach through
+    DeepSpeed's Ulysses adapter (AttributeError in transformers 5.25); `sequence_parallel.resumed_dataloader` skips
+    whole batches of the DataLoader the adapter wraps and the rest of a batch's N micro-batches itself. Checked on
+    DeepSpeed's adapter class (a new one, wrapping the skipped DataLoader, with the same group) and on the adapter's
+    order for N = 2 without its collectives (a resumed run on 2 processes ending at the one-process weights was run
+    by hand: docs/train.md)."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+    from torch.utils.data import DataLoader
+
+    from rope_extend.train.sequence_parallel import resumed_dataloader
+
+    samples = [{"input_ids": torch.full((4,), i), "position_ids": torch.arange(4), "labels": torch.full((4,), i)}
+               for i in range(7)]
+    group = object()
+    adapter = UlyssesSPDataLoaderAdapter(DataLoader(samples, batch_size=1), sp_rank=1, sp_group=group,
+                                         sp_world_size=2, device="cpu")
+    resumed = resumed_dataloader(adapter, 6)  # 3 batches of the DataLoader, 2 micro-batches each
+    assert type(resumed) is UlyssesSPDataLoaderAdapter and resumed is not adapter
+    assert (resumed.sp_rank, resumed.sp_group, resumed.sp_world_size, resumed.device) == (1, group, 2, "cpu")
+    assert int(next(iter(resumed.dl))["input_ids"][0, 0]) == 3
+
+    class TwoShards(UlyssesSPDataLoaderAdapter):
+        """The adapter's order for N = 2 without its collectives: each batch, then its 2 micro-batches."""
+
+        def refill(self):
+            batch = next(self.iter)
+            self.micro_batches.extend((int(batch["input_ids"][0, 0]), shard) for shard in range(self.sp_world_size))
+
+    for skipped in range(6):  # whole batches skipped in the DataLoader, the rest of one batch by the adapter
+        two = TwoShards(DataLoader(samples, batch_size=1), sp_rank=0, sp_group=None, sp_world_size=2, device="cpu")
+        assert next(iter(resumed_dataloader(two, skipped))) == (skipped // 2, skipped % 2)
+
+
 def test_sequence_parallel_refuses_what_cannot_work_in_one_line_before_any_work(tiny_source, tmp_path, capsys,
                                                                                   monkeypatch):
-    """Heads that do not split over N, a window that does not, eager attention, a launch of one process, FSDP,
-    --deepspeed without sequence parallelism: one line naming the fix, exit 2, before any model is loaded."""
+    """Heads that do not split over N, a window that does not, eager attention, a launch of one process, FSDP, a
+    ZeRO-3 config that cannot gather the weights, --deepspeed without sequence parallelism: one line naming the fix,
+    exit 2, before any model is loaded."""
     source, text = tiny_source
     eager = tmp_path / "eager-src"
     shutil.copytree(source, eager)
     config = json.loads((eager / "config.json").read_text())
     (eager / "config.json").write_text(json.dumps({**config, "attn_implementation": "eager"}))
+    ungathered = tmp_path / "zero3-ungathered.json"  # ZeRO-3 that cannot hand the trained weights to the writer
+    ungathered.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
     out = tmp_path / "out"
 
     def args(*extra: str, src: Path = source) -> list[str]:
@@ -409,6 +450,8 @@ def test_sequence_parallel_refuses_what_cannot_work_in_one_line_before_any_work(
         (args("--sequence-parallel", "2"), 1, None, "this launch started 1; start 2 processes"),
         (args("--sequence-parallel", "2"), None, None, "torchrun --nproc_per_node 2"),
         (args("--sequence-parallel", "2"), 2, "true", "not FSDP"),
+        (args("--sequence-parallel", "2", "--deepspeed", str(ungathered)), 2, None,
+         "set it to true (configs/deepspeed/zero3.json has it)"),
         (args("--deepspeed", str(ROOT / "configs/deepspeed/zero3.json")), None, None,
          "--deepspeed configures a --sequence-parallel run"),
     ]

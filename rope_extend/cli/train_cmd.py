@@ -66,7 +66,7 @@ def train_command(
         "says which), on, off.")] = "auto",
     loss_chunk: Annotated[int | None, typer.Option("--loss-chunk", help="Positions per loss chunk (default: ~256 MiB of float32 logits).")] = None,
     sequence_parallel: Annotated[int, typer.Option("--sequence-parallel", help="Split each window over N processes (DeepSpeed Ulysses); launch a multiple of N processes.")] = 1,
-    deepspeed: Annotated[Path | None, typer.Option("--deepspeed", help="DeepSpeed JSON config of a --sequence-parallel run (default: ZeRO-1; configs/deepspeed/).")] = None,
+    deepspeed: Annotated[Path | None, typer.Option("--deepspeed", help="DeepSpeed JSON config of a --sequence-parallel run (default: ZeRO-0; configs/deepspeed/).")] = None,
     eval_suite: Annotated[str | None, typer.Option("--eval-suite", help="Eval suite before/after; into the card.")] = None,
     eval_text: Annotated[list[Path] | None, typer.Option("--eval-text", help="Held-out text: refused if it overlaps a training text.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT that is a checkpoint (a folder of other files is refused).")] = False,

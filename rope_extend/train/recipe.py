@@ -59,7 +59,7 @@ class TrainSpec:
     gradient_checkpointing: str = "auto"  # auto | on | off (auto: on when a micro-batch's activations need it)
     loss_chunk: int | None = None  # positions per loss chunk; None: ~256 MiB of float32 logits (`loss.chunk_tokens_for`)
     sequence_parallel: int = 1  # > 1: each window split over this many processes (DeepSpeed Ulysses)
-    deepspeed: str | None = None  # with sequence_parallel: a DeepSpeed JSON config (None: the built-in ZeRO-1)
+    deepspeed: str | None = None  # with sequence_parallel: a DeepSpeed JSON config (None: the built-in ZeRO-0)
     eval_suite: str | None = None
     eval_texts: list[str] = field(default_factory=list)  # refused if they overlap a training text
     overwrite: bool = False

