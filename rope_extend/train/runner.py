@@ -62,7 +62,7 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     state_dir = spec.state_dir()
     checkpointing, checkpointing_line = trainer.gradient_checkpointing(prep)
     args = trainer.training_arguments(prep, state_dir, checkpointing)
-    choice, chunk = trainer.memory_plan(prep, args)
+    choice, chunk = trainer.memory_plan(prep)
     say(f"attention: {choice.describe()}; {checkpointing_line}; loss in chunks of {chunk:,} positions")
     model, base = trainer.model_to_train(prep)
     dataset = data.WindowDataset(prep.corpus, prep.window, prep.target, spec.steps * prep.global_windows, spec.seed)
@@ -91,6 +91,7 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
         say(note)
     run.tokens_per_step = prep.tokens_per_step
     run.loss_chunk_tokens = chunk
+    run.forward_autocast = trainer.forward_autocast(prep)
     run.clock_offset = trainer.previous_seconds(resume_from)
     run.clock_start = time.perf_counter()
     scoped = sequence_parallel.attention_scoped() if prep.sequence_parallel > 1 else contextlib.nullcontext()
@@ -104,7 +105,7 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     train_seconds = history[-1]["train_seconds"] if history else time.perf_counter() - started
     tokens = run.state.global_step * prep.tokens_per_step
     summary = finish.summary(prep, run.state.global_step, tokens, train_seconds, losses)
-    summary["precision"] = trainer.precision(args)
+    summary["precision"] = trainer.precision(prep)
     summary["processes"] = processes_line
     if eval_before is not None:
         summary["eval"] = evaluation.summary(prep, eval_before, None)

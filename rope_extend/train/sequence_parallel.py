@@ -79,8 +79,11 @@ def missing_support() -> str | None:
     return None
 
 
-def check(n: int, text_config, window: int) -> None:
+def check(n: int, text_config, window: int, dtype: str) -> None:
     """Refuse, before any model is loaded, what Ulysses cannot shard (`n` > 1)."""
+    if dtype == "float16":
+        raise SpecError(f"--sequence-parallel {n} with --dtype float16: rope-extend's autocast on DeepSpeed runs "
+                        "without a loss scaler; use --dtype bfloat16", field="dtype", value=dtype)
     heads = text_config.num_attention_heads
     kv = getattr(text_config, "num_key_value_heads", None) or heads
     if heads % n:
@@ -181,11 +184,15 @@ def active(trainer) -> bool:
     return pc is not None and pc.sp_backend == "deepspeed" and pc.sp_enabled
 
 
-def compute_loss(trainer, model, inputs: dict, chunk_tokens: int, return_outputs: bool):
+def compute_loss(trainer, model, inputs: dict, chunk_tokens: int, return_outputs: bool, autocast=None):
     """The training loss of one process's shard: `loss.chunked_loss_sum` over the shard's pre-shifted labels (the
     adapter shifted them before splitting, so the last token of a shard predicts the first of the next), its mean
     combined over the group by transformers' `deepspeed_sp_compute_loss` (the mean over the whole window; each
-    process backpropagates its own share)."""
+    process backpropagates its own share). The Trainer then averages the windows of a step: the one-process token
+    mean, as every window holds the same number of predicted positions (`data.py`). `autocast`: the dtype the
+    model's forward runs in under mixed precision (as accelerate's wrapper does for one process; the loss chunks
+    run outside it, as there)."""
+    import torch
     from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
 
     from .loss import IGNORE_INDEX, chunked_loss_sum, head_input
@@ -195,7 +202,9 @@ def compute_loss(trainer, model, inputs: dict, chunk_tokens: int, return_outputs
     def forward(**batch):
         targets = batch.pop("shift_labels")
         batch.pop("labels", None)
-        with head_input(head) as seen:
+        mixed = (torch.autocast(trainer.accelerator.device.type, dtype=autocast) if autocast is not None
+                 else contextlib.nullcontext())
+        with head_input(head) as seen, mixed:
             outputs = model(**batch)
         count = (targets != IGNORE_INDEX).sum().to(seen[0].device)
         outputs.loss = chunked_loss_sum(seen[0], targets, head, chunk_tokens) / count.clamp(min=1)

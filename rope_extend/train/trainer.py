@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import compat
 from . import lora, sequence_parallel, sharding
-from .prepare import Prepared, available_memory, trains_in_bf16
+from .prepare import Prepared, available_memory
 from .progress import complete_checkpoints
 from .recipe import activation_bytes, needs_checkpointing
 
@@ -104,7 +104,10 @@ def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None =
     from transformers import TrainingArguments
 
     spec, device = prep.spec, prep.device
-    bf16 = trains_in_bf16(spec, device)
+    # Mixed precision is accelerate's autocast (float32 weights and optimizer state), except with a DeepSpeed config
+    # of rope-extend's own (--sequence-parallel): DeepSpeed then runs in float32 and the autocast is rope-extend's
+    # (`forward_autocast`), so that it is the same scheme as one process; DeepSpeed's bf16 would train bf16 weights.
+    mixed = prep.compute_dtype if forward_autocast(prep) is None else "float32"
     kwargs = dict(
         output_dir=str(state),
         max_steps=spec.steps,
@@ -130,8 +133,8 @@ def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None =
         disable_tqdm=True,
         remove_unused_columns=False,
         dataloader_num_workers=0,
-        bf16=bf16,
-        fp16=spec.dtype == "float16",
+        bf16=mixed == "bfloat16",
+        fp16=mixed == "float16",
         use_cpu=device == "cpu",
         full_determinism=device == "cpu",
         log_level="error",
@@ -151,16 +154,26 @@ def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None =
     return args
 
 
-def precision(args) -> str:
-    """The compute precision the Trainer ran in, for training.json and the card."""
-    if args.bf16:
+def forward_autocast(prep: Prepared):
+    """The autocast dtype rope-extend applies to the model's forward itself (None: accelerate's, or none): a
+    mixed-precision run on a DeepSpeed config of rope-extend's own (`sequence_parallel`)."""
+    import torch
+
+    if prep.deepspeed is None or prep.compute_dtype == "float32":
+        return None
+    return getattr(torch, prep.compute_dtype)
+
+
+def precision(prep: Prepared) -> str:
+    """The compute precision the run trains in, for training.json and the card."""
+    if prep.compute_dtype == "bfloat16":
         return "bfloat16 mixed precision (float32 weights and optimizer state)"
-    if args.fp16:
+    if prep.compute_dtype == "float16":
         return "float16 mixed precision (float32 weights and optimizer state, loss scaling)"
     return "float32"
 
 
-def memory_plan(prep: Prepared, args):
+def memory_plan(prep: Prepared):
     """(the attention path, positions per loss chunk) for this run's device and compute dtype: the attention
     kernel is checked to be a memory-efficient one (`attention.choose`, refusing the run otherwise) and the loss
     never holds more than one chunk's logits (`loss.py`)."""
@@ -169,8 +182,7 @@ def memory_plan(prep: Prepared, args):
     from . import attention
     from .loss import chunk_tokens_for
 
-    dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
-    choice = attention.choose(prep.config, prep.device, dtype, prep.window)
+    choice = attention.choose(prep.config, prep.device, getattr(torch, prep.compute_dtype), prep.window)
     return choice, prep.spec.loss_chunk or chunk_tokens_for(prep.text.vocab_size)
 
 
@@ -234,10 +246,12 @@ def trainer_class():
         clock_offset = 0.0
         clock_start = 0.0
         loss_chunk_tokens = 0  # > 0: the loss in chunks of this many positions (`loss.py`); 0: transformers' own
+        forward_autocast = None  # the autocast dtype of the model's forward when rope-extend applies it itself
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if self.loss_chunk_tokens and sequence_parallel.active(self):  # the batch holds this process's shard
-                return sequence_parallel.compute_loss(self, model, inputs, self.loss_chunk_tokens, return_outputs)
+                return sequence_parallel.compute_loss(self, model, inputs, self.loss_chunk_tokens, return_outputs,
+                                                      self.forward_autocast)
             if not self.loss_chunk_tokens or "labels" not in inputs:
                 return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                             num_items_in_batch=num_items_in_batch)
