@@ -170,10 +170,15 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
                 f"the model ships {current_type} scaling (x{factor:g} from {original}); 'new' is that scheme, "
                 "'old' the bare RoPE"
             )
+        marker = facts.marker or {}
+        if marker.get("stock_loaders"):  # an attention-level method: no config key carries it, the marker does
+            marked = load_spec(marker["spec"])
+            notes.append(f"rope_extend marker: {marker['method']} ({marked.rope_method.describe(marked)}); "
+                         f"stock loaders serve {marker['stock_loaders']}")
         method = None
     else:
         spec = load_spec(spec, **kwargs)
-        keeps = spec.rope_method.keeps_scheme  # STRING: the model's scheme stays, so nothing is re-derived
+        keeps = spec.rope_method.keeps_scheme  # attention-level methods keep the model's scheme: nothing re-derived
         if facts.is_scaled and not keeps:
             if not spec.replace_existing:
                 notes.append(
@@ -182,7 +187,7 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
                 )
             spec = spec.model_copy(update={"replace_existing": True})
         resolved = spec.resolve(spec.original_max_position_embeddings or facts.original_length())
-        if facts.window and resolved.target_length < facts.window and not spec.shorten_window:
+        if not keeps and facts.window and resolved.target_length < facts.window and not spec.shorten_window:
             notes.append(f"{spec.method} x{resolved.factor:g} reaches {resolved.target_length} tokens, shorter "
                          f"than the model's {facts.window} now: patch refuses it unless asked (shorten_window: true)")
             spec = spec.model_copy(update={"shorten_window": True})

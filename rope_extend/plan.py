@@ -85,8 +85,8 @@ class PatchPlan:
     rotary_dims: dict[str | None, int]
     attention_factor: float
     warnings: tuple[str, ...] = field(default_factory=tuple)
-    # Methods that keep the model's scheme (STRING): its own (inv_freq, attention factor) per target slot, and what
-    # that scheme is in words.
+    # Methods that keep the model's scheme (the attention-level ones): its own (inv_freq, attention factor) per target
+    # slot, and what that scheme is in words.
     own_rope: dict = field(default_factory=dict)
     kept_scheme: str | None = None
 
@@ -203,8 +203,9 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
                 f"model type {facts.model_type!r}: {where} use {VARIANT_ROPE[variant]}; rope-extend cannot rescale "
                 f"them{hint}"
             )
-    # a method that keeps the scheme works inside the window the model claims (Llama 3.1: 131072, not 8192)
-    window = facts.pristine_max_position_embeddings if spec.rope_method.keeps_scheme else None
+    # a method that keeps the scheme counts from the window the model claims as shipped (Llama 3.1: 131072, not 8192;
+    # Qwen2.5 with YaRN x4 over 32768: 131072): the distances its own RoPE serves
+    window = facts.shipped_window if spec.rope_method.keeps_scheme else None
     resolved = spec.resolve(spec.original_max_position_embeddings or window or facts.original_length(targets[0]))
     method = resolved.rope_method
     resolved = method.fill_params(resolved)  # derived parameters written out (self-extend's G and W, ...)
@@ -219,7 +220,8 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         rotary_dims[target] = dim
         new_slots[target] = method.config_slot(resolved, pristine[target], dim, base_theta)
 
-    new_max = method.max_position_embeddings(resolved)
+    # a method that keeps the scheme leaves what stock loaders read as shipped (Qwen2.5's 32768 beside its YaRN x4)
+    new_max = facts.pristine_max_position_embeddings if method.keeps_scheme else method.max_position_embeddings(resolved)
     new_marker = {
         "version": __version__,
         "method": resolved.method,
@@ -270,7 +272,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
             f"{resolved.method} keeps the RoPE a model ships and remaps attention on top, which would drop that "
             f"patch: call unpatch_model() first (or load the original model), then apply {resolved.method}"
         )
-    if changed and not method.keeps_scheme:  # STRING keeps the model's scheme and its window: nothing to check
+    if changed and not method.keeps_scheme:  # a method keeping the model's scheme keeps its window: nothing to check
         _check_window(facts, resolved, targets, base_theta)
     plan = replace(plan, changed=changed, attention_factor=float(plan.expected_stock(targets[0])[1]))
     if changed:

@@ -1,7 +1,11 @@
-"""The scaling spec: what to do to a model's RoPE, validated before any model is touched.
+"""The scaling spec: what to do to a model's RoPE, parsed and validated once, at the edge, before any model is touched.
 
-A spec comes from YAML (`configs/*.yaml`), keyword arguments, or CLI flags layered over YAML. Invalid input of any
-shape raises `SpecError` (a `ValueError`) naming the field, the bad value and the fix; nothing else escapes.
+A spec comes from YAML (`configs/*.yaml`), keyword arguments, or CLI flags layered over YAML (`load_spec`,
+`RopeSpec.from_sources`). It is a union discriminated on `method` (pydantic's discriminated unions): each method's
+spec class (`spec_class(name)`, e.g. `YarnSpec`) holds the method-independent fields of `RopeSpec` plus exactly the
+parameters that method declares in its own file (`RopeMethod.params`), so a parameter of another method is a
+validation error by construction. `RopeSpec(**data)` builds the method's class. Invalid input of any shape raises
+`SpecError` (a `ValueError`) naming the field, the bad value and the fix; nothing else escapes.
 
 `factor` or `target_length` may be given (one derives the other from the original length). The original length
 defaults to the model's, so a spec is *resolved* against a model (`RopeSpec.resolve`) before use.
@@ -10,15 +14,20 @@ defaults to the model's, so a spec is *resolved* against a model (`RopeSpec.reso
 from __future__ import annotations
 
 import difflib
+import functools
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
+    TypeAdapter,
     ValidationError,
     create_model,
     field_validator,
@@ -26,7 +35,7 @@ from pydantic import (
 )
 
 from .errors import SpecError, yaml_error_detail
-from .methods import Param, all_params, canonical_name, get_method
+from .methods import RopeMethod, all_methods, all_params, canonical_name, get_method
 
 FiniteFloat = Field(default=None, allow_inf_nan=False)
 
@@ -40,8 +49,12 @@ MAX_SPEC_DEPTH = 4  # spec -> list of factors is depth 2
 OUTPUT_RECORD_KEY = "output_record"
 
 
-class _SpecCore(BaseModel):
-    """The method-independent part of a spec; `RopeSpec` adds every registered method parameter as a field."""
+class RopeSpec(BaseModel):
+    """A RoPE scaling spec: the method-independent fields, shared by every method's spec class.
+
+    Build one with keywords (`RopeSpec(method="yarn", factor=4)`: an instance of the method's own class,
+    `spec_class("yarn")`), `load_spec(path)`, or `RopeSpec.from_sources`. The method's parameters are fields of
+    that class only."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -60,11 +73,21 @@ class _SpecCore(BaseModel):
     # spec's dict and of eval fingerprints).
     shorten_window: bool | None = None
 
-    def __init__(self, **data: Any):
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise _spec_error(exc) from None
+    def __new__(cls, *args: Any, **data: Any):
+        if cls is RopeSpec:  # the union: the method's own spec class, validated (see `parse_spec`)
+            return parse_spec(data)
+        return super().__new__(cls)
+
+    def __init__(self, /, **data: Any):
+        if hasattr(self, "__pydantic_fields_set__"):  # built and validated by `__new__` already
+            return
+        super().__init__(**data)
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> RopeSpec:
+        if cls is RopeSpec and isinstance(obj, Mapping):
+            return parse_spec(obj)
+        return super().model_validate(obj, **kwargs)
 
     # -- field rules -------------------------------------------------------------------------------------------
     @field_validator("method", mode="before")
@@ -115,14 +138,7 @@ class _SpecCore(BaseModel):
     # -- cross-field rules -------------------------------------------------------------------------------------
     @model_validator(mode="after")
     def _cross_field(self) -> RopeSpec:
-        method = get_method(self.method)
-        given = [name for name in METHOD_PARAMS if getattr(self, name) is not None]
-        foreign = [name for name in given if name not in method.params]
-        if foreign:
-            raise ValueError(
-                f"parameter {foreign[0]!r} does not apply to method {self.method!r} "
-                f"(it reads: {', '.join(method.params) or 'no extra parameters'}); remove it or change the method"
-            )
+        method = self.rope_method
         if self.factor is None and self.target_length is None and method.needs_factor:
             raise ValueError(f"method {self.method!r} needs 'factor' or 'target_length'; set one of them")
         method.validate(self)
@@ -181,10 +197,11 @@ class _SpecCore(BaseModel):
 
     def method_params(self) -> dict[str, Any]:
         """The method parameters that were set explicitly (defaults live with the method: `get_method(m).params`)."""
-        return {name: getattr(self, name) for name in METHOD_PARAMS if getattr(self, name) is not None}
+        return {name: getattr(self, name) for name in type(self).model_fields
+                if name not in CORE_FIELDS and getattr(self, name) is not None}
 
     @property
-    def rope_method(self):
+    def rope_method(self) -> RopeMethod:
         """The `RopeMethod` object of this spec's method."""
         return get_method(self.method)
 
@@ -223,28 +240,87 @@ class _SpecCore(BaseModel):
             data.pop("target_length", None)
         if overrides.get("target_length") is not None and overrides.get("factor") is None:
             data.pop("factor", None)
-        return cls(**data)
+        return parse_spec(data)
 
 
-# Every registered method parameter is a spec field (None = the method's default).
-METHOD_PARAMS: dict[str, Param] = all_params()
-_FIELD_TYPES = {float: (float | None, FiniteFloat), int: (int | None, None), bool: (bool | None, None), list: (list[float] | None, None)}
+CORE_FIELDS = tuple(RopeSpec.model_fields)
+_FIELD_TYPES = {float: (float | None, FiniteFloat), int: (int | None, None), bool: (bool | None, None),
+                list: (list[float] | None, None)}
 
 
-def _check_method_param(cls, value: Any, info) -> Any:
-    if value is not None:
-        METHOD_PARAMS[info.field_name].check(value)
+def spec_keys() -> list[str]:
+    """Every key a spec may hold: the core fields, then every registered method parameter (in the order specs
+    write them)."""
+    return [*CORE_FIELDS, *all_params()]
+
+
+def _refuse_booleans(cls, value: Any, info) -> Any:
+    """A number parameter given true/false (`--set shifted_offset=true`) is an error, not 1 or 0."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, got {str(value).lower()} (a boolean)")
     return value
 
 
-RopeSpec = create_model(
-    "RopeSpec",
-    __base__=_SpecCore,
-    __module__=__name__,
-    __doc__="A RoPE scaling spec. Build with keywords, `load_spec(path)`, or `RopeSpec.from_sources`.",
-    __validators__={"_method_param": field_validator(*METHOD_PARAMS)(_check_method_param)},
-    **{name: _FIELD_TYPES[param.kind] for name, param in METHOD_PARAMS.items()},
-)
+@functools.cache
+def _spec_class(method: RopeMethod) -> type[RopeSpec]:
+    """`method`'s spec class: `RopeSpec` plus the parameters the method declares (`RopeMethod.params`, each checked by
+    its `Param.check`), in the order every spec writes its keys (`all_params`), with `method` fixed to its name."""
+    order = list(all_params())
+    names = sorted(method.params, key=order.index)
+
+    def check(cls, value: Any, info) -> Any:
+        if value is not None:
+            method.params[info.field_name].check(value)
+        return value
+
+    validators = {"_method_param": field_validator(*names)(check)} if names else {}
+    numbers = [name for name in names if method.params[name].kind in (int, float)]
+    if numbers:
+        validators["_numbers"] = field_validator(*numbers, mode="before")(_refuse_booleans)
+    return create_model(
+        f"{type(method).__name__}Spec",
+        __base__=RopeSpec,
+        __module__=__name__,
+        __doc__=f"A {method.name} spec: the core fields of `RopeSpec` and {method.name}'s parameters.",
+        __validators__=validators,
+        method=(Literal[method.name], ...),
+        **{name: _FIELD_TYPES[method.params[name].kind] for name in names},
+    )
+
+
+def spec_class(name: str) -> type[RopeSpec]:
+    """The spec class of method `name` (an alias or any spelling `canonical_name` accepts)."""
+    return _spec_class(get_method(name))
+
+
+def _tag(value: Any) -> str | None:
+    """The discriminator: a spec's (canonical) method name."""
+    return value.get("method") if isinstance(value, Mapping) else getattr(value, "method", None)
+
+
+@functools.cache
+def _union(names: tuple[str, ...]) -> TypeAdapter:
+    members = tuple(Annotated[spec_class(name), Tag(name)] for name in names)
+    return TypeAdapter(Annotated[Union[members], Discriminator(_tag)])  # noqa: UP007 (a tuple of members)
+
+
+def parse_spec(data: Mapping[str, Any]) -> RopeSpec:
+    """Validate a spec given as a mapping: the one parser behind `RopeSpec(**data)`, `load_spec` and the CLI.
+
+    The method is read first (a missing, unknown or misspelt one is a SpecError naming the choices), then the union
+    picks its class, which rejects a parameter of another method by construction."""
+    data = dict(data)
+    if "method" not in data:
+        raise SpecError("the spec is missing 'method'; add it (e.g. method: yarn)", field="method", value=None)
+    try:
+        data["method"] = canonical_name(data["method"])
+    except SpecError as exc:  # in the words of every other field's bad value
+        value = data["method"]
+        raise SpecError(f"spec field 'method' has bad value {value!r}: {exc}", field="method", value=value) from None
+    try:
+        return _union(tuple(m.name for m in all_methods())).validate_python(data)
+    except ValidationError as exc:
+        raise _spec_error(exc, data["method"]) from None
 
 
 def load_spec(source: str | Path | dict | RopeSpec | None = None, **overrides: Any) -> RopeSpec:
@@ -372,15 +448,28 @@ def _method_names() -> list[str]:
     return method_names()
 
 
-def _spec_error(exc: ValidationError) -> SpecError:
-    """Turn pydantic's report into one line that names the field, the value and the fix."""
-    err = exc.errors(include_url=False)[0]
-    loc = ".".join(str(part) for part in err.get("loc", ())) or None
+def _spec_error(exc: ValidationError, method: str) -> SpecError:
+    """Turn pydantic's report into one line that names the field, the value and the fix.
+
+    A parameter of another method is reported only when nothing else is wrong (it is the last thing to fix), in the
+    words of a cross-field rule."""
+    errors = exc.errors(include_url=False)
+    foreign = [e for e in errors if e.get("type") == "extra_forbidden" and _key(e, method) in all_params()]
+    err = next((e for e in errors if e not in foreign), None) or foreign[0]
+    loc = _key(err, method)
     value = err.get("input")
     kind = err.get("type", "")
     msg = err.get("msg", "invalid value")
-    fields = list(RopeSpec.model_fields)
+    if err in foreign:
+        reads = get_method(method).params
+        return SpecError(
+            f"invalid spec: parameter {loc!r} does not apply to method {method!r} (it reads: "
+            f"{', '.join(reads) or 'no extra parameters'}); remove it or change the method",
+            field=None,
+            value=value,
+        )
     if kind == "extra_forbidden":
+        fields = spec_keys()
         close = difflib.get_close_matches(str(loc), fields, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}? " if close else ""
         return SpecError(f"unknown spec key {loc!r}: {hint}valid keys are {', '.join(fields)}", field=loc, value=value)
@@ -394,3 +483,12 @@ def _spec_error(exc: ValidationError) -> SpecError:
     if loc is None:  # a cross-field rule: its message already names the fields and values
         return SpecError(f"invalid spec: {msg}", field=None, value=value)
     return SpecError(f"spec field {loc!r} has bad value {value!r}: {msg}", field=loc, value=value)
+
+
+def _key(error: dict, method: str) -> str | None:
+    """The spec key an error of the union is about (its location without the union's tag), None for a rule across
+    fields."""
+    loc = tuple(error.get("loc", ()))
+    if loc[:1] == (method,):
+        loc = loc[1:]
+    return ".".join(str(part) for part in loc) or None

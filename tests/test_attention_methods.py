@@ -413,6 +413,8 @@ def test_defaults_follow_the_reach_rule():
         ({"method": "self-extend", "factor": 2, "group_size": 2.5}, "group_size"),
         ({"method": "self-extend"}, "needs 'factor' or 'target_length'"),
         ({"method": "dual-chunk", "factor": 2, "beta_fast": 3.0}, "does not apply to method 'dual-chunk'"),
+        ({"method": "dual-chunk", "length_scale": 0.9}, r"length_scale 0.9 must lie in \[0, 0.5\]"),
+        ({"method": "dual-chunk", "length_scale": -0.05}, r"must lie in \[0, 0.5\]"),
     ],
 )
 def test_spec_errors_name_the_rule(kwargs, match):
@@ -457,7 +459,7 @@ def test_cli_patch_and_validate(tmp_path, capsys):
     marker = json.loads((out / "config.json").read_text())["rope_extend"]
     assert marker["spec"]["group_size"] == 4 and marker["spec"]["neighbor_window"] == 4
     capsys.readouterr()
-    assert "ORIGINAL model" in (out / "README.md").read_text()  # the model card says what stock engines serve
+    assert "the model WITHOUT self-extend" in (out / "README.md").read_text()  # the model card says what stock engines serve
     spec = tmp_path / "se.yaml"
     spec.write_text("method: self-extend\nfactor: 4\ngroup_size: 2\n")
     assert run(["validate", str(spec)]) == 0

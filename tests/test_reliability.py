@@ -36,6 +36,7 @@ from rope_extend.checkpoint import patch_checkpoint, verify_output
 from rope_extend.cli import run
 from rope_extend.compat import portable_config_dict, read_slots
 from rope_extend.plan import verify_stock_config
+from rope_extend.spec import spec_keys
 
 # CI runs a fixed sequence of examples (a red CI must mean a regression); locally hypothesis explores freely.
 settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -406,7 +407,7 @@ def _assert_complete(out: Path, mode: str) -> None:
 
 
 # --- fuzzing -------------------------------------------------------------------------------------------------------
-SPEC_KEYS = list(RopeSpec.model_fields) + ["fator", "type", "rope_type", ""]
+SPEC_KEYS = spec_keys() + ["fator", "type", "rope_type", ""]
 VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12), st.lists(st.floats(allow_nan=True), max_size=4),

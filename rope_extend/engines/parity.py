@@ -258,11 +258,11 @@ def _report(inputs: _Inputs, here, other) -> ParityReport:
     rows: list[Row] = []
 
     def row(engine, route, results, hint_engine):
-        if plan.method.acts_on_attention:  # the RoPE matches, the attention is the original model's
+        if plan.method.acts_on_attention:  # the RoPE matches, the attention is the model's own
             results = [
                 r if isinstance(r, NotServed) else NotServed(
-                    f"serves the ORIGINAL model (its RoPE and attention); {spec.method} acts on attention, which "
-                    "only rope_extend.patch_model applies"
+                    f"serves {plan.method.served} (its own RoPE and attention); {spec.method} acts on attention, "
+                    "which only rope_extend.patch_model applies"
                 )
                 for r in results
             ]
@@ -365,8 +365,8 @@ def table_variants(factor: float = TABLE_FACTOR, half: int = 32) -> list[tuple[s
 
     out = []
     for name in method_names():
-        # a method that keeps the model's scheme (STRING) works inside the window: no factor
-        spec: dict = {"method": name} if get_method(name).keeps_scheme else {"method": name, "factor": factor}
+        # a method that works inside the window (STRING): no factor
+        spec: dict = {"method": name} if get_method(name).works_inside_window else {"method": name, "factor": factor}
         if name == "longrope":  # illustrative factors: 1 .. s across the frequencies, short ones milder
             spec["long_factor"] = [1.0 + (factor - 1.0) * i / (half - 1) for i in range(half)]
             spec["short_factor"] = [1.0 + 0.5 * i / (half - 1) for i in range(half)]

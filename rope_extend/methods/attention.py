@@ -1,9 +1,17 @@
-"""What self-extend and dual-chunk share: methods that act on attention, on top of the model's original RoPE.
+"""What self-extend, dual-chunk and STRING share: methods that act on attention, on top of the model's own RoPE.
 
-The frequencies stay the original ones (`compute` returns them), so the config keeps the original RoPE slot and
-`max_position_embeddings` = L: stock loaders (transformers, vLLM, SGLang) serve the *original* model from such a
-checkpoint, and the `rope_extend` marker carries the spec, which `patch_model(model)` re-applies in-process. The
-attention itself lives in `rope_extend.attention`, imported only by `install_attention`.
+They never change what stock loaders read. The model's RoPE is kept as shipped, scheme included (Llama 3.1's
+llama3 x8 over 8192, Qwen2.5's YaRN x4 over 32768, Gemma 3's per-layer-type RoPE): config.json keeps its RoPE slots
+and `max_position_embeddings`, so transformers, vLLM and SGLang serve the model WITHOUT the method, up to the window
+it claims. The original length L every method counts from is that window (Llama 3.1: 131072, not llama3's 8192;
+Qwen2.5 with YaRN x4: 131072, not the 32768 in `max_position_embeddings`): the distances the model's own RoPE serves.
+The method's parameters and the length N it reaches in-process live in rope-extend's section of config.json (the
+`rope_extend` marker's spec), which `patch_model(model)` re-applies; the attention re-rotates with the model's own
+frequencies and attention factor (`PatchPlan.compute`). The one thing a patch raises for stock tools is a length
+cap that stood at the old window (tokenizer_config.json's `model_max_length`, generation_config.json's
+`max_length`): raised to N, the length the user asked for. Schemes whose frequencies change with the length
+(dynamic, longrope) have no one rotation to keep, and are refused. The attention itself lives in
+`rope_extend.attention`, imported only by `install_attention`.
 """
 
 from __future__ import annotations
@@ -16,10 +24,14 @@ from .registry import EngineRule, Param, RopeContext, RopeMethod, default_inv_fr
 LOG_N = Param(bool, False, "multiply each query's logits by max(1, ln(p+1)/ln(L)) (Qwen's logn attention)")
 
 
+UNSUPPORTED_SCHEMES = ("dynamic", "longrope")  # their frequencies change with the length: no one rotation to keep
+
+
 class AttentionMethod(RopeMethod):
     acts_on_attention = True
+    keeps_scheme = True
     hf_rope_type = "default"
-    attention = "1 (the attention itself is remapped)"
+    attention = "the model's own (the attention itself is remapped)"
     llama_cpp_note: ClassVar[str]
 
     # -- math -------------------------------------------------------------------------------------------------
@@ -33,19 +45,39 @@ class AttentionMethod(RopeMethod):
     def install_attention(self, model, plan) -> list[Any]:
         from ..attention import runtime
 
-        return runtime.install(model, plan, self.mapping(plan.spec), bool(plan.spec.log_n))
+        return runtime.install(model, plan, self.mapping(plan.spec), bool(plan.spec.method_params().get("log_n")))
 
     @staticmethod
     def _error(message: str, field: str, value: Any) -> SpecError:
         return SpecError(message, field=field, value=value)
 
-    # -- config -----------------------------------------------------------------------------------------------
-    def max_position_embeddings(self, spec) -> int:
-        return int(spec.original_max_position_embeddings)  # stock loaders serve the original model
+    def validate(self, spec) -> None:
+        if spec.replace_existing:
+            raise ValueError(
+                f"replace_existing does not apply to {self.name}: it keeps the model's own RoPE scheme and window "
+                f"(what stock loaders serve) and remaps attention positions on top, counting from that window; "
+                "remove replace_existing"
+            )
 
-    # What stock loaders serve from such a checkpoint, in the words of the notes and engine warnings below.
-    served: ClassVar[str] = "the ORIGINAL model"  # the model they serve
-    served_rope: ClassVar[str] = "original RoPE"  # its RoPE
+    # -- config: the model's own scheme and window, unchanged ---------------------------------------------------
+    def config_slot(self, spec, base_slot: dict, rotary_dim: int, base_theta: float) -> dict:
+        from ..errors import UnsupportedModelError
+
+        kind = base_slot.get("rope_type", base_slot.get("type", "default"))
+        if kind in UNSUPPORTED_SCHEMES:
+            raise UnsupportedModelError(
+                f"{self.name} keeps the model's own RoPE, but this model's {kind} scheme changes its frequencies "
+                "with the length, so there is no one rotation to remap; extend it with a frequency method instead "
+                "(e.g. --method yarn --set replace_existing=true)"
+            )
+        return dict(base_slot)
+
+    @property
+    def served(self) -> str:
+        """What stock loaders serve from such a checkpoint, in the words of the notes and engine warnings below."""
+        return f"the model WITHOUT {self.name}"
+
+    served_rope: ClassVar[str] = "its own RoPE"
 
     def no_stock_engine(self, L: int) -> str:
         """Why vLLM/SGLang cannot serve the method (the end of their warning)."""
@@ -54,37 +86,52 @@ class AttentionMethod(RopeMethod):
 
     def marker_note(self, spec) -> str | None:
         return (
-            f"the original model (RoPE and max_position_embeddings {spec.original_max_position_embeddings} "
-            f"unchanged): {self.name} acts on attention; call rope_extend.patch_model(model) after loading to "
-            "re-apply it"
+            f"the model as it is (its RoPE and max_position_embeddings unchanged, {spec.original_max_position_embeddings}"
+            f" tokens): {self.name} acts on attention and reaches {spec.target_length} tokens; call "
+            "rope_extend.patch_model(model) after loading to re-apply it"
         )
 
     def loader_notes(self, spec) -> list[str]:
         return [
             f"{self.name} acts on attention, which no config key carries: stock transformers, vLLM and SGLang serve "
-            f"{self.served} (up to {spec.original_max_position_embeddings} tokens) from this checkpoint; call "
-            "rope_extend.patch_model(model) after loading to re-apply it in-process"
+            f"{self.served} ({self.served_rope}, up to {spec.original_max_position_embeddings} tokens) from this "
+            f"checkpoint; call rope_extend.patch_model(model) after loading to re-apply it in-process (up to "
+            f"{spec.target_length} tokens)"
         ]
+
+    def summary(self, plan) -> str:
+        spec = plan.spec
+        return (f"{spec.method} x{spec.factor:g}: {spec.original_max_position_embeddings} -> {spec.target_length} "
+                f"tokens in-process (rope_extend.patch_model), on top of {self._own(plan)} (attention factor "
+                f"{plan.attention_factor:.4f}); config.json keeps it: stock loaders serve "
+                f"{spec.original_max_position_embeddings} tokens; {self.describe(spec)}")
+
+    @staticmethod
+    def _own(plan) -> str:
+        """The model's own RoPE in words: 'its own RoPE: llama3 x8 from 8192'."""
+        kept = plan.kept_scheme
+        return "its own RoPE" + (f": {kept}" if kept and not kept.startswith("default") else "")
 
     def engine_rule(self, engine, plan, version):
         L = plan.spec.original_max_position_embeddings
         if engine == "transformers":
             return EngineRule(max_len=L, warnings=[
-                f"stock transformers loads this checkpoint as {self.served} ({self.served_rope}, "
-                f"max_position_embeddings {L}): {self.name} acts on attention and no config key carries it; call "
-                "rope_extend.patch_model(model) after loading to re-apply it from the rope_extend marker"
+                f"stock transformers loads this checkpoint as {self.served} ({self._own(plan)}, {L} tokens): "
+                f"{self.name} acts on attention and no config key carries it; call rope_extend.patch_model(model) "
+                f"after loading to re-apply it from the rope_extend marker (up to {plan.spec.target_length} tokens)"
             ])
         if engine in ("vllm", "sglang"):
             return EngineRule(max_len=L, warnings=[
-                f"{version} serves {self.served} from this checkpoint, so the command serves {L} tokens: "
-                f"{self.no_stock_engine(L)}"
+                f"{version} serves {self.served} from this checkpoint ({self._own(plan)}), so the command serves "
+                f"{L} tokens: {self.no_stock_engine(L)}"
             ])
         return self.llama_cpp_rule(plan)
 
     def llama_cpp_rule(self, plan) -> EngineRule:
         L = plan.spec.original_max_position_embeddings
         return EngineRule(max_len=L, flags=None, convertible=False, warnings=[
-            f"llama.cpp serves {self.served} from this checkpoint (up to {L} tokens): {self.llama_cpp_note}"
+            f"llama.cpp serves {self.served} from this checkpoint ({self._own(plan)}, up to {L} tokens): "
+            f"{self.llama_cpp_note}"
         ])
 
     def gguf_rope(self, spec, base, rope_dim, inv_freq, attention_factor):

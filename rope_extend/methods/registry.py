@@ -142,12 +142,16 @@ class RopeMethod:
     params: ClassVar[Mapping[str, Param]] = {}
     dynamic: ClassVar[bool] = False  # recomputed from the current length at run time
     switches_at_original: ClassVar[bool] = False  # dynamic with two states only: up to L, and beyond L (longrope)
-    # Acts on attention (self-extend, dual-chunk): the RoPE stays the original one and `install_attention` remaps
-    # the positions attention sees; stock loaders serve the original model.
+    # Acts on attention (self-extend, dual-chunk, STRING): the RoPE stays the model's own and `install_attention`
+    # remaps the positions attention sees; stock loaders serve the model without the method.
     acts_on_attention: ClassVar[bool] = False
-    # Keeps the model's own RoPE scheme as shipped (STRING): the config is unchanged and `PatchPlan.compute` is the
-    # model's own frequencies and attention factor, on which `install_attention` builds.
+    # Keeps the model's own RoPE scheme and window as shipped (the attention-level methods): config.json's RoPE and
+    # max_position_embeddings are unchanged, the original length L is the window the model claims (Llama 3.1:
+    # 131072), and `PatchPlan.compute` is the model's own frequencies and attention factor, on which
+    # `install_attention` builds.
     keeps_scheme: ClassVar[bool] = False
+    # Useful inside the window the model claims, without a longer target (STRING): a spec needs no factor.
+    works_inside_window: ClassVar[bool] = False
     static_counterpart: ClassVar[str | None] = None  # the static method a dynamic one becomes where it cannot run
     needs_factor: ClassVar[bool] = True
     # The transformers `rope_type` written to the config slot; stock loaders build this method from it.
@@ -180,6 +184,12 @@ class RopeMethod:
     # -- spec -------------------------------------------------------------------------------------------------
     def validate(self, spec: RopeSpec) -> None:
         """Cross-parameter rules; raise ValueError naming the values and the fix."""
+
+    def depends_on_length(self, spec: dict) -> bool:
+        """Whether the output at a position depends on the sequence's length (`spec` as a dict, defaults not filled
+        in): dynamic methods, and attention-level ones with a length-dependent scale. The evaluation then gives
+        each perplexity length its own forward."""
+        return self.dynamic
 
     def fill_params(self, spec: RopeSpec) -> RopeSpec:
         """The resolved spec with derived parameters written out (attention methods pick G/W from the target
@@ -280,6 +290,13 @@ class RopeMethod:
         """A resolved spec's parameters in words (reports)."""
         values = {key: getattr(spec, key) for key in self.params if getattr(spec, key, None) is not None}
         return ", ".join(f"{key} {value}" for key, value in values.items()) or "no parameters"
+
+    def summary(self, plan) -> str:
+        """The one line `rope-extend patch` prints about what was planned."""
+        spec = plan.spec
+        return (f"{spec.method} x{spec.factor:g}: {spec.original_max_position_embeddings} -> {spec.target_length} "
+                f"tokens, attention factor {plan.attention_factor:.4f}, max_position_embeddings "
+                f"{plan.old_max_position_embeddings} -> {plan.max_position_embeddings}")
 
     def param_doc(self) -> str:
         shown = {k: p.default if p.default is not None else p.derived for k, p in self.params.items()}
