@@ -15,8 +15,9 @@ training process's peak RSS (VmHWM in /proc, polled every 0.2 s; the main proces
 from the one-process run at the same window. Then, for a per-process memory budget, the longest measured window
 whose every process stayed within it, for N = 1 and N = 2.
 
-One process is run with 1 thread and with 2 (the machine's 2 cores, as the 2-process case uses them: 1 thread
-each). Cases are resumable: every finished case is written to --json at once and skipped when it is there.
+One process runs with 1 thread, and at the --two-threads windows also with 2 (the machine's 2 cores, as the
+2-process case uses them: 1 thread each). Cases are resumable: every finished case is written to --json at once and
+skipped when it is there.
 
     python bench/train_sequence_parallel.py --windows 512 1024 1536 2048 --budget-gib 4 --json out.json
 """
@@ -62,6 +63,8 @@ def main() -> None:
     parser.add_argument("--max-window-one-process", type=int, default=None,
                         help="skip one-process cases above this window (they would exceed the memory at hand)")
     parser.add_argument("--budget-gib", type=float, default=4.0, help="per-process memory budget for the summary")
+    parser.add_argument("--two-threads", type=int, nargs="*", default=None,
+                        help="windows at which one process also runs with 2 threads (default: the first window)")
     parser.add_argument("--json", default=None, help="results, written after every case; finished cases are kept")
     args = parser.parse_args()
     command = " ".join(["python", "bench/train_sequence_parallel.py", *sys.argv[1:]])
@@ -89,6 +92,8 @@ def main() -> None:
                 key = f"{window} {name}"
                 one = name.startswith("1 process")
                 if key in results or (one and args.max_window_one_process and window > args.max_window_one_process):
+                    continue
+                if name == "1 process, 2 threads" and window not in (args.two_threads or args.windows[:1]):
                     continue
                 out = Path(tmp) / key.replace(" ", "_").replace(",", "")
                 r = launch(prefix, argv, out, {**base, "HF_HOME": str(Path(tmp) / "hf-home"), **env})

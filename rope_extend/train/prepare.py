@@ -149,16 +149,8 @@ def prepare(spec: TrainSpec) -> Prepared:
     processes, _ = world()
     if processes == 1:  # a launch across processes shards or replicates by its own config: not estimated here
         check_memory(spec, source, text, window, where)
-    n, deepspeed = spec.sequence_parallel, None
-    if n > 1:  # what Ulysses cannot shard, then the launch: refused before the tokenizer and the model load
-        sequence_parallel.check(n, text, window, spec.dtype)
-        sequence_parallel.check_launch(n, processes, sharding.asked())
-        if sharding.asked() != "DeepSpeed":  # an accelerate DeepSpeed launch brings its own config
-            deepspeed = sequence_parallel.deepspeed_config(spec.deepspeed)
-        elif spec.deepspeed is not None:
-            raise SpecError(f"--deepspeed {spec.deepspeed} and the accelerate launch's DeepSpeed config both configure "
-                            "DeepSpeed; pass one (drop --deepspeed, or launch with torchrun)", field="deepspeed",
-                            value=spec.deepspeed)
+    n = spec.sequence_parallel
+    deepspeed = sequence_parallel.prepare(spec, text, window, processes, sharding.asked()) if n > 1 else None
     from transformers import AutoTokenizer
 
     with warnings.catch_warnings():

@@ -8,14 +8,17 @@ layer an all-to-all trades the sequence split for a head split, so every process
 model's attention function, `UlyssesSPDataLoaderAdapter` shards each batch of every process over the group and
 shifts its labels before the split); rope-extend adds what its own recipe needs, each piece named here:
 
-- `check` / `check_attention` / `check_launch`: what cannot work is refused in one line before training, naming
-  the fix (heads not divisible by N, a window not a multiple of N, eager attention, a launch that started fewer
-  processes than N, FSDP, a transformers/accelerate/DeepSpeed without Ulysses).
-- `training_arguments`: the DeepSpeed config (a launch through `accelerate launch` with a DeepSpeed config keeps its
-  own; otherwise `--deepspeed FILE` or the built-in ZeRO config `DEFAULT_ZERO`) and the `ParallelismConfig`.
+- `prepare` (`check` / `check_attention` / `check_launch` / `deepspeed_config`): what cannot work is refused in one line before
+  training, naming the fix (heads not divisible by N, a window not a multiple of N, eager attention, float16, a
+  launch that started fewer processes than N, FSDP, a ZeRO-3 config that cannot gather the trained weights, a
+  transformers/accelerate/DeepSpeed without Ulysses).
+- `deepspeed_config` / `arguments`: the DeepSpeed config (a launch through `accelerate launch` with a DeepSpeed
+  config keeps its own; otherwise `--deepspeed FILE` or the built-in `DEFAULT_ZERO`) and the `ParallelismConfig`;
+  `join_deepspeed_comm` starts DeepSpeed's communication layer over the CPU processes' gloo group.
 - `compute_loss`: rope-extend's loss in chunks (`loss.py`) on each process's shard of the pre-shifted labels,
   combined over the group by transformers' own token-weighted mean (`deepspeed_sp_compute_loss`, which also knows
-  how each DeepSpeed release scales the gradients).
+  how each DeepSpeed release scales the gradients), the forward under rope-extend's autocast in mixed precision.
+- `resumed_dataloader`: a resumed run skips what it trained through DeepSpeed's data adapter.
 - `attention_scoped`: DeepSpeed replaces transformers' "sdpa" entry process-wide; it is put back after training, so
   the writer's verification (one process) runs the model's own attention.
 
@@ -76,6 +79,22 @@ def missing_support() -> str | None:
     if not hasattr(hf_deepspeed, "deepspeed_sp_compute_loss"):
         return (f"transformers {importlib.metadata.version('transformers')} has no DeepSpeed sequence parallelism "
                 "in its Trainer (pip install -U transformers)")
+    return None
+
+
+def prepare(spec, text_config, window: int, world: int, launched_with: str | None) -> dict | None:
+    """Everything checked before the tokenizer and the model load (`check`, `check_launch`), and the DeepSpeed config
+    rope-extend gives the run: None under an accelerate DeepSpeed launch (it brings its own), else `--deepspeed FILE`
+    or `DEFAULT_ZERO`."""
+    n = spec.sequence_parallel
+    check(n, text_config, window, spec.dtype)
+    check_launch(n, world, launched_with)
+    if launched_with != "DeepSpeed":
+        return deepspeed_config(spec.deepspeed)
+    if spec.deepspeed is not None:
+        raise SpecError(f"--deepspeed {spec.deepspeed} and the accelerate launch's DeepSpeed config both configure "
+                        "DeepSpeed; pass one (drop --deepspeed, or launch with torchrun)", field="deepspeed",
+                        value=spec.deepspeed)
     return None
 
 
