@@ -20,6 +20,11 @@ One process runs with 1 thread, and at the --two-threads windows also with 2 (th
 skipped when it is there.
 
     python bench/train_sequence_parallel.py --windows 512 1024 1536 2048 --budget-gib 4 --json out.json
+
+`--estimate` runs nothing: it prints, from rope-extend's own memory count (`rope_extend.memory`, what `train` uses to
+turn gradient checkpointing on and to refuse a run that does not fit), the longest window a full fine-tune of a
+Llama-3-8B-shaped model would fit per world size on 80 GiB GPUs under ZeRO-3 with `--sequence-parallel` = the world
+size: an estimate for planning GPU runs, not a measurement.
 """
 
 from __future__ import annotations
@@ -66,7 +71,11 @@ def main() -> None:
     parser.add_argument("--two-threads", type=int, nargs="*", default=None,
                         help="windows at which one process also runs with 2 threads (default: the first window)")
     parser.add_argument("--json", default=None, help="results, written after every case; finished cases are kept")
+    parser.add_argument("--estimate", action="store_true", help="print the GPU sizing estimate and exit")
     args = parser.parse_args()
+    if args.estimate:
+        estimate()
+        return
     command = " ".join(["python", "bench/train_sequence_parallel.py", *sys.argv[1:]])
     print(f"command: {command}", flush=True)
     saved = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).is_file() else {}
@@ -110,6 +119,31 @@ def main() -> None:
                 if args.json:
                     Path(args.json).write_text(json.dumps({"command": command, "results": results}, indent=2) + "\n")
     report(results, args.budget_gib)
+
+
+def estimate(gpu_gib: float = 80.0, reserve_gib: float = 4.0) -> None:
+    """Longest window per world size W (ZeRO-3: the float32 training state split W ways; `--sequence-parallel W`:
+    each GPU holds window / W tokens of checkpointed activations), Llama-3-8B's shape, gradient checkpointing on."""
+    from transformers import LlamaConfig
+
+    from rope_extend import memory
+
+    config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False)
+    layers, hidden, inter, vocab = 32, 4096, 14336, 128256
+    params = layers * (2 * hidden * hidden + 2 * hidden * 1024 + 3 * hidden * inter + 2 * hidden) + 2 * vocab * hidden
+    per_token = memory.training_per_token(config, 2, checkpointing=True)  # bf16 autocast, checkpointing on
+    print(f"Llama-3-8B shape ({params:,} parameters), full fine-tune, {gpu_gib:g} GiB GPUs, {reserve_gib:g} GiB kept "
+          f"for the runtime; {per_token / 2**20:.3f} MiB per token held (memory.training_per_token); "
+          f"one loss chunk {memory.LOSS_CHUNK_BYTES / 2**20:.0f} MiB")
+    print("| GPUs (= --sequence-parallel) | training state per GPU (ZeRO-3) | left for activations | tokens per GPU | window |")
+    print("|---|---|---|---|---|")
+    for world in (1, 2, 4, 8, 16, 32):
+        state = memory.ADAMW_BYTES * params / world
+        left = gpu_gib * 2**30 - state - reserve_gib * 2**30 - memory.LOSS_CHUNK_BYTES
+        tokens = int(left // per_token) if left > 0 else 0
+        print(f"| {world} | {state / 2**30:.1f} GiB | {max(left, 0) / 2**30:.1f} GiB | {tokens:,} | "
+              f"{tokens * world:,} |" if tokens else f"| {world} | {state / 2**30:.1f} GiB | does not fit | - | - |")
 
 
 def report(results: dict, budget_gib: float) -> None:
