@@ -19,6 +19,7 @@ import torch
 from rope_extend import SpecError, UnsupportedModelError, load_spec, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, runtime
 from rope_extend.attention.kernels import DualChunkMap, SelfExtendMap, StringMap
+from rope_extend.attention.positions import Positions
 from rope_extend.compat import EAGER_THROUGH_ATTENTION_REGISTRY, GENERATE_CACHE_KEYWORD
 
 # transformers 4.x and 5.0 call their eager attention directly (refused, see test_refusals_name_why): SDPA only there
@@ -136,7 +137,7 @@ def test_kernel_equals_the_papers_formulas(case, log_n, fused):
             k = torch.cat((k_prev, rope(k_raw[:, :, -1:], k_pos[:, -1:], inv_freq)), dim=2)
         else:  # new keys: a new store (runtime empties it when the cache's key tensor changes)
             store = {}
-        got = kernels.remapped_attention(q, k, v, q_pos, k_pos, None, D**-0.5, mapping, inv_freq.float(),
+        got = kernels.remapped_attention(q, k, v, Positions.of(k_pos), None, D**-0.5, mapping, inv_freq.float(),
                                          log_n_original=20 if log_n else None, block_elements=7 * B * H * n_k,
                                          block_queries=7, fused=fused, memo=memo, key_store=store)
         previous = (k_raw, v), k
@@ -161,7 +162,7 @@ def test_kernel_masks_and_softcap():
                                softcap=5.0)
     additive = torch.zeros(B, 1, n, n).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
     for mask in (allowed[:, None], additive):
-        got = kernels.remapped_attention(q, k, v, pos, pos, mask, 0.3, mapping, inv_freq.float(), softcap=5.0)
+        got = kernels.remapped_attention(q, k, v, Positions.of(pos), mask, 0.3, mapping, inv_freq.float(), softcap=5.0)
         rows = torch.arange(n) >= 5  # padded query rows are garbage in every implementation
         torch.testing.assert_close(got[1, rows].double(), want[1, rows], atol=2e-5, rtol=0)
         torch.testing.assert_close(got[0].double(), want[0], atol=2e-5, rtol=0)
@@ -192,24 +193,27 @@ def _patched(arch: str, method: str, impl: str | None = None, **extra):
     return model
 
 
+REFERENCES = {  # the formula and its parameters, read from the map the runtime hands the kernel
+    "self-extend": (self_extend_distance, lambda m: (m.group_size, m.neighbor_window)),
+    "dual-chunk": (dual_chunk_distance, lambda m: (m.chunk_size, m.local_window)),
+}
+
+
 def _reference_kernel(monkeypatch, spec):
     """Swap the kernel for the reference: un-rotate the model's q/k at their positions, then the naive formulas."""
-    def reference(query, key, value, q_pos, k_pos, mask, scaling, mapping, inv_freq, *, softcap=None,
-                  log_n_original=None, block_elements=None, memo=None, key_store=None, span=None):
+    fn, parameters = REFERENCES[spec["method"]]
+
+    def reference(query, key, value, positions, mask, scaling, mapping, inv_freq, *, softcap=None,
+                  log_n_original=None, block_elements=None, memo=None, key_store=None):
         unrotate = lambda x, p: rope(x.double(), -p, inv_freq.double()).float()
-        if span is not None:  # positions the runtime knows without a tensor: first .. first + count - 1
-            k_pos = torch.arange(span[0], span[0] + span[1])[None]
-            q_pos = k_pos[:, span[1] - query.shape[2] :]
+        k_pos = positions.key_ids()  # host-known positions (the runtime's) or the tensor it recorded
+        q_pos = k_pos[:, k_pos.shape[1] - query.shape[2] :]
         n_k = k_pos.shape[1]
         B = query.shape[0]
         q_pos, k_pos = q_pos.expand(B, -1), k_pos.expand(B, -1)
         allowed = (torch.arange(n_k)[None, :] <= torch.arange(n_k - query.shape[2], n_k)[:, None])[None].repeat(B, 1, 1)
-        if isinstance(mapping, SelfExtendMap):
-            fn, params = self_extend_distance, (mapping.group_size, mapping.neighbor_window)
-        else:
-            fn, params = dual_chunk_distance, (mapping.chunk_size, mapping.local_window)
         out = reference_attention(unrotate(query, q_pos), unrotate(key[:, :, :n_k], k_pos), value[:, :, :n_k], q_pos,
-                                  k_pos, allowed, scaling, fn, params, inv_freq, softcap, log_n_original)
+                                  k_pos, allowed, scaling, fn, parameters(mapping), inv_freq, softcap, log_n_original)
         return out.to(query.dtype)
 
     monkeypatch.setattr(runtime, "remapped_attention", reference)
@@ -287,8 +291,8 @@ def test_sdpa_prefill_and_decoding_take_the_fused_path(method, monkeypatch):
         model(ids[:, :40], **_cache(cache))
         masks = []  # the second piece (20 queries after 40 cached keys) comes with transformers' causal mask
         original_start = kernels.contiguous_start
-        monkeypatch.setattr(kernels, "contiguous_start", lambda q, qp, kp, mask, *a: masks.append(mask is not None)
-                            or original_start(q, qp, kp, mask, *a))
+        monkeypatch.setattr(kernels, "contiguous_start", lambda q, positions, mask, *a: masks.append(mask is not None)
+                            or original_start(q, positions, mask, *a))
         model(ids[:, 40:60], **_cache(cache))
         key_rows.clear()
         for t in range(60, 64):
@@ -400,6 +404,36 @@ def test_defaults_follow_the_reach_rule():
     assert plan.spec.group_size == 16  # explicit values override
     plan = plan_patch(config, method="dual-chunk")
     assert (plan.spec.chunk_size, plan.spec.local_window) == (6144, 512)
+
+
+def test_every_attention_method_hands_the_kernel_a_position_map():
+    """Each attention-level method's map keeps the declared contract `maps.PositionMap` (the paths read nothing
+    else): every attribute it declares, every method with the protocol's parameters, hashable (the paths key their
+    memos by the map); and every sub-map the map selects is one of its passes."""
+    import inspect
+
+    from rope_extend.attention.maps import PositionMap
+    from rope_extend.methods import all_methods
+
+    functions = [name for name, value in vars(PositionMap).items() if inspect.isfunction(value) and name[0] != "_"]
+    attributes = list(PositionMap.__annotations__)
+    assert {"passes", "segments", "is_identity", "logits_times"} <= set(functions) and attributes
+    config = tiny.make_config("llama")
+    config.max_position_embeddings = 8192
+    methods = [m for m in all_methods() if m.acts_on_attention]
+    assert {m.name for m in methods} == {"self-extend", "dual-chunk", "string"}
+    for method in methods:
+        plan = plan_patch(config, method=method.name, **({"factor": 2} if method.needs_factor else {}))
+        mapping = method.mapping(plan.spec)
+        assert isinstance(mapping, PositionMap), method.name
+        for name in functions:
+            want = list(inspect.signature(getattr(PositionMap, name)).parameters)
+            assert list(inspect.signature(getattr(type(mapping), name)).parameters) == want, (method.name, name)
+        assert all(isinstance(getattr(mapping, name), bool) for name in attributes)
+        assert hash(mapping) == hash(method.mapping(plan.spec))
+        q_pos, k_pos = torch.arange(0, 20000, 997)[None, :, None], torch.arange(0, 20000, 499)[None, None, :]
+        used = {int(i) for i in mapping.select(q_pos, k_pos)[k_pos <= q_pos].unique()}
+        assert used <= set(range(len(mapping.passes(0, 0, "cpu")))) and len(used) > 1, (method.name, used)
 
 
 @pytest.mark.parametrize(
@@ -525,3 +559,70 @@ def generate_alone_and_after_a_shared_prefix(model, n: int, shared: int, new_tok
             before_reuse()
         reused = model.generate(second, attention_mask=torch.ones_like(second), **_cache(cache), **settings)
     return alone, reused
+
+
+# --- on a model that ships a scheme (docs/attention-methods.md, "On a model that ships a scheme") ---------------------
+def _shipped(name: str):
+    """A tiny random-weight model with the RoPE section and window of a real config: Llama 3.1 as shipped (llama3
+    x8 over 8192, 131072), Qwen2.5-7B-Instruct with the YaRN x4 over 32768 its card adds (max_position_embeddings
+    32768: the window 131072 is the scheme's)."""
+    import json
+    from pathlib import Path
+
+    import hubcache
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rope_extend import verify
+
+    repo = {"llama-3.1": "meta-llama/Llama-3.1-8B", "qwen2.5-instruct-yarn": "Qwen/Qwen2.5-7B-Instruct"}[name]
+    data = json.loads(Path(hubcache.config_path(repo)).read_text())
+    data.update(hubcache.QWEN_YARN if "qwen" in name else {})
+    config = verify._small_config(AutoConfig.for_model(**data))
+    config.num_hidden_layers = len(getattr(config, "layer_types", None) or [0, 0])
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
+
+
+@pytest.mark.parametrize("name", ["llama-3.1", "qwen2.5-instruct-yarn"])
+@pytest.mark.parametrize("method", list(SPECS))
+def test_a_shipped_scheme_is_kept_and_the_remap_rotates_with_its_frequencies(name, method, monkeypatch):
+    """self-extend and dual-chunk keep a shipped scheme as STRING does: the config's RoPE slots, its
+    max_position_embeddings and the rotary modules stay as they were; L is the window the scheme reaches (131072);
+    every remapped layer re-rotates with the frequencies and attention factor stock transformers builds from the
+    config (llama3's; Qwen's YaRN x4 with 0.1 ln 4 + 1), not the bare RoPE; the logits equal the naive reference
+    with those frequencies; unpatch_model restores the model bit for bit."""
+    from rope_extend import compat
+    from rope_extend.rotary import find_rotary_modules
+
+    model = _shipped(name)
+    config = compat.text_config(model.config)
+    before, window = copy.deepcopy(compat.read_slots(config)), config.max_position_embeddings
+    buffers = {n: m.inv_freq.clone() for n, m, _ in find_rotary_modules(model)}
+    ids = torch.randint(3, 200, (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = model(ids).logits
+    report = patch_model(model, **SPECS[method], factor=2)
+    assert (report.spec.original_max_position_embeddings, report.spec.target_length) == (131072, 262144)
+    after = compat.read_slots(config)
+    assert after.keys() == before.keys() and all(compat.params_close(after[k], before[k]) for k in before)
+    assert config.max_position_embeddings == window == (32768 if "qwen" in name else 131072)
+    assert all(torch.equal(m.inv_freq, buffers[n]) for n, m, _ in find_rotary_modules(model))
+    own, attention = compat.stock_rope(config, compat.FLAT)
+    bare = 1.0 / (config.rope_parameters["rope_theta"] ** (torch.arange(0, own.numel() * 2, 2).float()
+                                                            / (own.numel() * 2)))
+    assert not torch.allclose(own.float(), bare)  # the scheme's frequencies are not the bare RoPE's
+    contexts = [m.__dict__[runtime.CONTEXT] for m in model.modules() if runtime.CONTEXT in m.__dict__]
+    assert contexts and all(torch.equal(c.inv_freq, own.float()) for c in contexts)
+    assert attention == pytest.approx(0.1 * math.log(4) + 1 if "qwen" in name else 1.0)
+    with torch.no_grad():
+        got = model(ids).logits
+        _reference_kernel(monkeypatch, SPECS[method])
+        want = model(ids).logits
+    assert (got - base).abs().max() > 1e-4
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    monkeypatch.undo()
+    unpatch_model(model)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, base)

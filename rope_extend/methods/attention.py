@@ -11,7 +11,7 @@ frequencies and attention factor (`PatchPlan.compute`). The one thing a patch ra
 cap that stood at the old window (tokenizer_config.json's `model_max_length`, generation_config.json's
 `max_length`): raised to N, the length the user asked for. Schemes whose frequencies change with the length
 (dynamic, longrope) have no one rotation to keep, and are refused. The attention itself lives in
-`rope_extend.attention`, imported only by `install_attention`.
+`rope_extend.attention` (each method's position map in `attention/maps/`), imported only by `install_attention`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ class AttentionMethod(RopeMethod):
         return default_inv_freq(ctx.rotary_dim, ctx.base, ctx.device), 1.0
 
     def mapping(self, spec) -> Any:
-        """The position map `rope_extend.attention.kernels` applies (from a spec `fill_params` completed)."""
+        """The method's position map (a `rope_extend.attention.maps.PositionMap`) from a spec `fill_params`
+        completed."""
         raise NotImplementedError
 
     def install_attention(self, model, plan) -> list[Any]:

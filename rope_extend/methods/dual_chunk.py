@@ -76,7 +76,7 @@ class DualChunk(AttentionMethod):
                                        "length_scale": float(scale)})
 
     def mapping(self, spec):
-        from ..attention.kernels import DualChunkMap
+        from ..attention.maps import DualChunkMap
 
         return DualChunkMap(int(spec.chunk_size), int(spec.local_window), float(spec.length_scale or 0.0),
                             int(spec.original_max_position_embeddings))

@@ -96,7 +96,7 @@ class SelfExtend(AttentionMethod):
         return spec.model_copy(update={"group_size": int(group), "neighbor_window": int(window)})
 
     def mapping(self, spec):
-        from ..attention.kernels import SelfExtendMap
+        from ..attention.maps import SelfExtendMap
 
         return SelfExtendMap(int(spec.group_size), int(spec.neighbor_window))
 

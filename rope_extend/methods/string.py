@@ -143,7 +143,7 @@ class String(AttentionMethod):
                 f"{self.describe(plan.spec)}")
 
     def mapping(self, spec):
-        from ..attention.kernels import StringMap
+        from ..attention.maps import StringMap
 
         return StringMap(int(spec.shifted_offset), int(spec.local_value), float(spec.attention_factor) ** 2)
 
