@@ -94,5 +94,5 @@ def _cell(result, notes: list[str]) -> str:
         label = "not run" if result.reason.startswith("not run") else "not served"
         return f"{label} [{notes.index(result.reason) + 1}]"
     if isinstance(result, LogprobDelta):  # a real engine: log-probabilities, NaN counted
-        return f"{result.max_abs:.2g} logprob" + (f", {result.nan} NaN" if result.nan else "")
+        return f"{result.max_abs:.2g} / {result.mean_abs:.2g} logprob" + (f", {result.nan} NaN" if result.nan else "")
     return f"{max(result.max_cos, result.max_sin):.2g}"

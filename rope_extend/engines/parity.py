@@ -26,7 +26,7 @@ from ..plan import PatchPlan, plan_patch
 from ..spec import RopeSpec, load_spec
 from . import llama_cpp, sglang, transformers_engine, vllm
 from .served import Delta, EngineHint, NotServed, Served, compare, positions
-from .vllm_run import LOGPROB_TOL, RUN_NAMES, LogprobDelta, VllmWorker
+from .vllm_run import LOGPROB_TOL, MEAN_TOL, RUN_NAMES, LogprobDelta, VllmWorker
 
 Result = Delta | LogprobDelta | NotServed  # cos/sin of a library or port, prompt log-probabilities of a real engine
 PORT, RUN = "port", "run"
@@ -75,7 +75,8 @@ class Row:
             if isinstance(result, NotServed):
                 return {"served": False, "reason": result.reason}
             if isinstance(result, LogprobDelta):
-                return {"served": True, "tokens": result.n, "max_abs_dlogprob": result.max_abs, "nan": result.nan,
+                return {"served": True, "tokens": result.n, "max_abs_dlogprob": result.max_abs,
+                        "mean_abs_dlogprob": result.mean_abs, "mean_dlogprob": result.mean, "nan": result.nan,
                         "first_nan": result.first_nan, "identical": result.identical}
             return {
                 "served": True,
@@ -151,7 +152,8 @@ def ports_note(rows: Sequence[Row] = ()) -> str:
         return text + "."
     return text + (", except the rows marked run: those served the checkpoint in that engine with the printed "
                    "command's settings and compared the log-probability of every prompt token with transformers "
-                   f"running rope-extend's RoPE (identical: no NaN and max |Δ logprob| <= {LOGPROB_TOL:g}).")
+                   f"running rope-extend's RoPE (identical: no NaN, |Δ logprob| <= {LOGPROB_TOL:g} for every token "
+                   f"and <= {MEAN_TOL:g} on average).")
 
 
 def cell_text(result: Result) -> str:
@@ -162,7 +164,7 @@ def cell_text(result: Result) -> str:
     mark = "identical" if result.identical else "DIFFERS"
     if isinstance(result, LogprobDelta):
         nan = f", NaN from token {result.first_nan}" if result.nan else ""
-        return f"{mark} (Δlogprob {result.max_abs:.2g}{nan})"
+        return f"{mark} (Δlogprob max {result.max_abs:.2g}, mean {result.mean_abs:.2g}{nan})"
     return f"{mark} ({max(result.max_cos, result.max_sin):.2g})"
 
 

@@ -27,10 +27,14 @@ from pathlib import Path
 
 from .vllm_env import VllmEnv, ensure_vllm
 
-# Identical within: max |Δ logprob| (nats) over every prompt token. float32 kernels differ (vLLM's CPU attention
-# and matmuls vs PyTorch's SDPA): measured 4.7e-5 at 2k and 1.4e-4 at 12k tokens on the demo model (30 layers), a
-# few 1e-6 on the suite's 2-layer model; a RoPE that differs moves log-probabilities by 1e-2 and more.
-LOGPROB_TOL = 1e-3
+# Identical within: every prompt token's |Δ logprob| (nats) <= LOGPROB_TOL and their mean <= MEAN_TOL, no NaN. Kernels
+# and the float32 rounding of the rotation angle differ between engines: on the demo model (30 layers) at 12288
+# tokens, YaRN x1.5 (vLLM computes p·θ as transformers does) and linear x1.5 (vLLM rounds p/s, transformers θ/s:
+# the rounding the port's float32 tolerance admits) differ from transformers by at most 1.6e-2 on one token, 2.6e-4
+# on average, with a mean signed difference of 1.8e-5 (the perplexities agree to 2e-5); a RoPE that differs moves
+# every token: by 0.05 to 1 and more on the suite's 2-layer model.
+LOGPROB_TOL = 5e-2
+MEAN_TOL = 1e-3
 ROUTES = ("offline", "server")
 RUN_NAMES = {"vllm": "offline", "vllm-server": "server"}  # `rope-extend engines --run NAME`
 
@@ -167,22 +171,24 @@ class VllmWorker:
 @dataclass(frozen=True)
 class LogprobDelta:
     """vLLM's prompt log-probabilities against transformers' for one request of n tokens (n - 1 prompt tokens, each
-    but the first scored, and one generated token)."""
+    but the first scored, and one generated token); the statistics are over the tokens where vLLM gave a number."""
 
     n: int
-    max_abs: float  # over the positions where vLLM gave a number
-    nan: int  # positions where vLLM gave NaN
-    first_nan: int | None  # the first such token position (1-based: the token predicted)
+    max_abs: float  # max |Δ logprob|
+    mean_abs: float  # mean |Δ logprob|
+    mean: float  # mean Δ logprob (vLLM - transformers): minus the change of the mean loss
+    nan: int  # tokens where vLLM gave NaN
+    first_nan: int | None  # the first of them (its position in the prompt)
 
     @property
     def identical(self) -> bool:
-        return self.nan == 0 and self.max_abs <= LOGPROB_TOL
+        return self.nan == 0 and self.max_abs <= LOGPROB_TOL and self.mean_abs <= MEAN_TOL
 
     def describe(self) -> str:
+        text = f"|Δ logprob| max {self.max_abs:.2g}, mean {self.mean_abs:.2g} (mean Δ {self.mean:+.2g})"
         if self.nan:
-            return (f"NaN log-probabilities from token {self.first_nan} on ({self.nan} of {self.n - 2}); "
-                    f"elsewhere max |Δ logprob| {self.max_abs:.2g}")
-        return f"max |Δ logprob| {self.max_abs:.2g}"
+            return f"NaN log-probabilities from token {self.first_nan} on ({self.nan} of {self.n - 2}); elsewhere {text}"
+        return text
 
 
 def compare_logprobs(engine: list[float], reference) -> LogprobDelta:
@@ -191,8 +197,10 @@ def compare_logprobs(engine: list[float], reference) -> LogprobDelta:
     if len(engine) != len(ref):
         raise VllmError(f"vLLM returned {len(engine)} log-probabilities for {len(ref)} prompt tokens")
     nans = [i for i, v in enumerate(engine) if math.isnan(v)]
-    diffs = [abs(v - r) for v, r in zip(engine, ref) if not math.isnan(v)]
-    return LogprobDelta(n=len(ref) + 2, max_abs=max(diffs, default=0.0), nan=len(nans),
+    diffs = [v - r for v, r in zip(engine, ref) if not math.isnan(v)]
+    count = max(1, len(diffs))
+    return LogprobDelta(n=len(ref) + 2, max_abs=max(map(abs, diffs), default=0.0),
+                        mean_abs=sum(map(abs, diffs)) / count, mean=sum(diffs) / count, nan=len(nans),
                         first_nan=nans[0] + 1 if nans else None)
 
 
