@@ -120,6 +120,31 @@ def test_server_arguments_are_vllm_serve_s():
     assert args[-2:] == ["--tensor-parallel-size", "2"]
 
 
+def test_the_recorded_runs_are_generated_from_the_records():
+    """docs/serving.md's table of real vLLM runs and rope_extend/engines/vllm_runs.json (what the card quotes) are
+    what tools/run_vllm_engines.py --summarize computes from eval/reports/vllm-engines-*/ today, and the wheel ships
+    the JSON; one verdict is recounted here from a raw record."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("run_vllm_engines", root / "tools" / "run_vllm_engines.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    data = tool.summary()
+    stale = "stale: run python tools/run_vllm_engines.py --summarize"
+    assert json.loads((root / "rope_extend" / "engines" / "vllm_runs.json").read_text()) == data, stale
+    text = (root / "docs" / "serving.md").read_text()
+    assert f"{tool.START}\n{tool.docs_block(data)}\n{tool.END}" in text, stale
+    assert '"rope_extend.engines" = ["vllm_runs.json"]' in (root / "pyproject.toml").read_text()
+    record = next(json.loads(line) for line in
+                  (root / "eval" / "reports" / "vllm-engines-smollm2" / "results.jsonl").read_text().splitlines())
+    runs = [r for r in record["report"]["rows"] if r["checked"] == "run" and r["engine"].startswith("vLLM")]
+    both = all(r["short"]["identical"] and r["long"]["identical"] for r in runs)
+    (mine,) = [r for r in data["methods"][record["method"]] if r["model"] == "smollm2"]
+    assert len(runs) == 2 and (mine["verdict"] == "yes") == both and mine["tokens"] == [8192, 12288]
+
+
 def test_run_names_are_checked_before_anything_loads():
     with pytest.raises(ValueError, match="--run 'sglang'.*vllm, vllm-server"):
         parity_many([], runs=["sglang"])

@@ -28,11 +28,11 @@ from pathlib import Path
 from .vllm_env import VllmEnv, ensure_vllm
 
 # Identical within: every prompt token's |Δ logprob| (nats) <= LOGPROB_TOL and their mean <= MEAN_TOL, no NaN. Kernels
-# and the float32 rounding of the rotation angle differ between engines: on the demo model (30 layers) at 12288
-# tokens, YaRN x1.5 (vLLM computes p·θ as transformers does) and linear x1.5 (vLLM rounds p/s, transformers θ/s:
-# the rounding the port's float32 tolerance admits) differ from transformers by at most 1.6e-2 on one token, 2.6e-4
-# on average, with a mean signed difference of 1.8e-5 (the perplexities agree to 2e-5); a RoPE that differs moves
-# every token: by 0.05 to 1 and more on the suite's 2-layer model.
+# and the float32 rounding of the rotation angle differ between engines. Measured on the demo model (30 layers) at
+# 12288 tokens, 2026-12-05: YaRN x1.5 (vLLM computes p·θ as transformers does) max 2.3e-4, mean 6.9e-6; linear x1.5
+# (vLLM rounds p/s, transformers θ/s: the angle rounding the port's float32 tolerance admits, ~7e-4 rad at the
+# fastest frequency) max 1.6e-2 on one token, mean 2.6e-4, mean signed difference 1.8e-5 (the perplexities agree
+# to 2e-5). A RoPE that differs moves every token: by 0.05 to 1 and more on the suite's 2-layer model.
 LOGPROB_TOL = 5e-2
 MEAN_TOL = 1e-3
 ROUTES = ("offline", "server")
@@ -211,6 +211,18 @@ def reference_logprobs(model, ids: list[int]):
     from ..eval.perplexity import token_losses
 
     return (-token_losses(model, torch.tensor(ids, dtype=torch.long))).tolist()
+
+
+# --- what was run: the evidence the card quotes -------------------------------------------------------------------------
+RUNS_FILE = Path(__file__).with_name("vllm_runs.json")  # tools/run_vllm_engines.py --summarize, from eval/reports
+
+
+def recorded_runs(method: str) -> list[dict]:
+    """The real-vLLM runs of `method` recorded in the project's evidence (model, factor, request lengths, engine,
+    device, date, verdict per the engines table's words), newest model first; [] when none."""
+    if not RUNS_FILE.is_file():
+        return []
+    return json.loads(RUNS_FILE.read_text())["methods"].get(method, [])
 
 
 # --- serving a checkpoint the way its hint says --------------------------------------------------------------------------
