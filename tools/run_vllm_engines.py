@@ -88,8 +88,8 @@ def _cell(result: dict) -> str:
     mark = "identical" if result["identical"] else "DIFFERS"
     if "max_abs_dlogprob" in result:
         nan = f", {result['nan']} NaN from token {result['first_nan']}" if result["nan"] else ""
-        return (f"{mark} (Δlogprob max {result['max_abs_dlogprob']:.2g}, mean {result['mean_abs_dlogprob']:.2g}"
-                f"{nan}; {result['tokens']} tokens)")
+        mean = f", mean {result['mean_abs_dlogprob']:.2g}" if "mean_abs_dlogprob" in result else ""  # older records
+        return f"{mark} (Δlogprob max {result['max_abs_dlogprob']:.2g}{mean}{nan}; {result['tokens']} tokens)"
     return f"{mark} ({max(result['max_abs_dcos'], result['max_abs_dsin']):.2g})"
 
 

@@ -10,7 +10,7 @@ serves many checkpoints in turn. What vLLM refuses (a config, a request longer t
 VLLM_ALLOW_LONG_MAX_MODEL_LEN, `--hf-overrides`), for both routes the card lists (this checkpoint; the original
 model + `--hf-overrides`), a short request (L tokens) and a long one (the target length), and compares vLLM's
 log-probability of every prompt token with transformers running rope-extend's RoPE (`patch_model` on the original
-model) on the same token ids, float32 both. Identical: no NaN and max |Δ logprob| <= `LOGPROB_TOL`.
+model) on the same token ids, float32 both. Identical: no NaN, max |Δ logprob| <= `LOGPROB_TOL` and their mean <= `MEAN_TOL`.
 """
 
 from __future__ import annotations
