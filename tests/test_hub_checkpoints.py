@@ -181,7 +181,10 @@ def test_the_headline_command_on_llama_3_1_never_shortens_and_its_suggestion_ext
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert run(shlex.split(command)[1:]) == 0, capsys.readouterr().err
-    assert "yarn x32: 8192 -> 262144 tokens" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "yarn x32: 8192 -> 262144 tokens" in printed.out
+    assert ("warning: llama.cpp (the original model): not listed in the card: rope-extend's check of this route"
+            in " ".join(printed.err.split()))  # said on the terminal too, where the hint prints its flags
     # the card lists no serve command its own check marks DIFFERS: llama.cpp's yarn flags on the original GGUF (which
     # bakes Llama 3.1's llama3 factors into rope_freqs) are named with the check's numbers instead; the record, which
     # push renders into the uploaded card, says the same
