@@ -118,9 +118,9 @@ def vllm_runs_lines(method: str) -> list[str]:
              "at s·L only": "identical at the target length only", "no": "not identical"}
     return [
         f"  - run (not on this checkpoint): {run['engine']} on {run['device'] or 'cpu'} served `{method}` x{run['factor']:g}"
-        f" on {RUN_MODELS.get(run['model'], run['model'])} through both routes above, {run['tokens'][0]} and"
-        f" {run['tokens'][1]} tokens, on {run['date']}: {words.get(run['verdict'], run['verdict'])}"
-        f" ({run['record']})"
+        f" on {RUN_MODELS.get(run['model'], run['model'])} through both vLLM routes ({' and '.join(run['ways'])}),"
+        f" {run['tokens'][0]} and {run['tokens'][1]} tokens, on {run['date']}:"
+        f" {words.get(run['verdict'], run['verdict'])} (rope-extend's {run['record']})"
         for run in recorded_runs(method)
     ]
 

@@ -132,7 +132,7 @@ def summary(reports: Path = REPORTS) -> dict:
             "methods": dict(sorted(methods.items()))}
 
 
-MODEL_NAMES = {"smollm2": "SmolLM2-135M (L 8192)", "short-window": "its first 2 layers, L 256"}
+MODEL_NAMES = {"smollm2": "SmolLM2-135M (L 8192)", "short-window": "SmolLM2-135M's first 2 layers (L 256)"}
 
 
 def docs_block(data: dict) -> str:
