@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from ..terminal import shell_path
 from .app import app, fail, say
 
 EXAMPLES = """Examples:
@@ -109,7 +110,7 @@ def train_command(
         return
     if result.first_loss is None:
         fail("training logged no loss")
-    say(f"wrote {result.out}: {result.steps} steps, {result.tokens:,} tokens in {result.seconds:.1f} s; loss "
+    say(f"wrote {shell_path(result.out)}: {result.steps} steps, {result.tokens:,} tokens in {result.seconds:.1f} s; loss "
         f"{loss_line(result.summary)}; "
         f"{'verified with stock transformers (reload equals the trained model)' if result.verified else 'NOT verified'}",
         hang="  ")
