@@ -353,6 +353,19 @@ def verify_output(
                 patched_outputs=patched_outputs, stock_model=stock_model, patched_dtype=patched_dtype)
 
 
+PROBE_TOKENS = 6  # the verification's forward (verify.probe_inputs): six tokens
+
+
+def check_loading(given: str, folder: Path, config, dtype: str | None, skip: bool = False, ways=None) -> None:
+    """Refuse in one line, before loading, a full write (or a verification on real weights, with its own `ways`)
+    whose weights do not fit the machine's memory (`rope_extend.memory`); one model is loaded at a time."""
+    from . import memory
+
+    ways = ways or memory.WaysOut(device=None, other=(
+        "write the config only (--mode config-only: the weights are linked, not loaded)",))
+    memory.check_inference(given, folder, compat.text_config(config), dtype, PROBE_TOKENS, ways=ways, skip=skip)
+
+
 def patch_checkpoint(
     source: str | os.PathLike,
     spec: RopeSpec | dict | str | os.PathLike,
@@ -368,13 +381,15 @@ def patch_checkpoint(
     eval_summary: str | None = None,
     hub_id: str | None = None,
     on_step: Callable[[str], None] | None = None,
+    memory_check: bool = True,
 ) -> PatchResult:
     """Write SOURCE with rescaled RoPE to OUT (see the module docstring). Returns a `PatchResult`.
 
     Everything is validated (spec, SOURCE's files, OUT) before any path is created. `hub_id` (the repo OUT will be
     pushed to) names the model in the card's serving commands; otherwise OUT's folder name does: the card never
     holds a local absolute path. `on_step(message)` is called at each of `patch_steps(verify)` steps, all after
-    validation: a refused input prints no progress, only its one error line.
+    validation: a refused input prints no progress, only its one error line. `memory_check`: a full write whose
+    weights do not fit the memory is refused before loading (`check_loading`).
     """
     started = time.perf_counter()
     step = on_step or (lambda message: None)
@@ -410,6 +425,8 @@ def patch_checkpoint(
     carried = scan_source(src, allow_pickle)
     if verify:  # before creating anything: a plan whose small-model forward fails is refused here
         verify_or_explain(plan, config)
+    if mode == "full":  # before loading: the weights in the dtype they load in, and the verification's probe
+        check_loading(str(source), src, config, dtype, skip=not memory_check)
 
     result = PatchResult(out=out_path, source=src, mode=mode, plan=plan, warnings=list(plan.warnings))
     serving, serving_warnings = serving_hints(plan, str(out_path))

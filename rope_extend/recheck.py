@@ -44,9 +44,11 @@ class Reverified:
     seconds: float = 0.0
 
 
-def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = None) -> Reverified:
+def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = None,
+             memory_check: bool = True) -> Reverified:
     """Re-verify OUT as it is now and refresh its card and record (see the module docstring). Raises
-    CheckpointError (what OUT lacks) or VerificationError (what no longer verifies); nothing is written then."""
+    CheckpointError (what OUT lacks), VerificationError (what no longer verifies) or, with `memory_check`,
+    NotEnoughMemoryError (changed weights that do not fit the memory to load); nothing is written then."""
     from .engines.parity import card_section
     from .plan import plan_patch
     from .spec import RopeSpec
@@ -58,6 +60,10 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
     if not (root / "config.json").is_file():
         raise CheckpointError(f"OUT {given!r} is not a checkpoint folder (no config.json); give the folder "
                               "`rope-extend patch` or `train` wrote")
+    if files.hub_repo_root(root) is not None:
+        raise CheckpointError(f"OUT {given!r} is a Hub cache snapshot (its files are links to the cache's blobs), "
+                              "which rope-extend never writes; download the repo into a folder of its own (hf "
+                              "download REPO --local-dir DIR) and verify that")
     recorded = record.read_record(root)
     if recorded is None:
         if record.written_by_rope_extend(root):
@@ -82,6 +88,12 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
         files.check_safetensors(record._contents(root, name))
     files.index_shards(root)
     real = any(sharing.is_weight(name) for name, _ in changed) or not recorded.contents_known
+    if real:  # OUT's weights are loaded: refused before loading when they do not fit the memory
+        from . import memory
+        from .checkpoint import check_loading
+
+        check_loading(given, root, config, "auto", skip=not memory_check,
+                      ways=memory.WaysOut(dtype_flag=None, device="a machine with more memory"))
     step("verifying: stock transformers reload and a forward beyond the original length"
          + (" on the real weights (they changed)" if real else ""))
     edited = ", ".join(name for name, _ in changed) or "no file"
@@ -106,8 +118,7 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
         what = ", ".join(name for name, _ in changed) or "nothing changed"
         note = (f"{REVERIFIED} {_version()} on {time.strftime('%Y-%m-%d')} ({what}): stock transformers' reload "
                 f"and a forward beyond the original length{' on the real weights' if real else ''}.")
-        card_path.write_text(refresh_card(card_path.read_text(encoding="utf-8"), card_section(root), note),
-                             encoding="utf-8")
+        record.write_fresh(card_path, refresh_card(card_path.read_text(encoding="utf-8"), card_section(root), note))
     record.refresh(root, recorded)
     result.seconds = time.perf_counter() - started
     return result

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import AlreadyScaledError, CheckpointError, ShorterWindowError, SpecError
+from ..terminal import shell_path
 from .app import Progress, app, console, fail, say, say_command
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def say_next_steps(folder: Path, plan) -> None:
     wrapped so that it pastes whole."""
     from ..serving import serve_hint
 
-    say(f"output: {folder}", hang=HANG)
+    say(f"output: {shell_path(folder)}", hang=HANG)
     hint = serve_hint(plan, str(folder))
     say_command("serve:  ", "\n".join(hint.lines) if hint.python else hint.command, hint.python)
     if hint.python:
@@ -135,6 +136,7 @@ def patch(
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow the checkpoint's own Python code.")] = False,
     eval_suite: Annotated[str | None, typer.Option("--eval", help="Run this eval suite (e.g. quick) before/after; summary goes into the card.")] = None,
     eval_dir: Annotated[Path | None, typer.Option("--eval-dir", help="Where the eval report goes (default: OUT-eval beside OUT).")] = None,
+    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the weights (--mode full, --eval) even if the memory estimate says they do not fit.")] = False,
 ) -> None:
     """Rescale a checkpoint's RoPE and write a verified checkpoint to OUT (a .gguf SOURCE writes a .gguf OUT)."""
 
@@ -143,13 +145,13 @@ def patch(
                  "target_length": target_length, "sets": sets or []}
     try:
         _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no_verify, push_to_hub, private,
-               dry_run, allow_pickle, trust_remote_code, eval_suite, eval_dir)
+               dry_run, allow_pickle, trust_remote_code, eval_suite, eval_dir, not no_memory_check)
     except (AlreadyScaledError, ShorterWindowError) as exc:
         raise with_command(exc, source, output, spec_args) from None
 
 
 def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no_verify, push_to_hub, private, dry_run,
-           allow_pickle, trust_remote_code, eval_suite, eval_dir) -> None:
+           allow_pickle, trust_remote_code, eval_suite, eval_dir, memory_check=True) -> None:
     from ..checkpoint import check_output_path, patch_checkpoint, patch_steps
     from ..gguf import is_gguf
     from ..hub import resolve_source
@@ -188,7 +190,7 @@ def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no
             suite = load_suite(eval_suite)  # an unknown suite fails here, before any folder exists
         except FileNotFoundError as exc:
             raise CheckpointError(f"--eval {eval_suite!r}: {exc}") from None
-        records = run_eval(str(resolved), [spec], suite, report_dir)
+        records = run_eval(str(resolved), [spec], suite, report_dir, memory_check=memory_check)
         eval_summary = CardEval(records, suite=suite.name, smoke=suite.smoke)
     with Progress("patching", patch_steps(not no_verify)) as progress:
         result = patch_checkpoint(
@@ -205,19 +207,21 @@ def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no
             eval_summary=eval_summary,
             hub_id=push_to_hub,
             on_step=progress.step,
+            memory_check=memory_check,
         )
     plan = result.plan
-    say(f"wrote {result.out} ({result.mode}: {tally(result.placed)}, {len(result.written)} written) in "
+    say(f"wrote {shell_path(result.out)} ({result.mode}: {tally(result.placed)}, {len(result.written)} written) in "
         f"{result.seconds:.2f} s; "
         f"{'verified with stock transformers (reload + a forward beyond the original length)' if result.verified else 'NOT verified (--no-verify)'}")
     say(plan.method.summary(plan))
     # What to do next, in three lines; every engine's command and where it serves identically are in the card.
     say_next_steps(result.out, plan)
-    say(f"report: {result.out / 'README.md'} (model card: the commands for transformers, vLLM, SGLang and "
-        f"llama.cpp, and where each serves identically; `rope-extend engines {result.out}` rechecks it)",
+    say(f"report: {shell_path(result.out / 'README.md')} (model card: the commands for transformers, vLLM, SGLang "
+        f"and llama.cpp, and where each serves identically; `rope-extend engines {shell_path(result.out)}` rechecks "
+        "it)",
         hang=HANG)
     if eval_suite:
-        say(f"eval:   {report_dir / 'report.md'}", hang=HANG)
+        say(f"eval:   {shell_path(report_dir / 'report.md')}", hang=HANG)
     for warning in result.warnings:
         say(f"warning: {warning}", hang="  ", stream=console)
     if push_to_hub:
