@@ -28,7 +28,7 @@ from typing import Any
 
 from . import compat, files, outputs, record, sharing
 from .card import build_model_card
-from .engines.parity import card_section
+from .engines.parity import card_parity
 from .errors import CheckpointError, SpecError, UnverifiedCheckpointError, VerificationError
 from .hub import resolve_source
 from .patch import verify_or_explain
@@ -353,6 +353,19 @@ def verify_output(
                 patched_outputs=patched_outputs, stock_model=stock_model, patched_dtype=patched_dtype)
 
 
+PROBE_TOKENS = 6  # the verification's forward (verify.probe_inputs): six tokens
+
+
+def check_loading(given: str, folder: Path, config, dtype: str | None, skip: bool = False, ways=None) -> None:
+    """Refuse in one line, before loading, a full write (or a verification on real weights, with its own `ways`)
+    whose weights do not fit the machine's memory (`rope_extend.memory`); one model is loaded at a time."""
+    from . import memory
+
+    ways = ways or memory.WaysOut(device=None, other=(
+        "write the config only (--mode config-only: the weights are linked, not loaded)",))
+    memory.check_inference(given, folder, compat.text_config(config), dtype, PROBE_TOKENS, ways=ways, skip=skip)
+
+
 def patch_checkpoint(
     source: str | os.PathLike,
     spec: RopeSpec | dict | str | os.PathLike,
@@ -368,13 +381,15 @@ def patch_checkpoint(
     eval_summary: str | None = None,
     hub_id: str | None = None,
     on_step: Callable[[str], None] | None = None,
+    memory_check: bool = True,
 ) -> PatchResult:
     """Write SOURCE with rescaled RoPE to OUT (see the module docstring). Returns a `PatchResult`.
 
     Everything is validated (spec, SOURCE's files, OUT) before any path is created. `hub_id` (the repo OUT will be
     pushed to) names the model in the card's serving commands; otherwise OUT's folder name does: the card never
     holds a local absolute path. `on_step(message)` is called at each of `patch_steps(verify)` steps, all after
-    validation: a refused input prints no progress, only its one error line.
+    validation: a refused input prints no progress, only its one error line. `memory_check`: a full write whose
+    weights do not fit the memory is refused before loading (`check_loading`).
     """
     started = time.perf_counter()
     step = on_step or (lambda message: None)
@@ -410,13 +425,14 @@ def patch_checkpoint(
     carried = scan_source(src, allow_pickle)
     if verify:  # before creating anything: a plan whose small-model forward fails is refused here
         verify_or_explain(plan, config)
+    if mode == "full":  # before loading: the weights in the dtype they load in, and the verification's probe
+        check_loading(str(source), src, config, dtype, skip=not memory_check)
 
     result = PatchResult(out=out_path, source=src, mode=mode, plan=plan, warnings=list(plan.warnings))
     serving, serving_warnings = serving_hints(plan, str(out_path))
     result.serving = serving
     result.serve = serve_command(plan, str(out_path))
     result.warnings += [w for w in serving_warnings if w not in result.warnings]
-    card_serving, _ = serving_hints(plan, hub_id or out_path.name)  # no local absolute path in what gets published
     with _atomic_dir(out_path, overwrite) as tmp:
         step(f"writing the {mode} checkpoint")
         if mode == "config-only":
@@ -426,6 +442,14 @@ def patch_checkpoint(
         result.written = ["config.json"] + _update_caps(tmp, plan.old_max_position_embeddings, plan.spec.target_length)
         spec_yaml = plan.spec.to_yaml()
         (tmp / "rope_extend.yaml").write_text(spec_yaml)
+        engines, unbacked = card_parity(tmp)  # issue 10: the parity report of what was just written
+        result.warnings += [  # a route the check contradicts that no hint warned about (the terminal lists it)
+            f"{engine} ({'this checkpoint' if which == 'command' else 'the original model'}): not listed in the "
+            f"card: {why}" for (engine, which), why in unbacked.items()
+            if not any(engine in w for w in result.warnings)
+        ]
+        # no local absolute path in what gets published; no route the report contradicts
+        card_serving, _ = serving_hints(plan, hub_id or out_path.name, unbacked)
         card = build_model_card(
             base_model=_public_name(source, src),
             source_dir=src,
@@ -434,12 +458,12 @@ def patch_checkpoint(
             config_diff=config_diff(compat.text_part(raw), compat.text_part(new)),
             serving=card_serving,
             eval_summary=eval_summary,
-            engines=card_section(tmp),  # issue 10: the parity report of what was just written
+            engines=engines,
         )
         if (tmp / "README.md").exists():
             (tmp / "README.md").unlink()
         (tmp / "README.md").write_text(card)
-        _write_record(tmp, plan, spec_yaml, result, verify)
+        _write_record(tmp, plan, spec_yaml, result, verify, unbacked)
         result.written += ["rope_extend.yaml", "README.md"]
         if verify:
             step("verifying: stock transformers reload and a forward beyond the original length")
@@ -517,11 +541,13 @@ def write_model_checkpoint(
     return result
 
 
-def _write_record(tmp: Path, plan: PatchPlan, spec_yaml: str, result: PatchResult, verified: bool) -> None:
+def _write_record(tmp: Path, plan: PatchPlan, spec_yaml: str, result: PatchResult, verified: bool,
+                  unbacked: dict | None = None) -> None:
     """OUT's rope_extend.yaml, written last: the spec, then rope-extend's record of every file now in OUT (the
-    weights shared with SOURCE by their identity, the rest by sha256) and of the card's serving commands, with the
-    model named `record.MODEL_ID` (what `rope-extend push` reads and checks)."""
-    serving, _ = serving_hints(plan, record.MODEL_ID)
+    weights shared with SOURCE by their identity, the rest by sha256) and of the card's serving commands (without
+    the `unbacked` routes, as the card), with the model named `record.MODEL_ID` (what `rope-extend push` reads and
+    checks)."""
+    serving, _ = serving_hints(plan, record.MODEL_ID, unbacked)
     shared = {name: how for name, how in result.placed.items() if how in sharing.SHARED}
     record.write_record(tmp, spec_yaml, serve=serve_command(plan, record.MODEL_ID), serving=serving, shared=shared,
                         verified=verified)

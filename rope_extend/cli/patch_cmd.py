@@ -136,6 +136,7 @@ def patch(
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow the checkpoint's own Python code.")] = False,
     eval_suite: Annotated[str | None, typer.Option("--eval", help="Run this eval suite (e.g. quick) before/after; summary goes into the card.")] = None,
     eval_dir: Annotated[Path | None, typer.Option("--eval-dir", help="Where the eval report goes (default: OUT-eval beside OUT).")] = None,
+    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the weights (--mode full, --eval) even if the memory estimate says they do not fit.")] = False,
 ) -> None:
     """Rescale a checkpoint's RoPE and write a verified checkpoint to OUT (a .gguf SOURCE writes a .gguf OUT)."""
 
@@ -144,13 +145,13 @@ def patch(
                  "target_length": target_length, "sets": sets or []}
     try:
         _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no_verify, push_to_hub, private,
-               dry_run, allow_pickle, trust_remote_code, eval_suite, eval_dir)
+               dry_run, allow_pickle, trust_remote_code, eval_suite, eval_dir, not no_memory_check)
     except (AlreadyScaledError, ShorterWindowError) as exc:
         raise with_command(exc, source, output, spec_args) from None
 
 
 def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no_verify, push_to_hub, private, dry_run,
-           allow_pickle, trust_remote_code, eval_suite, eval_dir) -> None:
+           allow_pickle, trust_remote_code, eval_suite, eval_dir, memory_check=True) -> None:
     from ..checkpoint import check_output_path, patch_checkpoint, patch_steps
     from ..gguf import is_gguf
     from ..hub import resolve_source
@@ -189,7 +190,7 @@ def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no
             suite = load_suite(eval_suite)  # an unknown suite fails here, before any folder exists
         except FileNotFoundError as exc:
             raise CheckpointError(f"--eval {eval_suite!r}: {exc}") from None
-        records = run_eval(str(resolved), [spec], suite, report_dir)
+        records = run_eval(str(resolved), [spec], suite, report_dir, memory_check=memory_check)
         eval_summary = CardEval(records, suite=suite.name, smoke=suite.smoke)
     with Progress("patching", patch_steps(not no_verify)) as progress:
         result = patch_checkpoint(
@@ -206,6 +207,7 @@ def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no
             eval_summary=eval_summary,
             hub_id=push_to_hub,
             on_step=progress.step,
+            memory_check=memory_check,
         )
     plan = result.plan
     say(f"wrote {shell_path(result.out)} ({result.mode}: {tally(result.placed)}, {len(result.written)} written) in "
