@@ -171,7 +171,9 @@ def test_kernel_masks_and_softcap():
 # --- whole models ---------------------------------------------------------------------------------------------------------
 SPECS = {
     "self-extend": {"method": "self-extend", "group_size": 4, "neighbor_window": 8},
-    "dual-chunk": {"method": "dual-chunk", "chunk_size": 20, "local_window": 6},
+    # the position map alone: the length scale (default 0.05) makes pieces differ from one forward by design (the
+    # authors' decode takes the length so far); tests/test_authors_ports.py pins it against their code
+    "dual-chunk": {"method": "dual-chunk", "chunk_size": 20, "local_window": 6, "length_scale": 0.0},
 }
 WINDOW = {"self-extend": 8, "dual-chunk": 14}  # below these lengths the model is the original
 
@@ -402,8 +404,8 @@ def test_defaults_follow_the_reach_rule():
         assert largest <= 0.625 * 8192
     plan = plan_patch(config, method="self-extend", factor=2, group_size=16)
     assert plan.spec.group_size == 16  # explicit values override
-    plan = plan_patch(config, method="dual-chunk")
-    assert (plan.spec.chunk_size, plan.spec.local_window) == (6144, 512)
+    plan = plan_patch(config, method="dual-chunk")  # ChunkLlama at 847ae71: 3L/4, L // 8, 0.05·ln(n/L) + 1
+    assert (plan.spec.chunk_size, plan.spec.local_window, plan.spec.length_scale) == (6144, 1024, 0.05)
 
 
 def test_every_attention_method_hands_the_kernel_a_position_map():
