@@ -413,7 +413,7 @@ class GGUFPlan:
     warnings: list[str] = field(default_factory=list)
 
 
-def plan_gguf(info: GGUFInfo, spec: RopeSpec | dict | str) -> GGUFPlan:
+def plan_gguf(info: GGUFInfo, spec: RopeSpec) -> GGUFPlan:
     """Resolve *spec* against the GGUF's RoPE and compute the metadata to write, checked with llama.cpp's math."""
     from .methods import RopeContext, get_method
 
@@ -434,7 +434,6 @@ def plan_gguf(info: GGUFInfo, spec: RopeSpec | dict | str) -> GGUFPlan:
             f"{str(info.path)!r} has no usable {info.architecture}.context_length / rope.dimension_count "
             f"({info.context_length}, {info.rope_dim}); the file is incomplete"
         )
-    spec = load_spec(spec) if not isinstance(spec, RopeSpec) else spec
     if spec.rope_theta is not None:
         raise SpecError(
             f"rope_theta={spec.rope_theta:g} in the spec: a GGUF's base is its rope.freq_base "
@@ -524,7 +523,7 @@ def patch_gguf(
         check_replaceable(out, "gguf")  # only a GGUF file is ever replaced
         if not overwrite:
             raise CheckpointError(f"OUT {str(out)!r} exists; pass overwrite=True (--overwrite) or pick another path")
-    plan = plan_gguf(info, spec)
+    plan = plan_gguf(info, spec if isinstance(spec, RopeSpec) else load_spec(spec))  # the Python API's edge
     if on_step:
         on_step(f"writing {out}")
 

@@ -172,7 +172,8 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
             )
         method = None
     else:
-        spec = load_spec(spec, **kwargs)
+        if not isinstance(spec, RopeSpec) or kwargs:  # the Python API's edge (the CLI passes a parsed spec)
+            spec = load_spec(spec, **kwargs)
         keeps = spec.rope_method.keeps_scheme  # STRING: the model's scheme stays, so nothing is re-derived
         if facts.is_scaled and not keeps:
             if not spec.replace_existing:

@@ -124,11 +124,31 @@ class PatchPlan:
                     return False
         return True
 
+    def rebased(self, config) -> PatchPlan:
+        """This plan with what it changes counted from `config` (a patched model's original config, when it is
+        patched again): the old slots and length are that config's."""
+        facts = read_rope(config)
+        return replace(self, old_slots=facts.slots, old_max_position_embeddings=facts.max_position_embeddings,
+                       changed=_changes(facts, self.slots, self.max_position_embeddings, self.marker, self.method))
+
+    def for_config(self, config) -> PatchPlan:
+        """This plan's spec planned on another config (the same model with a field removed, say)."""
+        return plan_patch(config, self.spec)
+
     def expected_stock(self, slot: str | None) -> tuple[torch.Tensor, float]:
         """What stock loaders build at construction from the written config (dynamic-yarn: static YaRN)."""
         if self.method.keeps_scheme:
             return self.own_rope[slot]
         return self.method.stock_method.compute(self.context(slot))
+
+
+def recorded_spec(config) -> RopeSpec | None:
+    """The resolved spec a checkpoint rope-extend wrote records in its config's marker (None without a complete
+    marker: the spec and the original RoPE)."""
+    marker = compat.read_marker(compat.text_config(config))
+    if not marker or not isinstance(marker.get("spec"), dict) or "original" not in marker:
+        return None
+    return RopeSpec(**marker["spec"])
 
 
 def check_rope_model(config) -> None:
@@ -181,10 +201,13 @@ def _targets(slots: dict, spec: RopeSpec) -> tuple[str | None, ...]:
 
 
 def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any) -> PatchPlan:
-    """Plan a patch from a config (the text part of a multimodal one) and a spec without touching any module."""
+    """Plan a patch from a config (the text part of a multimodal one) and a spec without touching any module.
+
+    The spec is a parsed `RopeSpec`; a dict, a YAML path or keywords are parsed here first (the Python API's edge)."""
     config = compat.text_config(config)
     check_rope_model(config)
-    spec = load_spec(spec, **kwargs)
+    if not isinstance(spec, RopeSpec) or kwargs:
+        spec = load_spec(spec, **kwargs)
     facts = read_rope(config)
     if facts.max_position_embeddings is None:
         raise SpecError(
@@ -257,12 +280,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         for target in targets:
             new_slots[target]["attention_factor"] = float(plan.expected_stock(target)[1])
     marker = facts.marker
-    changed = not (
-        facts.max_position_embeddings == int(new_max)
-        and all(compat.params_close(facts.slots[key], new_slots[key]) for key in facts.slots)
-        and (marker is None or marker.get("spec") == new_marker["spec"])  # e.g. dynamic-yarn vs yarn
-        and (marker is not None or not method.acts_on_attention)  # the config alone does not show these
-    )
+    changed = _changes(facts, new_slots, int(new_max), new_marker, method)
     foreign = marker is not None and not _marker_keeps_scheme(marker)
     if changed and method.keeps_scheme and foreign:
         raise AlreadyScaledError(
@@ -276,6 +294,17 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
     if changed:
         _check_stock_accepts(config, plan)
     return plan
+
+
+def _changes(facts, slots: dict, max_position_embeddings: int, marker: dict, method: RopeMethod) -> bool:
+    """Whether writing `slots`, the length and `marker` changes the config `facts` were read from."""
+    old = facts.marker
+    return not (
+        facts.max_position_embeddings == max_position_embeddings
+        and all(compat.params_close(facts.slots[key], slots[key]) for key in facts.slots)
+        and (old is None or old.get("spec") == marker["spec"])  # e.g. dynamic-yarn vs yarn
+        and (old is not None or not method.acts_on_attention)  # the config alone does not show these
+    )
 
 
 def _check_window(facts, spec: RopeSpec, targets, base_theta: float) -> None:

@@ -24,11 +24,6 @@ PORTS_RUN = (
 )
 
 
-def engine_hints(plan: PatchPlan, out: str) -> list[EngineHint]:
-    """One `EngineHint` per engine (transformers, vLLM, SGLang, llama.cpp) for serving `out`."""
-    return [rule(plan, out) for rule in RULES]
-
-
 @dataclass(frozen=True)
 class ServeHint:
     """The one way to serve a checkpoint a newcomer should try first: a shell command (its path quoted with shlex,
@@ -47,21 +42,74 @@ class ServeHint:
         return f"{self.command}  # {self.why}" if self.python else self.command
 
 
+@dataclass(frozen=True)
+class ServingHints:
+    """Every engine's hint for one plan, computed once (`of`) and then named for each place that prints the
+    commands: OUT's path on the terminal, OUT's folder name or the Hub repo in the card, `record.MODEL_ID` in the
+    record."""
+
+    plan: PatchPlan
+    hints: tuple[EngineHint, ...]  # transformers, vLLM, SGLang, llama.cpp; their commands name `served.MODEL`
+
+    @classmethod
+    def of(cls, plan: PatchPlan) -> ServingHints:
+        return cls(plan, tuple(rule(plan) for rule in RULES))
+
+    def named(self, name: str) -> list[EngineHint]:
+        """One `EngineHint` per engine for serving the checkpoint `name`."""
+        return [hint.named(name) for hint in self.hints]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [w for hint in self.hints for w in hint.warnings]
+
+    def serve(self, name: str) -> ServeHint:
+        """The first of vLLM and SGLang that reproduces the method exactly (its hint has no warning), else stock
+        transformers, else in-process with `patch_model` (which restores a method stock loaders read differently,
+        e.g. dynamic-yarn). Every engine's command is in the model card and `rope-extend engines`."""
+        hints = {hint.engine: hint for hint in self.named(name)}
+        for engine in ("vLLM", "SGLang"):
+            if hints[engine].command and not hints[engine].warnings:
+                return ServeHint((hints[engine].command,), engine)
+        load = f"model = AutoModelForCausalLM.from_pretrained({name!r})"
+        method = self.plan.spec.method
+        if not hints["transformers"].warnings:
+            return ServeHint((load,), f"transformers: vLLM and SGLang do not reproduce {method} exactly; see the "
+                             "warnings", python=True)
+        return ServeHint((load, "rope_extend.patch_model(model)"), f"in-process: restores {method}, which stock "
+                         "loaders and serving engines do not reproduce exactly; see the warnings", python=True)
+
+    def markdown(self, name: str) -> str:
+        """The Serving section: every engine's commands for the checkpoint `name`, then notes and warnings."""
+        hints = {hint.engine: hint for hint in self.named(name)}
+        v, g, c = hints["vLLM"], hints["SGLang"], hints["llama.cpp"]
+        lines = [
+            f"- vLLM: `{v.command}`",
+            f"  - same scaling on the original model: `{v.original}`",
+            f"- SGLang: `{g.command}`",
+            f"  - same scaling on the original model: `{g.original}`",
+        ]
+        if c.original is not None:
+            lines.append(f"- llama.cpp, original GGUF: `{c.original}`")
+        if c.command is not None:
+            lines.append(f"- llama.cpp, GGUF converted from this checkpoint (convert_hf_to_gguf.py): `{c.command}`")
+        notes = [n for hint in self.hints for n in hint.notes]
+        text = PORTS_RUN + "\n\n" + "\n".join(lines)
+        if notes:
+            text += "\n\n" + "\n".join(f"> Note: {n}" for n in notes)
+        if self.warnings:
+            text += "\n\n" + "\n".join(f"> Warning: {w}" for w in self.warnings)
+        return text
+
+
+def engine_hints(plan: PatchPlan, out: str) -> list[EngineHint]:
+    """One `EngineHint` per engine (transformers, vLLM, SGLang, llama.cpp) for serving `out`."""
+    return ServingHints.of(plan).named(out)
+
+
 def serve_hint(plan: PatchPlan, out: str) -> ServeHint:
-    """The first of vLLM and SGLang that reproduces the method exactly (its hint has no warning), else stock
-    transformers, else in-process with `patch_model` (which restores a method stock loaders read differently, e.g.
-    dynamic-yarn). Every engine's command is in the model card and `rope-extend engines`."""
-    hints = {hint.engine: hint for hint in engine_hints(plan, out)}
-    for engine in ("vLLM", "SGLang"):
-        if hints[engine].command and not hints[engine].warnings:
-            return ServeHint((hints[engine].command,), engine)
-    load = f"model = AutoModelForCausalLM.from_pretrained({out!r})"
-    method = plan.spec.method
-    if not hints["transformers"].warnings:
-        return ServeHint((load,), f"transformers: vLLM and SGLang do not reproduce {method} exactly; see the "
-                         "warnings", python=True)
-    return ServeHint((load, "rope_extend.patch_model(model)"), f"in-process: restores {method}, which stock "
-                     "loaders and serving engines do not reproduce exactly; see the warnings", python=True)
+    """`ServingHints.serve` for one plan and one name."""
+    return ServingHints.of(plan).serve(out)
 
 
 def serve_command(plan: PatchPlan, out: str) -> str:
@@ -71,23 +119,5 @@ def serve_command(plan: PatchPlan, out: str) -> str:
 
 def serving_hints(plan: PatchPlan, out: str) -> tuple[str, list[str]]:
     """(markdown with commands, warnings) for serving `out` at the plan's target length."""
-    hints = {hint.engine: hint for hint in engine_hints(plan, out)}
-    v, g, c = hints["vLLM"], hints["SGLang"], hints["llama.cpp"]
-    lines = [
-        f"- vLLM: `{v.command}`",
-        f"  - same scaling on the original model: `{v.original}`",
-        f"- SGLang: `{g.command}`",
-        f"  - same scaling on the original model: `{g.original}`",
-    ]
-    if c.original is not None:
-        lines.append(f"- llama.cpp, original GGUF: `{c.original}`")
-    if c.command is not None:
-        lines.append(f"- llama.cpp, GGUF converted from this checkpoint (convert_hf_to_gguf.py): `{c.command}`")
-    warnings = [w for hint in hints.values() for w in hint.warnings]
-    notes = [n for hint in hints.values() for n in hint.notes]
-    text = PORTS_RUN + "\n\n" + "\n".join(lines)
-    if notes:
-        text += "\n\n" + "\n".join(f"> Note: {n}" for n in notes)
-    if warnings:
-        text += "\n\n" + "\n".join(f"> Warning: {w}" for w in warnings)
-    return text, warnings
+    hints = ServingHints.of(plan)
+    return hints.markdown(out), hints.warnings

@@ -218,7 +218,7 @@ def _corr_dims(n_dims, n_ctx_orig, base, beta_fast, beta_slow) -> tuple[float, f
     return float(max(0, start)), float(min(n_dims - 1, end))
 
 
-def serving_rule(plan, out: str) -> EngineHint:
+def serving_rule(plan) -> EngineHint:
     """llama.cpp flags on the original GGUF and for a GGUF converted from OUT, from the method's rule
     (`engine_rule`): which flags reproduce it, and every difference."""
     rule = plan.method.engine_rule("llama.cpp", plan, VERSION)

@@ -16,15 +16,17 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import compat
-from ..errors import CheckpointError
 from ..facts import decode_slots
-from ..plan import PatchPlan, plan_patch
+from ..plan import PatchPlan
 from ..spec import RopeSpec, load_spec
 from . import llama_cpp, sglang, transformers_engine, vllm
 from .served import Delta, EngineHint, NotServed, Served, compare, positions
+
+if TYPE_CHECKING:
+    from ..serving import ServingHints
 
 
 @dataclass
@@ -150,46 +152,39 @@ class _Inputs:
     out_name: str
 
 
-def _from_checkpoint(checkpoint: str | os.PathLike) -> _Inputs:
-    from ..files import load_config, read_json
-    from ..hub import resolve_source
+def _written(plan: PatchPlan, raw: dict, folder: Path, name: str) -> _Inputs:
+    """A checkpoint rope-extend wrote (`raw`: its config.json in `folder`), its original model rebuilt from the
+    plan's marker."""
+    original = plan.marker["original"]
+    original_config = compat.portable_config_dict(raw, decode_slots(original["rope_parameters"]),
+                                                  int(original["max_position_embeddings"]), None)
+    return _Inputs(plan, raw, original_config, folder, name)
 
-    folder = resolve_source(checkpoint, config_only=True)
-    raw = read_json(folder / "config.json", "config.json")
-    config = compat.text_config(load_config(folder))
-    marker = compat.read_marker(config)
-    if not marker or "spec" not in marker or "original" not in marker:
-        raise CheckpointError(
-            f"{str(checkpoint)!r} was not written by rope-extend (config.json has no complete rope_extend marker); "
-            "give the original model as SOURCE with --method and --factor instead"
-        )
-    plan = plan_patch(config, RopeSpec(**marker["spec"]))
-    original_slots = decode_slots(marker["original"]["rope_parameters"])
-    original = compat.portable_config_dict(raw, original_slots, int(marker["original"]["max_position_embeddings"]), None)
-    return _Inputs(plan, raw, original, folder, str(checkpoint))
+
+def _from_checkpoint(checkpoint: str | os.PathLike) -> _Inputs:
+    from ..source import load_source, plan_source
+
+    source = load_source(checkpoint, config_only=True)
+    return _written(plan_source(source, None), source.raw, source.folder, str(checkpoint))
 
 
 def _from_source(source: str | os.PathLike | dict, spec: RopeSpec, tmp: Path) -> _Inputs:
+    from ..source import Source, load_source, plan_source
+
     if isinstance(source, dict):  # an in-memory config.json (tests, the docs table)
         from transformers import AutoConfig
 
         raw = dict(source)
         (tmp / "src").mkdir()
         (tmp / "src" / "config.json").write_text(json.dumps(raw))
-        config = AutoConfig.from_pretrained(tmp / "src")
+        loaded = Source("config.json", tmp / "src", raw, AutoConfig.from_pretrained(tmp / "src"))
     else:
-        from ..files import load_config, read_json
-        from ..hub import resolve_source
-
-        folder = resolve_source(source, config_only=True)
-        raw = read_json(folder / "config.json", "config.json")
-        config = load_config(folder)
-    config = compat.text_config(config)
-    plan = plan_patch(config, spec)
-    out = compat.portable_config_dict(raw, plan.slots, plan.max_position_embeddings, plan.marker)
+        loaded = load_source(source, config_only=True)
+    plan = plan_source(loaded, spec)
+    out = compat.portable_config_dict(loaded.raw, plan.slots, plan.max_position_embeddings, plan.marker)
     (tmp / "out").mkdir()
     (tmp / "out" / "config.json").write_text(json.dumps(out))
-    return _Inputs(plan, out, raw, tmp / "out", "OUT")
+    return _Inputs(plan, out, loaded.raw, tmp / "out", "OUT")
 
 
 # --- the report --------------------------------------------------------------------------------------------------------
@@ -218,7 +213,8 @@ def parity(
         raise ValueError("give either a rope-extend checkpoint or source= with a spec, not both")
     if checkpoint is not None:
         return parity_many([checkpoint], other_python=other_python, transformers_lines=transformers_lines)[0]
-    spec = load_spec(spec, **spec_overrides)
+    if not isinstance(spec, RopeSpec) or spec_overrides:
+        spec = load_spec(spec, **spec_overrides)
     return parity_many([(source, spec)], other_python=other_python, transformers_lines=transformers_lines)[0]
 
 
@@ -226,7 +222,7 @@ def parity_many(
     items: list, other_python: str | None = None, transformers_lines: bool = True, other_line: bool = True
 ) -> list[ParityReport]:
     """`parity` for many checkpoints (paths) or (source, spec) pairs, with one process for the other transformers
-    line (other_line=False leaves that row out)."""
+    line (other_line=False leaves that row out). Each is planned once here; the reports execute those plans."""
     with tempfile.TemporaryDirectory(prefix="rope-extend-engines-") as tmp:
         inputs = []
         for i, item in enumerate(items):
@@ -237,24 +233,30 @@ def parity_many(
                 inputs.append(_from_source(source, spec if isinstance(spec, RopeSpec) else load_spec(spec), work))
             else:
                 inputs.append(_from_checkpoint(item))
-        jobs = [(x.folder, _lengths(x.plan)) for x in inputs]
-        here = transformers_engine.run_here(jobs) if transformers_lines else [None] * len(jobs)
-        other = transformers_engine.run_other(jobs, other_python) if transformers_lines and other_line else [None] * len(jobs)
-        return [_report(x, h, o) for x, h, o in zip(inputs, here, other)]
+        return _reports(inputs, other_python, transformers_lines, other_line)
+
+
+def _reports(inputs: list[_Inputs], other_python: str | None, transformers_lines: bool, other_line: bool,
+             hints: ServingHints | None = None) -> list[ParityReport]:
+    jobs = [(x.folder, _lengths(x.plan)) for x in inputs]
+    here = transformers_engine.run_here(jobs) if transformers_lines else [None] * len(jobs)
+    other = transformers_engine.run_other(jobs, other_python) if transformers_lines and other_line else [None] * len(jobs)
+    return [_report(x, h, o, hints) for x, h, o in zip(inputs, here, other)]
 
 
 def _lengths(plan: PatchPlan) -> list[int]:
     return [plan.spec.original_max_position_embeddings, plan.spec.target_length]
 
 
-def _report(inputs: _Inputs, here, other) -> ParityReport:
-    from ..serving import engine_hints
+def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -> ParityReport:
+    from ..serving import ServingHints
 
     plan = inputs.plan
     spec = plan.spec
     lengths = _lengths(plan)
     refs = {n: reference(plan, n) for n in lengths}
-    hints = {hint.engine: hint for hint in engine_hints(plan, inputs.out_name)}
+    serving = serving or ServingHints.of(plan)
+    hints = {hint.engine: hint for hint in serving.named(inputs.out_name)}
     rows: list[Row] = []
 
     def row(engine, route, results, hint_engine):
@@ -325,15 +327,19 @@ def compat_model_type(config: dict) -> str:
     return str(text.get("model_type", ""))
 
 
-def card_section(checkpoint: str | os.PathLike) -> str:
-    """The model card's "where it serves identically" section for a checkpoint rope-extend just wrote.
+def card_section(plan: PatchPlan, folder: Path, hints: ServingHints | None = None) -> str:
+    """The model card's "where it serves identically" section for the checkpoint rope-extend just wrote into
+    `folder` with `plan` (its config.json as written is what the engine ports read), with the writer's hints.
 
     The running transformers line and the engine ports only (no second Python is started while writing; the
     writer's verification covers the running line, `rope-extend engines OUT` with ROPE_EXTEND_OTHER_PYTHON adds
     the other). A report that cannot be computed leaves a one-line explanation instead of failing the write.
     """
+    from ..files import read_json
+
     try:
-        report = parity_many([checkpoint], other_line=False)[0]
+        inputs = _written(plan, read_json(folder / "config.json", "config.json"), folder, str(folder))
+        report = _reports([inputs], None, transformers_lines=True, other_line=False, hints=hints)[0]
     except (ValueError, OSError, KeyError, ImportError, RuntimeError) as exc:
         return f"Not computed: {' '.join(str(exc).split())[:300]} (run `rope-extend engines` on this checkpoint)."
     return report.markdown() + (

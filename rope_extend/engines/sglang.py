@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import copy
 import math
-import shlex
 
 import torch
 
 from .. import compat
 from . import hf_config
-from .served import EngineHint, NotServed, Served, default_inv_freq, fmt_float
+from .served import MODEL, EngineHint, NotServed, Served, default_inv_freq, fmt_float
 from .vllm import _json, _yarn_inv_freq, full_slot, longrope_magnitude, rotary_dim
 
 VERSION = "SGLang 0.5.23"
@@ -121,7 +120,7 @@ def context_length(max_position: int, rope: dict) -> int:
     return int(factor * max_position)
 
 
-def serving_rule(plan, out: str) -> EngineHint:
+def serving_rule(plan) -> EngineHint:
     """The SGLang command for OUT and `--json-model-override-args` for the original model; the method's rule
     (`engine_rule`) adds what SGLang does differently."""
     full = full_slot(plan)
@@ -162,7 +161,7 @@ def serving_rule(plan, out: str) -> EngineHint:
     return EngineHint(
         engine="SGLang",
         version=VERSION,
-        command=f"{env}python -m sglang.launch_server --model-path {shlex.quote(out)} --context-length {target}{extra}",
+        command=f"{env}python -m sglang.launch_server --model-path {MODEL} --context-length {target}{extra}",
         original=f"--json-model-override-args '{_json(original_overrides)}'",
         args={"out_overrides": out_overrides, "original_overrides": original_overrides},
         warnings=rule.warnings,

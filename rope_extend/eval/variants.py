@@ -57,26 +57,21 @@ def spec_to_dict(spec) -> dict | None:
         return None
     if callable(spec) and not isinstance(spec, dict):
         return {"callable": getattr(spec, "__qualname__", repr(spec))}
-    if isinstance(spec, (str, os.PathLike)):
+    if hasattr(spec, "model_dump"):
+        return spec.model_dump(mode="json", exclude_none=True)
+    if isinstance(spec, (str, os.PathLike, dict)):
+        # Normalise (and validate, before any model work) through RopeSpec when available, so equivalent specs
+        # share a fingerprint.
         try:
             from rope_extend import load_spec  # type: ignore
-
-            return spec_to_dict(load_spec(spec))
         except ImportError:
+            if isinstance(spec, dict):
+                return dict(spec)
             import yaml
 
             with open(spec, encoding="utf-8") as f:
                 return yaml.safe_load(f)
-    if hasattr(spec, "model_dump"):
-        return spec.model_dump(mode="json", exclude_none=True)
-    if isinstance(spec, dict):
-        # Normalise (and validate, before any model work) through RopeSpec when available, so
-        # equivalent specs share a fingerprint.
-        try:
-            from rope_extend import load_spec  # type: ignore
-        except ImportError:
-            return dict(spec)
-        return spec_to_dict(load_spec(dict(spec)))
+        return spec_to_dict(load_spec(dict(spec) if isinstance(spec, dict) else spec))
     raise TypeError(f"unsupported spec type {type(spec).__name__}")
 
 
