@@ -437,7 +437,7 @@ def patch_checkpoint(
             field="original_max_position_embeddings",
         )
     plan = plan_source(loaded, spec)
-    if plan.spec.factor == 1 and plan.is_identity() and not plan.method.acts_on_attention:  # STRING works at x1
+    if plan.spec.factor == 1 and plan.is_identity():
         raise SpecError(
             f"factor 1 (target length {plan.spec.target_length} = the original length) makes {plan.spec.method} "
             "change nothing; choose a factor > 1 or a longer --target-length",

@@ -400,7 +400,7 @@ def llamacpp_rope(info_or_meta: Mapping[str, Any], rope_dim: int) -> tuple[np.nd
     return theta_out, mscale
 
 
-# -- the GGUF plan (per-method keys come from `RopeMethod.gguf_rope`) -------------------------------------------
+# -- the GGUF plan (per-method keys come from the method's `GgufRules`) -------------------------------------------
 @dataclass
 class GGUFPlan:
     """What patch_gguf writes: key -> value (None deletes the key), an optional rope_freqs tensor, warnings."""
@@ -415,7 +415,7 @@ class GGUFPlan:
 
 def plan_gguf(info: GGUFInfo, spec: RopeSpec) -> GGUFPlan:
     """Resolve *spec* against the GGUF's RoPE and compute the metadata to write, checked with llama.cpp's math."""
-    from .methods import RopeContext, get_method
+    from .methods import RopeContext, get_method, gguf_rules
 
     if info.architecture not in VERIFIED_ARCHITECTURES:
         raise UnsupportedModelError(
@@ -452,7 +452,8 @@ def plan_gguf(info: GGUFInfo, spec: RopeSpec) -> GGUFPlan:
         seq_len=int(spec.target_length) if method.dynamic else None,  # longrope: the long factors
     )
     inv_freq, attention_factor = _compute(method, ctx)
-    rel_keys, factors, warnings = method.gguf_rope(spec, info.freq_base, info.rope_dim, inv_freq, attention_factor)
+    rel_keys, factors, warnings = gguf_rules(method).rope(spec, info.freq_base, info.rope_dim, inv_freq,
+                                                          attention_factor)
     arch = info.architecture
     keys = {f"{arch}.{k}": v for k, v in rel_keys.items()}
     keys[f"{arch}.context_length"] = int(spec.target_length)

@@ -33,7 +33,7 @@ from . import compat
 from .encodings import rope_kernel, rope_rotations, rope_wavelengths
 from .errors import CheckpointError, SpecError
 from .facts import read_rope
-from .methods import RopeContext, all_methods, compute, default_inv_freq, get_method, method_names
+from .methods import RopeContext, advice, all_methods, compute, default_inv_freq, get_method, method_names
 from .plan import check_rope_model, plan_patch
 from .spec import RopeSpec, load_spec
 
@@ -307,9 +307,7 @@ def recommend(config, target_length: int) -> Recommendation:
         reasons.append(
             f"the model already serves {current_max} tokens ({current_type} RoPE) >= {target_length}: no scaling needed"
         )
-        inside = {"string": "if the model misses distant keys inside the window it already has: STRING, in-process "
-                  "(rope_extend.patch_model), keeps its RoPE and remaps the rarely trained large distances onto "
-                  "small ones (docs/attention-methods.md, 'STRING')"}
+        inside = {m.name: why for m in all_methods() if (why := advice(m).inside_window())}
         return Recommendation(target_length, original, factor, None, inside, reasons, costs)
     if factor <= 1:
         reasons.append(f"target {target_length} <= original length {original}: no scaling needed")
@@ -324,7 +322,7 @@ def recommend(config, target_length: int) -> Recommendation:
     unseen = sum(1 for r in base_view.rows if r.rotations < 1)
     reasons.append(f"{unseen} of {len(base_view.rows)} disks make less than one turn in {original} tokens; "
                    "interpolating them is what every method does")
-    compared = sorted((m for m in all_methods() if m.preference is not None), key=lambda m: m.preference)
+    compared = sorted((m for m in all_methods() if advice(m).preference is not None), key=lambda m: advice(m).preference)
     for candidate in compared:
         try:
             view = inspect_rope(config, method=candidate.name, factor=factor)
@@ -338,7 +336,7 @@ def recommend(config, target_length: int) -> Recommendation:
             + "; ".join(f"{name} {c['changed']:.0%}, {c['high_shift']:.3f}" for name, c in costs.items())
         )
     shipped = get_method(current_type) if current_type in method_names() else None
-    if shipped is not None and shipped.kept_when_shipped and current_type in costs_or_accepted(
+    if shipped is not None and advice(shipped).kept_when_shipped and current_type in costs_or_accepted(
             config, current_type, factor, costs):
         method = current_type
         reasons.append(f"the model already ships {current_type} scaling: keep its family's scheme, re-derived at the "
@@ -368,8 +366,8 @@ def recommend(config, target_length: int) -> Recommendation:
     # in the words of the README's "Which method when" (engines serve yarn, the recommendation)
     alternatives = {}
     for other in all_methods():
-        why = other.alternative(factor, method) if other.name != method else None
-        if why and (other.preference is None or other.name in costs):
+        why = advice(other).alternative(factor, method) if other.name != method else None
+        if why and (advice(other).preference is None or other.name in costs):
             alternatives[other.name] = why
     return with_measurements(Recommendation(target_length, original, factor, method, alternatives, reasons, costs))
 

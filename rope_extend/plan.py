@@ -108,14 +108,17 @@ class PatchPlan:
 
     def compute(self, slot: str | None, seq_len: int | None = None, device=None) -> tuple[torch.Tensor, float]:
         """rope-extend's own (inv_freq, attention factor) for a target slot (the model's own where it is kept)."""
-        if self.method.keeps_scheme:
+        if self.own_rope:
             inv_freq, attention = self.own_rope[slot]
             return inv_freq.to(device), attention
         return self.method.compute(self.context(slot, seq_len, device))
 
     def is_identity(self) -> bool:
-        """True when the planned RoPE equals the unscaled one at every length up to the target (e.g. a factor of 1
-        for a method without per-dimension lists): patching would change nothing."""
+        """True when patching would change nothing: the planned RoPE equals the unscaled one at every length up to
+        the target (e.g. a factor of 1 for a method without per-dimension lists) and the method does not act on
+        attention (STRING changes it at x1)."""
+        if self.method.acts_on_attention:
+            return False
         for slot in self.targets:
             for seq_len in (None, self.spec.target_length):
                 inv_freq, attention = self.compute(slot, seq_len=seq_len)
@@ -137,7 +140,7 @@ class PatchPlan:
 
     def expected_stock(self, slot: str | None) -> tuple[torch.Tensor, float]:
         """What stock loaders build at construction from the written config (dynamic-yarn: static YaRN)."""
-        if self.method.keeps_scheme:
+        if self.own_rope:
             return self.own_rope[slot]
         return self.method.stock_method.compute(self.context(slot))
 
@@ -226,9 +229,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
                 f"model type {facts.model_type!r}: {where} use {VARIANT_ROPE[variant]}; rope-extend cannot rescale "
                 f"them{hint}"
             )
-    # a method that keeps the scheme works inside the window the model claims (Llama 3.1: 131072, not 8192)
-    window = facts.pristine_max_position_embeddings if spec.rope_method.keeps_scheme else None
-    resolved = spec.resolve(spec.original_max_position_embeddings or window or facts.original_length(targets[0]))
+    resolved = spec.resolve(spec.original_max_position_embeddings or spec.rope_method.original_length(facts, targets[0]))
     method = resolved.rope_method
     resolved = method.fill_params(resolved)  # derived parameters written out (self-extend's G and W, ...)
     base_theta = float(resolved.rope_theta or pristine[targets[0]]["rope_theta"])
@@ -281,14 +282,14 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
             new_slots[target]["attention_factor"] = float(plan.expected_stock(target)[1])
     marker = facts.marker
     changed = _changes(facts, new_slots, int(new_max), new_marker, method)
-    foreign = marker is not None and not _marker_keeps_scheme(marker)
-    if changed and method.keeps_scheme and foreign:
-        raise AlreadyScaledError(
-            f"the model carries rope-extend's own patch ({_describe(facts.slots, targets, marker)}); "
-            f"{resolved.method} keeps the RoPE a model ships and remaps attention on top, which would drop that "
-            f"patch: call unpatch_model() first (or load the original model), then apply {resolved.method}"
-        )
-    if changed and not method.keeps_scheme:  # STRING keeps the model's scheme and its window: nothing to check
+    if changed and method.keeps_scheme:  # the model's scheme and window stay: only a patch under it is refused
+        if marker is not None and not _marker_keeps_scheme(marker):
+            raise AlreadyScaledError(
+                f"the model carries rope-extend's own patch ({_describe(facts.slots, targets, marker)}); "
+                f"{resolved.method} keeps the RoPE a model ships and remaps attention on top, which would drop that "
+                f"patch: call unpatch_model() first (or load the original model), then apply {resolved.method}"
+            )
+    elif changed:
         _check_window(facts, resolved, targets, base_theta)
     plan = replace(plan, changed=changed, attention_factor=float(plan.expected_stock(targets[0])[1]))
     if changed:

@@ -424,12 +424,12 @@ def test_spec_errors_name_the_rule(kwargs, match):
 
 def test_refusals_name_why():
     from rope_extend import gguf  # noqa: F401  (the refusal is the method's)
-    from rope_extend.methods import get_method
+    from rope_extend.methods import gguf_rules
 
     with pytest.raises(SpecError, match="-gan G -gaw W"):
-        get_method("self-extend").gguf_rope(load_spec(method="self-extend", factor=2), 1e4, 16, None, 1.0)
+        gguf_rules("self-extend").rope(load_spec(method="self-extend", factor=2), 1e4, 16, None, 1.0)
     with pytest.raises(SpecError, match="no dual chunk attention"):
-        get_method("dual-chunk").gguf_rope(load_spec(method="dual-chunk"), 1e4, 16, None, 1.0)
+        gguf_rules("dual-chunk").rope(load_spec(method="dual-chunk"), 1e4, 16, None, 1.0)
     if not EAGER_THROUGH_ATTENTION_REGISTRY:
         with pytest.raises(UnsupportedModelError, match="calls its eager attention directly"):
             patch_model(tiny.make_model("llama"), method="self-extend", factor=4)

@@ -378,17 +378,16 @@ def test_spec_errors_name_the_rule(kwargs, match):
 
 def test_engines_refuse_in_words():
     from rope_extend import load_spec
-    from rope_extend.methods import get_method
+    from rope_extend.methods import engine_rules, gguf_rules
 
-    method = get_method("string")
     plan = plan_patch(_config(), method="string")
     for engine in ("vllm", "sglang"):
-        rule = method.engine_rule(engine, plan, engine)
+        rule = engine_rules("string").rule(engine, plan, engine)
         assert rule.max_len == 8192 and "WITHOUT string" in rule.warnings[0]
-    rule = method.engine_rule("llama.cpp", plan, "llama.cpp")
+    rule = engine_rules("string").rule("llama.cpp", plan, "llama.cpp")
     assert rule.flags is None and "no STRING" in rule.warnings[0]
     with pytest.raises(SpecError, match="no STRING"):
-        method.gguf_rope(load_spec(method="string"), 1e4, 16, None, 1.0)
+        gguf_rules("string").rope(load_spec(method="string"), 1e4, 16, None, 1.0)
 
 
 # --- on top of a shipped scheme ----------------------------------------------------------------------------------------

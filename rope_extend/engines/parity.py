@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import compat
 from ..facts import decode_slots
+from ..methods import engine_rules
 from ..plan import PatchPlan
 from ..spec import RopeSpec, load_spec
 from . import llama_cpp, sglang, transformers_engine, vllm
@@ -258,16 +259,11 @@ def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -
     serving = serving or ServingHints.of(plan)
     hints = {hint.engine: hint for hint in serving.named(inputs.out_name)}
     rows: list[Row] = []
+    not_served = engine_rules(plan.method).not_served(plan)
 
     def row(engine, route, results, hint_engine):
-        if plan.method.acts_on_attention:  # the RoPE matches, the attention is the original model's
-            results = [
-                r if isinstance(r, NotServed) else NotServed(
-                    f"serves the ORIGINAL model (its RoPE and attention); {spec.method} acts on attention, which "
-                    "only rope_extend.patch_model applies"
-                )
-                for r in results
-            ]
+        if not_served:  # the RoPE matches, the attention is the original model's
+            results = [r if isinstance(r, NotServed) else NotServed(not_served) for r in results]
         short, long = (r if isinstance(r, NotServed) else compare(r, refs[n], n) for n, r in zip(lengths, results))
         rows.append(Row(engine, route, short, long, list(hints[hint_engine].warnings)))
 
@@ -367,16 +363,9 @@ TABLE_FACTOR = 4.0
 
 def table_variants(factor: float = TABLE_FACTOR, half: int = 32) -> list[tuple[str, dict]]:
     """(label, spec) for every registered method, plus the YaRN settings engines are known to disagree on."""
-    from ..methods import get_method, method_names
+    from ..methods import all_methods
 
-    out = []
-    for name in method_names():
-        # a method that keeps the model's scheme (STRING) works inside the window: no factor
-        spec: dict = {"method": name} if get_method(name).keeps_scheme else {"method": name, "factor": factor}
-        if name == "longrope":  # illustrative factors: 1 .. s across the frequencies, short ones milder
-            spec["long_factor"] = [1.0 + (factor - 1.0) * i / (half - 1) for i in range(half)]
-            spec["short_factor"] = [1.0 + 0.5 * i / (half - 1) for i in range(half)]
-        out.append((f"`{name}`", spec))
+    out = [(f"`{method.name}`", engine_rules(method).table_spec(factor, half)) for method in all_methods()]
     out.append(("`yarn`, `truncate: false`", {"method": "yarn", "factor": factor, "truncate": False}))
     out.append(("`yarn`, `mscale` 0.707 / `mscale_all_dim` 1", {"method": "yarn", "factor": factor, "mscale": 0.707, "mscale_all_dim": 1.0}))
     return out

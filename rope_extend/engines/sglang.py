@@ -25,6 +25,7 @@ import math
 import torch
 
 from .. import compat
+from ..methods import engine_rules
 from . import hf_config
 from .served import MODEL, EngineHint, NotServed, Served, default_inv_freq, fmt_float
 from .vllm import _json, _yarn_inv_freq, full_slot, longrope_magnitude, rotary_dim
@@ -121,10 +122,10 @@ def context_length(max_position: int, rope: dict) -> int:
 
 
 def serving_rule(plan) -> EngineHint:
-    """The SGLang command for OUT and `--json-model-override-args` for the original model; the method's rule
-    (`engine_rule`) adds what SGLang does differently."""
+    """The SGLang command for OUT and `--json-model-override-args` for the original model; the method's rules
+    (`methods.engine_rules`) add what SGLang does differently."""
     full = full_slot(plan)
-    rule = plan.method.engine_rule("sglang", plan, VERSION)
+    rule = engine_rules(plan.method).rule("sglang", plan, VERSION)
     L, target = plan.spec.original_max_position_embeddings, rule.max_len or plan.spec.target_length
     rope_parameters = dict(full)
     fix: dict = {}

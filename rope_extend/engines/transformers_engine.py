@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..methods import engine_rules
 from . import hf_probe
 from .served import MODEL, EngineHint, NotServed, Served, positions
 
@@ -75,7 +76,7 @@ def run_other(jobs: list[tuple[Path, list[int]]], python: str | None = None) -> 
 
 def serving_rule(plan) -> EngineHint:
     """transformers 4.x and 5.x read the portable config.json; the method's rule says where they differ."""
-    warnings = plan.method.engine_rule("transformers", plan, "transformers 4.x and 5.x").warnings
+    warnings = engine_rules(plan.method).rule("transformers", plan, "transformers 4.x and 5.x").warnings
     return EngineHint(
         engine="transformers",
         version="transformers 4.x and 5.x",

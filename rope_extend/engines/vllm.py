@@ -28,6 +28,7 @@ import math
 import torch
 
 from .. import compat
+from ..methods import engine_rules
 from . import hf_config
 from .served import MODEL, EngineHint, NotServed, Served, default_inv_freq
 
@@ -160,10 +161,10 @@ def served(fields: dict, rope: dict, max_model_len: int, n: int) -> Served | Not
 
 
 def serving_rule(plan) -> EngineHint:
-    """The vLLM command for OUT and `--hf-overrides` for the original model; the method's rule (`engine_rule`) adds
-    what vLLM does differently."""
+    """The vLLM command for OUT and `--hf-overrides` for the original model; the method's rules
+    (`methods.engine_rules`) add what vLLM does differently."""
     full = full_slot(plan)
-    rule = plan.method.engine_rule("vllm", plan, VERSION)
+    rule = engine_rules(plan.method).rule("vllm", plan, VERSION)
     L = plan.spec.original_max_position_embeddings
     max_model_len = rule.max_len or plan.spec.target_length
     rope_parameters = dict(full)

@@ -10,7 +10,7 @@ local_window = L/16.
 
 from __future__ import annotations
 
-from .attention import LOG_N, AttentionMethod
+from .attention import LOG_N, AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
 
@@ -30,11 +30,6 @@ class DualChunk(AttentionMethod):
                 "(stock engines serve the original model); measured ahead of frequency scaling at 2x, behind it "
                 "at 4x (docs/results-retrieval.md)")
     paper = "https://arxiv.org/abs/2402.17463"
-    llama_cpp_note = (
-        "llama.cpp has no dual chunk attention; its nearest training-free option is self-extend (`-gan G -gaw W` in "
-        "llama-completion, `-gan G` in llama-passkey)"
-    )
-
     def validate(self, spec) -> None:
         chunk, local = spec.chunk_size, spec.local_window
         if chunk is not None and local is not None and local >= chunk:
@@ -63,4 +58,11 @@ class DualChunk(AttentionMethod):
         return DualChunkMap(int(spec.chunk_size), int(spec.local_window))
 
 
-DUAL_CHUNK = register(DualChunk())
+class DualChunkEngines(AttentionEngines):
+    llama_cpp_note = (
+        "llama.cpp has no dual chunk attention; its nearest training-free option is self-extend (`-gan G -gaw W` in "
+        "llama-completion, `-gan G` in llama-passkey)"
+    )
+
+
+DUAL_CHUNK = register(DualChunk(), engines=DualChunkEngines, gguf=AttentionGguf, advice=AttentionAdvice)

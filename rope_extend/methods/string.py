@@ -24,7 +24,7 @@ Decisions (docs/attention-methods.md, "STRING"; each pinned by a test in tests/t
 
 from __future__ import annotations
 
-from .attention import AttentionMethod
+from .attention import AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
 SHIFTED_SHARE = 0.33  # the authors' default shifted_offset, as a share of the window (they suggest 0.25-0.4)
@@ -62,11 +62,6 @@ class String(AttentionMethod):
                 "3.1 and Qwen2 at 128k); keeps a shipped scheme; in-process with rope_extend.patch_model (stock "
                 "engines serve the model without it); targets up to 2L − W")
     paper = "https://arxiv.org/abs/2410.18745"
-    llama_cpp_note = (
-        "llama.cpp has no STRING (the authors ship a fork of vLLM 0.5 only); serve the model as it is, or in-process "
-        "with rope_extend.patch_model"
-    )
-
     def validate(self, spec) -> None:
         offset, local = spec.shifted_offset, spec.local_value
         if offset is not None and local is not None and local >= offset:
@@ -119,6 +114,10 @@ class String(AttentionMethod):
         return StringMap(int(spec.shifted_offset), int(spec.local_value), float(spec.attention_factor) ** 2)
 
     # -- config: the model's own scheme, unchanged ------------------------------------------------------------
+    def original_length(self, facts, slot) -> int | None:
+        """The window the model claims (Llama 3.1: 131072, not 8192): STRING works inside it."""
+        return facts.pristine_max_position_embeddings or facts.original_length(slot)
+
     def config_slot(self, spec, base_slot: dict, rotary_dim: int, base_theta: float) -> dict:
         from ..errors import UnsupportedModelError
 
@@ -139,9 +138,26 @@ class String(AttentionMethod):
             "unchanged): string acts on attention; call rope_extend.patch_model(model) after loading to re-apply it"
         )
 
+
+class StringEngines(AttentionEngines):
+    llama_cpp_note = (
+        "llama.cpp has no STRING (the authors ship a fork of vLLM 0.5 only); serve the model as it is, or in-process "
+        "with rope_extend.patch_model"
+    )
+
     def no_stock_engine(self, L: int) -> str:
         return ("no stock engine has STRING (the authors' fork of vLLM 0.5 is not stock vLLM); only "
                 "rope_extend.patch_model serves it")
 
+    def table_spec(self, factor: float, half: int) -> dict:
+        return {"method": self.method.name}  # it works inside the window: no factor
 
-STRING = register(String())
+
+class StringAdvice(AttentionAdvice):
+    def inside_window(self) -> str | None:
+        return ("if the model misses distant keys inside the window it already has: STRING, in-process "
+                "(rope_extend.patch_model), keeps its RoPE and remaps the rarely trained large distances onto small "
+                "ones (docs/attention-methods.md, 'STRING')")
+
+
+STRING = register(String(), engines=StringEngines, gguf=AttentionGguf, advice=StringAdvice)
