@@ -35,7 +35,7 @@ $(VENV4)/.installed: pyproject.toml $(CONSTRAINTS4)
 # The real llama.cpp the GGUF parity tests run (built once into ~/.cache/rope-extend, ~12 CPU-minutes, with
 # progress lines; later runs reuse it). The tests' fixture builds it too if this step was skipped.
 llamacpp: install
-	$(VENV)/bin/python -m rope_extend.llamacpp
+	$(VENV)/bin/python -m rope_extend.llamacpp_build
 
 # The README's test command: the whole suite on transformers 5.x, then the portability/parity tests on 4.x, then
 # the compatibility matrix's core checks on the oldest supported 5.x.

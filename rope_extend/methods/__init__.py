@@ -2,7 +2,7 @@
 
 from . import (  # noqa: F401  (register)
     dual_chunk,
-    dynamic,
+    dynamic_ntk,
     dynamic_yarn,
     linear,
     llama3,
