@@ -136,3 +136,23 @@ def test_the_branch_check_sees_the_forms_that_escaped_it():
     for source in ('x = rope_type == "yarn"', 'x = full.get("rope_type") in ("linear", "dynamic")',
                    'x = {"rope_type": "yarn"}', 'x = name == "model"'):
         assert method_name_branches(source, names) == [], source
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_test_modules_share_helpers_not_each_other():
+    """Shared helpers live in tests/helpers.py (fixtures in conftest.py): no test module imports another, and no test
+    calls another (a GPU test runs a shared check, not a CPU test)."""
+    modules = {path.stem for path in TESTS.glob("test_*.py")}
+    offenders = []
+    for path in sorted(TESTS.glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            imported = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                        else [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            offenders += [f"{path.name}:{node.lineno} imports {name}" for name in imported
+                          if name in modules and name != path.stem]
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.startswith("test_"):
+                offenders.append(f"{path.name}:{node.lineno} calls {node.func.id}")
+    assert not offenders, offenders

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import tiny
 import torch
-from test_attention_methods import (
+from helpers import (
     IMPLS,
     _cache,
+    _inputs,  # random q/k/v at given positions, as the passes tests draw them
     distances,
     generate_alone_and_after_a_shared_prefix,
     make,
@@ -29,7 +30,6 @@ from test_attention_methods import (
     rope,
     string_distance,  # the paper's rule: d < S keeps d, d >= S becomes d - S + W
 )
-from test_attention_passes import _inputs  # random q/k/v at given positions, as the passes tests draw them
 
 from rope_extend import SpecError, UnsupportedModelError, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, passes, primitives, runtime
