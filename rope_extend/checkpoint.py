@@ -418,13 +418,21 @@ def patch_checkpoint(
 ) -> PatchResult:
     """Write SOURCE with rescaled RoPE to OUT (see the module docstring). Returns a `PatchResult`.
 
-    The Python API's edge: `spec` is parsed and planned on SOURCE once, then `write_checkpoint` executes the plan.
-    `options` (or `WriteOptions` fields as keywords: `mode=`, `dtype=`, `overwrite=`, `verify=`...) say how;
-    `revision` is SOURCE's Hub revision. Everything is validated (spec, SOURCE's files, OUT) before any path is
-    created.
+    The Python API's edge: `spec` is parsed, planned on SOURCE once (`plan_checkpoint`), then `write_checkpoint`
+    executes the plan. `options` (or `WriteOptions` fields as keywords: `mode=`, `dtype=`, `overwrite=`,
+    `verify=`...) say how; `revision` is SOURCE's Hub revision. Everything is validated (spec, SOURCE's files, OUT)
+    before any path is created.
     """
     options = replace(options or WriteOptions(), **fields) if fields else options or WriteOptions()
-    spec = spec if isinstance(spec, RopeSpec) else load_spec(spec)
+    loaded, plan = plan_checkpoint(source, spec if isinstance(spec, RopeSpec) else load_spec(spec), out, options,
+                                   revision=revision)
+    return write_checkpoint(loaded, plan, out, options)
+
+
+def plan_checkpoint(source: str | os.PathLike, spec: RopeSpec, out: str | os.PathLike, options: WriteOptions,
+                    *, revision: str | None = None) -> tuple[Source, PatchPlan]:
+    """SOURCE resolved, OUT checked against it, SOURCE's config read, and the one plan of `spec` on it, refused
+    where it cannot be written: what `patch` plans before `write_checkpoint` executes it."""
     folder = resolve_source(source, revision=revision)
     check_output_path(folder, Path(out), options.overwrite)
     loaded = read_source(source, folder, options.trust_remote_code)
@@ -444,7 +452,7 @@ def patch_checkpoint(
             field="factor",
             value=1,
         )
-    return write_checkpoint(loaded, plan, out, options)
+    return loaded, plan
 
 
 def write_checkpoint(

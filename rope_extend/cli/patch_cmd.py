@@ -176,7 +176,7 @@ class PatchRun:
 
 
 def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
-    from ..checkpoint import check_output_path, patch_checkpoint
+    from ..checkpoint import check_output_path, plan_checkpoint, write_checkpoint
     from ..gguf import is_gguf
     from ..hub import resolve_source
     from ..sharing import tally
@@ -217,8 +217,8 @@ def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
         records = run_eval(str(resolved), [spec], suite, report_dir)
         options = replace(options, eval_summary=CardEval(records, suite=suite.name, smoke=suite.smoke))
     with Progress("patching", options.steps) as progress:
-        result = patch_checkpoint(source, spec, output, replace(options, on_step=progress.step), revision=run.revision)
-    plan = result.plan
+        loaded, plan = plan_checkpoint(source, spec, output, options, revision=run.revision)  # the one plan
+        result = write_checkpoint(loaded, plan, output, replace(options, on_step=progress.step))
     say(f"wrote {result.out} ({result.mode}: {tally(result.placed)}, {len(result.written)} written) in "
         f"{result.seconds:.2f} s; "
         f"{'verified with stock transformers (reload + a forward beyond the original length)' if result.verified else 'NOT verified (--no-verify)'}")
