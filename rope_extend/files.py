@@ -13,6 +13,7 @@ so an outside file is never linked into OUT (what a push sends from OUT is rope_
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -223,13 +224,14 @@ def load_config(source: Path, trust_remote_code: bool = False):
         raise CheckpointError(f"transformers cannot read {str(source / 'config.json')!r}: {reason}") from None
 
 
-def check_safetensors(path: Path) -> None:
-    """Header-only integrity check: a well-formed header whose tensors end exactly at the end of the file."""
+def _corrupt(name: str, why: str) -> CheckpointError:
+    return CheckpointError(f"weights file {name!r} is corrupt ({why}); re-download the checkpoint")
+
+
+def read_safetensors_header(path: Path) -> tuple[dict, int, int]:
+    """(header, header length, file size) of a safetensors file, reading only its header (never the tensors)."""
     name = path.name
-
-    def corrupt(why: str) -> CheckpointError:
-        return CheckpointError(f"weights file {name!r} is corrupt ({why}); re-download the checkpoint")
-
+    corrupt = functools.partial(_corrupt, name)
     try:
         size = path.stat().st_size
         with open(path, "rb") as handle:
@@ -248,6 +250,14 @@ def check_safetensors(path: Path) -> None:
         raise CheckpointError(f"cannot read weights file {name!r}: {exc.strerror or exc}") from None
     if not isinstance(header, dict):
         raise corrupt(f"its header is a JSON {_kind(header)}, not an object")
+    return header, header_len, size
+
+
+def check_safetensors(path: Path) -> None:
+    """Header-only integrity check: a well-formed header whose tensors end exactly at the end of the file."""
+    name = path.name
+    corrupt = functools.partial(_corrupt, name)
+    header, header_len, size = read_safetensors_header(path)
     end = 0
     for key, entry in header.items():
         if key == "__metadata__":

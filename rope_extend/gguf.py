@@ -46,6 +46,7 @@ import numpy as np
 from .errors import AlreadyScaledError, CheckpointError, SpecError, UnsupportedModelError, VerificationError
 from .outputs import check_replaceable
 from .spec import RopeSpec, load_spec
+from .terminal import shell_path
 
 ROPE_FREQS = "rope_freqs.weight"
 LLAMACPP_SOURCE = "llama.cpp as vendored in llama-cpp-python 0.3.36"
@@ -501,6 +502,23 @@ class GGUFPatchResult:
     bytes_copied: int
 
 
+def check_gguf_name(out: Path, example: str) -> None:
+    """A .gguf SOURCE writes one GGUF file: OUT must be a file name ending in .gguf, not a folder (`-o out.bin` or
+    `-o newdir/`, whose slash the path drops, would have become a GGUF file of that name). `example`: a file name
+    for OUT inside a folder."""
+    if out.is_dir() and not out.is_symlink():
+        raise CheckpointError(f"OUT {str(out)!r} is a folder, but a .gguf SOURCE writes one GGUF file; name the file: "
+                              f"-o {shlex.quote(str(out / example))}")
+    if out.suffix.lower() == ".gguf":
+        return
+    if out.suffix:
+        fix = f"-o {shlex.quote(str(out.with_suffix('.gguf')))}"
+    else:
+        fix = f"-o {shlex.quote(str(out) + '.gguf')}, or -o {shlex.quote(str(out / example))} for a file in a folder"
+    raise CheckpointError(f"OUT {str(out)!r} does not end in .gguf, but a .gguf SOURCE writes one GGUF file; name "
+                          f"it so: {fix}")
+
+
 def patch_gguf(
     source: str | os.PathLike,
     spec: RopeSpec | dict | str,
@@ -518,13 +536,14 @@ def patch_gguf(
     source, out = Path(source), Path(out)
     header = _read_header(source)
     info = _info(header, source)
+    plan = plan_gguf(info, spec if isinstance(spec, RopeSpec) else load_spec(spec))  # the Python API's edge
+    check_gguf_name(out, f"{source.stem}-{plan.spec.method}-x{plan.spec.factor:g}.gguf")
     if out.exists():
         if out.resolve() == source.resolve() or (out.is_file() and os.path.samefile(out, source)):
             raise CheckpointError(f"OUT {str(out)!r} is SOURCE; rope-extend never modifies its source: pick another path")
         check_replaceable(out, "gguf")  # only a GGUF file is ever replaced
         if not overwrite:
             raise CheckpointError(f"OUT {str(out)!r} exists; pass overwrite=True (--overwrite) or pick another path")
-    plan = plan_gguf(info, spec if isinstance(spec, RopeSpec) else load_spec(spec))  # the Python API's edge
     if on_step:
         on_step(f"writing {out}")
 
@@ -671,14 +690,14 @@ def result_lines(result: GGUFPatchResult) -> list[str]:
     spec = plan.spec
     keys = ", ".join(f"{k}={v:.9g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.written_keys.items())
     lines = [
-        f"wrote {result.out} ({result.bytes_copied / 1e6:.1f} MB of tensors copied"
+        f"wrote {shell_path(result.out)} ({result.bytes_copied / 1e6:.1f} MB of tensors copied"
         f"{', added ' + ', '.join(result.added_tensors) if result.added_tensors else ''})",
         f"{spec.method} x{spec.factor:g}: {spec.original_max_position_embeddings} -> {spec.target_length} tokens, "
         f"attention factor {plan.attention_factor:.6f}",
         f"metadata: {keys}",
         f"checked with rope-extend's port of the RoPE math of {LLAMACPP_SOURCE} (not llama.cpp itself); llama.cpp "
         "needs no RoPE flags for it",
-        f"output: {result.out}",
+        f"output: {shell_path(result.out)}",
         f"serve:  llama-server -m {shlex.quote(str(result.out))} -c {spec.target_length}",
     ]
     lines += [f"warning: {w}" for w in plan.warnings]

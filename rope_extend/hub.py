@@ -90,9 +90,17 @@ def base_model_id(source: str | os.PathLike, resolved: Path) -> str | None:
     return hub_repo_id(resolved)
 
 
-def resolve_source(source: str | os.PathLike, revision: str | None = None, config_only: bool = False) -> Path:
+# What a Hub snapshot download fetches: a checkpoint (weights, config, tokenizer, code, card), or a tokenizer alone.
+CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.py", "*.md", "*.tiktoken", "*.jinja"]
+TOKENIZER_FILES = ["*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
+
+
+def resolve_source(source: str | os.PathLike, revision: str | None = None, config_only: bool = False,
+                   tokenizer_only: bool = False) -> Path:
     """A local folder holding the checkpoint: SOURCE itself, the demo model for the alias `smollm2`, or the Hub
-    cache snapshot of the repo id SOURCE. With the Hub unreachable, the cache answers or one error line does."""
+    cache snapshot of the repo id SOURCE. With the Hub unreachable, the cache answers or one error line does.
+    Every command that takes SOURCE resolves it here. `config_only`: only config.json is fetched from the Hub;
+    `tokenizer_only`: only the tokenizer's files (and a local folder needs no config.json)."""
     source = resolve_alias(source)
     path = Path(source).expanduser()
     if path.is_dir():
@@ -101,7 +109,7 @@ def resolve_source(source: str | os.PathLike, revision: str | None = None, confi
                 f"--revision {revision!r} applies to Hub repo ids, but SOURCE {str(path)!r} is a local folder; "
                 "drop --revision (or check out that revision into the folder)"
             )
-        if not (path / "config.json").is_file():
+        if not tokenizer_only and not (path / "config.json").is_file():
             raise CheckpointError(f"{str(path)!r} has no config.json; point SOURCE at a Hugging Face checkpoint folder")
         return path.resolve()
     if path.exists():
@@ -136,7 +144,7 @@ def resolve_source(source: str | os.PathLike, revision: str | None = None, confi
             revision=revision,
             cache_dir=cache_dir,
             local_files_only=offline,
-            allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.py", "*.md", "*.tiktoken", "*.jinja"],
+            allow_patterns=TOKENIZER_FILES if tokenizer_only else CHECKPOINT_FILES,
         )
     except (LocalEntryNotFoundError, FileNotFoundError):
         where = f"and the Hub ({_endpoint()}) is unreachable" if unreachable else "offline (HF_HUB_OFFLINE=1)"
@@ -154,7 +162,7 @@ def resolve_source(source: str | os.PathLike, revision: str | None = None, confi
     except HfHubHTTPError as exc:
         raise CheckpointError(f"could not fetch {source!r} from the Hub: HTTP {_status(exc)}") from None
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
+    if not tokenizer_only and not (folder / "config.json").is_file():
         raise CheckpointError(f"{source!r} has no config.json in the Hub cache snapshot {folder}")
     return folder
 

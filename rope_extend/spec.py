@@ -254,6 +254,13 @@ def spec_keys() -> list[str]:
     return [*CORE_FIELDS, *all_params()]
 
 
+def _refuse_booleans(cls, value: Any, info) -> Any:
+    """A number parameter given true/false (`--set shifted_offset=true`) is an error, not 1 or 0."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, got {str(value).lower()} (a boolean)")
+    return value
+
+
 @functools.cache
 def _spec_class(method: RopeMethod) -> type[RopeSpec]:
     """`method`'s spec class: `RopeSpec` plus the parameters the method declares (`RopeMethod.params`, each checked by
@@ -267,6 +274,9 @@ def _spec_class(method: RopeMethod) -> type[RopeSpec]:
         return value
 
     validators = {"_method_param": field_validator(*names)(check)} if names else {}
+    numbers = [name for name in names if method.params[name].kind in (int, float)]
+    if numbers:
+        validators["_numbers"] = field_validator(*numbers, mode="before")(_refuse_booleans)
     return create_model(
         f"{type(method).__name__}Spec",
         __base__=RopeSpec,

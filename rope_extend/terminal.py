@@ -11,25 +11,33 @@ from __future__ import annotations
 import shlex
 import textwrap
 
+KEEP = "\u00a0"  # joins the words of a quoted path (`shell_path`) so that `wrap` never breaks it; printed as a space
+
+
+def shell_path(path) -> str:
+    """*path* as a shell reads it (quoted by shlex where it needs to be: `'my out'`), one word for `wrap`, so that a
+    printed path pastes into a shell whole."""
+    return shlex.quote(str(path)).replace(" ", KEEP)
+
 
 def wrap(text: str, width: int, indent: str = "", hang: str | None = None) -> list[str]:
     """*text* wrapped between words at *width*: each of its lines starts with *indent*, and the lines it wraps onto
-    with *hang* (default: *indent*)."""
+    with *hang* (default: *indent*); a `shell_path` stays whole."""
     lines: list[str] = []
     for paragraph in str(text).split("\n"):
         lines += textwrap.wrap(paragraph, width=width, initial_indent=indent,
                                subsequent_indent=indent if hang is None else hang, break_long_words=False,
                                break_on_hyphens=False) or [indent.rstrip()]
-    return lines
+    return [line.replace(KEEP, " ") for line in lines]
 
 
-def command_lines(label: str, command: str, width: int, python: bool = False) -> list[str]:
-    """*command* after *label*, wrapped at *width*, continuing under the label.
+def command_lines(label: str, command: str, width: int, python: bool = False, hang: str | None = None) -> list[str]:
+    """*command* after *label*, wrapped at *width*, continuing under the label (or after *hang*).
 
     A shell command breaks between its words (each quoted with shlex; every line but the last ends in ` \\`, so
     the lines paste as one command). Python statements (*command*'s lines) go one per line, a call too long for the
     line broken after its opening parenthesis."""
-    hang = " " * len(label)
+    hang = " " * len(label) if hang is None else hang
     if python:
         lines: list[str] = []
         for statement in command.split("\n"):
@@ -93,6 +101,21 @@ def column_widths(rows: list[tuple[str, ...]], width: int, gap: int = 2) -> list
     return widths
 
 
+def fits(widths: list[int], width: int, gap: int = 2) -> bool:
+    """Whether columns of *widths* (`column_widths`) fit *width*: false when even each column's longest word does
+    not."""
+    return sum(widths) + gap * (len(widths) - 1) <= width
+
+
+def row_lines(header: list[str], rows: list[list[str]], width: int) -> list[str]:
+    """A table too wide for *width* as one wrapped line per row: "first cell: header value; header value..."."""
+    lines = []
+    for row in rows:
+        cells = "; ".join(f"{name} {cell}" for name, cell in zip(header[1:], row[1:]))
+        lines += wrap(f"{row[0]}: {cells}", width, hang="    ")
+    return lines
+
+
 def table_lines(header: list[str], rows: list[list[str]], width: int) -> list[str]:
     """A table at *width*: columns (`column_widths`) whose cells wrap between words; when even each column's
     longest word does not fit, one wrapped line per row instead ("first cell: header value; ...")."""
@@ -104,12 +127,8 @@ def table_lines(header: list[str], rows: list[list[str]], width: int) -> list[st
     from rich.text import Text
 
     widths = column_widths([tuple(header), *map(tuple, rows)], width)
-    if sum(widths) + 2 * (len(widths) - 1) > width:
-        lines = []
-        for row in rows:
-            cells = "; ".join(f"{name} {cell}" for name, cell in zip(header[1:], row[1:]))
-            lines += wrap(f"{row[0]}: {cells}", width, hang="    ")
-        return lines
+    if not fits(widths, width):
+        return row_lines(header, rows, width)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
     for name, column_width in zip(header, widths):
         table.add_column(Text(name), width=column_width)
@@ -118,6 +137,48 @@ def table_lines(header: list[str], rows: list[list[str]], width: int) -> list[st
     buffer = io.StringIO()
     Console(file=buffer, width=width, color_system=None, force_terminal=False, legacy_windows=False).print(table)
     return [line.rstrip() for line in buffer.getvalue().splitlines()]
+
+
+def help_lines(command, ctx, width: int) -> list[str]:
+    """A click/typer command's `--help` at *width*, for terminals too narrow for typer's rich tables: the usage, the
+    description, each argument, option and subcommand on its own line with its help wrapped between words below it,
+    and the epilog's indented lines (the examples) as shell commands that paste (`command_lines`)."""
+    import inspect
+
+    params = command.get_params(ctx)
+    arguments = [p for p in params if p.param_type_name == "argument"]
+    usage = [ctx.command_path, "[OPTIONS]", *(p.name.upper() for p in arguments)]
+    if hasattr(command, "list_commands"):
+        usage += ["COMMAND", "[ARGS]..."]
+    lines = wrap("Usage: " + " ".join(usage), width, hang="  ")
+    if command.help:
+        lines += ["", *wrap(inspect.cleandoc(command.help), width, indent="  ")]
+
+    def entries(title: str, records: list[tuple[str, str]]) -> None:
+        if records:
+            lines.extend(["", f"{title}:"])
+        for name, text in records:
+            lines.extend(wrap(name, width, indent="  ", hang="    "))
+            if text:
+                lines.extend(wrap(text, width, indent="      "))
+
+    entries("Arguments", [(p.name.upper(), (p.get_help_record(ctx) or ("", ""))[1]) for p in arguments])
+    entries("Options", [r for p in params if p not in arguments and (r := p.get_help_record(ctx))])
+    if hasattr(command, "list_commands"):
+        subcommands = [command.get_command(ctx, name) for name in command.list_commands(ctx)]
+        entries("Commands", [(sub.name, sub.short_help or " ".join(inspect.cleandoc(sub.help or "").split("\n\n")[0]
+                                                                     .split())) for sub in subcommands if not sub.hidden])
+    for paragraph in (command.epilog or "").strip("\n").split("\n\n") if command.epilog else []:
+        lines.append("")
+        for line in paragraph.splitlines():
+            if line.startswith("  "):
+                try:
+                    lines.extend(command_lines("  ", line.strip(), width, hang="      "))
+                    continue
+                except ValueError:  # not a shell command after all
+                    pass
+            lines.extend(wrap(line, width))
+    return lines
 
 
 def markdown_lines(text: str, width: int) -> list[str]:

@@ -191,6 +191,13 @@ def build(cache: Path, repo_id: str) -> Path:
     return snapshot
 
 
+def build_all(cache: Path) -> Path:
+    """Every one of `MODELS` into the Hub cache folder `cache`; returns it."""
+    for repo_id in MODELS:
+        build(cache, repo_id)
+    return Path(cache)
+
+
 def from_folder(cache: Path, repo_id: str, folder: Path, commit: str | None = None) -> Path:
     """Put the files of a local checkpoint folder into the Hub cache layout (real content, real hashes: sha256 of
     weights, git sha1 of the rest); returns the snapshot folder."""

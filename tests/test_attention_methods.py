@@ -314,6 +314,8 @@ def test_defaults_follow_the_reach_rule():
         ({"method": "self-extend", "factor": 2, "group_size": 2.5}, "group_size"),
         ({"method": "self-extend"}, "needs 'factor' or 'target_length'"),
         ({"method": "dual-chunk", "factor": 2, "beta_fast": 3.0}, "does not apply to method 'dual-chunk'"),
+        ({"method": "dual-chunk", "length_scale": 0.9}, r"length_scale 0.9 must lie in \[0, 0.5\]"),
+        ({"method": "dual-chunk", "length_scale": -0.05}, r"must lie in \[0, 0.5\]"),
     ],
 )
 def test_spec_errors_name_the_rule(kwargs, match):

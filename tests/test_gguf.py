@@ -236,6 +236,28 @@ def test_refuses_already_scaled_and_unsafe_outputs(tiny, tmp_path):
         patch_gguf(broken, {"method": "yarn", "factor": 2}, tmp_path / "x.gguf")
 
 
+@pytest.mark.parametrize("given", ["outdir", "outdir/", "newdir/", "out.bin", "my out"])
+def test_a_gguf_out_that_is_not_a_gguf_file_name_is_refused_with_one_that_works(tiny, tmp_path, monkeypatch, capsys,
+                                                                               given):
+    """`-o` an existing folder, a path ending in / (which the path drops), or a name not ending in .gguf: one line,
+    nothing written, and the command it names writes the GGUF."""
+    import shlex
+
+    from rope_extend.cli import run
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outdir").mkdir()
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert run(["patch", "tiny.gguf", "--method", "yarn", "--factor", "2", "-o", given]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a .gguf SOURCE writes one GGUF file" in err[0], err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    suggested = shlex.split(err[0].split("-o ", 1)[1].split(",")[0])[0]
+    assert suggested.endswith(".gguf")
+    assert run(["patch", "tiny.gguf", "--method", "yarn", "--factor", "2", "-o", suggested]) == 0
+    assert fields(Path(suggested))["llama.rope.scaling.type"] == "yarn"
+
+
 def test_unknown_tensor_type_names_the_tensor_and_the_fix(tmp_path):
     """A ggml type the installed gguf package does not know (a newer quantization) is named with its tensor."""
     path = write_tiny_gguf(tmp_path / "t.gguf")

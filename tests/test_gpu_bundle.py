@@ -96,15 +96,41 @@ def test_bundle_installs_without_an_index_and_the_quick_check_passes(image_pytho
     assert "installed into" in done.stdout
 
 
-def test_model_parts_join_back_into_the_cache(tmp_path):
-    """`--model`'s parts (each at most the part size) are joined by run.sh into rope-extend's cache, where
-    `demo_model` finds the GGUF, and checked against SHA256SUMS: a missing part stops run.sh with exit 2 and
-    leaves no file in the cache. (A 2.5-part stand-in for the 98 MB GGUF; run.sh goes on to gpu_check.py --help.)"""
+def _gpu_bundle():
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         import gpu_bundle
     finally:
         sys.path.remove(str(ROOT / "tools"))
+    return gpu_bundle
+
+
+def test_help_says_how_to_build_and_run_it_on_the_gpu():
+    shown = _run([sys.executable, ROOT / "tools" / "gpu_bundle.py", "--help"]).stdout
+    assert "python tools/gpu_bundle.py" in shown and "bash gpu-bundle/run.sh --out gpu-check.json" in shown
+    assert "on the GPU machine, in a checkout of this repository with gpu-bundle/ copied into its root" in shown
+
+
+def test_the_project_wheel_leaves_the_checkout_as_it_was(tmp_path):
+    """setuptools builds in its source tree: the wheel is built from a copy, so no build/ or *.egg-info appears
+    in (or changes in) the checkout; the wheel holds the package data."""
+
+    def leftovers() -> dict:
+        return {p.name: p.stat().st_mtime_ns for p in [*ROOT.glob("*.egg-info"), ROOT / "build"] if p.exists()}
+
+    before = leftovers()
+    (tmp_path / "work").mkdir()
+    wheel = _gpu_bundle().project_wheel(tmp_path / "wheels", tmp_path / "work")
+    assert leftovers() == before
+    with zipfile.ZipFile(wheel) as archive:
+        assert any(n.startswith("rope_extend/eval/suites/") for n in archive.namelist())
+
+
+def test_model_parts_join_back_into_the_cache(tmp_path):
+    """`--model`'s parts (each at most the part size) are joined by run.sh into rope-extend's cache, where
+    `demo_model` finds the GGUF, and checked against SHA256SUMS: a missing part stops run.sh with exit 2 and
+    leaves no file in the cache. (A 2.5-part stand-in for the 98 MB GGUF; run.sh goes on to gpu_check.py --help.)"""
+    gpu_bundle = _gpu_bundle()
     source = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
     source.write_bytes(os.urandom(2500))
     bundle = tmp_path / "bundle"

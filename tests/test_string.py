@@ -370,10 +370,37 @@ def test_beyond_the_window_on_a_model_every_distance_stays_inside(monkeypatch):
     ({"local_value": 0}, "must be > 0"),
     ({"replace_existing": True}, "replace_existing does not apply"),
     ({"group_size": 4}, "does not apply to method 'string'"),
+    ({"shifted_offset": True}, "must be a number, got true"),  # not read as S = 1
+    ({"attention_factor": 1e9}, r"attention_factor 1e\+09 must lie in \[0.5, 1.5\]"),
+    ({"attention_factor": 0.1}, r"must lie in \[0.5, 1.5\]"),
+    # S was not set: the message says it was derived (and raised), not that the user set it
+    ({"local_value": 3000}, "shifted_offset S, which you did not set: its default 0.33·L = 2703 was raised to "
+                            "N - L \\+ W = 3000"),
+    ({"local_value": 2703}, "which you did not set: its default is 0.33·L = 2703"),
+    # no target given: W beyond the window is named as such, not against a "target 8192"
+    ({"local_value": 9000}, "local_value 9000 must be below the window L = 8192"),
 ])
 def test_spec_errors_name_the_rule(kwargs, match):
-    with pytest.raises(SpecError, match=match):
+    with pytest.raises(SpecError, match=match) as caught:
         plan_patch(_config(), method="string", **kwargs)
+    assert "target" not in str(caught.value) or "target_length" in kwargs
+
+
+def test_the_factor_set_is_the_factor_reported(tmp_path, capsys):
+    """The patch summary prints the attention_factor that is set (not the model's own 1.0000 alone), and `inspect`
+    of the written checkpoint names STRING and its parameters from the marker."""
+    from rope_extend.cli import run
+
+    source, out = tmp_path / "src", tmp_path / "out"
+    tiny.make_model("llama").save_pretrained(source)
+    assert run(["patch", str(source), "-o", str(out), "--method", "string", "--set", "shifted_offset=12", "--set",
+                "local_value=4", "--set", "attention_factor=1.0693"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "attention_factor 1.0693" in printed and "its attention factor 1.0000" in printed
+    assert run(["inspect", str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert ("rope_extend marker: string (shifted_offset S 12, local_value W 4, attention_factor 1.0693" in printed
+            and "re-apply it" in printed)
 
 
 def test_engines_refuse_in_words():

@@ -4,8 +4,9 @@
     python tools/gpu_bundle.py --model               # also the demo model's GGUF, in parts of at most 45 MB
     python tools/gpu_bundle.py --python 3.11 --torch 2.13.0 --out /tmp/b   # for this machine's Python (the CPU test)
 
-    # on the GPU machine, from the repository's root (no index, no network):
-    bash gpu-bundle/run.sh --out gpu-check.json      # arguments go to bench/gpu_check.py
+    # then on the GPU machine, in a checkout of this repository with gpu-bundle/ copied into its root (no index,
+    # no network needed), from that root:
+    bash gpu-bundle/run.sh --out gpu-check.json      # arguments go to bench/gpu_check.py; PYTHON=, SITE= optional
 
 The folder:
 - `wheels/`: the project as a wheel, and the wheels of what it needs at run time (its dependencies, and pytest,
@@ -72,9 +73,21 @@ def target_options(python: str) -> list[str]:
             *[arg for platform in PLATFORMS for arg in ("--platform", platform)]]
 
 
-def project_wheel(folder: Path) -> Path:
-    """The project built as a wheel (pure Python: one wheel for every target)."""
-    pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(folder), str(ROOT))
+# What the project's wheel is built from (pyproject.toml's package, its package data and readme).
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "rope_extend")
+
+
+def project_wheel(folder: Path, work: Path) -> Path:
+    """The project built as a wheel (pure Python: one wheel for every target), from a copy of its sources in `work`:
+    setuptools builds in the source tree (`build/`, `rope_extend.egg-info/`), and the checkout is left as it was."""
+    source = work / "source"
+    source.mkdir()
+    for name in WHEEL_SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(ROOT / name, source / name)
+    pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(folder), str(source))
     return next(folder.glob("rope_extend-*.whl"))
 
 
@@ -183,7 +196,7 @@ def build(out: Path, python: str, torch_version: str, transformers_version: str,
     with tempfile.TemporaryDirectory(prefix="gpu-bundle-") as tmp:
         work = Path(tmp)
         (work / "stub").mkdir()
-        project = project_wheel(wheels)
+        project = project_wheel(wheels, work)
         torch_pin = torch_stub(work / "stub", torch_version)
         needs = [*CHECK_NEEDS, *(MODEL_NEEDS if model else ())]
         resolved = resolve(python, [str(project), torch_pin, f"transformers=={transformers_version}", *needs],
@@ -226,7 +239,9 @@ def build(out: Path, python: str, torch_version: str, transformers_version: str,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    usage = __doc__.split("\n\nThe folder:")[0].split("\n", 2)[2]  # the commands: here, then on the GPU machine
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="how to build and run it:\n" + usage,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(ROOT / "gpu-bundle"), help="the folder (default: gpu-bundle/)")
     parser.add_argument("--python", default=IMAGE["python"], help="the target Python, X.Y (default: the image's)")
     parser.add_argument("--torch", default=IMAGE["torch"], help="the torch version the target already has")

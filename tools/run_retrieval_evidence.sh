@@ -47,7 +47,13 @@
 #   tools/run_retrieval_evidence.sh string-ruler    # ... lm-eval's own RULER niah_single_1 and niah_multikey_2 at 8k,
 #                                               # 20 prompts each (tools/run_ruler_lm_eval.py; RULER_TASKS=one task:
 #                                               # one process per task, side by side)
-#   The string steps run in bfloat16 unless DTYPE is set (on this project's CPUs, with AMX, 3x faster than float32).
+#   tools/run_retrieval_evidence.sh string-authors # ... the authors' recipe (S = int(0.33 N) per test length N, their
+#                                               # factor 0.1 ln 2 + 1), both haystacks, one length per process run
+#   tools/run_retrieval_evidence.sh dc-ppl      # dual-chunk's defaults (issue 51 §1): perplexity at 2k/8k/16k/32k on
+#                                               # both texts: today's (L/16, no scale), the authors' 847ae71 (L/8 and
+#                                               # 0.05 ln(n/L) + 1), and each change alone
+#   tools/run_retrieval_evidence.sh dc-passkey  # ... passkey at 16k, 20 prompts per haystack, filler and prose
+#   The string and dc steps run in bfloat16 unless DTYPE is set (on this project's CPUs, with AMX, 3x faster than float32).
 #   Every step appends its command, start, wall time, exit status, commit and machine to OUT/steps.log.
 #   The 8L/16L steps run on DEVICE (cpu unless set, e.g. DEVICE=cuda) in DTYPE (float32 unless set, e.g.
 #   DTYPE=bfloat16), into eval/reports/<folder>-DEVICE-DTYPE unless cpu/float32 (resume does not check the dtype,
@@ -61,7 +67,7 @@ export PYTHONPATH=$PWD OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread: on a
 S4=eval/reports/smollm2-passkey-4x/suite.yaml  # every reported 4L step reads this one suite: the same prompts for all
 S8=eval/reports/smollm2-passkey-8x/suite.yaml    # every 8L step reads it: the prompts of the GPU 8L records
 S16=eval/reports/smollm2-passkey-16x/suite.yaml  # ... and every 16L step this one
-case "$1" in string*) DTYPE=${DTYPE:-bfloat16} ;; esac  # STRING's steps: bf16 unless set (3x float32 on this CPU)
+case "$1" in string*|dc-*) DTYPE=${DTYPE:-bfloat16} ;; esac  # STRING's and dual-chunk's steps: bf16 unless set (3x float32 on this CPU)
 DEVICE=${DEVICE:-cpu} DTYPE=${DTYPE:-float32}
 TAG=$([ "$DEVICE/$DTYPE" = cpu/float32 ] || echo "-$DEVICE-$DTYPE" | tr : -)  # e.g. -cuda-bfloat16
 recorded() {  # recorded OUT COMMAND...: run COMMAND, then append to OUT/steps.log its command, start, wall time,
@@ -94,6 +100,8 @@ evd() {  # evd SUITE OUT [eval options...]: ev on DEVICE in DTYPE, into OUT plus
 # 0.1 ln 2 + 1 (a passkey prompt costs about 40 one-core seconds here, a perplexity variant a few minutes)
 STRING_VARIANTS=${VARIANTS:---spec method=string --spec method=string,local_value=512}
 STRING_FACTOR="--spec method=string,attention_factor=1.0693147180559945"
+DC=eval/reports/smollm2-dc  # dual-chunk's variants (today's defaults, the authors' 847ae71, each change alone)
+DC_VARIANTS=${VARIANTS:---spec $DC/dc-today.yaml --spec $DC/dc-847ae71.yaml --spec $DC/dc-w1024.yaml --spec $DC/dc-scale.yaml}
 attn() {  # attn METHOD FACTOR: the defaults and + log_n (the spec file next to the suite)
   echo "--spec method=$1,factor=$2 --spec eval/reports/smollm2-passkey-$2x/$1-x$2-logn.yaml"
 }
@@ -151,5 +159,12 @@ case "$1" in
   string-ruler) recorded eval/reports/smollm2-string-ruler$TAG $PY tools/run_ruler_lm_eval.py \
                 -o eval/reports/smollm2-string-ruler$TAG --dtype "$DTYPE" --device "$DEVICE" --length 8192 --limit 20 \
                 --tasks ${RULER_TASKS:-niah_single_1 niah_multikey_2} $STRING_VARIANTS ;;
-  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|ppl-2x-freq|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper|2x-dynyarn|8x-freq|8x-se|8x-dc|16x-freq|16x-se|16x-dc|ppl-8x|string-filler|string-prose|string-ppl|string-ruler" >&2; exit 2 ;;
+  string-authors) for n in 4k 6k 8k; do  # one spec per test length: one run per length, into one folder
+                  (evd eval/reports/smollm2-string-authors/suite-$n.yaml eval/reports/smollm2-string-authors --no-baseline \
+                   --spec eval/reports/smollm2-string-authors/$n/string-authors.yaml) || exit $?
+                done ;;
+  dc-ppl)     evd eval/reports/smollm2-ppl-4x/suite.yaml eval/reports/smollm2-dc-ppl --no-baseline $DC_VARIANTS ;;
+  dc-passkey) evd $DC/suite-passkey.yaml eval/reports/smollm2-dc-passkey --no-baseline \
+                ${VARIANTS:---spec $DC/dc-today.yaml --spec $DC/dc-847ae71.yaml} ;;
+  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|ppl-2x-freq|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper|2x-dynyarn|8x-freq|8x-se|8x-dc|16x-freq|16x-se|16x-dc|ppl-8x|string-filler|string-prose|string-ppl|string-ruler|string-authors|dc-ppl|dc-passkey" >&2; exit 2 ;;
 esac

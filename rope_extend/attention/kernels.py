@@ -144,7 +144,7 @@ def remapped_attention(
                          f"contiguous positions in every row; here: {case}")
     if path == "fused" and (query.device.type != "cpu" or fused_kernel() is None or not hasattr(mapping, "segments")):
         raise ValueError("the fused path needs a CPU tensor and torch's fused CPU attention kernel")
-    scaling = scaling * mapping.logit_scale
+    scaling = scaling * mapping.logits_times(n_k)
     if (q_pos is None or k_pos is None) and path != "passes":  # host-known positions; a path reads them as tensors
         k_pos = torch.arange(span[0], span[0] + n_k, device=query.device)[None]
         q_pos = k_pos[:, n_k - query.shape[2] :]

@@ -48,7 +48,10 @@ class SelfExtendMap:
         return []  # any block of query positions works
 
     moves_keys = True  # the fused path needs the keys moved by the key shift (it differs from key to key)
-    logit_scale = 1.0  # every logit times this (STRING's attention_factor squared; 1 here)
+
+    def logits_times(self, n_keys: int) -> float:
+        """Every logit of a call with n_keys keys is multiplied by this (1: none)."""
+        return 1.0
 
     def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool, int | None]]:
         """The fused path's key segments for the queries at positions [a, b): (map, first key position, key stop,
@@ -62,6 +65,8 @@ class SelfExtendMap:
 class DualChunkMap:
     chunk_size: int
     local_window: int
+    length_scale: float = 0.0  # c: q and k cos/sin times c·ln(n/L) + 1 once the n keys exceed L (0: never)
+    original: int = 0  # L, the length that scale is measured against
 
     @property
     def chunk_len(self) -> int:
@@ -95,7 +100,14 @@ class DualChunkMap:
         return list(range((start // s + 1) * s, stop, s))
 
     moves_keys = False  # the key shift is one per chunk: the fused path rotates the queries by its inverse instead
-    logit_scale = 1.0
+
+    def logits_times(self, n_keys: int) -> float:
+        """The authors' length scale (ChunkLlama's `get_mscale`, since a4835cf): cos and sin of every query and key
+        times c·ln(n/L) + 1 when the sequence of n keys is longer than L, so every logit times its square. n is the
+        number of keys of the call (the authors' `kv_seq_len`), so a decoding step takes the length so far."""
+        if not self.length_scale or n_keys <= self.original:
+            return 1.0
+        return (self.length_scale * math.log(n_keys / self.original) + 1.0) ** 2
 
     def segments(self, a: int, b: int) -> list[tuple[int, int, int, bool, int | None]]:
         """As SelfExtendMap.segments, for queries [a, b) inside one chunk: each older chunk (inter-chunk), the
@@ -138,6 +150,9 @@ class StringMap:
 
     def split_points(self, start: int, stop: int) -> list[int]:
         return []
+
+    def logits_times(self, n_keys: int) -> float:
+        return self.logit_scale
 
     moves_keys = False
 

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..terminal import command_lines, markdown_lines, wrap
+from ..terminal import command_lines, help_lines, markdown_lines, wrap
 
 app = typer.Typer(
     name="rope-extend",
@@ -41,9 +41,33 @@ def _flags_show_no_value() -> None:
     TyperOption.display_type_rich = display_type_rich
 
 
-_flags_show_no_value()
+def _narrow_help() -> None:
+    """typer's rich help draws the options as a table whose columns it cuts with "…" when the terminal is too narrow
+    for them (60 columns: `--trust-remote…`, `--target-leng…`), and click's own help breaks words at hyphens
+    (`--target-` / `length`). Below RICH_HELP_COLUMNS, print `terminal.help_lines` instead: each option on its own
+    line, its help wrapped between words below it, the examples as commands that paste."""
+    from typer.core import TyperCommand, TyperGroup
+
+    for cls in (TyperCommand, TyperGroup):
+        rich_help = cls.format_help
+        if getattr(rich_help, "narrow", False):
+            continue
+
+        def format_help(self, ctx, formatter, _rich_help=rich_help):
+            if out.width >= RICH_HELP_COLUMNS:
+                return _rich_help(self, ctx, formatter)
+            formatter.write("\n".join(help_lines(self, ctx, out.width)) + "\n")
+            return None
+
+        format_help.narrow = True
+        cls.format_help = format_help
+
+
 console = Console(stderr=True)  # progress, warnings, errors
 out = Console(soft_wrap=True)  # results only: what a script may parse or a user may paste
+RICH_HELP_COLUMNS = 80  # the narrowest terminal whose rich help tables fit every option name (tests/test_cli_output)
+_flags_show_no_value()
+_narrow_help()
 
 
 def say(text: str, indent: str = "", hang: str | None = None, stream: Console | None = None) -> None:

@@ -9,7 +9,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from ..terminal import column_widths
+from ..terminal import column_widths, fits, row_lines
 from .app import app, out, say
 from .patch_cmd import build_spec
 
@@ -54,13 +54,18 @@ def engines(
     notes: list[str] = []  # why a request was not run or not served: below the table, where it has the full width
     rows = [(row.engine, row.route, _cell(row.short, notes), _cell(row.long, notes),
              "identical" if row.identical else ("not run" if row.skipped else "differs")) for row in report.rows]
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
     header = ("engine", "route", f"short ({report.original})", f"long ({report.target})", "result")
-    for column, width in zip(header, column_widths([header, *rows], out.width)):
-        table.add_column(column, width=width)
-    for cells in rows:
-        table.add_row(*cells, style={"identical": None, "differs": "red"}.get(cells[-1]))
-    out.print(table, soft_wrap=False)
+    widths = column_widths([header, *rows], out.width)
+    if fits(widths, out.width):
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+        for column, width in zip(header, widths):
+            table.add_column(column, width=width)
+        for cells in rows:
+            table.add_row(*cells, style={"identical": None, "differs": "red"}.get(cells[-1]))
+        out.print(table, soft_wrap=False)
+    else:  # narrower than the columns' longest words (60 columns): one line per row, nothing cut
+        for line in row_lines(list(header), [list(cells) for cells in rows], out.width):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
     say(ports_note())  # what the "identical" of the engine rows rests on
     for number, reason in enumerate(notes, 1):
         say(f"[{number}] {reason}", hang="    ")

@@ -11,7 +11,8 @@ from typing import Annotated
 
 import typer
 
-from .app import app, out, say, say_markdown
+from ..terminal import shell_path
+from .app import app, say, say_markdown
 
 EXAMPLES = """Examples:
 
@@ -40,15 +41,12 @@ def eval_command(
     no_resume: Annotated[bool, typer.Option("--no-resume", help="Start a fresh results.jsonl instead of resuming.")] = False,
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
     interleave: Annotated[bool, typer.Option("--interleave", help="Sample round by round across variants, so a stopped run compares like with like.")] = False,
+    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the model even if the memory estimate says it does not fit.")] = False,
 ) -> None:
     """Evaluate before/after: perplexity by length, passkey, needles, short-context regression; resumable."""
     from ..eval.runner import run_eval, summary_markdown
     from ..eval.variants import parse_spec_arg
 
-    if model == "smollm2":
-        from ..demo_model import smollm2_path
-
-        model = str(smollm2_path())
     variants = [parse_spec_arg(s) for s in specs or []]
     if name is not None:
         from ..eval.variants import BASELINE
@@ -70,9 +68,10 @@ def eval_command(
         resume=not no_resume,
         plots=not no_plots,
         interleave=interleave,
+        memory_check=not no_memory_check,
     )
     say_markdown(summary_markdown(records))
-    say(f"report: {output / 'report.md'}", hang="        ")
+    say(f"report: {shell_path(output / 'report.md')}", hang="        ")
 
 
 @app.command(name="eval-report")
@@ -91,7 +90,7 @@ def eval_report_command(
     path = rebuild_report(output, plots=not no_plots, compare=compare or (),
                           compare_variants=compare_variant or ())
     say_markdown(summary_markdown(run_records(output)[1]))
-    say(f"report: {path}", hang="        ")
+    say(f"report: {shell_path(path)}", hang="        ")
 
 
 @app.command(name="demo")
@@ -107,7 +106,8 @@ def demo_command(
 
 @app.command(name="eval-tasks")
 def eval_tasks_command(
-    tokenizer: Annotated[str, typer.Option(help="Tokenizer path (the model you will evaluate with lm-eval).")],
+    tokenizer: Annotated[str, typer.Option(help="The model you will evaluate with lm-eval (its tokenizer): a "
+                                           "folder, Hub id, or 'smollm2'.")],
     output: Annotated[Path | None, typer.Option("-o", "--output", "--out", help="Data folder (default: eval/tasks/data).")] = None,
     tasks: Annotated[list[str] | None, typer.Option("--task", "--tasks", help="Task (repeatable; default: all).")] = None,
     lengths: Annotated[list[int] | None, typer.Option("--length", "--lengths", help="Prompt length in tokens (repeatable).")] = None,
@@ -118,11 +118,13 @@ def eval_tasks_command(
 ) -> None:
     """Write the jsonl data for the lm-eval tasks in eval/tasks (rope_passkey, rope_niah_*, rope_vt, rope_perplexity)."""
     from ..eval.lm_tasks import ALL_TASKS, write_task_data
+    from ..hub import resolve_source
 
+    tokenizer = str(resolve_source(tokenizer, tokenizer_only=True))  # a Hub id: its tokenizer's files alone
     unknown = [t for t in tasks or [] if t not in ALL_TASKS]
     if unknown:
         raise ValueError(f"unknown lm-eval task {unknown[0]!r}; expected one of {', '.join(ALL_TASKS)}")
     paths = write_task_data(tokenizer, output, list(tasks or ALL_TASKS), lengths or None, depths or None,
                             samples, seed, num_needles)
     for task, path in paths.items():
-        out.print(f"{task}: {path}")
+        say(f"{task}: {shell_path(path)}")

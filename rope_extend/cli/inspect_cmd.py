@@ -10,6 +10,7 @@ import typer
 from rich import box
 from rich.table import Table
 
+from ..terminal import column_widths, fits, shell_path
 from .app import app, fail, out, say
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def inspect(
         for name, why in advice.alternatives.items():
             say(f"alternative {name}: {why}", indent="  ", hang="    ")
     if plot_path is not None:
-        say(f"plot written to {plot_path}")
+        say(f"plot written to {shell_path(plot_path)}")
 
 
 def _print_table(view) -> None:
@@ -116,14 +117,12 @@ def _print_table(view) -> None:
         f" -> {view.target_length}; {what}; attention factor {view.attention_factor:.4f}"
     )
     say(title)
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
     columns = ["i", "λ", "r = L/λ"]
     if scaled:
         columns += ["old θ", "new θ", "new/old", "r at N", "regime"]
     else:
         columns += ["θ"]
-    for column in columns:
-        table.add_column(column, justify="left" if column == "regime" else "right")
+    rows = []
     for row in view.rows:
         cells = [str(row.index), f"{row.wavelength:.4g}", f"{row.rotations:.4g}"]
         if scaled:
@@ -131,8 +130,22 @@ def _print_table(view) -> None:
                       f"{row.rotations_at_target:.4g}", row.regime]
         else:
             cells += [f"{row.old_inv_freq:.4g}"]
+        rows.append(cells)
+    widths = column_widths([tuple(columns), *map(tuple, rows)], out.width, gap=1)
+    dropped = []
+    if not fits(widths, out.width, gap=1) and scaled:  # narrow terminal: new/old says what old and new θ say
+        keep = [i for i, column in enumerate(columns) if column not in ("old θ", "new θ")]
+        dropped = [column for column in columns if column in ("old θ", "new θ")]
+        columns, rows = [columns[i] for i in keep], [[cells[i] for i in keep] for cells in rows]
+        widths = column_widths([tuple(columns), *map(tuple, rows)], out.width, gap=1)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    for column, width in zip(columns, widths):
+        table.add_column(column, justify="left" if column == "regime" else "right", min_width=width)
+    for cells in rows:
         table.add_row(*cells)
     out.print(table)
+    if dropped:
+        say(f"({' and '.join(dropped)}: at 80 columns or with --json)")
     say("i: a rotary pair of query/key dimensions (a \"disk\"), turning θ radians per token; λ = 2π/θ tokens per "
         "turn; r = turns within L (original) or N (target)", hang="   ")
     counts = ", ".join(f"{n} {regime}" for regime, n in view.counts().items())

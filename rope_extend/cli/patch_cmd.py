@@ -222,9 +222,7 @@ def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
     say(f"wrote {result.out} ({result.mode}: {tally(result.placed)}, {len(result.written)} written) in "
         f"{result.seconds:.2f} s; "
         f"{'verified with stock transformers (reload + a forward beyond the original length)' if result.verified else 'NOT verified (--no-verify)'}")
-    say(f"{plan.spec.method} x{plan.spec.factor:g}: {plan.spec.original_max_position_embeddings} -> "
-        f"{plan.spec.target_length} tokens, attention factor {plan.attention_factor:.4f}, "
-        f"max_position_embeddings {plan.old_max_position_embeddings} -> {plan.max_position_embeddings}")
+    say(plan.method.summary(plan))
     # What to do next, in three lines; every engine's command and where it serves identically are in the card.
     say_next_steps(result.out, result.serve)
     say(f"report: {result.out / 'README.md'} (model card: the commands for transformers, vLLM, SGLang and "

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ..terminal import shell_path
 from .app import app, say
 
 EXAMPLES = """Examples:
@@ -47,14 +48,12 @@ def tune_command(
     attention_factor: Annotated[float | None, typer.Option("--attention-factor", help="Pin the per-dimension "
                                 "curves' attention factor (1 = inside the window exactly the original model; "
                                 "default: searched).")] = None,
+    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the model even if the memory "
+                                                  "estimate says it does not fit.")] = False,
 ) -> None:
     """Tune the RoPE scaling for a target length on calibration text: closed forms, then per-dimension factors."""
     from ..tune.runner import tune_model
 
-    if model == "smollm2":
-        from ..demo_model import smollm2_path
-
-        model = str(smollm2_path())
     if text is not None and heldout is not None and Path(text).resolve() == Path(heldout).resolve():
         raise ValueError(f"--heldout {heldout} is the calibration text; held-out numbers need a different text")
     summary = tune_model(
@@ -74,6 +73,7 @@ def tune_command(
         plots=not no_plots,
         baselines_first=baselines_first,
         attention_factor=attention_factor,
+        memory_check=not no_memory_check,
     )
     say(f"winner: {summary['winner']} (loss beyond the window {summary['winner_loss']:.4f})", hang="  ")
-    say(f"spec: {output / 'best.yaml'}   report: {output / 'report.md'}", hang="  ")
+    say(f"spec: {shell_path(output / 'best.yaml')}   report: {shell_path(output / 'report.md')}", hang="  ")

@@ -18,7 +18,8 @@ Dynamic methods rescale with the current length, so each of their perplexity len
 probe prompts of ONE length still share a prefix exactly: every prompt of a cell has the same token count and
 ``max_new_tokens``, and the patched model (``dynamic_mode="consistent"``, what eval uses) holds one scale per
 ``generate`` request, computed from prompt length + ``max_new_tokens``; so the cached prefix was computed at
-the very scale the next prompt's own prefill would use.
+the very scale the next prompt's own prefill would use. Dual-chunk's length scale (a factor from the number of keys
+of each forward) shares the same way: the cached prefix was computed in the prefill of a prompt of the same length.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class Job:
 def length_independent(variant: Variant) -> bool:
     """Whether the variant's output at a position does not depend on the sequence length (static RoPE).
 
-    Reads the method object's ``dynamic`` flag; a callable spec is unknown territory and treated as dynamic.
+    Asks the method (`depends_on_length`: dynamic methods, dual-chunk's length scale); a callable spec is unknown
+    territory and treated as dynamic.
     """
     spec = variant.spec_dict()
     if spec is None:
@@ -69,7 +71,7 @@ def length_independent(variant: Variant) -> bool:
         return False
     from ..methods.registry import get_method
 
-    return not get_method(spec["method"]).dynamic
+    return not get_method(spec["method"]).depends_on_length(spec)
 
 
 def probes_share_within_length(variant: Variant) -> bool:

@@ -63,11 +63,20 @@ def _append(path: Path, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
-def _config_original_length(model_path) -> int:
-    from ..facts import read_rope
-    from ..files import load_config
+def check_memory(name: str, folder: Path, config, cases: list, dtype: str, device: str | None,
+                 device_map: str | None, skip: bool = False) -> None:
+    """Refuse in one line, before any weights load, a run whose longest pending case needs more memory than the
+    device has (`rope_extend.memory`): the probes decode with a key/value cache, entropy holds one layer's
+    attention probabilities."""
+    from .. import memory
 
-    return read_rope(load_config(Path(model_path))).original_length()
+    if not cases:
+        return
+    entropy = [c.length for c in cases if c.kind == "entropy"]
+    ways = memory.WaysOut(length="--suite SUITE.yaml with lengths up to ~{fits} tokens")
+    memory.check_inference(name, folder, config, dtype, max(c.length for c in cases),
+                           kv_cache=any(c.is_probe for c in cases), scores_length=max(entropy, default=0),
+                           device=device, device_map=device_map, ways=ways, skip=skip)
 
 
 def run_eval(
@@ -88,11 +97,13 @@ def run_eval(
     interleave: bool = False,
     loader: Callable[[], tuple[Any, Any]] | None = None,
     on_record: Callable[[dict], None] | None = None,
+    memory_check: bool = True,
 ) -> list[dict]:
     """Evaluate the unpatched model and each spec on *suite*; write results, report and plots.
 
     Args:
-        model_path: HF checkpoint directory (or hub id) of the *unpatched* model.
+        model_path: the *unpatched* model: a checkpoint folder, a Hub id (resolved through the Hub cache, as
+            ``patch`` resolves SOURCE) or the alias ``smollm2``.
         specs: RoPE specs (``RopeSpec``, dict, YAML path, or ``f(model)`` callable), or a
             ``{name: spec}`` dict.  Each is applied with ``rope_extend.patch_model`` to a
             freshly loaded copy of the model.
@@ -107,6 +118,8 @@ def run_eval(
         interleave: evaluate round by round across variants (see :func:`~rope_extend.eval.jobs.plan_jobs`).
         loader: optional ``() -> (model, tokenizer)`` replacing ``load_model`` (tests, custom loading).
         on_record: called with every new record after it has been written.
+        memory_check: refuse, before loading, a run that needs more memory than the device has
+            (``rope_extend.memory``; ``--no-memory-check`` turns it off).
 
     Returns:
         All records for this run's variants (resumed + new), in suite order.
@@ -120,18 +133,32 @@ def run_eval(
     variants = make_variants(specs, include_baseline=include_baseline)
 
     if loader is None:
-        original, preflight_tok = _config_original_length(model_path), None
+        from .. import compat
+        from ..facts import read_rope
+        from ..files import load_config
+        from ..hub import resolve_source
+        from ..plan import plan_patch
+
+        folder = resolve_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
+        config = load_config(folder)
+        original, preflight_tok = read_rope(config).original_length(), None
+        for variant in variants:  # each spec planned on SOURCE's config now: a spec the model refuses (a shipped
+            if variant.spec is not None and not callable(variant.spec):  # scheme without replace_existing...) is
+                plan_patch(config, variant.spec_dict())  # one line before any weights load
     else:
         m, preflight_tok = loader()
         original = original_length(m)
         del m
     cases = suite_obj.cases(original)
+    done = {_key(r): r for r in read_results(results_path)} if resume else {}
+    jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave)
+    if loader is None:
+        check_memory(str(model_path), folder, compat.text_config(config), [c for j in jobs for c in j.cases], dtype,
+                     device, device_map, skip=not memory_check)
 
-    out.mkdir(parents=True, exist_ok=True)  # only now: a bad suite, spec or model leaves no empty folder behind
+    out.mkdir(parents=True, exist_ok=True)  # only now: a bad suite, spec, model or size leaves no empty folder
     if not resume and results_path.exists():
         results_path.rename(out / f"results.{int(time.time())}.jsonl.bak")
-    done = {_key(r): r for r in read_results(results_path)}
-    jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave)
     meta = _run_meta(model_path, original, suite_obj, variants, dtype, device_map)
     meta["device"] = None if device_map else (device or "cpu")
     meta["expected_records"] = sum(applies(c, v) for c in cases for v in variants)
@@ -141,13 +168,13 @@ def run_eval(
         if preflight_tok is None:
             from transformers import AutoTokenizer
 
-            preflight_tok = AutoTokenizer.from_pretrained(str(model_path))
+            preflight_tok = AutoTokenizer.from_pretrained(str(folder))
         pending = {c.case_id: c for j in jobs for c in j.cases}
         Evaluator(None, preflight_tok, original, suite_obj.seed).preflight(list(pending.values()))
 
     def load(v: Variant) -> Evaluator:
         model, tok = loader() if loader is not None else load_model(
-            model_path, dtype=dtype, device_map=device_map, device=device
+            folder, dtype=dtype, device_map=device_map, device=device
         )
         ev = Evaluator(model, tok, original, suite_obj.seed)
         ev.patch_report = apply_spec(model, v.spec)

@@ -164,6 +164,11 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
                 f"the model ships {current_type} scaling (x{factor:g} from {original}); 'new' is that scheme, "
                 "'old' the bare RoPE"
             )
+        marker = facts.marker or {}
+        if marker.get("stock_loaders"):  # an attention-level method: no config key carries it, the marker does
+            marked = load_spec(marker["spec"])
+            notes.append(f"rope_extend marker: {marker['method']} ({marked.rope_method.describe(marked)}); "
+                         f"stock loaders serve {marker['stock_loaders']}")
         method = None
     else:
         if not isinstance(spec, RopeSpec) or kwargs:  # the Python API's edge (the CLI passes a parsed spec)

@@ -10,8 +10,13 @@ local_window = L/16.
 
 from __future__ import annotations
 
+import math
+
 from .attention import LOG_N, AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
 from .registry import Param, register
+
+DEFAULT_LENGTH_SCALE = 0.0
+MAX_LENGTH_SCALE = 0.5  # c above this multiplies the logits by more than 4x at 4L: a softmax change, not a correction
 
 
 class DualChunk(AttentionMethod):
@@ -24,13 +29,24 @@ class DualChunk(AttentionMethod):
         "local_window": Param(int, None, "queries this close to a chunk boundary keep exact distances to the "
                               "previous chunk (default L/16)", positive=True, derived="L/16"),
         "log_n": LOG_N,
+        "length_scale": Param(float, None, "c: cos and sin of every query and key times c·ln(n/L) + 1 once the "
+                              "sequence n exceeds L, so every logit times its square (the authors' code: 0.05; 0: "
+                              "off)", derived="0"),
     }
     formula = "original θ_i; keys at j mod s; queries intra / successive / inter-chunk (largest distance chunk_size)"
     use_when = ("Retrieval and perplexity beyond L without training, served in-process with rope_extend.patch_model "
                 "(stock engines serve the original model); measured ahead of frequency scaling at 2x, behind it "
                 "at 4x (docs/results-retrieval.md)")
     paper = "https://arxiv.org/abs/2402.17463"
+
     def validate(self, spec) -> None:
+        scale = spec.length_scale
+        if scale is not None and not 0 <= scale <= MAX_LENGTH_SCALE:
+            raise ValueError(
+                f"length_scale {scale:g} must lie in [0, {MAX_LENGTH_SCALE:g}]: every logit is multiplied by "
+                f"(c·ln(n/L) + 1)², already {(MAX_LENGTH_SCALE * math.log(4) + 1) ** 2:.1f}x at 4L with c = "
+                f"{MAX_LENGTH_SCALE:g}; the authors use 0.05 (0 turns it off)"
+            )
         chunk, local = spec.chunk_size, spec.local_window
         if chunk is not None and local is not None and local >= chunk:
             raise ValueError(
@@ -50,12 +66,19 @@ class DualChunk(AttentionMethod):
             raise self._error(
                 f"local_window {local} must be below chunk_size {chunk} (chunks are chunk_size - local_window "
                 f"tokens long); choose e.g. {max(1, L // 16)}", "local_window", local)
-        return spec.model_copy(update={"chunk_size": int(chunk), "local_window": int(local)})
+        scale = spec.length_scale if spec.length_scale is not None else DEFAULT_LENGTH_SCALE
+        return spec.model_copy(update={"chunk_size": int(chunk), "local_window": int(local),
+                                       "length_scale": float(scale)})
 
     def mapping(self, spec):
         from ..attention.kernels import DualChunkMap
 
-        return DualChunkMap(int(spec.chunk_size), int(spec.local_window))
+        return DualChunkMap(int(spec.chunk_size), int(spec.local_window), float(spec.length_scale or 0.0),
+                            int(spec.original_max_position_embeddings))
+
+    def depends_on_length(self, spec: dict) -> bool:
+        scale = spec.get("length_scale")
+        return bool(DEFAULT_LENGTH_SCALE if scale is None else scale)
 
 
 class DualChunkEngines(AttentionEngines):

@@ -187,6 +187,12 @@ class RopeMethod:
     def validate(self, spec: RopeSpec) -> None:
         """Cross-parameter rules; raise ValueError naming the values and the fix."""
 
+    def depends_on_length(self, spec: dict) -> bool:
+        """Whether the output at a position depends on the sequence's length (`spec` as a dict, defaults not filled
+        in): dynamic methods, and attention-level ones with a length-dependent scale. The evaluation then gives
+        each perplexity length its own forward."""
+        return self.dynamic
+
     def fill_params(self, spec: RopeSpec) -> RopeSpec:
         """The resolved spec with derived parameters written out (attention methods pick G/W from the target
         length); raise SpecError for impossible combinations. Default: unchanged."""
@@ -251,6 +257,13 @@ class RopeMethod:
         """A resolved spec's parameters in words (reports)."""
         values = {key: getattr(spec, key) for key in self.params if getattr(spec, key, None) is not None}
         return ", ".join(f"{key} {value}" for key, value in values.items()) or "no parameters"
+
+    def summary(self, plan) -> str:
+        """The one line `rope-extend patch` prints about what was planned."""
+        spec = plan.spec
+        return (f"{spec.method} x{spec.factor:g}: {spec.original_max_position_embeddings} -> {spec.target_length} "
+                f"tokens, attention factor {plan.attention_factor:.4f}, max_position_embeddings "
+                f"{plan.old_max_position_embeddings} -> {plan.max_position_embeddings}")
 
     def param_doc(self) -> str:
         shown = {k: p.default if p.default is not None else p.derived for k, p in self.params.items()}

@@ -14,9 +14,11 @@ Decisions (docs/attention-methods.md, "STRING"; each pinned by a test in tests/t
   (`string_for_llama.py`) counts d = S in both passes (a flash-attn window of [S, 0] includes it), so their
   decoding differs from their prefill; here a prefill, a prefill in pieces and token-by-token decoding agree.
 - `attention_factor` multiplies cos and sin of every query and key (every logit by its square), on top of the
-  model's own attention factor. The authors' code sets 0.1·ln 2 + 1 (YaRN's at s = 2) for Llama and Qwen2; the
-  paper's method has none, so the default is 1: the original model for every distance below S. Set
-  attention_factor=1.0693 for the authors' code.
+  model's own attention factor; bounded to [0.5, 1.5] (a temperature correction of YaRN's size). The authors' Llama
+  code sets 0.1·ln 2 + 1 (YaRN's at s = 2); the paper's method has none, so the default is 1: the original model
+  for every distance below S. attention_factor=1.0693 is the authors' Llama setting; on Qwen2 they replace the
+  model's YaRN (and its attention factor) with their own, which this method does not (docs/attention-methods.md,
+  "Per family").
 - Beyond the window L (a target N > L): S is raised to N - L + W when needed, so the largest distance used,
   N - 1 - S + W, stays below L; S may not exceed L, so N <= 2L - W. Longer targets are refused, naming
   self-extend, dual-chunk and yarn. Without a target, N = L.
@@ -24,11 +26,14 @@ Decisions (docs/attention-methods.md, "STRING"; each pinned by a test in tests/t
 
 from __future__ import annotations
 
+import math
+
 from .attention import AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
 SHIFTED_SHARE = 0.33  # the authors' default shifted_offset, as a share of the window (they suggest 0.25-0.4)
 AUTHORS_ATTENTION_FACTOR = 1.0693147180559945  # 0.1·ln 2 + 1, what the authors' string_for_llama.py sets
+ATTENTION_FACTOR_RANGE = (0.5, 1.5)  # logits times 0.25 .. 2.25: a temperature correction, not another softmax
 UNSUPPORTED_SCHEMES = ("dynamic", "longrope")  # their frequencies change with the length: no one rotation to keep
 
 
@@ -53,21 +58,32 @@ class String(AttentionMethod):
                                 positive=True, derived="0.33·L"),
         "local_value": Param(int, 128, "W: the distance the key at d = S takes (the authors: 128; 256 or 512 when "
                              "results disappoint)", positive=True),
-        "attention_factor": Param(float, 1.0, "multiplies cos and sin of every query and key, so every logit by "
-                                  "its square (the authors' code: 0.1·ln 2 + 1 = 1.0693)", positive=True),
+        "attention_factor": Param(float, 1.0, "multiplies cos and sin of every query and key, on top of the model's "
+                                  "own factor, so every logit by its square; 0.5 to 1.5 (the authors' Llama code: "
+                                  "0.1·ln 2 + 1 = 1.0693)", positive=True),
     }
     formula = "the model's own θ_i (its scheme kept); distance d if d < S else d − S + W"
-    attention = "the model's own × attention_factor (default 1; the authors' code 0.1·ln 2 + 1)"
+    attention = "the model's own × attention_factor (default 1; the authors' Llama code 0.1·ln 2 + 1)"
     use_when = ("Inside the window a model already claims, when it misses distant keys there (the authors: Llama "
                 "3.1 and Qwen2 at 128k); keeps a shipped scheme; in-process with rope_extend.patch_model (stock "
                 "engines serve the model without it); targets up to 2L − W")
     paper = "https://arxiv.org/abs/2410.18745"
+
     def validate(self, spec) -> None:
-        offset, local = spec.shifted_offset, spec.local_value
+        offset, local, factor = spec.shifted_offset, spec.local_value, spec.attention_factor
         if offset is not None and local is not None and local >= offset:
             raise ValueError(
                 f"local_value {local} must be below shifted_offset {offset} (the key at distance S moves to W, so "
                 f"W >= S would move distances up, not down); lower local_value or raise shifted_offset"
+            )
+        if factor is not None and not ATTENTION_FACTOR_RANGE[0] <= factor <= ATTENTION_FACTOR_RANGE[1]:
+            low, high = ATTENTION_FACTOR_RANGE
+            raise ValueError(
+                f"attention_factor {factor:g} must lie in [{low:g}, {high:g}]: it multiplies cos and sin of every "
+                f"query and key, so every logit by its square ({factor * factor:.3g}x here), a temperature "
+                f"correction of the size of YaRN's (0.1·ln s + 1: {AUTHORS_ATTENTION_FACTOR:.4f} at s = 2, the "
+                f"authors' value; {0.1 * math.log(64) + 1:.3f} at s = 64); beyond that range the softmax is another "
+                "model's, and far beyond it the logits overflow; 1 (the default) leaves the logits as they are"
             )
         if spec.replace_existing:
             raise ValueError(
@@ -78,25 +94,39 @@ class String(AttentionMethod):
     def fill_params(self, spec):
         L, N = spec.original_max_position_embeddings, spec.target_length
         local = spec.local_value if spec.local_value is not None else self.params["local_value"].default
+        default_offset = int(SHIFTED_SHARE * L)
+        if local >= L:
+            raise self._error(
+                f"local_value {local} must be below the window L = {L}: the key at distance S moves to W, and S is at "
+                f"most L; the authors use 128 (256 or 512 when results disappoint)", "local_value", local)
+        target = f"the target length {N}" if N != L else f"the window's own length L = {L}"
         need = minimum_offset(N, L, local)
         if N > 2 * L - local:
             raise self._error(
                 f"string keeps every distance inside the window L = {L} by shifting, which reaches at most "
-                f"2L - W = {2 * L - local} tokens (local_value W = {local}), below the target {N}; for longer "
-                "inputs use self-extend, dual-chunk or yarn", "target_length", N)
-        offset = spec.shifted_offset if spec.shifted_offset is not None else max(int(SHIFTED_SHARE * L), need)
+                f"2L - W = {2 * L - local} tokens (local_value W = {local}), below {target}; lower the target or "
+                "local_value, or for longer inputs use self-extend, dual-chunk or yarn", "target_length", N)
+        given = spec.shifted_offset
+        offset = given if given is not None else max(default_offset, need)
         if offset > L:
             raise self._error(
                 f"shifted_offset {offset} is beyond the window L = {L}: the neighbour pass would use distances the "
-                f"model never saw; choose at most {L} (default {int(SHIFTED_SHARE * L)})", "shifted_offset", offset)
+                f"model never saw; choose at most {L} (default {default_offset})", "shifted_offset", offset)
         if offset < need:
             raise self._error(
-                f"shifted_offset {offset} lets the target length {N} use distance {N - 1 - offset + local}, beyond "
-                f"the window L = {L}: raise it to at least N - L + W = {need}, or lower the target",
-                "shifted_offset", offset)
+                f"shifted_offset {offset} lets {target} use distance {N - 1 - offset + local}, beyond the window "
+                f"L = {L}: raise it to at least N - L + W = {need}, or lower the target", "shifted_offset", offset)
         if local >= offset:
+            if given is not None:
+                raise self._error(f"local_value {local} must be below shifted_offset {offset}; lower local_value",
+                                  "local_value", local)
+            raised = (f"its default 0.33·L = {default_offset} was raised to N - L + W = {need}, so that {target} "
+                      f"keeps every distance below L" if need > default_offset else
+                      f"its default is 0.33·L = {default_offset}")
             raise self._error(
-                f"local_value {local} must be below shifted_offset {offset}; lower local_value", "local_value", local)
+                f"local_value {local} must be below shifted_offset S, which you did not set: {raised}; lower "
+                f"local_value (the authors use 128; 256 or 512 when results disappoint) or set shifted_offset above "
+                f"{local}", "local_value", local)
         factor = spec.attention_factor if spec.attention_factor is not None else 1.0
         return spec.model_copy(update={"shifted_offset": int(offset), "local_value": int(local),
                                        "attention_factor": float(factor)})
@@ -104,9 +134,14 @@ class String(AttentionMethod):
     def describe(self, spec) -> str:
         """The resolved parameters in words (the patch report)."""
         return (f"shifted_offset S {spec.shifted_offset}, local_value W {spec.local_value}, attention_factor "
-                f"{spec.attention_factor:g}: distances d >= S use d - S + W, the largest "
+                f"{spec.attention_factor:.4f}: distances d >= S use d - S + W, the largest "
                 f"{largest_distance(spec.target_length, spec.shifted_offset, spec.local_value)} at target length "
                 f"{spec.target_length}")
+
+    def summary(self, plan) -> str:
+        return (f"{self.name}: window {plan.max_position_embeddings} (kept), on top of the model's own RoPE "
+                f"({plan.kept_scheme}, its attention factor {plan.attention_factor:.4f}); "
+                f"{self.describe(plan.spec)}")
 
     def mapping(self, spec):
         from ..attention.kernels import StringMap

@@ -69,20 +69,30 @@ def tune_model(
     plots: bool = True,
     baselines_first: bool = False,
     attention_factor: float | None = None,
+    memory_check: bool = True,
 ) -> dict[str, Any]:
     """Run the search (and the held-out comparison when `heldout` is given); returns a summary dict.
 
     `baselines_first`: evaluate the held-out closed forms at their defaults before the search (they do not depend
     on it), so a run cut short on a slow machine still has the baseline table. `attention_factor`: pin the
-    per-dimension curves' attention factor (see `search.tune`)."""
+    per-dimension curves' attention factor (see `search.tune`). `model_path`: a checkpoint folder, a Hub id or the
+    alias `smollm2`, resolved as `patch` resolves SOURCE; `memory_check`: refuse, before loading, a run that needs
+    more memory than the device has (`rope_extend.memory`)."""
+    from .. import compat, memory
     from ..eval.perplexity import tokenize_text
     from ..eval.texts import load_text, text_label
     from ..eval.variants import load_model
+    from ..files import load_config
+    from ..hub import resolve_source
 
     output = Path(output)
     check_replaceable(output, "tune")  # a new or empty folder, or a tune output (resumed): never a user's folder
+    folder = resolve_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
+    memory.check_inference(str(model_path), folder, compat.text_config(load_config(folder)), dtype, target_length,
+                           kv_cache=passkey_samples > 0, device=device, device_map=device_map,
+                           ways=memory.WaysOut(length="--target-length {fits}"), skip=not memory_check)
     output.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = load_model(model_path, dtype=dtype, device_map=device_map, device=device)
+    model, tokenizer = load_model(folder, dtype=dtype, device_map=device_map, device=device)
     calib_ids = tokenize_text(tokenizer, load_text(text))
     header = {"model": str(model_path), "text": text_label(text), "dtype": dtype}
     held = None
