@@ -48,12 +48,12 @@ class PatchReport:
     plan: PatchPlan | None = field(default=None, repr=False, compare=False)  # the plan that was applied
 
     @classmethod
-    def of(cls, plan: PatchPlan, modules: list[str], changed: bool, old_max: int | None = None) -> PatchReport:
+    def of(cls, plan: PatchPlan, modules: list[str], changed: bool) -> PatchReport:
         return cls(
             method=plan.spec.method,
             factor=plan.spec.factor,
             original_max_position_embeddings=plan.spec.original_max_position_embeddings,
-            old_max_position_embeddings=plan.old_max_position_embeddings if old_max is None else old_max,
+            old_max_position_embeddings=plan.old_max_position_embeddings,
             new_max_position_embeddings=plan.max_position_embeddings,
             attention_factor=plan.attention_factor,
             modules=modules,
@@ -154,14 +154,16 @@ def patch_model(
         spec = load_spec(spec, **kwargs)
     if not find_rotary_modules(model):
         raise no_rotary_modules_error(model)
+    plan = plan_patch(config, spec)
+    if verify and plan.changed:  # before anything is touched (re-patching plans from the marker's pristine RoPE)
+        verify_or_explain(plan, config)
     state = _state(model)
-    # re-patching plans on the config as it was before the first patch, so that unpatch_model restores that
-    original = config if state is None else state.original_config(config)
-    plan = plan_patch(original, spec)
-    if state is not None and plan.marker["spec"] == state.plan.marker["spec"]:  # the same spec again: nothing to do
-        return PatchReport.of(state.plan, state.touched, changed=False, old_max=int(config.max_position_embeddings))
-    if verify and (plan.changed or state is not None):  # before anything is touched
-        verify_or_explain(plan, original)
+    if state is not None:
+        if not plan.changed:  # the same spec again: nothing to do
+            return PatchReport.of(plan, state.touched, changed=False)
+        # re-patching starts from the true original so that unpatch_model restores it: what the plan changes counts
+        # from there
+        plan = plan.rebased(state.original_config(config))
     return apply_patch(model, plan, dynamic_mode=dynamic_mode)
 
 
@@ -169,9 +171,9 @@ def apply_patch(model: nn.Module, plan: PatchPlan, *, dynamic_mode: str = "consi
     """Execute a plan on a loaded model, in place: every rotary module's frequencies and attention scaling on its
     device and dtype (dynamic methods: a forward pre-hook), the attention of attention-level methods, and the config
     rewritten so that `save_pretrained` writes the portable config. Everything changed is recorded in a
-    `PatchState` that `unpatch_model` restores. A model patched before is restored first, so `plan` is planned on
-    its original config (as `patch_model` does); the checkpoint writer and `train` call this with the plan they
-    made."""
+    `PatchState` that `unpatch_model` restores. A model patched before is restored first (`PatchPlan.rebased`
+    counts what the plan changes from that original config, as `patch_model` does); the checkpoint writer, `train`
+    and `eval` call this with the plan they made."""
     config = compat.text_config(model.config)
     state = _state(model)
     if state is not None:  # re-patching: start from the true original so unpatch restores it
