@@ -132,19 +132,22 @@ def run_eval(
         suite_obj = suite_obj.with_texts([str(t) for t in (text if isinstance(text, list | tuple) else [text])])
     variants = make_variants(specs, include_baseline=include_baseline)
 
+    plans: dict[str, Any] = {}  # variant name -> its PatchPlan on SOURCE's config, applied to the loaded model
     if loader is None:
         from .. import compat
         from ..facts import read_rope
-        from ..files import load_config
-        from ..hub import resolve_source
-        from ..plan import plan_patch
+        from ..patch import verify_or_explain
+        from ..source import load_source, plan_source
 
-        folder = resolve_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
-        config = load_config(folder)
+        loaded = load_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
+        folder, config = loaded.folder, loaded.config
         original, preflight_tok = read_rope(config).original_length(), None
-        for variant in variants:  # each spec planned on SOURCE's config now: a spec the model refuses (a shipped
-            if variant.spec is not None and not callable(variant.spec):  # scheme without replace_existing...) is
-                plan_patch(config, variant.spec_dict())  # one line before any weights load
+        for variant in variants:  # each spec planned once, on SOURCE's config, before any weights load: a spec the
+            if variant.spec is not None and not callable(variant.spec):  # model refuses (a shipped scheme without
+                plan = plan_source(loaded, variant.rope_spec())  # replace_existing...) is one line now
+                if plan.changed:  # checked as patch_model checks it (stock transformers rebuilds it, a forward runs)
+                    verify_or_explain(plan, config)
+                plans[variant.name] = plan
     else:
         m, preflight_tok = loader()
         original = original_length(m)
@@ -177,7 +180,12 @@ def run_eval(
             folder, dtype=dtype, device_map=device_map, device=device
         )
         ev = Evaluator(model, tok, original, suite_obj.seed)
-        ev.patch_report = apply_spec(model, v.spec)
+        if v.name in plans:  # the plan made before loading, executed on the model loaded from the same SOURCE
+            from ..patch import apply_patch
+
+            ev.patch_report = apply_patch(model, plans[v.name])
+        else:
+            ev.patch_report = apply_spec(model, v.spec)
         return ev
 
     def record(rec: dict) -> None:

@@ -29,6 +29,14 @@ class Variant:
     def spec_dict(self) -> dict | None:
         return spec_to_dict(self.spec)
 
+    def rope_spec(self):
+        """The variant's spec parsed (a `RopeSpec`; None for the baseline or a callable)."""
+        if self.spec is None or (callable(self.spec) and not isinstance(self.spec, dict)):
+            return None
+        from rope_extend.spec import RopeSpec, load_spec
+
+        return self.spec if isinstance(self.spec, RopeSpec) else load_spec(self.spec)
+
     @property
     def fingerprint(self) -> str:
         d = self.spec_dict()
