@@ -214,3 +214,23 @@ def write_tiny_gguf(path: Path, arch: str = "llama", extra: dict | None = None, 
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# --- the memory a machine reports (tests/test_memory.py, tests/test_sources.py) ----------------------------------------
+GiB = 1 << 30
+
+
+def fake_memory(monkeypatch, tmp_path: Path, available: int, cgroup_limit: int | None = None) -> None:
+    """/proc/meminfo and the cgroup files as the kernel writes them, with `available` bytes MemAvailable."""
+    from rope_extend import memory
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal:       24576000 kB\nMemFree:         1000000 kB\n"
+                       f"MemAvailable:   {available // 1024:8d} kB\nBuffers:          100000 kB\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir(exist_ok=True)
+    if cgroup_limit is not None:
+        (cgroup / "memory.max").write_text(f"{cgroup_limit}\n")
+        (cgroup / "memory.current").write_text(f"{GiB}\n")
+    monkeypatch.setattr(memory, "MEMINFO", meminfo)
+    monkeypatch.setattr(memory, "CGROUP", cgroup)
