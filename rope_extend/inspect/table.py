@@ -29,7 +29,7 @@ from .. import compat
 from ..encodings import rope_rotations, rope_wavelengths
 from ..facts import read_rope
 from ..methods import default_inv_freq
-from ..plan import check_rope_model, plan_patch
+from ..plan import check_rope_model, plan_patch, recorded_spec
 from ..spec import RopeSpec, load_spec
 
 # Relative tolerance of the regime classification (ratios ≈ 1 and ≈ 1/s). YaRN's ramp ends are exact up to float32
@@ -165,8 +165,8 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
                 "'old' the bare RoPE"
             )
         marker = facts.marker or {}
-        if marker.get("stock_loaders"):  # an attention-level method: no config key carries it, the marker does
-            marked = load_spec(marker["spec"])
+        marked = recorded_spec(config)
+        if marker.get("stock_loaders") and marked is not None:  # attention-level: no config key carries it, the marker does
             notes.append(f"rope_extend marker: {marker['method']} ({marked.rope_method.describe(marked)}); "
                          f"stock loaders serve {marker['stock_loaders']}")
         method = None
