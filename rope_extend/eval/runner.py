@@ -63,6 +63,17 @@ def _append(path: Path, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
+def _config_original_length(source) -> int:
+    """The original (pretraining) length L of SOURCE's config, its text part's (a shipped scheme counts from its own
+    original length): what the suite's lengths are laid out from. `source`: a `source.Source`, or what
+    `source.load_source` takes."""
+    from ..facts import read_rope
+    from ..source import Source, load_source
+
+    loaded = source if isinstance(source, Source) else load_source(source, config_only=True)
+    return read_rope(loaded.config).original_length()
+
+
 def check_memory(name: str, folder: Path, config, cases: list, dtype: str, device: str | None,
                  device_map: str | None, skip: bool = False) -> None:
     """Refuse in one line, before any weights load, a run whose longest pending case needs more memory than the
@@ -135,13 +146,12 @@ def run_eval(
     plans: dict[str, Any] = {}  # variant name -> its PatchPlan on SOURCE's config, applied to the loaded model
     if loader is None:
         from .. import compat
-        from ..facts import read_rope
         from ..patch import verify_or_explain
         from ..source import load_source, plan_source
 
         loaded = load_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
         folder, config = loaded.folder, loaded.config
-        original, preflight_tok = read_rope(config).original_length(), None
+        original, preflight_tok = _config_original_length(loaded), None
         for variant in variants:  # each spec planned once, on SOURCE's config, before any weights load: a spec the
             if variant.spec is not None and not callable(variant.spec):  # model refuses (a shipped scheme without
                 plan = plan_source(loaded, variant.rope_spec())  # replace_existing...) is one line now
