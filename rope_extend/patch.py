@@ -45,11 +45,10 @@ class PatchReport:
     spec: RopeSpec
     warnings: list[str] = field(default_factory=list)
     kept_scheme: str | None = None  # a method that keeps the model's RoPE (STRING): that scheme, in words
-    plan: PatchPlan | None = field(default=None, repr=False, compare=False)  # the plan that was applied
 
     @classmethod
     def of(cls, plan: PatchPlan, modules: list[str], changed: bool) -> PatchReport:
-        return cls(
+        report = cls(
             method=plan.spec.method,
             factor=plan.spec.factor,
             original_max_position_embeddings=plan.spec.original_max_position_embeddings,
@@ -61,8 +60,15 @@ class PatchReport:
             spec=plan.spec,
             warnings=list(plan.warnings),
             kept_scheme=plan.kept_scheme,
-            plan=plan,
         )
+        report._plan = plan
+        return report
+
+    @property
+    def plan(self) -> PatchPlan | None:
+        """The plan that was applied. Not a field: what the report records (eval's results, `str()`) stays what the
+        patch did."""
+        return getattr(self, "_plan", None)
 
     def __str__(self) -> str:
         what = "patched" if self.changed else "unchanged (already patched with this spec)"
