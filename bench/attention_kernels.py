@@ -37,6 +37,7 @@ import time
 import torch
 
 from rope_extend.attention import kernels
+from rope_extend.attention.positions import Positions
 
 
 def cpu_time(fn, repeats: int) -> float:
@@ -68,14 +69,14 @@ def method_row(name, mapping, q, k, v, inv_freq, base, step, repeats):
     memo: dict = {}
 
     def prefill():
-        kernels.remapped_attention(q, k, v, pos, pos, None, 0.125, mapping, inv_freq, memo=memo)
+        kernels.remapped_attention(q, k, v, Positions.of(pos), None, 0.125, mapping, inv_freq, memo=memo)
 
     prefill()  # the masks and rotation tables, built once per forward and shared by its layers
     SPENT[:] = [0.0, 0]
     total = cpu_time(prefill, repeats)
     fused_s, calls = SPENT[0] / repeats, SPENT[1] // repeats
     store: dict = {}
-    kernels.remapped_attention(q[:, :, -2:-1], k[:, :, :-1], v[:, :, :-1], pos[:, -2:-1], pos[:, :-1], None, 0.125,
+    kernels.remapped_attention(q[:, :, -2:-1], k[:, :, :-1], v[:, :, :-1], Positions.of(pos[:, :-1]), None, 0.125,
                                mapping, inv_freq, memo=memo, key_store=store)
     held = dict(store)
 
@@ -83,7 +84,7 @@ def method_row(name, mapping, q, k, v, inv_freq, base, step, repeats):
         for _ in range(20):
             store.clear()
             store.update(held)
-            kernels.remapped_attention(q[:, :, -1:], k, v, pos[:, -1:], pos, None, 0.125, mapping, inv_freq,
+            kernels.remapped_attention(q[:, :, -1:], k, v, Positions.of(pos), None, 0.125, mapping, inv_freq,
                                        memo=memo, key_store=store)
 
     dstep = cpu_time(decode, repeats) / 20
@@ -116,7 +117,7 @@ def mask_rows(lengths: list[int], repeats: int, grid_up_to: int) -> None:
         methods = {"self-extend": kernels.SelfExtendMap(default_group(n, original, window), window),
                    "dual-chunk": kernels.DualChunkMap(6144, 512)}
         for name, mapping in methods.items():
-            plan = passes.method_passes(mapping, 0, 0, "cpu")
+            plan = mapping.passes(0, 0, "cpu")
             first, best, masks = timed(lambda plan=plan, n=n: [flex.prepare(p, n, n, "cpu") for p in plan], repeats)
             visited = sum(int(m.kv_num_blocks.sum() + m.full_kv_num_blocks.sum()) for m in masks)
             text = (f"{n:>7} {name:<12} {mapping}  closed form: first {1000 * first[0]:7.1f} ms CPU "
@@ -168,7 +169,7 @@ def passes_rows(lengths: list[int], repeats: int) -> None:
             for _ in range(repeats):
                 spent.clear()
                 started = time.process_time()
-                kernels.remapped_attention(q, k, v, pos, pos, None, 0.125, mapping, inv_freq, memo={}, key_store={},
+                kernels.remapped_attention(q, k, v, Positions.of(pos), None, 0.125, mapping, inv_freq, memo={}, key_store={},
                                            path="passes", primitive=primitive)
                 total = time.process_time() - started
                 if best is None or total < best[0]:

@@ -515,7 +515,7 @@ def write_checkpoint(
         if (tmp / "README.md").exists():
             (tmp / "README.md").unlink()
         (tmp / "README.md").write_text(card)
-        _write_record(tmp, hints, spec_yaml)
+        _write_record(tmp, hints, spec_yaml, result, options.verify)
         result.written += ["rope_extend.yaml", "README.md"]
         if options.verify:
             step("verifying: stock transformers reload equals the trained model" if model is not None
@@ -533,11 +533,13 @@ def write_checkpoint(
     return result
 
 
-def _write_record(tmp: Path, hints: ServingHints, spec_yaml: str) -> None:
-    """OUT's rope_extend.yaml, written last: the spec, then rope-extend's record of every file now in OUT and of the
-    card's serving commands, with the model named `record.MODEL_ID` (what `rope-extend push` reads)."""
+def _write_record(tmp: Path, hints: ServingHints, spec_yaml: str, result: PatchResult, verified: bool) -> None:
+    """OUT's rope_extend.yaml, written last: the spec, then rope-extend's record of every file now in OUT (the
+    weights shared with SOURCE by their identity, the rest by sha256) and of the card's serving commands, with the
+    model named `record.MODEL_ID` (what `rope-extend push` reads and checks)."""
+    shared = {name: how for name, how in result.placed.items() if how in sharing.SHARED}
     record.write_record(tmp, spec_yaml, serve=str(hints.serve(record.MODEL_ID)),
-                        serving=hints.markdown(record.MODEL_ID))
+                        serving=hints.markdown(record.MODEL_ID), shared=shared, verified=verified)
 
 
 def stock_forward(model):
@@ -571,6 +573,7 @@ def _keep_unverified(tmp: Path, kept: Path, exc: Exception) -> VerificationError
     note = UNVERIFIED_NOTE.format(reason=reason)
     lines = lines[: title + 1] + ["", note] + lines[title + 1 :] if title is not None else [note, "", *lines]
     readme.write_text("\n".join(lines) + "\n")
+    record.refresh(tmp, record.read_record(tmp), verified=False)  # its card says why; a push must not say otherwise
     target, number = kept, 1
     while target.exists() and not (target / "rope_extend.yaml").is_file():
         number += 1

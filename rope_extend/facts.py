@@ -76,13 +76,14 @@ class RopeFacts:
     def window(self) -> int | None:
         """The length the model reaches now: max_position_embeddings, or its scheme's original length x factor when
         that is longer (Qwen2.5's YaRN x4 from 32768 in a config that keeps 32768). None without a length."""
-        if self.max_position_embeddings is None:
-            return None
-        params = self.slots[self.main_slot]
-        factor, original = params.get("factor"), params.get("original_max_position_embeddings")
-        if params.get("rope_type", "default") in UNSCALED_TYPES or not (factor and original):
-            return self.max_position_embeddings
-        return max(self.max_position_embeddings, int(round(float(factor) * int(original))))
+        return _window(self.slots[self.main_slot], self.max_position_embeddings)
+
+    @property
+    def shipped_window(self) -> int | None:
+        """The length the model reached before any rope-extend patch (`window` of the pristine config): what a method
+        that keeps the model's scheme calls the original length L (Llama 3.1: 131072, not llama3's 8192)."""
+        return _window(self.pristine_slots.get(self.main_slot, next(iter(self.pristine_slots.values()))),
+                       self.pristine_max_position_embeddings)
 
     @property
     def is_scaled(self) -> bool:
@@ -90,6 +91,16 @@ class RopeFacts:
         return self.marker is not None or any(
             p.get("rope_type", "default") not in UNSCALED_TYPES for p in self.slots.values()
         )
+
+
+def _window(params: dict, max_position_embeddings: int | None) -> int | None:
+    """max_position_embeddings, or the slot's scheme's original length x factor when that is longer."""
+    if max_position_embeddings is None:
+        return None
+    factor, original = params.get("factor"), params.get("original_max_position_embeddings")
+    if params.get("rope_type", "default") in UNSCALED_TYPES or not (factor and original):
+        return max_position_embeddings
+    return max(max_position_embeddings, int(round(float(factor) * int(original))))
 
 
 def read_rope(config) -> RopeFacts:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +196,7 @@ class PushPlan:
     selection: Selection
     commit_message: str
     card: bytes | None = None  # OUT's README.md with its Serving section naming `repo_id` (None: sent as it is)
+    record_text: bytes | None = None  # OUT's rope_extend.yaml without this machine's data (`record.public_text`)
     serve: str | None = None  # the serve line for the pushed repo (from OUT's record)
     written_now: bool = False  # `patch`/`train --push-to-hub`: OUT was just written, its command is news
     include: tuple[str, ...] = ()  # push's --include names (the push-later command repeats them)
@@ -207,8 +209,6 @@ class PushPlan:
     @property
     def later(self) -> str:
         """The one command that pushes `folder` (what a failure a retry can fix prints)."""
-        import shlex
-
         return (f"rope-extend push {shlex.quote(str(self.folder))} {self.repo_id}" + (" --private" if self.private else "")
                 + "".join(f" --include {shlex.quote(name)}" for name in self.include))
 
@@ -223,17 +223,33 @@ class PushPlan:
     def dry_run_lines(self) -> list[str]:
         """The dry run's report: the repo, its visibility, the commit message, every file sent (and why it may
         be), left out or refused (and why)."""
+        from .record import CARD, SPEC_FILE
+
         lines = [
-            f"dry run: would push {len(self.files)} files to {self.repo_id} "
+            f"dry run: would push {files_count(len(self.files))} to {self.repo_id} "
             f"({'private' if self.private else 'public'} if created; an existing repo keeps its visibility)",
             f"commit message: {self.commit_message}",
         ]
         if self.card is not None:
-            lines.append(f"README.md: sent with its Serving section naming {self.repo_id} (OUT's copy is not changed)")
+            lines.append(f"{CARD}: sent with its Serving section naming {self.repo_id} (OUT's copy is not changed)")
+        elif self.selection.card_edited:
+            lines.append(f"{CARD}: edited since rope-extend wrote it: yours, sent as written")
+        if self.selection.record is not None and not self.selection.record.verified:
+            lines.append(f"not verified: OUT was written with --no-verify; `rope-extend verify "
+                         f"{shlex.quote(str(self.folder))}` verifies it")
+        if self.record_text is not None:
+            lines.append(f"{SPEC_FILE}: sent without this machine's data (inodes, times); OUT's copy is not changed")
         lines += [f"  + {entry.name}   ({entry.how})" for entry in self.selection.sent]
         lines += [f"  - {name}   (left out: {why})" for name, why in self.selection.left_out]
         lines += [f"  x {name}   (refused: {why})" for name, why in self.selection.refused]
+        lines += [f"  ! {name}   (changed since rope-extend verified it: {why})"
+                  for name, why in self.selection.changed]
         return lines
+
+
+def files_count(count: int) -> str:
+    """'1 file', '6 files'."""
+    return f"{count} file" + ("" if count == 1 else "s")
 
 
 def check_repo_id(repo_id: str, flag: str = "REPO") -> str:
@@ -256,7 +272,7 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
               flag: str = "REPO", written_now: bool = False) -> PushPlan:
     """Check the repo id and OUT and compute the upload (`record.select`); no network, nothing written. Refused
     files are in `plan.selection.refused` (`selection.refusal()` is the error the push raises)."""
-    from .record import select, spec_text
+    from .record import CARD, SPEC_FILE, public_text, select, spec_text
 
     check_repo_id(repo_id, flag)
     given = str(folder)
@@ -269,15 +285,13 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
         raise CheckpointError(f"OUT {given!r} is not a checkpoint folder (no config.json); give the folder "
                               "`rope-extend patch` or `train` wrote")
     folder = Path(os.path.abspath(folder))
-    import shlex
-
     hint = (f"`rope-extend push {shlex.quote(str(folder))} {repo_id} --include {{name}}`" if written_now
             else "--include {name}")  # patch and train have no --include: the push command does
     selection = select(folder, include, hint)
     record = selection.record
     card = None
-    readme = next((entry for entry in selection.sent if entry.name == "README.md"), None)
-    if record is not None and record.serving is not None and readme is not None:
+    readme = next((entry for entry in selection.sent if entry.name == CARD), None)
+    if record is not None and record.serving is not None and readme is not None and not selection.card_edited:
         try:
             text = readme.path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
@@ -286,8 +300,10 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
         card = None if new == text else new.encode("utf-8")
     spec = spec_text(folder)
     what = " ".join(spec.split()) if spec else f"upload {folder.name}"
+    sends_record = record is not None and any(entry.name == SPEC_FILE for entry in selection.sent)
     return PushPlan(folder=folder, repo_id=repo_id, private=private, selection=selection,
                     commit_message=("rope-extend: " + what)[:1000], card=card,
+                    record_text=public_text(folder, record).encode("utf-8") if sends_record else None,
                     serve=record.serve_for(repo_id) if record is not None else None, written_now=written_now,
                     include=tuple(include))
 
@@ -332,11 +348,15 @@ def push(plan: PushPlan, token: str) -> bool | None:
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
-    if plan.selection.refused:
-        raise plan.selection.refusal()
+    from .record import CARD, SPEC_FILE
+
+    refusal = plan.selection.refusal()
+    if refusal is not None:
+        raise refusal
+    rendered = {CARD: plan.card, SPEC_FILE: plan.record_text}  # sent from memory: OUT is never written
     operations = [
         CommitOperationAdd(path_in_repo=entry.name, path_or_fileobj=(
-            plan.card if entry.name == "README.md" and plan.card is not None else str(entry.path)))
+            rendered[entry.name] if rendered.get(entry.name) is not None else str(entry.path)))
         for entry in plan.selection.sent
     ]
     api = HfApi(token=token)

@@ -13,6 +13,10 @@ one line naming the numbers and the ways out instead of a process the kernel kil
   float32 upcast, the float32 cos and sin, the final hidden states, the key/value cache when the command decodes
   (probes), one layer's attention probabilities when it measures attention entropy, and one 1024-position chunk
   of float32 logits. tests/test_memory.py holds it to a forward's measured peak.
+- training (`training_need`, one process): float32 weights with their gradients and AdamW's two moments (LoRA:
+  frozen weights, trained adapters and copies), a micro-batch's activations (`activation_bytes`, or
+  `checkpointed_bytes_per_token` with gradient checkpointing) and one loss chunk; `train` decides its default
+  window and `--gradient-checkpointing auto` from the same numbers.
 
 The device's memory is `/proc/meminfo`'s MemAvailable (bounded by a cgroup v2 limit when there is one), or the CUDA
 device's free memory; a `--device-map` spreads the model over devices itself (accelerate), so it is not checked.
@@ -22,7 +26,7 @@ device's free memory; a `--device-map` spreads the model over devices itself (ac
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import files
@@ -158,6 +162,70 @@ def inference_need(folder: Path, config, dtype: str | None, length: int, *, kv_c
     return Need(dtype, weights_bytes(folder, dtype), per_token * length + fixed, length, per_token)
 
 
+# --- training ---------------------------------------------------------------------------------------------------------
+LOSS_CHUNK_BYTES = 3 * (256 << 20)  # one chunk of float32 logits, its softmax and its gradient (train/loss.py)
+ADAMW_BYTES = 16  # a trained float32 parameter: the weight, its gradient, AdamW's two moments
+FROZEN_BYTES = 4  # a frozen float32 parameter (LoRA's base weights)
+
+
+def activation_bytes(tokens: int, hidden: int, intermediate: int, kv_dim: int, layers: int, element: int) -> int:
+    """Activations a llama-style decoder keeps for the backward pass of `tokens` tokens without gradient
+    checkpointing: per layer and token about 10 hidden-sized tensors (norm inputs/outputs, q, rotated q, attention
+    output, residuals), 4 key/value-sized (k, rotated k, v) and 4 MLP-sized (gate, up, activation, product) in the
+    compute dtype (`element` bytes): ~48 KB per token and layer for SmolLM2-135M in float32
+    (tests/test_train_memory.py holds it to what autograd saves)."""
+    return tokens * layers * (10 * hidden + 4 * kv_dim + 4 * intermediate) * element
+
+
+def checkpointed_bytes_per_token(hidden: int, layers: int) -> int:
+    """With gradient checkpointing: each layer's input (float32, kept and recomputed) plus one layer's
+    recomputation (~24 hidden-sized float32 tensors), per token."""
+    return layers * hidden * 4 * 2 + hidden * 4 * 24
+
+
+def training_per_token(config, element: int, checkpointing: bool) -> int:
+    """Bytes per token a training forward keeps for the backward pass (`checkpointed_bytes_per_token` or
+    `activation_bytes` of one token)."""
+    hidden, intermediate, _, kv_dim, _, _, layers = _dims(config)
+    if checkpointing:
+        return checkpointed_bytes_per_token(hidden, layers)
+    return activation_bytes(1, hidden, intermediate, kv_dim, layers, element)
+
+
+def _trained_by_lora(folder: Path, r: int, embeddings_and_norms: bool) -> int:
+    """Parameters LoRA trains (`train/lora.py`): an r-rank adapter on every linear layer but the output head
+    (r x (in + out) each), and, with `embeddings_and_norms`, a trained copy of the input embedding and the norms."""
+    trained = 0
+    for path in _weight_files(folder):
+        for name, entry in files.read_safetensors_header(path)[0].items():
+            shape = entry.get("shape") if isinstance(entry, dict) and name != "__metadata__" else None
+            if not shape:
+                continue
+            count = 1
+            for dim in shape:
+                count *= int(dim)
+            if name.endswith("proj.weight") and len(shape) == 2:
+                trained += r * (shape[0] + shape[1])
+            elif embeddings_and_norms and ("embed_tokens" in name or name.endswith("norm.weight")):
+                trained += count
+    return trained
+
+
+def training_need(folder: Path, config, window: int, micro_batch: int = 1, *, compute_dtype: str = "float32",
+                  checkpointing: bool = True, lora_r: int | None = None, embeddings_and_norms: bool = True) -> Need:
+    """One training process on SOURCE: float32 weights (16 bytes a trained parameter with its gradient and AdamW's
+    moments; LoRA: 4 a frozen one, 16 an adapter's or a trained copy's), and the activations of a micro-batch of
+    `micro_batch` windows of `window` tokens in `compute_dtype` (bfloat16 mixed precision keeps most in 16 bits),
+    plus one loss chunk."""
+    parameters = weights_bytes(folder, "float32") // 4
+    if lora_r is None:
+        weights = ADAMW_BYTES * parameters
+    else:
+        weights = FROZEN_BYTES * parameters + ADAMW_BYTES * _trained_by_lora(folder, lora_r, embeddings_and_norms)
+    per_token = micro_batch * training_per_token(config, DTYPE_BYTES[compute_dtype], checkpointing)
+    return Need("float32", weights, per_token * window + LOSS_CHUNK_BYTES, window, per_token)
+
+
 # --- the device ---------------------------------------------------------------------------------------------------------
 def _meminfo_available() -> int | None:
     with contextlib.suppress(OSError, ValueError, IndexError):
@@ -192,17 +260,16 @@ def available(device: str | None = None) -> Available:
 class WaysOut:
     """How the command's user changes what it needs: the flags this command has for each way out."""
 
-    dtype_flag: str | None = "--dtype"
     device: str | None = "--device cuda, or --device-map auto to spread it over devices"
     length: str | None = None  # how to ask for a shorter length, `{fits}` the longest that fits
+    # other runs that need less: (what to do, the flag) -> the estimate of that run, offered when it is smaller
+    offers: tuple[tuple[str, str, Need], ...] = ()
 
 
-def refusal(source: str, need: Need, have: Available, ways: WaysOut, alternative: Need | None = None) -> str:
+def refusal(source: str, need: Need, have: Available, ways: WaysOut, what: str = "weights") -> str:
     """The one line: the numbers, then every way out that helps."""
-    ways_out = []
-    if alternative is not None and ways.dtype_flag:
-        ways_out.append(f"load it in {alternative.dtype} ({ways.dtype_flag} {alternative.dtype}: "
-                        f"~{gib(alternative.total)})")
+    ways_out = [f"{words} ({flag}: ~{gib(other.total)})" for words, flag, other in ways.offers
+                if other.total < need.total]
     if ways.device:
         ways_out.append(f"run it on another device ({ways.device})")
     room = have.bytes - need.weights - (need.working - need.per_token * need.length)
@@ -211,34 +278,31 @@ def refusal(source: str, need: Need, have: Available, ways: WaysOut, alternative
         if 0 < fits < need.length:
             ways_out.append(f"use a shorter length ({ways.length.format(fits=fits)})")
     ways_out.append(f"pass {SKIP_FLAG} to load it anyway")
-    return (f"{source} needs ~{gib(need.total)} of {have.where} in {need.dtype} at {need.length} tokens (weights "
+    return (f"{source} needs ~{gib(need.total)} of {have.where} in {need.dtype} at {need.length} tokens ({what} "
             f"{gib(need.weights)}, activations ~{gib(need.working)}) and {gib(have.bytes)} is available; to fit it, "
             + ", ".join(ways_out[:-1]) + ", or " + ways_out[-1])
 
 
 def check(source: str, need: Need, *, device: str | None = None, device_map: str | None = None,
-          ways: WaysOut = WaysOut(), alternative=None, skip: bool = False) -> None:
-    """Refuse (NotEnoughMemoryError, one line) when `need` exceeds the memory where it will run. `alternative(dtype)`
-    estimates the same run in another dtype (bfloat16 is offered when `need`'s dtype is wider). Nothing is checked
-    with `skip` or a `device_map` (accelerate places the layers itself)."""
+          ways: WaysOut = WaysOut(), what: str = "weights", skip: bool = False) -> None:
+    """Refuse (NotEnoughMemoryError, one line) when `need` exceeds the memory where it will run; `what` names
+    `need.weights` in the line. Nothing is checked with `skip` or a `device_map` (accelerate places the layers
+    itself)."""
     if skip or device_map:
         return
     have = available(device)
-    if need.total <= have.bytes:
-        return
-    narrower = alternative("bfloat16") if alternative and DTYPE_BYTES[need.dtype] > 2 else None
-    raise NotEnoughMemoryError(refusal(source, need, have, ways, narrower))
+    if need.total > have.bytes:
+        raise NotEnoughMemoryError(refusal(source, need, have, ways, what))
 
 
 def check_inference(source: str, folder: Path, config, dtype: str | None, length: int, *, kv_cache: bool = False,
                     scores_length: int = 0, device: str | None = None, device_map: str | None = None,
                     ways: WaysOut = WaysOut(), skip: bool = False) -> Need:
-    """`check` for a command that loads SOURCE (`folder`, its text `config`) in `dtype` and runs it without
-    gradients at `length` tokens. Returns the estimate."""
-
-    def need_in(dtype_: str | None) -> Need:
-        return inference_need(folder, config, dtype_, length, kv_cache=kv_cache, scores_length=scores_length)
-
-    need = need_in(dtype)
-    check(source, need, device=device, device_map=device_map, ways=ways, alternative=need_in, skip=skip)
+    """`check` for a command that loads SOURCE (`folder`, its text `config`) in `dtype` (`--dtype`) and runs it
+    without gradients at `length` tokens; bfloat16 is offered when it needs less. Returns the estimate."""
+    need = inference_need(folder, config, dtype, length, kv_cache=kv_cache, scores_length=scores_length)
+    if not (skip or device_map) and need.dtype != "bfloat16":
+        bf16 = inference_need(folder, config, "bfloat16", length, kv_cache=kv_cache, scores_length=scores_length)
+        ways = replace(ways, offers=(("load it in bfloat16", "--dtype bfloat16", bf16), *ways.offers))
+    check(source, need, device=device, device_map=device_map, ways=ways, skip=skip)
     return need

@@ -137,7 +137,7 @@ def patch_model(
     stock loaders load as static). Applying the same spec twice changes nothing; `unpatch_model` undoes it.
     After patching, `model.save_pretrained` / `push_to_hub` write a config.json that stock transformers 4.x and
     5.x both load to the patched RoPE; for a method they load as something else (dynamic-yarn as static YaRN,
-    self-extend and dual-chunk as the original model) saving warns, saying what they load and how to restore it.
+    self-extend, dual-chunk and STRING as the model without them) saving warns, saying what they load and how to restore it.
 
     `dynamic_mode` (dynamic, dynamic-yarn, longrope): "consistent" fixes the scale per `generate` request so the
     KV cache stays valid; "stock" reproduces transformers' behaviour exactly (see `rope_extend.dynamic`).

@@ -85,8 +85,8 @@ class PatchPlan:
     rotary_dims: dict[str | None, int]
     attention_factor: float
     warnings: tuple[str, ...] = field(default_factory=tuple)
-    # Methods that keep the model's scheme (STRING): its own (inv_freq, attention factor) per target slot, and what
-    # that scheme is in words.
+    # Methods that keep the model's scheme (the attention-level ones): its own (inv_freq, attention factor) per target
+    # slot, and what that scheme is in words.
     own_rope: dict = field(default_factory=dict)
     kept_scheme: str | None = None
 
@@ -243,7 +243,8 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         rotary_dims[target] = dim
         new_slots[target] = method.config_slot(resolved, pristine[target], dim, base_theta)
 
-    new_max = method.max_position_embeddings(resolved)
+    # a method that keeps the scheme leaves what stock loaders read as shipped (Qwen2.5's 32768 beside its YaRN x4)
+    new_max = facts.pristine_max_position_embeddings if method.keeps_scheme else method.max_position_embeddings(resolved)
     new_marker = {
         "version": __version__,
         "method": resolved.method,

@@ -1,60 +1,124 @@
-"""What an output folder consists of: rope-extend's record of it, and from that record and the checkpoint rule of
-`rope_extend.outputs`, exactly the files `rope-extend push` may send.
+"""What an output folder consists of, what rope-extend vouches for in it, and from that exactly the files
+`rope-extend push` may send.
 
-`patch` and `train` end by writing OUT's `rope_extend.yaml`: the spec, then under `output_record` every file they
-put into OUT, the inode of each hard link they made (weights and tokenizer files linked from SOURCE or from its Hub
-cache blobs), and the card's serving commands with the model's name written `ROPE_EXTEND_MODEL_ID`, so a push
-renders them for its repo id by reading the record, without planning the patch again.
+**The record.** `patch`, `train` and `verify` end by writing OUT's `rope_extend.yaml`: the spec, then under
+`output_record` whether OUT was verified, every file they put into OUT with what identifies its contents, and the
+card's serving commands with the model's name written `ROPE_EXTEND_MODEL_ID` (a push renders them for its repo id,
+without planning the patch again):
 
-`select(OUT, include)` decides, before any network call, what a push sends. A file is sent when it is
+- a file rope-extend wrote or copied (config.json, tokenizer files, templates, the card, weights a full patch or
+  `train` saved): the sha256 of its bytes (`rope_extend.yaml`'s own entry: of its spec part);
+- weights it shared with SOURCE (`rope_extend.sharing`: a copy-on-write clone or a hard link, never read, so O(1) in
+  their size): how, their size, modification time and inode.
 
-- a file of a checkpoint by the rule that decides what `--overwrite` may replace (`outputs.is_checkpoint_file`:
-  config, weights, tokenizer files, the card, a license, rope-extend's own files; top level only), and
-- in an OUT that rope-extend recorded, one the record lists, and
-- a regular file of OUT (one name), or a hard link whose inode the record holds, or, in a Hub cache snapshot
-  (`models--org--name/snapshots/<rev>`), a link to a blob of the same repo (`files.source_file`'s rule).
+`changes(OUT, record)` says which recorded files are not what was verified (edited, replaced, missing, hard-linked
+since); `public_text` is the record as a push uploads it: the hashes and sizes, nothing of this machine (no inode,
+time or path).
 
-`--include NAME` sends a file (or a folder's files) of OUT on purpose, whatever its name; a name or link that
-resolves outside OUT is refused even then. Metadata (`.git/`, huggingface_hub's `.cache/`, `.gitattributes`,
-`.DS_Store`) is left out; a file rope-extend carried from SOURCE that is not a checkpoint's (a subfolder such as
-Llama 3.1's `original/`, train's `adapter/`, a SOURCE's own notes) is left out unless included; anything else is
-refused, all of it named in one line.
+**What a push sends.** `select(OUT, include)` decides, before any network call:
+
+- An OUT rope-extend wrote (its config.json carries the `rope_extend` marker, or it has a `rope_extend.yaml`) without
+  a record sends nothing: one line says how to make one (write it again into a new folder). A record from before
+  contents were recorded (names and inodes only) sends nothing either: `rope-extend verify OUT` records them.
+- A recorded file that changed since verification sends nothing: one line names each, with the command that
+  re-verifies OUT as it is now and refreshes its card and record (`rope-extend verify OUT`). The card (README.md) is
+  the exception: edited by hand it is the user's, sent as written.
+- Otherwise a file is sent when it is a checkpoint's by the rule that decides what `--overwrite` may replace
+  (`outputs.is_checkpoint_file`: config, weights, tokenizer files, the card, a license, rope-extend's own files; top
+  level only), one the record lists (in a recorded OUT), and its bytes are OUT's alone: a regular file with one
+  name, weights rope-extend shared as it recorded them (their inode), or, in a Hub cache snapshot
+  (`models--org--name/snapshots/<rev>`), a link to a blob of the same repo (`files.source_file`'s rule) that has no
+  other name.
+- `--include NAME` sends a file (or a folder's files) of OUT on purpose, whatever its name; never one whose bytes
+  are shared with a file rope-extend did not record (a hard link, a blob with other names), nor a name or link that
+  resolves outside OUT. Metadata (`.git/`, huggingface_hub's `.cache/`, `.gitattributes`, `.DS_Store`) is left
+  out; a file rope-extend carried from SOURCE that is not a checkpoint's (a subfolder such as Llama 3.1's
+  `original/`, train's `adapter/`, a SOURCE's own notes) is left out unless included; anything else is refused, all
+  of it named in one line.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shlex
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from . import files, outputs
+from . import files, outputs, sharing
 from .errors import CheckpointError
 from .spec import OUTPUT_RECORD_KEY
 
 SPEC_FILE = "rope_extend.yaml"
+CARD = "README.md"
 MODEL_ID = "ROPE_EXTEND_MODEL_ID"  # the model's name in the recorded serving commands; a push writes its repo id
 METADATA = {".git": "git metadata", ".cache": "huggingface_hub's download metadata",
             ".gitattributes": "git metadata (the Hub keeps its own)", ".DS_Store": "a Finder file"}
-RECORD_NOTE = (f"# {OUTPUT_RECORD_KEY}: rope-extend's record of this folder, not part of the spec: the files it "
-               "wrote, the hard links it made (name: inode), the card's serving commands. `rope-extend push` sends "
-               "these files and no other.\n")
+RECORD_NOTE = (f"# {OUTPUT_RECORD_KEY}: rope-extend's record of this folder, not part of the spec: whether it was "
+               "verified, every file it wrote or copied (sha256) and the weights it shared with SOURCE (how, size, "
+               "time, inode), the card's serving commands. `rope-extend push` sends these files, as recorded, and no "
+               "other.\n")
 SHOWN = 8  # files named in a refusal
+CHUNK = 1 << 20
 
 
 # --- the record ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Entry:
+    """What the record knows of one file of OUT: the sha256 of bytes rope-extend wrote or copied, or, for weights it
+    shared with SOURCE, how (`sharing.CLONED` / `HARD_LINKED`) and their O(1) identity (size, mtime_ns, inode). A
+    record downloaded from the Hub keeps the hashes and sizes only."""
+
+    sha256: str | None = None
+    shared: str | None = None
+    size: int | None = None
+    mtime_ns: int | None = None
+    inode: int | None = None
+
+    def public(self) -> str:
+        """The entry as a push uploads it, nothing of this machine: 'sha256 <hex>' or 'size <bytes>'."""
+        return f"sha256 {self.sha256}" if self.sha256 else f"size {self.size}"
+
+    def local(self) -> str:
+        """The entry as OUT's record holds it: 'sha256 <hex>', or '<how> size N mtime_ns N inode N' (one string per
+        file, so the record stays as flat as a spec: `rope-extend patch --config OUT/rope_extend.yaml` reads it)."""
+        if self.sha256:
+            return f"sha256 {self.sha256}"
+        return f"{self.shared} size {self.size} mtime_ns {self.mtime_ns} inode {self.inode}"
+
+    @classmethod
+    def parse(cls, text: str) -> Entry:
+        """An entry from `local` or `public` text; ValueError when it is neither."""
+        words = str(text).split()
+        if len(words) == 2 and words[0] == "sha256" and len(words[1]) == 64:
+            int(words[1], 16)
+            return cls(sha256=words[1])
+        shared = words.pop(0) if len(words) % 2 and words[0] in sharing.SHARED else None
+        fields = dict(zip(words[::2], words[1::2]))
+        if len(words) % 2 or not fields or set(fields) - {"size", "mtime_ns", "inode"} or "size" not in fields:
+            raise ValueError(text)
+        numbers = {key: int(value) for key, value in fields.items()}
+        return cls(shared=shared, **numbers)
+
+
 @dataclass(frozen=True)
 class Record:
     """`output_record` of an OUT's rope_extend.yaml, plus the spec beside it."""
 
     spec: dict
-    files: frozenset[str]  # POSIX paths relative to OUT
-    hard_links: dict[str, int]  # name -> the inode rope-extend linked
+    entries: dict[str, Entry]  # POSIX paths relative to OUT -> what identifies their contents
+    verified: bool = True
     serve: str | None = None  # serving.serve_command with the name MODEL_ID
     serving: str | None = None  # the card's Serving section (serving.serving_hints) with the name MODEL_ID
+    contents_known: bool = True  # False: written before rope-extend recorded contents (names and inodes only)
+
+    @property
+    def files(self) -> frozenset[str]:
+        return frozenset(self.entries)
 
     def serve_for(self, repo_id: str) -> str | None:
         return None if self.serve is None else self.serve.replace(MODEL_ID, repo_id)
@@ -71,19 +135,50 @@ _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
     "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
 
 
-def write_record(folder: Path, spec_yaml: str, serve: str | None = None, serving: str | None = None) -> None:
-    """Write `folder`'s rope_extend.yaml: `spec_yaml`, then the record of every file now in `folder` (call it last,
-    when everything else is written) and the serving commands (written with the name `MODEL_ID`)."""
-    names = sorted({rel for rel, _ in _walk(folder)} | {SPEC_FILE})
-    links = {}
-    for name in names:
-        info = os.lstat(folder / name) if name != SPEC_FILE else None
-        if info is not None and stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
-            links[name] = info.st_ino
-    record = {"files": names, "hard_links": links, "serve": serve, "serving": serving}
-    text = yaml.dump({OUTPUT_RECORD_KEY: record}, Dumper=_Dumper, sort_keys=False, width=1_000_000,
-                     allow_unicode=True)
-    (folder / SPEC_FILE).write_text(spec_yaml + RECORD_NOTE + text, encoding="utf-8")
+def _text(spec_yaml: str, verified: bool, entries: Mapping[str, str], serve: str | None, serving: str | None) -> str:
+    record = {"verified": verified, "files": dict(entries), "serve": serve, "serving": serving}
+    return spec_yaml + RECORD_NOTE + yaml.dump({OUTPUT_RECORD_KEY: record}, Dumper=_Dumper, sort_keys=False,
+                                               width=1_000_000, allow_unicode=True)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def entry_of(path: Path, shared: str | None = None) -> Entry:
+    """The entry of a file as it is now: shared weights by their identity (O(1)), anything else by its sha256."""
+    if shared in sharing.SHARED:
+        info = os.stat(path)
+        return Entry(shared=shared, size=info.st_size, mtime_ns=info.st_mtime_ns, inode=info.st_ino)
+    return Entry(sha256=sha256(path))
+
+
+def write_record(folder: Path, spec_yaml: str, serve: str | None = None, serving: str | None = None, *,
+                 shared: Mapping[str, str] | None = None, verified: bool = True,
+                 names: Sequence[str] | None = None) -> None:
+    """Write `folder`'s rope_extend.yaml: `spec_yaml`, then the record of every file now in `folder` (or of `names`;
+    call it last, when everything else is written), `shared` naming the weights shared with SOURCE (name -> how,
+    `rope_extend.sharing`), and the serving commands (written with the name `MODEL_ID`)."""
+    shared = shared or {}
+    found = sorted({rel for rel, _ in _walk(folder)} - {SPEC_FILE} if names is None else set(names) - {SPEC_FILE})
+    entries = {name: entry_of(folder / name, shared.get(name)).local() for name in found}
+    entries[SPEC_FILE] = Entry(sha256=hashlib.sha256(spec_yaml.encode("utf-8")).hexdigest()).local()
+    (folder / SPEC_FILE).write_text(_text(spec_yaml, verified, dict(sorted(entries.items())), serve, serving),
+                                    encoding="utf-8")
+
+
+def refresh(folder: Path, recorded: Record, verified: bool = True) -> None:
+    """Rewrite `folder`'s record from `recorded`: the same files, those still there, with their contents as they are
+    now (the weights `recorded` shared by their identity), the same serving commands, and `verified`."""
+    still = [name for name in sorted(recorded.files) if os.path.lexists(folder / name)]
+    shared = {name: entry.shared for name, entry in recorded.entries.items()  # still SOURCE's bytes: same inode
+              if entry.shared in sharing.SHARED and name in still and os.stat(folder / name).st_ino == entry.inode}
+    write_record(folder, spec_text(folder) or "", recorded.serve, recorded.serving, shared=shared, verified=verified,
+                 names=still)
 
 
 def read_record(folder: Path) -> Record | None:
@@ -94,7 +189,7 @@ def read_record(folder: Path) -> Record | None:
     path = folder / SPEC_FILE
     if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_SPEC_BYTES:
         return None
-    fix = "rewrite OUT with `rope-extend patch` (or `train`), or remove rope_extend.yaml to push it as a plain checkpoint"
+    fix = "write OUT again with `rope-extend patch` (or `train`) into a new folder"
     try:
         data = _load_yaml_text(path.read_text(encoding="utf-8"), f"{SPEC_FILE} {str(path)!r}")
     except (ValueError, OSError) as exc:
@@ -103,14 +198,30 @@ def read_record(folder: Path) -> Record | None:
         return None
     raw = data.pop(OUTPUT_RECORD_KEY)
     raw = raw if isinstance(raw, dict) else {}
-    names, links, texts = raw.get("files"), raw.get("hard_links"), [raw.get("serve"), raw.get("serving")]
-    if not (isinstance(names, list) and all(isinstance(n, str) and files._names_inside(Path(n)) for n in names)
-            and isinstance(links, dict) and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-                                                for k, v in links.items())
-            and all(t is None or isinstance(t, str) for t in texts)):
-        raise CheckpointError(f"{str(path)!r}: rope-extend's {OUTPUT_RECORD_KEY} is damaged (files must be a list of "
-                              f"names inside OUT, hard_links names with inodes); {fix}")
-    return Record(spec=data, files=frozenset(names), hard_links=dict(links), serve=texts[0], serving=texts[1])
+    names, texts = raw.get("files"), [raw.get("serve"), raw.get("serving")]
+    damaged = CheckpointError(f"{str(path)!r}: rope-extend's {OUTPUT_RECORD_KEY} is damaged (files must name files "
+                              f"inside OUT, each with 'sha256 <hex>' or, for shared weights, 'size N mtime_ns N inode "
+                              f"N'); {fix}")
+    if not all(t is None or isinstance(t, str) for t in texts) or not isinstance(raw.get("verified", True), bool):
+        raise damaged
+    if isinstance(names, list):  # before contents were recorded: names, and the inodes of the hard links made
+        links = raw.get("hard_links") or {}
+        if not (all(isinstance(n, str) and files._names_inside(Path(n)) for n in names) and isinstance(links, dict)
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in links.values())):
+            raise damaged
+        entries = {n: Entry(shared=sharing.HARD_LINKED, inode=links[n]) if n in links else Entry() for n in names}
+        return Record(spec=data, entries=entries, serve=texts[0], serving=texts[1], contents_known=False)
+    if not isinstance(names, dict):
+        raise damaged
+    entries = {}
+    for name, value in names.items():
+        if not (isinstance(name, str) and files._names_inside(Path(name)) and isinstance(value, str)):
+            raise damaged
+        try:
+            entries[name] = Entry.parse(value)
+        except ValueError:
+            raise damaged from None
+    return Record(spec=data, entries=entries, verified=raw.get("verified", True), serve=texts[0], serving=texts[1])
 
 
 def spec_text(folder: Path) -> str | None:
@@ -118,8 +229,65 @@ def spec_text(folder: Path) -> str | None:
     path = folder / SPEC_FILE
     if not path.is_file() or path.is_symlink():
         return None
-    text = path.read_text(encoding="utf-8", errors="replace")
-    return text.split(RECORD_NOTE, 1)[0].split(f"\n{OUTPUT_RECORD_KEY}:", 1)[0]
+    kept = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
+        if line.startswith((f"# {OUTPUT_RECORD_KEY}:", f"{OUTPUT_RECORD_KEY}:")):  # the note (any version), the record
+            break
+        kept.append(line)
+    return "".join(kept)
+
+
+def public_text(folder: Path, record: Record) -> str:
+    """OUT's rope_extend.yaml as a push uploads it: the spec as written, the record without this machine's data
+    (inodes, times, how files were shared: what identifies them here, not what they are)."""
+    entries = {name: entry.public() for name, entry in sorted(record.entries.items())}
+    return _text(spec_text(folder) or "", record.verified, entries, record.serve, record.serving)
+
+
+# --- what changed since verification -----------------------------------------------------------------------------------
+def _contents(root: Path, rel: str) -> Path:
+    """The file whose bytes `rel` stands for: itself, or in a Hub cache snapshot the blob it links to."""
+    parts = Path(rel).parts
+    if any((root / Path(*parts[: i + 1])).is_symlink() for i in range(len(parts))):
+        try:
+            return files.source_file(root, Path(rel))
+        except CheckpointError:
+            pass
+    return root / rel
+
+
+def changes(folder: Path, record: Record) -> list[tuple[str, str]]:
+    """(name, how) of every recorded file that is not what rope-extend verified: missing, edited (another sha256),
+    replaced (shared weights of another identity), a link now, or hard-linked to another name since (its bytes may
+    be shared with a file outside OUT). The card is listed like the others; the caller decides (a push sends an
+    edited card as written)."""
+    root = Path(os.path.abspath(folder))
+    found = []
+    for name, entry in sorted(record.entries.items()):
+        path = _contents(root, name)
+        if not os.path.lexists(path):
+            found.append((name, "missing"))
+            continue
+        info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            found.append((name, "a symbolic link now"))
+        elif not stat.S_ISREG(info.st_mode):
+            found.append((name, "not a regular file now"))
+        elif name == SPEC_FILE:
+            spec = (spec_text(root) or "").encode("utf-8")
+            if hashlib.sha256(spec).hexdigest() != entry.sha256:
+                found.append((name, "its spec edited"))
+        elif entry.sha256 is not None:
+            if info.st_nlink > 1 and path == root / name:
+                found.append((name, f"hard-linked since ({info.st_nlink} names): its bytes may be another file's"))
+            elif sha256(path) != entry.sha256:
+                found.append((name, "edited"))
+        else:
+            now = (info.st_size, info.st_mtime_ns, info.st_ino)
+            then = (entry.size, entry.mtime_ns, entry.inode)
+            if any(b is not None and a != b for a, b in zip(now, then)):
+                found.append((name, "another file than the one verified (its size, time or inode changed)"))
+    return found
 
 
 # --- what a push sends -----------------------------------------------------------------------------------------------
@@ -141,23 +309,73 @@ class Selection:
     sent: list[Sent] = field(default_factory=list)
     left_out: list[tuple[str, str]] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)
+    changed: list[tuple[str, str]] = field(default_factory=list)  # recorded files not as verified
+    card_edited: bool = False  # README.md is not the card rope-extend wrote: sent as written
+    no_record: str | None = None  # why OUT, written by rope-extend, has no record to send on
 
     @property
     def names(self) -> list[str]:
         return [entry.name for entry in self.sent]
 
     def refusal(self) -> CheckpointError | None:
-        """One line naming every refused file (the first few, then how many more), or None."""
-        if not self.refused:
+        """One line: why nothing may be sent (no record; changed files, then refused ones, the first few of each
+        named), and the way forward; or None."""
+        if self.no_record is not None:
+            return CheckpointError(self.no_record)
+        if not self.changed and not self.refused:
             return None
-        shown = ", ".join(f"{name} ({why})" for name, why in self.refused[:SHOWN])
-        more = f" and {len(self.refused) - SHOWN} more" if len(self.refused) > SHOWN else ""
-        many = len(self.refused) != 1
-        return CheckpointError(
-            f"OUT {str(self.folder)!r} holds {len(self.refused)} file{'s' * many} a push may not send as the "
-            f"checkpoint's, so nothing was sent: {shown}{more}; move {'them' if many else 'it'} out of OUT, or send "
-            f"a file inside OUT on purpose with {self.hint.format(name='NAME')}"
-        )
+        where, count = f"OUT {str(self.folder)!r}", len(self.refused)
+        held = f"holds {count} {_plural(count, 'file')} a push may not send as the checkpoint's"
+        if self.changed:
+            what = f"{where} changed since rope-extend verified it, so nothing was sent: {_named(self.changed)}"
+            what += f"; it also {held}: {_named(self.refused)}" if self.refused else ""
+        else:
+            what = f"{where} {held}, so nothing was sent: {_named(self.refused)}"
+        fixes = []
+        if self.changed:
+            fixes.append(f"`rope-extend verify {shlex.quote(str(self.folder))}` re-verifies OUT as it is now (stock "
+                         "reload and a forward beyond the original length) and refreshes its card and record; then "
+                         "push again")
+        if self.refused:
+            them = "them" if count != 1 else "it"
+            fixes.append(f"move {them} out of OUT, or send a file you added on purpose with "
+                         f"{self.hint.format(name='NAME')}")
+        return CheckpointError(f"{what}; {'; '.join(fixes)}")
+
+
+def _named(items: list[tuple[str, str]]) -> str:
+    shown = ", ".join(f"{name} ({why})" for name, why in items[:SHOWN])
+    return shown + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
+
+
+def _plural(count: int, word: str) -> str:
+    return word if count == 1 else word + "s"
+
+
+def written_by_rope_extend(folder: Path) -> bool:
+    """Whether OUT shows rope-extend wrote it: its rope_extend.yaml, or the marker in its config.json."""
+    if (folder / SPEC_FILE).is_file():
+        return True
+    try:
+        config = files.read_json(folder / "config.json")
+    except CheckpointError:
+        return False
+    return isinstance(outputs_text_part(config).get("rope_extend"), dict)
+
+
+def outputs_text_part(config: dict) -> dict:
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
+def no_record_message(folder: Path) -> str:
+    """Why an OUT rope-extend wrote without a record cannot be pushed, and how to make one."""
+    quoted = shlex.quote(str(folder))
+    spec = f" --config {shlex.quote(str(folder / SPEC_FILE))}" if (folder / SPEC_FILE).is_file() else " --method ..."
+    return (f"OUT {str(folder)!r} was written by rope-extend before it recorded the files it vouches for (its "
+            f"rope_extend.yaml has no {OUTPUT_RECORD_KEY}), so nothing was sent: make a record by writing the "
+            f"checkpoint again into a new folder, `rope-extend patch SOURCE{spec} -o NEW` with the model it was made "
+            f"from as SOURCE, and push NEW ({quoted} is left as it is)")
 
 
 def select(folder: Path, include: Sequence[str] = (), hint: str = "--include {name}") -> Selection:
@@ -168,6 +386,22 @@ def select(folder: Path, include: Sequence[str] = (), hint: str = "--include {na
     record = read_record(root)
     chosen = _resolve_include(root, real_root, include)
     selection = Selection(folder=root, record=record, hint=hint)
+    if record is None and written_by_rope_extend(root):
+        selection.no_record = no_record_message(root)
+        return selection
+    if record is not None and not record.contents_known:
+        selection.no_record = (
+            f"OUT {str(root)!r} has a record from before rope-extend recorded the contents it vouches for (names "
+            f"and inodes, not bytes), so nothing was sent: `rope-extend verify {shlex.quote(str(root))}` re-verifies "
+            "OUT as it is now (stock reload and a forward beyond the original length) and records them; then push "
+            "again")
+        return selection
+    if record is not None:
+        for name, why in changes(root, record):
+            if name == CARD and why == "edited":
+                selection.card_edited = True  # the user's card: sent as written
+            elif not (why == "missing" and not outputs.is_checkpoint_file(name)):
+                selection.changed.append((name, why))
     seen = set()
     for rel, path in _walk(root, metadata=selection.left_out):
         seen.add(rel)
@@ -179,11 +413,8 @@ def select(folder: Path, include: Sequence[str] = (), hint: str = "--include {na
         elif not isinstance(sent, str) and record is not None and rel in record.files:
             # rope-extend carried it from SOURCE into OUT: not a file added to OUT, not a checkpoint's either
             selection.left_out.append((rel, f"{why}; rope-extend carried it from SOURCE ({hint.format(name=rel)} sends it)"))
-        else:
+        elif not any(rel == name for name, _ in selection.changed):
             selection.refused.append((rel, why))
-    if record is not None:  # a checkpoint's file rope-extend wrote and OUT lost: the push would publish a broken model
-        selection.refused += [(name, "rope-extend wrote it, but it is missing from OUT; rewrite OUT")
-                              for name in sorted(record.files - seen) if outputs.is_checkpoint_file(name)]
     return selection
 
 
@@ -213,22 +444,38 @@ def _walk(root: Path, metadata: list | None = None) -> Iterator[tuple[str, Path]
 
 
 def _resolve_include(root: Path, real_root: Path, include: Sequence[str], flag: str = "--include") -> list[str]:
-    """The names (relative to OUT) that `include` adds; each must name something inside OUT."""
+    """The names (relative to OUT) that `include` adds; each must name a file or a folder inside OUT that a push
+    can send: not OUT itself, not metadata, not through a symbolic link."""
     chosen = []
     for item in include:
+        example = f"(names are relative to OUT, e.g. {flag} notes.md)"
+        if not item.strip():
+            raise CheckpointError(f"{flag} {item!r} names nothing; give a file or folder inside OUT {example}")
         given = Path(item).expanduser()
         rel = Path(os.path.relpath(os.path.abspath(given), root)) if given.is_absolute() else given
+        if rel.parts in ((), (".",)) or Path(os.path.normpath(rel)).parts in ((), (".",)):
+            raise CheckpointError(f"{flag} {item!r} names OUT itself: a push already sends the checkpoint's files, "
+                                  f"and {flag} adds one file or folder of OUT that is not one {example}")
         if not files._names_inside(rel):
             raise CheckpointError(f"{flag} {item!r} names a path outside OUT {str(root)!r}; a push sends files "
-                                  f"inside OUT only (names are relative to OUT, e.g. {flag} notes.md)")
+                                  f"inside OUT only {example}")
         path = root / rel
         if not path.exists() and not path.is_symlink():
-            raise CheckpointError(f"{flag} {item!r}: OUT {str(root)!r} has no {rel.as_posix()!r} (names are relative "
-                                  "to OUT)")
+            raise CheckpointError(f"{flag} {item!r}: OUT {str(root)!r} has no {rel.as_posix()!r} {example}")
         real = Path(os.path.realpath(path))
         if real != real_root and real_root not in real.parents:
             raise CheckpointError(f"{flag} {item!r} resolves to {str(real)!r}, outside OUT; a push sends files inside "
                                   "OUT only: copy it into OUT to send it")
+        if rel.parts[0] in METADATA:
+            raise CheckpointError(f"{flag} {item!r} is {METADATA[rel.parts[0]]}, which a push never uploads")
+        through = next((Path(*rel.parts[: i + 1]) for i in range(len(rel.parts))
+                        if (root / Path(*rel.parts[: i + 1])).is_symlink() and (root / Path(*rel.parts[: i + 1])).is_dir()),
+                       None)
+        if through is not None:
+            own = real.relative_to(real_root).as_posix() if real != real_root else "."
+            raise CheckpointError(f"{flag} {item!r} goes through {through.as_posix()!r}, a symbolic link to a folder; "
+                                  f"a push does not follow folders through links: name it by its own path, {flag} "
+                                  f"{own}")
         chosen.append(rel.as_posix())
     return chosen
 
@@ -247,30 +494,41 @@ def _refused_name(rel: str, record: Record | None, included: bool) -> str | None
 
 
 def _sendable(root: Path, real_root: Path, rel: str, path: Path, record: Record | None, included: bool) -> Sent | str:
-    """The file to send for `rel`, or why it may not be sent (links, hard links, not a regular file)."""
+    """The file to send for `rel`, or why it may not be sent (links, bytes shared with other files, not a regular
+    file): whether included or not, a file whose bytes are another file's is never sent, unless rope-extend shared
+    them (SOURCE's weights) as its record says."""
     parts = Path(rel).parts
     if any((root / Path(*parts[: i + 1])).is_symlink() for i in range(len(parts))):
         target = Path(os.path.realpath(path))
         try:
             blob = files.source_file(root, Path(rel))  # a Hub cache snapshot's link to its repo's blob
-            return Sent(rel, blob, "Hub cache blob")
         except CheckpointError:
-            pass
+            blob = None
+        if blob is not None:
+            names = os.stat(blob).st_nlink
+            if names > 1:
+                return (f"a Hub cache blob with {names} names: its bytes are shared with a file outside the cache (a "
+                        "hard link), so it is never sent, even when named")
+            return Sent(rel, blob, "Hub cache blob")
         where = "outside OUT" if real_root not in target.parents else "inside OUT"
         if not target.exists():
             return f"a broken symbolic link to {str(target)!r}"
         if target.is_dir():
             return f"a symbolic link to the folder {str(target)!r}, {where}; folders are not followed through links"
         if included and where == "inside OUT":
-            return Sent(rel, target, f"included on purpose, a link to {target.relative_to(real_root).as_posix()}")
+            inside = target.relative_to(real_root).as_posix()
+            if os.stat(target).st_nlink > 1:
+                return f"a symbolic link to {inside}, a hard link: its bytes are shared with another file"
+            return Sent(rel, target, f"included on purpose, a link to {inside}")
         return f"a symbolic link to {str(target)!r}, {where}"
     info = os.lstat(path)
     if not stat.S_ISREG(info.st_mode):
         return "not a regular file"
+    entry = record.entries.get(rel) if record is not None else None
+    if entry is not None and entry.shared is not None and entry.inode == info.st_ino:
+        return Sent(rel, path, f"weights rope-extend shared with SOURCE, {entry.shared}")
     if info.st_nlink > 1:
-        if record is not None and record.hard_links.get(rel) == info.st_ino:
-            return Sent(rel, path, "a hard link rope-extend made")
-        if not included:
-            unrecorded = "OUT has no rope-extend record" if record is None else "rope-extend did not record it"
-            return (f"a hard link ({info.st_nlink} names) and {unrecorded}; its other names may lie outside OUT")
+        unrecorded = "OUT has no rope-extend record" if record is None else "rope-extend did not make it"
+        return (f"a hard link ({info.st_nlink} names) and {unrecorded}: its bytes are shared with another file, maybe "
+                "outside OUT, so it is never sent, even when named; copy it into OUT (cp, not ln) to send it")
     return Sent(rel, path, "included on purpose" if included else "a file of OUT")

@@ -49,6 +49,7 @@ MODELS = {
     "meta-llama/Llama-3.1-8B": Model("llama", "BF16", 5 * 10**9, 4, 16_060_522_496),
     "mistralai/Mistral-7B-v0.3": Model("llama", "BF16", 5 * 10**9, 3, 14_496_047_104),
     "Qwen/Qwen2.5-7B": Model("qwen2", "BF16", 4 * 10**9, 4, 15_231_233_024),
+    "Qwen/Qwen2.5-7B-Instruct": Model("qwen2", "BF16", 4 * 10**9, 4, 15_231_233_024),
     "google/gemma-3-1b-pt": Model("gemma3_text", "BF16", 0, 1, 1_999_771_904),
     "meta-llama/Llama-3.1-70B": Model("llama", "BF16", 5 * 10**9, 30, 141_107_412_992),
 }
@@ -133,14 +134,22 @@ def safetensors_header(entries: list[tuple[str, str, list[int]]]) -> tuple[bytes
     return len(raw).to_bytes(8, "little") + raw, offset
 
 
-def files(repo_id: str) -> dict[str, bytes | tuple[bytes, int]]:
-    """name -> content (bytes), or (header, file length) for a sparse weights file."""
+# What Qwen2.5's model cards tell users to add to config.json for inputs beyond 32768 tokens (YaRN x4, 131072).
+QWEN_YARN = {"rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}}
+
+
+def files(repo_id: str, config_update: dict | None = None) -> dict[str, bytes | tuple[bytes, int]]:
+    """name -> content (bytes), or (header, file length) for a sparse weights file. `config_update`: keys a user
+    added to config.json (e.g. `QWEN_YARN`), written as huggingface_hub's cache then holds it (the edited blob)."""
     model = MODELS[repo_id]
     shards = split(repo_id)
     assert len(shards) == model.shards, (repo_id, len(shards), model.shards)
     total = sum(nbytes(d, s) for shard in shards for _, d, s in shard)
     assert total == model.total_size, (repo_id, total, model.total_size)
-    out: dict[str, bytes | tuple[bytes, int]] = {"config.json": config_path(repo_id).read_bytes()}
+    config = config_path(repo_id).read_bytes()
+    if config_update:
+        config = (json.dumps({**json.loads(config), **config_update}, indent=2) + "\n").encode()
+    out: dict[str, bytes | tuple[bytes, int]] = {"config.json": config}
     if model.shards == 1:
         head, length = safetensors_header(shards[0])
         out["model.safetensors"] = (head, len(head) + length)
@@ -164,15 +173,16 @@ def commit_of(repo_id: str) -> str:
     return hashlib.sha1(f"rope-extend test snapshot of {repo_id}".encode()).hexdigest()
 
 
-def build(cache: Path, repo_id: str) -> Path:
-    """Write `repo_id` into the Hub cache folder `cache` (HF_HUB_CACHE); returns its snapshot folder."""
+def build(cache: Path, repo_id: str, config_update: dict | None = None) -> Path:
+    """Write `repo_id` into the Hub cache folder `cache` (HF_HUB_CACHE); returns its snapshot folder.
+    `config_update`: see `files`."""
     root = Path(cache) / f"models--{repo_id.replace('/', '--')}"
     commit = commit_of(repo_id)
     snapshot = root / "snapshots" / commit
     (root / "blobs").mkdir(parents=True, exist_ok=True)
     (root / "refs").mkdir(exist_ok=True)
     snapshot.mkdir(parents=True, exist_ok=True)
-    for name, content in files(repo_id).items():
+    for name, content in files(repo_id, config_update).items():
         if isinstance(content, bytes):
             blob = root / "blobs" / git_blob_sha1(content)
             if not blob.exists():

@@ -31,10 +31,10 @@ SHAPES = [  # (q0, k0, n_q, n_k): whole prompts (multiples of the block and not)
     (75, 0, 1, 76),
 ]
 METHODS = {
-    "self-extend": lambda q0, k0: passes.method_passes(SelfExtendMap(4, 24), q0, k0, "cpu"),
-    "self-extend-wide": lambda q0, k0: passes.method_passes(SelfExtendMap(2, 40), q0, k0, "cpu"),
-    "dual-chunk": lambda q0, k0: passes.method_passes(DualChunkMap(40, 12), q0, k0, "cpu"),
-    "dual-chunk-small": lambda q0, k0: passes.method_passes(DualChunkMap(12, 5), q0, k0, "cpu"),
+    "self-extend": lambda q0, k0: SelfExtendMap(4, 24).passes(q0, k0, "cpu"),
+    "self-extend-wide": lambda q0, k0: SelfExtendMap(2, 40).passes(q0, k0, "cpu"),
+    "dual-chunk": lambda q0, k0: DualChunkMap(40, 12).passes(q0, k0, "cpu"),
+    "dual-chunk-small": lambda q0, k0: DualChunkMap(12, 5).passes(q0, k0, "cpu"),
     "string": lambda q0, k0: _string_passes(48, 20, q0, k0),
 }
 
@@ -76,7 +76,7 @@ def test_flex_output_with_closed_form_masks_equals_the_grid_masks():
     n_q, n_k = 150, 190
     q, k, v = torch.randn(1, 4, n_q, 16), torch.randn(1, 2, n_k, 16), torch.randn(1, 2, n_k, 16)
     primitive = primitives.FlexPrimitive(compiled=False)
-    for p in passes.method_passes(DualChunkMap(70, 10), 40, 0, "cpu"):
+    for p in DualChunkMap(70, 10).passes(40, 0, "cpu"):
         ours = primitive.masked(q, k, v, primitive.prepare(p, n_q, n_k, "cpu"), 0.25)
         grid = primitive.masked(q, k, v, flex.create_block_mask(p.mask_mod, None, None, n_q, n_k, device="cpu"),
                                 0.25)
@@ -170,3 +170,97 @@ def test_decoding_step_synchronises_nothing_and_casts_no_cache(method, monkeypat
         assert counted.largest_cast < 40 * model.config.head_dim, counted.largest_cast
         torch.testing.assert_close(last.float(), whole.float(), atol=0.1, rtol=0.02)
     assert counts[method] <= 1.5 * counts["yarn"], counts
+
+
+GENERATE_SPECS = {  # tiny windows on the 32-token tiny model: each method acts from the prompt on
+    "self-extend": {"method": "self-extend", "group_size": 4, "neighbor_window": 8, "factor": 3},
+    "dual-chunk": {"method": "dual-chunk", "chunk_size": 20, "local_window": 6, "factor": 3},
+    "string": {"method": "string", "shifted_offset": 12, "local_value": 4},
+}
+
+
+def test_generate_steps_synchronise_nothing(monkeypatch):
+    """generate() passes its own position ids (and, for a left-padded batch, a padding mask): its decoding steps
+    still read nothing from the device on the method's account. A bf16 tiny Llama (SDPA, 2 layers) with each method
+    forced onto the passes path with the CUDA primitive (FlexAttention; a decoding step is its math on cache
+    slices), greedy and sampling, batch 1 and a left-padded batch of 2: every decoding step of generate() runs the
+    primitive's decode on every layer (for each row of the padded batch) and has exactly the host synchronisations
+    of the same step of the unpatched model (transformers' own, counted as bench/decode_step.py counts them); the
+    logits of every step equal one forward over each row's own tokens (bf16 rounding)."""
+    import tiny
+    from transformers import AutoModelForCausalLM
+
+    from rope_extend import patch_model, unpatch_model
+    from rope_extend.attention import kernels
+    from rope_extend.attention import runtime as runtime_module
+
+    config = tiny.make_config("llama")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval().to(torch.bfloat16)
+    prompts = [tiny.input_ids(40, seed=1)[0], tiny.input_ids(33, seed=2)[0]]
+    batch = torch.zeros(2, 40, dtype=torch.long)
+    mask = torch.zeros(2, 40, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        batch[row, 40 - len(prompt):], mask[row, 40 - len(prompt):] = prompt, 1
+    cases = {"greedy-1": (batch[:1], mask[:1], False), "sampling-1": (batch[:1], mask[:1], True),
+             "greedy-padded": (batch, mask, False), "sampling-padded": (batch, mask, True)}
+    new = 3
+
+    counter = _Counted(monkeypatch)  # one counter (it patches Tensor.tolist once), read step by step
+
+    def run(case):
+        """Step logits [B, new, vocab], output ids, and per decoding step its host synchronisations (hooks on the
+        model, whose forward generate() inspects for `position_ids`, not a replaced forward)."""
+        ids, attention, sample = cases[case]
+        steps = []
+
+        def enter(module, args, kwargs):
+            if kwargs["input_ids"].shape[1] == 1:
+                counter.syncs.clear()
+                counter.__enter__()
+
+        def leave(module, args, kwargs, output):
+            if kwargs["input_ids"].shape[1] == 1:
+                counter.__exit__(None, None, None)
+                steps.append(list(counter.syncs))
+
+        hooks = [model.register_forward_pre_hook(enter, with_kwargs=True),
+                 model.register_forward_hook(leave, with_kwargs=True)]
+        torch.manual_seed(1)
+        try:
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=attention, max_new_tokens=new, min_new_tokens=new,
+                                     do_sample=sample, pad_token_id=0, return_dict_in_generate=True,
+                                     output_logits=True)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return torch.stack(out.logits, 1), out.sequences, steps
+
+    plain = {case: run(case)[2] for case in cases}
+    rows = []
+    monkeypatch.setattr(runtime_module, "_by_rows", lambda *a, _f=runtime_module._by_rows: rows.append(1) or _f(*a))
+    flex = primitives.FlexPrimitive(compiled=False)
+    decoded = []
+    monkeypatch.setattr(flex, "decode", lambda *a, _f=flex.decode: decoded.append(1) or _f(*a))
+    monkeypatch.setattr(kernels, "select_path", lambda d, start, c, m, _s=kernels.select_path: "passes"
+                        if start is not None else _s(d, start, c, m))
+    monkeypatch.setattr(kernels, "primitive_for", lambda device, _p=flex: _p)
+    for method, spec in GENERATE_SPECS.items():
+        patch_model(model, **spec)
+        try:
+            for case, (ids, attention, _) in cases.items():
+                decoded.clear()
+                rows.clear()
+                logits, sequences, steps = run(case)
+                assert len(steps) == new - 1 and steps == plain[case], (method, case, steps, plain[case])
+                layers = config.num_hidden_layers
+                assert len(decoded) == (new - 1) * layers * len(ids), (method, case)  # the method's decode ran
+                assert len(rows) == ((new - 1) * layers if len(ids) > 1 else 0), (method, case)  # row by row
+                for row in range(len(ids)):
+                    own = sequences[row][attention[row].bool().tolist() + [True] * new]  # the row, unpadded
+                    with torch.no_grad():
+                        whole = model(own[None, :-1]).logits[0, -new:]
+                    torch.testing.assert_close(logits[row].float(), whole.float(), atol=0.1, rtol=0.02)
+        finally:
+            unpatch_model(model)

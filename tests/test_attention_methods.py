@@ -33,6 +33,7 @@ from helpers import (  # the papers' formulas and the tiny patched models, share
 from rope_extend import SpecError, UnsupportedModelError, load_spec, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, runtime
 from rope_extend.attention.kernels import SelfExtendMap
+from rope_extend.attention.positions import Positions
 from rope_extend.compat import EAGER_THROUGH_ATTENTION_REGISTRY
 
 warnings.filterwarnings("ignore", message=".*acts on attention.*")
@@ -62,7 +63,7 @@ def test_kernel_equals_the_papers_formulas(case, log_n, fused):
             k = torch.cat((k_prev, rope(k_raw[:, :, -1:], k_pos[:, -1:], inv_freq)), dim=2)
         else:  # new keys: a new store (runtime empties it when the cache's key tensor changes)
             store = {}
-        got = kernels.remapped_attention(q, k, v, q_pos, k_pos, None, D**-0.5, mapping, inv_freq.float(),
+        got = kernels.remapped_attention(q, k, v, Positions.of(k_pos), None, D**-0.5, mapping, inv_freq.float(),
                                          log_n_original=20 if log_n else None, block_elements=7 * B * H * n_k,
                                          block_queries=7, fused=fused, memo=memo, key_store=store)
         previous = (k_raw, v), k
@@ -87,30 +88,33 @@ def test_kernel_masks_and_softcap():
                                softcap=5.0)
     additive = torch.zeros(B, 1, n, n).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
     for mask in (allowed[:, None], additive):
-        got = kernels.remapped_attention(q, k, v, pos, pos, mask, 0.3, mapping, inv_freq.float(), softcap=5.0)
+        got = kernels.remapped_attention(q, k, v, Positions.of(pos), mask, 0.3, mapping, inv_freq.float(), softcap=5.0)
         rows = torch.arange(n) >= 5  # padded query rows are garbage in every implementation
         torch.testing.assert_close(got[1, rows].double(), want[1, rows], atol=2e-5, rtol=0)
         torch.testing.assert_close(got[0].double(), want[0], atol=2e-5, rtol=0)
 
 
+REFERENCES = {  # the formula and its parameters, read from the map the runtime hands the kernel
+    "self-extend": (self_extend_distance, lambda m: (m.group_size, m.neighbor_window)),
+    "dual-chunk": (dual_chunk_distance, lambda m: (m.chunk_size, m.local_window)),
+}
+
+
 def _reference_kernel(monkeypatch, spec):
     """Swap the kernel for the reference: un-rotate the model's q/k at their positions, then the naive formulas."""
-    def reference(query, key, value, q_pos, k_pos, mask, scaling, mapping, inv_freq, *, softcap=None,
-                  log_n_original=None, block_elements=None, memo=None, key_store=None, span=None):
+    fn, parameters = REFERENCES[spec["method"]]
+
+    def reference(query, key, value, positions, mask, scaling, mapping, inv_freq, *, softcap=None,
+                  log_n_original=None, block_elements=None, memo=None, key_store=None):
         unrotate = lambda x, p: rope(x.double(), -p, inv_freq.double()).float()
-        if span is not None:  # positions the runtime knows without a tensor: first .. first + count - 1
-            k_pos = torch.arange(span[0], span[0] + span[1])[None]
-            q_pos = k_pos[:, span[1] - query.shape[2] :]
+        k_pos = positions.key_ids()  # host-known positions (the runtime's) or the tensor it recorded
+        q_pos = k_pos[:, k_pos.shape[1] - query.shape[2] :]
         n_k = k_pos.shape[1]
         B = query.shape[0]
         q_pos, k_pos = q_pos.expand(B, -1), k_pos.expand(B, -1)
         allowed = (torch.arange(n_k)[None, :] <= torch.arange(n_k - query.shape[2], n_k)[:, None])[None].repeat(B, 1, 1)
-        if isinstance(mapping, SelfExtendMap):
-            fn, params = self_extend_distance, (mapping.group_size, mapping.neighbor_window)
-        else:
-            fn, params = dual_chunk_distance, (mapping.chunk_size, mapping.local_window)
         out = reference_attention(unrotate(query, q_pos), unrotate(key[:, :, :n_k], k_pos), value[:, :, :n_k], q_pos,
-                                  k_pos, allowed, scaling, fn, params, inv_freq, softcap, log_n_original)
+                                  k_pos, allowed, scaling, fn, parameters(mapping), inv_freq, softcap, log_n_original)
         return out.to(query.dtype)
 
     monkeypatch.setattr(runtime, "remapped_attention", reference)
@@ -188,8 +192,8 @@ def test_sdpa_prefill_and_decoding_take_the_fused_path(method, monkeypatch):
         model(ids[:, :40], **_cache(cache))
         masks = []  # the second piece (20 queries after 40 cached keys) comes with transformers' causal mask
         original_start = kernels.contiguous_start
-        monkeypatch.setattr(kernels, "contiguous_start", lambda q, qp, kp, mask, *a: masks.append(mask is not None)
-                            or original_start(q, qp, kp, mask, *a))
+        monkeypatch.setattr(kernels, "contiguous_start", lambda q, positions, mask, *a: masks.append(mask is not None)
+                            or original_start(q, positions, mask, *a))
         model(ids[:, 40:60], **_cache(cache))
         key_rows.clear()
         for t in range(60, 64):
@@ -303,6 +307,36 @@ def test_defaults_follow_the_reach_rule():
     assert (plan.spec.chunk_size, plan.spec.local_window) == (6144, 512)
 
 
+def test_every_attention_method_hands_the_kernel_a_position_map():
+    """Each attention-level method's map keeps the declared contract `maps.PositionMap` (the paths read nothing
+    else): every attribute it declares, every method with the protocol's parameters, hashable (the paths key their
+    memos by the map); and every sub-map the map selects is one of its passes."""
+    import inspect
+
+    from rope_extend.attention.maps import PositionMap
+    from rope_extend.methods import all_methods
+
+    functions = [name for name, value in vars(PositionMap).items() if inspect.isfunction(value) and name[0] != "_"]
+    attributes = list(PositionMap.__annotations__)
+    assert {"passes", "segments", "is_identity", "logits_times"} <= set(functions) and attributes
+    config = tiny.make_config("llama")
+    config.max_position_embeddings = 8192
+    methods = [m for m in all_methods() if m.acts_on_attention]
+    assert {m.name for m in methods} == {"self-extend", "dual-chunk", "string"}
+    for method in methods:
+        plan = plan_patch(config, method=method.name, **({"factor": 2} if method.needs_factor else {}))
+        mapping = method.mapping(plan.spec)
+        assert isinstance(mapping, PositionMap), method.name
+        for name in functions:
+            want = list(inspect.signature(getattr(PositionMap, name)).parameters)
+            assert list(inspect.signature(getattr(type(mapping), name)).parameters) == want, (method.name, name)
+        assert all(isinstance(getattr(mapping, name), bool) for name in attributes)
+        assert hash(mapping) == hash(method.mapping(plan.spec))
+        q_pos, k_pos = torch.arange(0, 20000, 997)[None, :, None], torch.arange(0, 20000, 499)[None, None, :]
+        used = {int(i) for i in mapping.select(q_pos, k_pos)[k_pos <= q_pos].unique()}
+        assert used <= set(range(len(mapping.passes(0, 0, "cpu")))) and len(used) > 1, (method.name, used)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -360,7 +394,7 @@ def test_cli_patch_and_validate(tmp_path, capsys):
     marker = json.loads((out / "config.json").read_text())["rope_extend"]
     assert marker["spec"]["group_size"] == 4 and marker["spec"]["neighbor_window"] == 4
     capsys.readouterr()
-    assert "ORIGINAL model" in (out / "README.md").read_text()  # the model card says what stock engines serve
+    assert "the model WITHOUT self-extend" in (out / "README.md").read_text()  # the model card says what stock engines serve
     spec = tmp_path / "se.yaml"
     spec.write_text("method: self-extend\nfactor: 4\ngroup_size: 2\n")
     assert run(["validate", str(spec)]) == 0

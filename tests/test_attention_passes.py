@@ -29,6 +29,7 @@ from helpers import (
 from rope_extend import unpatch_model
 from rope_extend.attention import kernels, passes, primitives
 from rope_extend.attention.kernels import DualChunkMap, SelfExtendMap
+from rope_extend.attention.positions import Positions
 
 PRIMITIVES = {
     "cpu-kernel": primitives.CpuKernelPrimitive,
@@ -52,7 +53,7 @@ def test_passes_partition_the_causal_pairs_as_the_maps_select(case):
     slices). Prompts that start at 0 and a chunk after a cached prefix starting at position 17."""
     mapping, dist_fn, params = case
     for q0, k0, n_q, n_k in ((0, 0, 50, 50), (40, 17, 7, 30)):
-        plan = passes.method_passes(mapping, q0, k0, "cpu")
+        plan = mapping.passes(q0, k0, "cpu")
         q_pos = torch.arange(q0, q0 + n_q)
         k_pos = torch.arange(k0, k0 + n_k)
         masks = torch.stack([primitives.dense_mask(p.mask_mod, n_q, n_k, "cpu") for p in plan])
@@ -112,7 +113,7 @@ def check_passes_equal_the_papers_formulas(case, make, device: str) -> None:
             k = torch.cat((k_prev, rope(k_raw[:, :, -1:], k_pos[:, -1:], inv_freq)), dim=2)
         elif start:
             store = {}
-        got = kernels.remapped_attention(q.to(device), k.to(device), v.to(device), q_pos, k_pos, None, D**-0.5,
+        got = kernels.remapped_attention(q.to(device), k.to(device), v.to(device), Positions.of(k_pos), None, D**-0.5,
                                          mapping, inv_freq.float(), log_n_original=log_n, memo=memo,
                                          key_store=store, path="passes", primitive=make())
         previous = (k_raw, v), k
@@ -122,24 +123,25 @@ def check_passes_equal_the_papers_formulas(case, make, device: str) -> None:
         torch.testing.assert_close(got.cpu().double(), want, atol=2e-5, rtol=0)
 
 
+BF16_CASES = [(SelfExtendMap(4, 8), self_extend_distance, (4, 8)), (DualChunkMap(16, 4), dual_chunk_distance, (16, 4))]
+
+
 @pytest.mark.parametrize("primitive", _primitive_params())
-@pytest.mark.parametrize("mapping", [SelfExtendMap(4, 8), DualChunkMap(16, 4)], ids=["self-extend", "dual-chunk"])
-def test_passes_bf16_within_bf16_rounding(mapping, primitive):
+@pytest.mark.parametrize("mapping, dist_fn, params", BF16_CASES, ids=["self-extend", "dual-chunk"])
+def test_passes_bf16_within_bf16_rounding(mapping, dist_fn, params, primitive):
     """bfloat16 inputs: the passes path's error against the float64 reference is within 3x the error that plain
     causal SDPA makes in bfloat16 against float64 on the same inputs (bf16 rounding, not the method), over 64
     tokens with log_n."""
-    check_passes_bf16_within_bf16_rounding(mapping, PRIMITIVES[primitive], "cpu")
+    check_passes_bf16_within_bf16_rounding(mapping, dist_fn, params, PRIMITIVES[primitive], "cpu")
 
 
-def check_passes_bf16_within_bf16_rounding(mapping, make, device: str) -> None:
+def check_passes_bf16_within_bf16_rounding(mapping, dist_fn, params, make, device: str) -> None:
     """`test_passes_bf16_within_bf16_rounding` with the primitive `make()` builds, on `device`."""
     B, H, Hkv, D, n = 2, 4, 2, 16, 64
-    dist_fn, params = ((self_extend_distance, (4, 8)) if isinstance(mapping, SelfExtendMap)
-                       else (dual_chunk_distance, (16, 4)))
     q_raw, k_raw, v, q_pos, k_pos, inv_freq = _inputs(B, H, Hkv, D, D, n, n, 0, seed=3)
     q, k = rope(q_raw, q_pos, inv_freq), rope(k_raw, k_pos, inv_freq)
     bf = {name: t.to(device=device, dtype=torch.bfloat16) for name, t in (("q", q), ("k", k), ("v", v))}
-    got = kernels.remapped_attention(bf["q"], bf["k"], bf["v"], q_pos, k_pos, None, D**-0.5, mapping,
+    got = kernels.remapped_attention(bf["q"], bf["k"], bf["v"], Positions.of(k_pos), None, D**-0.5, mapping,
                                      inv_freq.float(), log_n_original=20, memo={}, path="passes", primitive=make())
     assert got.dtype == torch.bfloat16
     want = reference_attention(q_raw, k_raw, v, q_pos, k_pos, _allowed(B, n, n), D**-0.5, dist_fn, params, inv_freq,
@@ -202,11 +204,11 @@ def test_path_selection_and_one_warning_per_fallback_case(monkeypatch):
     assert "mask" in messages[1]
     q = torch.zeros(2, 2, 6, 8)
     pos = torch.arange(6)[None].repeat(2, 1)
-    assert kernels.contiguous_start(q, pos, pos, None, None) == (0, None)
-    assert "softcapping" in kernels.contiguous_start(q, pos, pos, None, 30.0)[1]
+    assert kernels.contiguous_start(q, Positions.of(pos), None, None) == (0, None)
+    assert "softcapping" in kernels.contiguous_start(q, Positions.of(pos), None, 30.0)[1]
     padded = pos.clone()
     padded[1] = (padded[1] - 2).clamp(min=0)
-    assert "left padding" in kernels.contiguous_start(q, padded, padded, None, None)[1]
+    assert "left padding" in kernels.contiguous_start(q, Positions.of(padded), None, None)[1]
 
 
 # --- through a real tiny model --------------------------------------------------------------------------------------
@@ -345,9 +347,10 @@ def test_gpu_passes_equal_the_papers_formulas(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mapping", [SelfExtendMap(4, 8), DualChunkMap(16, 4)], ids=["self-extend", "dual-chunk"])
-def test_gpu_passes_bf16_within_bf16_rounding(mapping):
-    check_passes_bf16_within_bf16_rounding(mapping, lambda: primitives.FlexPrimitive(compiled=True), "cuda")
+@pytest.mark.parametrize("mapping, dist_fn, params", BF16_CASES, ids=["self-extend", "dual-chunk"])
+def test_gpu_passes_bf16_within_bf16_rounding(mapping, dist_fn, params):
+    check_passes_bf16_within_bf16_rounding(mapping, dist_fn, params, lambda: primitives.FlexPrimitive(compiled=True),
+                                           "cuda")
 
 
 @pytest.mark.gpu

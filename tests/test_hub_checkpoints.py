@@ -255,3 +255,92 @@ def test_the_printed_command_keeps_the_users_other_options_and_replaces_the_leng
     assert str(exc) == "refused. Run: rope-extend patch m --method yarn --factor 8 --set replace_existing=true -o o"
     plain = ShorterWindowError("no fix")
     assert with_command(plain, "m", Path("o"), args) is plain
+
+
+# --- attention-level methods on a model that ships a scheme (docs/attention-methods.md, "On a model that ships a
+# scheme") --------------------------------------------------------------------------------------------------------
+SHIPPED = {"meta-llama/Llama-3.1-8B": None, "Qwen/Qwen2.5-7B-Instruct": hubcache.QWEN_YARN}  # + what Qwen's card adds
+STOCK_WINDOW = 131072
+
+
+@pytest.fixture(scope="module")
+def shipped_cache(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("shipped-cache")
+    for repo, update in SHIPPED.items():
+        hubcache.build(folder, repo, update)
+    return folder
+
+
+def _stock_window(folder: Path) -> tuple[int, dict, object]:
+    """What stock transformers reads from `folder`'s config.json: the window, the RoPE slots, the built RoPE."""
+    from transformers import AutoConfig
+
+    from rope_extend import compat
+    from rope_extend.facts import read_rope
+
+    config = AutoConfig.from_pretrained(folder)
+    return read_rope(config).window, compat.read_slots(config), compat.stock_rope(config, None)
+
+
+def _patch(args: list[str], capsys) -> tuple[int, str, str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = run(args)
+    printed = capsys.readouterr()
+    return code, " ".join(printed.out.split()), " ".join(printed.err.split())
+
+
+@pytest.mark.parametrize("repo", SHIPPED)
+def test_attention_methods_keep_the_shipped_scheme_and_window(shipped_cache, tmp_path, monkeypatch, capsys, repo):
+    """self-extend, dual-chunk and STRING on the real Llama-3.1-8B (llama3 x8 over 8192) and Qwen2.5-7B-Instruct
+    (+ the YaRN x4 over 32768 its card adds, max_position_embeddings 32768) by Hub id: config.json keeps the RoPE
+    and max_position_embeddings as shipped, so stock transformers reads the same 131072-token window and builds the
+    same RoPE; L is that window in the marker and in every message; the method's parameters and the length it
+    reaches in-process are in the marker; the refusals' advice, followed, keeps the window."""
+    _hub_env(monkeypatch, shipped_cache, tmp_path)
+    snapshot = next((shipped_cache / f"models--{repo.replace('/', '--')}" / "snapshots").iterdir())
+    window, slots, (inv_freq, attention) = _stock_window(snapshot)
+    assert window == STOCK_WINDOW
+    source = json.loads((snapshot / "config.json").read_text())
+    cases = [("self-extend", ["--factor", "2"], 2 * STOCK_WINDOW, ["--no-verify"]),
+             ("dual-chunk", ["--factor", "2"], 2 * STOCK_WINDOW, []),
+             ("string", [], STOCK_WINDOW, ["--no-verify"])]
+    for method, extra, target, verify in cases:
+        out = tmp_path / method
+        code, out_text, err = _patch(["patch", repo, "--method", method, *extra, "-o", str(out), *verify], capsys)
+        assert code == 0, err
+        written = json.loads((out / "config.json").read_text())
+        assert written["max_position_embeddings"] == source["max_position_embeddings"]  # 131072 / 32768 as shipped
+        got_window, got_slots, (got_freq, got_attention) = _stock_window(out)
+        assert got_window == STOCK_WINDOW and got_slots == slots
+        torch.testing.assert_close(got_freq, inv_freq, rtol=0, atol=0)
+        assert got_attention == attention
+        spec = written["rope_extend"]["spec"]
+        assert (spec["original_max_position_embeddings"], spec["target_length"]) == (STOCK_WINDOW, target)
+        if method == "string":  # STRING works inside the window: its line says the window it keeps
+            assert f"string: window {STOCK_WINDOW} (kept)" in out_text
+        else:
+            assert f"{method} x2: {STOCK_WINDOW} -> {target} tokens in-process" in out_text
+            assert f"stock loaders serve {STOCK_WINDOW} tokens" in out_text
+        assert f"up to {STOCK_WINDOW} tokens" in err and str(STOCK_WINDOW // 4) + " tokens" not in err
+        if not verify:
+            assert "verified with stock transformers" in out_text
+        card = (out / "README.md").read_text()
+        assert f"--max-model-len {STOCK_WINDOW}`" in card and f"WITHOUT {method}" in card
+
+    # what the old refusal advised (re-derive over llama3's 8192, dropping the window to 8192): refused, one line
+    out = tmp_path / "advised"
+    code, _, err = _patch(["patch", repo, "--method", "self-extend", "--target-length", str(2 * STOCK_WINDOW), "--set",
+                           "replace_existing=true", "-o", str(out)], capsys)
+    assert code == 2 and "replace_existing does not apply to self-extend" in err and not out.exists()
+    # STRING's reach is 2L - W with L = 131072 (issue 51: it said 2L - W = 65408 with L = 32768 on Qwen)
+    code, _, err = _patch(["patch", repo, "--method", "string", "--target-length", "300000", "-o", str(out)], capsys)
+    assert code == 2 and f"L = {STOCK_WINDOW}" in err and f"2L - W = {2 * STOCK_WINDOW - 128}" in err
+    # self-extend's reach rule names L = 131072 and the group size that reaches the target
+    code, _, err = _patch(["patch", repo, "--method", "self-extend", "--factor", "4", "--set", "group_size=2", "-o",
+                           str(out)], capsys)
+    assert code == 2 and f"L = {STOCK_WINDOW}" in err and "raise group_size to at least 5" in err
+    code, _, err = _patch(["patch", repo, "--method", "self-extend", "--factor", "4", "--set", "group_size=5", "-o",
+                           str(out), "--no-verify"], capsys)
+    assert code == 0, err
+    assert _stock_window(out)[0] == STOCK_WINDOW

@@ -63,8 +63,21 @@ def hub(monkeypatch, tmp_path):
 
 
 def folder_bytes(folder: Path, names=None) -> dict[str, bytes]:
-    """What OUT holds under each name (a link's target), read independently of rope-extend's selection."""
-    return {name: Path(os.path.realpath(folder / name)).read_bytes() for name in names or CHECKPOINT}
+    """What a push of OUT must deliver under each name, read independently of rope-extend's selection: OUT's bytes
+    (a link's target), rope_extend.yaml without this machine's data (`expected_record`)."""
+    return {name: expected_record(folder) if name == "rope_extend.yaml" else
+            Path(os.path.realpath(folder / name)).read_bytes() for name in names or CHECKPOINT}
+
+
+def expected_record(folder: Path) -> bytes:
+    """OUT's rope_extend.yaml as a push must upload it: the same text, each shared weight's line reduced to its size
+    (no inode, modification time or how it was shared: this machine's, not the model's)."""
+    shared = re.compile(r"^(    \S+: )(?:hard-linked|reflinked) size (\d+) mtime_ns \d+ inode \d+$")
+    lines = []
+    for line in (folder / "rope_extend.yaml").read_text().splitlines(keepends=True):
+        match = shared.match(line.rstrip("\n"))
+        lines.append(f"{match[1]}size {match[2]}\n" if match else line)
+    return "".join(lines).encode()
 
 
 def tree(folder: Path) -> dict[str, tuple]:
@@ -141,6 +154,11 @@ def test_patch_push_to_hub_over_http(source, tmp_path):
     repo = hub.repos["me/tiny-yarn"]
     assert repo.private is True
     assert repo.files == folder_bytes(out)
+    uploaded = repo.files["rope_extend.yaml"].decode()  # no machine-local data: no inode, time or path
+    local = re.compile(r"(inode|mtime_ns) \d+|hard-linked size")
+    assert not local.search(uploaded) and str(tmp_path) not in uploaded and local.search((out / "rope_extend.yaml")
+                                                                                        .read_text())
+    assert re.search(r"model\.safetensors: size \d+\n", uploaded)
     spec = "method: yarn factor: 2.0 target_length: 64 original_max_position_embeddings: 32"
     assert repo.commits == [f"rope-extend: {spec}"]
     writes = [r for r in hub.requests if r.method == "POST"]
@@ -161,7 +179,7 @@ def test_dry_run_lists_exactly_what_the_push_uploads(source, tmp_path, hub, caps
     listed = dry_run_lines(printed.out)
     assert hub.requests == []  # a dry run sends nothing
     assert "would push 6 files to me/a (public if created" in printed.out
-    assert "  + model.safetensors   (a hard link rope-extend made)" in printed.out
+    assert "  + model.safetensors   (weights rope-extend shared with SOURCE, hard-linked)" in printed.out
     assert cli("push", out, "me/a") == 0
     assert sorted(hub.repos["me/a"].files) == listed == CHECKPOINT
     assert hub.repos["me/a"].private is False
@@ -169,17 +187,25 @@ def test_dry_run_lists_exactly_what_the_push_uploads(source, tmp_path, hub, caps
 
 
 def test_the_record_names_the_files_links_and_serving_of_out(source, tmp_path):
-    """rope_extend.yaml records every file patch wrote, the inode of each hard link it made (the same inode as
-    SOURCE's file), and serving commands that render, for any repo id, what planning the patch again gives; the
-    spec part still reads as a spec (`--config OUT/rope_extend.yaml`)."""
+    """rope_extend.yaml records every file patch wrote with the sha256 of its bytes (its own entry: of its spec
+    part), the weights it shared with SOURCE by how, size, modification time and inode (SOURCE's inode: a hard link
+    here), and serving commands that render, for any repo id, what planning the patch again gives; the spec part
+    still reads as a spec (`--config OUT/rope_extend.yaml`)."""
+    from rope_extend.record import spec_text
     from rope_extend.spec import load_spec
 
     out = tmp_path / "out"
     assert cli("patch", source, *YARN, "-o", out) == 0
     record = read_record(out)
-    assert sorted(record.files) == CHECKPOINT
-    assert record.hard_links == {"model.safetensors": (source / "model.safetensors").stat().st_ino}
+    assert sorted(record.files) == CHECKPOINT and record.verified
+    weights = record.entries["model.safetensors"]
+    info = os.stat(source / "model.safetensors")
+    assert (weights.shared, weights.inode, weights.size, weights.mtime_ns, weights.sha256) == (
+        "hard-linked", info.st_ino, info.st_size, info.st_mtime_ns, None)
     assert os.stat(out / "model.safetensors").st_nlink >= 2  # SOURCE's name and OUT's (other tests link it too)
+    for name in set(CHECKPOINT) - {"model.safetensors", "rope_extend.yaml"}:
+        assert record.entries[name].sha256 == hashlib.sha256((out / name).read_bytes()).hexdigest(), name
+    assert record.entries["rope_extend.yaml"].sha256 == hashlib.sha256(spec_text(out).encode()).hexdigest()
     for name in ("me/tiny-yarn", "org-x/Model_1.5-64k"):
         serving, serve = reference_serving(out, name)
         assert record.serving_for(name) == serving and record.serve_for(name) == serve
@@ -244,7 +270,7 @@ def test_push_sends_the_checkpoint_not_the_folder(source, tmp_path, hub, capsys)
                       "private/id_rsa (in a subfolder", "runs/a/log.txt (in a subfolder",
                       f"passwd.txt (a symbolic link to {str(outside / 'passwd')!r}, outside OUT)",
                       f"keys (a symbolic link to the folder {str(outside / 'ssh')!r}, outside OUT",
-                      "LICENSE (a hard link (2 names) and rope-extend did not record it"):
+                      "LICENSE (a hard link (2 names) and rope-extend did not make it"):
             assert named in error
         assert "--include NAME" in error and "uploading" not in printed.err
     assert dry_run_lines(printed.out) == CHECKPOINT
@@ -256,10 +282,22 @@ def test_push_sends_the_checkpoint_not_the_folder(source, tmp_path, hub, capsys)
         assert cli("push", out, "me/mixed", *bad) == 2
         assert "outside OUT" in one_error(capsys.readouterr().err)
     assert hub.requests == [] and tree(out) == before
-
-    for name in ("passwd.txt", "keys", "LICENSE", ".env"):
+    # a hard link to an outside file, named on purpose: nothing of it is sent
+    for name in ("passwd.txt", "keys", ".env"):
         os.unlink(out / name)
     shutil_rmtree(out / "private")
+    shutil_rmtree(out / "runs")
+    os.unlink(out / "notes.txt")
+    assert cli("push", out, "me/mixed", "--include", "LICENSE") == 2
+    error = one_error(capsys.readouterr().err)
+    assert "holds 1 file a push may not send" in error and "LICENSE (a hard link (2 names)" in error
+    assert "never sent, even when named; copy it into OUT (cp, not ln) to send it" in error
+    assert hub.requests == []
+    (out / "notes.txt").write_text("my notes")
+    (out / "runs" / "a").mkdir(parents=True)
+    (out / "runs" / "a" / "log.txt").write_text("step 1")
+
+    os.unlink(out / "LICENSE")
     assert cli("push", out, "me/mixed", "--include", "notes.txt", "--include", "runs") == 0
     sent = ["notes.txt", *CHECKPOINT, "runs/a/log.txt"]
     assert hub.repos["me/mixed"].files == {**folder_bytes(out, sent), "README.md": expected_card(out, "me/mixed")}
@@ -317,31 +355,54 @@ def test_what_rope_extend_carried_from_source_is_left_out_and_an_unrecorded_out_
     capsys.readouterr()
     assert cli("push", out, "me/g", "--dry-run") == 0
     printed = capsys.readouterr().out
-    assert dry_run_lines(printed) == CHECKPOINT
-    assert ("  - original/params.json   (left out: in a subfolder; a checkpoint's files are at its top level; "
-            "rope-extend carried it from SOURCE (--include original/params.json sends it))") in printed
-    assert "  - params.json   (left out: not a file of a checkpoint; rope-extend carried it" in printed
+    assert dry_run_lines(printed) == CHECKPOINT and max(map(len, printed.splitlines())) <= 80
+    words = " ".join(printed.split())  # wrapped at 80 columns, a reason continuing under its name
+    assert ("- original/params.json (left out: in a subfolder; a checkpoint's files are at its top level; "
+            "rope-extend carried it from SOURCE (--include original/params.json sends it))") in words
+    assert "- params.json (left out: not a file of a checkpoint; rope-extend carried it" in words
     assert cli("push", out, "me/g", "--include", "original") == 0
     assert sorted(hub.repos["me/g"].files) == sorted([*CHECKPOINT, "original/params.json"])
     assert f"left out: params.json (`rope-extend push {out} me/g --include original --dry-run` says why)" in (
         capsys.readouterr().out)
     assert cli("patch", src, *YARN, "-o", tmp_path / "out2", "--push-to-hub", "me/g2", "--dry-run") == 0
     assert (f"(`rope-extend push {tmp_path / 'out2'} me/g2 --include original/params.json` sends it)"
-            in capsys.readouterr().out)  # patch has no --include: the command that has one
+            in " ".join(capsys.readouterr().out.split()))  # patch has no --include: the command that has one
 
-    spec = (out / "rope_extend.yaml").read_text().split("# output_record")[0]
+    text = (out / "rope_extend.yaml").read_text()
+    spec = text.split("# output_record")[0]
     (out / "rope_extend.yaml").write_text(spec)  # as rope-extend wrote it before it recorded its outputs
-    (out / "params.json").unlink()
-    shutil.rmtree(out / "original")
-    assert cli("push", out, "me/h") == 2
-    error = one_error(capsys.readouterr().err)
-    assert "holds 1 file a push may not send as the checkpoint's" in error
-    assert re.search(r"model\.safetensors \(a hard link \(\d names\) and OUT has no rope-extend record", error)
-    assert cli("push", out, "me/h", "--include", "model.safetensors") == 0
-    assert hub.repos["me/h"].files == folder_bytes(out)  # the card as it is: no record to rename its commands from
+    for stray in ("LICENSE.secret", "tokenization_private.py", "model-00001-of-00002.safetensors"):
+        (out / stray).write_text("not the checkpoint's")  # names a push would send from a plain checkpoint
+    requests = len(hub.requests)
+    for args in ([], ["--include", "model.safetensors"], ["--dry-run"]):
+        assert cli("push", out, "me/h", *args) == 2
+        error = one_error(capsys.readouterr().err)
+        assert "was written by rope-extend before it recorded the files it vouches for" in error
+        assert (f"writing the checkpoint again into a new folder, `rope-extend patch SOURCE --config "
+                f"{out / 'rope_extend.yaml'} -o NEW`") in error and "move" not in error
+    assert "me/h" not in hub.repos and len(hub.requests) == requests  # refused before any request
     (out / "rope_extend.yaml").write_text(spec + "output_record:\n  files: [../../etc/passwd]\n  hard_links: {}\n")
     assert cli("push", out, "me/i", "--include", "model.safetensors") == 2
     assert "output_record is damaged" in one_error(capsys.readouterr().err) and "me/i" not in hub.repos
+    # a record from before contents were recorded (names and inodes): `rope-extend verify` records them
+    inode = os.stat(out / "model.safetensors").st_ino
+    legacy = (text.split("# output_record")[0] + "output_record:\n  files: [" + ", ".join(
+        sorted(read_record_names(text))) + f"]\n  hard_links: {{model.safetensors: {inode}}}\n")
+    (out / "rope_extend.yaml").write_text(legacy)
+    for stray in ("LICENSE.secret", "tokenization_private.py", "model-00001-of-00002.safetensors"):
+        (out / stray).unlink()
+    assert cli("push", out, "me/j") == 2
+    assert f"`rope-extend verify {out}` re-verifies OUT as it is now" in one_error(capsys.readouterr().err)
+    assert cli("verify", out) == 0
+    assert "on the real weights" in " ".join(capsys.readouterr().out.split())  # nothing vouched for their bytes
+    assert cli("push", out, "me/j") == 0 and hub.repos["me/j"].files["config.json"] == (out / "config.json").read_bytes()
+
+
+def read_record_names(text: str) -> list[str]:
+    """The file names under output_record.files of a rope_extend.yaml's text."""
+    import yaml
+
+    return list(yaml.safe_load(text)["output_record"]["files"])
 
 
 @pytest.mark.parametrize("repo_id, reason", [("me/some..repo", "Cannot have -- or .. in repo_id"),
@@ -547,3 +608,141 @@ def test_config_only_card_without_a_known_source(tmp_path):
     assert "model-index" not in data and "eval_results" not in data
     assert "the local checkpoint `my-model`" in text
     assert "No evaluation was run" in text and "Nothing was measured at the target length (64 tokens)" in text
+
+
+# --- a push sends only what was verified (issue 47) ----------------------------------------------------------------------
+def test_a_changed_output_is_refused_naming_each_file_until_verify_reverifies_it(source, tmp_path, hub, monkeypatch,
+                                                                                 capsys):
+    """OUT patched from a Hub cache (weights hard-linked to the blob). A config.json edited back to the original
+    window and RoPE (issue 47's case) is refused by push, naming it, with the command that re-verifies OUT; that
+    command refuses too (it does not verify) and writes nothing. Weights replaced by other bytes under the same name:
+    refused, naming them; `verify` then runs on the real weights (the path is recorded), refreshes the record and
+    the card, and the push delivers the new bytes while the cache's blob stays as it was. A chat template edited in
+    place: refused, re-verified on a small model, sent as edited. A card edited by hand: sent as written."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from rope_extend import recheck
+
+    snapshot = hub_snapshot(source, tmp_path / "hub")
+    out = tmp_path / "out"
+    assert cli("patch", snapshot, *YARN, "-o", out) == 0
+    blobs = tiny.checksums(tmp_path / "hub")
+    shipped = (out / "config.json").read_bytes()
+    edited = json.loads(shipped)
+    edited["max_position_embeddings"] = tiny.ORIGINAL
+    for key in ("rope_scaling", "rope_parameters"):
+        edited[key] = {"rope_type": "default", "rope_theta": 10000.0}
+    (out / "config.json").write_text(json.dumps(edited))
+    capsys.readouterr()
+    for dry in ([], ["--dry-run"]):
+        assert cli("push", out, "me/v", *dry) == 2
+        error = one_error(capsys.readouterr().err)
+        assert error.startswith(f"rope-extend: error: OUT {str(out)!r} changed since rope-extend verified it, so "
+                                "nothing was sent: config.json (edited)")
+        assert f"`rope-extend verify {out}` re-verifies OUT as it is now" in error
+    assert hub.requests == []
+    before = tree(out)
+    assert cli("verify", out) == 2
+    error = one_error(capsys.readouterr().err)
+    assert "does not verify as it is now" in error and "nothing was written" in error and tree(out) == before
+    (out / "config.json").write_bytes(shipped)  # back as verified: sendable again
+
+    replaced = tmp_path / "other.safetensors"  # same name, other bytes (a new file renamed over OUT's)
+    state = {k: v + 1 for k, v in tiny.make_model("llama").state_dict().items()}
+    save_file(state, replaced, metadata={"format": "pt"})
+    os.replace(replaced, out / "model.safetensors")
+    assert cli("push", out, "me/v") == 2
+    error = one_error(capsys.readouterr().err)
+    assert "model.safetensors (another file than the one verified (its size, time or inode changed))" in error
+    assert "config.json" not in error.split("so nothing was sent:")[1].split(";")[0]
+    ran = []
+    original = recheck._patched_outputs
+    monkeypatch.setattr(recheck, "_patched_outputs", lambda *a: ran.append(a) or original(*a))
+    assert cli("verify", out) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert ran and "on the real weights" in printed and "model.safetensors (another file than the one verified" in printed
+    assert "Re-verified by rope-extend" in (out / "README.md").read_text()
+    assert read_record(out).entries["model.safetensors"].sha256 == hashlib.sha256(
+        (out / "model.safetensors").read_bytes()).hexdigest()  # OUT's own bytes now: recorded by content
+    assert cli("push", out, "me/v") == 0
+    assert hub.repos["me/v"].files == folder_bytes(out) | {"README.md": expected_card(out, "me/v")}
+    assert tiny.checksums(tmp_path / "hub") == blobs
+
+    (out / "chat_template.jinja").write_text("{{ messages }}")  # a file added to OUT (SOURCE has none)
+    assert cli("push", out, "me/v") == 2
+    assert "chat_template.jinja (not among the files rope-extend recorded" in one_error(capsys.readouterr().err)
+    os.unlink(out / "chat_template.jinja")
+    with open(out / "tokenizer_config.json", "r+") as handle:  # an in-place edit of a recorded file
+        handle.write('{"model_max_length": 64, "padding_side": "left"}')
+    assert cli("push", out, "me/v") == 2
+    assert "tokenizer_config.json (edited)" in one_error(capsys.readouterr().err)
+    ran.clear()
+    assert cli("verify", out) == 0
+    assert not ran and "a small model of the config" in " ".join(capsys.readouterr().out.split())
+    card = (out / "README.md").read_text() + "\nMy own notes on this model.\n"
+    (out / "README.md").write_text(card)  # the user's card now: sent as written
+    assert cli("push", out, "me/w", "--dry-run") == 0
+    assert "README.md: edited since rope-extend wrote it: yours, sent as written" in capsys.readouterr().out
+    assert cli("push", out, "me/w") == 0
+    assert hub.repos["me/w"].files == folder_bytes(out)
+    assert hub.repos["me/w"].files["README.md"] == card.encode()
+    shutil.rmtree(out)
+
+
+def test_a_hub_cache_blob_with_another_name_is_never_sent(source, tmp_path, hub, capsys):
+    """A Hub cache snapshot whose blob is also a file outside the cache (a hard link) sends nothing of it, even named."""
+    snapshot = hub_snapshot(source, tmp_path / "hub")
+    blob = Path(os.path.realpath(snapshot / "generation_config.json"))
+    os.link(blob, tmp_path / "elsewhere.json")
+    assert cli("push", snapshot, "me/blob") == 2
+    error = one_error(capsys.readouterr().err)
+    assert ("generation_config.json (a Hub cache blob with 2 names: its bytes are shared with a file outside the "
+            "cache (a hard link), so it is never sent, even when named)") in error
+    assert cli("push", snapshot, "me/blob", "--include", "generation_config.json") == 2  # named: still refused
+    assert hub.requests == []
+
+
+def test_include_names_that_would_send_nothing_are_refused_and_counts_read_as_english(source, tmp_path, hub, capsys):
+    """`--include .` / `''` name OUT itself / nothing; `.git` is metadata; a link to a folder (or a path through
+    one) would be skipped by the walk: each is one line saying so, instead of 'outside OUT' or doing nothing. A
+    push of one file says '1 file'; the dry run fits 80 columns."""
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    (out / ".git").mkdir()
+    (out / "runs" / "a").mkdir(parents=True)
+    (out / "runs" / "a" / "log.txt").write_text("step 1")
+    (out / "latest").symlink_to(out / "runs" / "a", target_is_directory=True)
+    capsys.readouterr()
+    for item, said in ((".", "names OUT itself: a push already sends the checkpoint's files"),
+                       (str(out), "names OUT itself"), ("", "names nothing"),
+                       (".git", "is git metadata, which a push never uploads"),
+                       ("latest", "goes through 'latest', a symbolic link to a folder; a push does not follow "
+                                  "folders through links: name it by its own path, --include runs/a"),
+                       ("latest/log.txt", "name it by its own path, --include runs/a/log.txt")):
+        assert cli("push", out, "me/inc", "--include", item) == 2
+        error = one_error(capsys.readouterr().err)
+        assert f"--include {item!r} {said}" in error or said in error, error
+        assert "outside OUT" not in error
+    assert hub.requests == []
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert cli("push", one, "me/one", "--dry-run") == 0
+    printed = capsys.readouterr().out
+    assert "would push 1 file to me/one" in printed and max(map(len, printed.splitlines())) <= 80
+    assert cli("push", one, "me/one") == 0
+    assert "(1 file, public)" in capsys.readouterr().out
+
+
+def test_an_output_written_without_verification_says_so_until_verify(source, tmp_path, hub, capsys):
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out, "--no-verify") == 0
+    assert read_record(out).verified is False
+    capsys.readouterr()
+    assert cli("push", out, "me/nv", "--dry-run") == 0
+    assert f"not verified: OUT was written with --no-verify; `rope-extend verify {out}` verifies it" in " ".join(
+        capsys.readouterr().out.split())
+    assert cli("verify", out) == 0 and read_record(out).verified is True
+    assert cli("push", out, "me/nv", "--dry-run") == 0 and "not verified" not in capsys.readouterr().out

@@ -139,13 +139,14 @@ print(json.dumps({"measured": peak - before, "estimate": inference_per_token(con
 @pytest.mark.parametrize("dtype, kv", [("float32", "no-cache"), ("bfloat16", "kv")])
 def test_the_working_memory_is_a_forwards_measured_peak(dtype, kv):
     """The per-token working memory times 4096 tokens against the peak resident memory a forward adds (a fresh
-    process, one thread; MLP-heavy dims so that the activations are ~100-250 MB): within 25 %."""
+    process, one thread; MLP-heavy dims so that the activations are ~100-250 MB): within a factor 1.5 (measured
+    0.9-1.1 on 2 CPU cores; the bound is loose because a process's peak resident size moves with the allocator)."""
     done = subprocess.run([sys.executable, "-c", MEASURE, "4096", dtype, kv], capture_output=True, text=True,
                           timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr[-2000:]
     numbers = json.loads(done.stdout.strip().splitlines()[-1])
     assert numbers["estimate"] > 100e6
-    assert 0.75 <= numbers["measured"] / numbers["estimate"] <= 1.25, numbers
+    assert 1 / 1.5 <= numbers["measured"] / numbers["estimate"] <= 1.5, numbers
 
 
 @pytest.mark.gpu
@@ -169,3 +170,31 @@ def test_eval_plans_every_spec_on_the_config_before_the_memory_check(cache, tmp_
     assert run([*args[:-1], args[-1] + ",replace_existing=true"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "meta-llama/Llama-3.1-8B needs ~" in err[0] and not Path("r").exists(), err
+
+
+def test_train_is_refused_with_its_ways_out_before_loading(cache, tmp_path, monkeypatch, capsys):
+    """`train meta-llama/Llama-3.1-8B` to 262144 on a 22 GiB machine: 16 bytes a parameter (float32 weights,
+    gradients, AdamW's two moments; the parameters from the published bfloat16 size), --lora offered with its own
+    estimate; with --lora and a 60 GiB machine, a --window that fits (PoSE) is offered, and fits. Nothing written."""
+    hub_env(monkeypatch, cache, tmp_path)
+    Path("t.txt").write_text("hello\n")
+    repo = "meta-llama/Llama-3.1-8B"
+    base = ["train", repo, "--method", "yarn", "--target-length", "262144", "--set", "replace_existing=true",
+            "--text", "t.txt", "-o", "tr"]
+    fake_memory(monkeypatch, tmp_path, 22 * GiB)
+    assert run(base) == 2
+    line = capsys.readouterr().err.strip()
+    parameters = hubcache.MODELS[repo].total_size // 2
+    assert f"(weights, gradients and optimizer state {16 * parameters / GiB:.1f} GiB" in line, line
+    assert "train adapters (--lora: ~" in line and line.endswith("--no-memory-check to load it anyway")
+    fake_memory(monkeypatch, tmp_path, 60 * GiB)
+    assert run([*base, "--lora", "--window", "262144"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "--lora" not in line.split("to fit it,")[1]  # already asked
+    window = int(line.split("--window ")[1].split(":")[0])
+    from rope_extend.files import load_config
+
+    folder = snapshot(cache, repo)
+    need = memory.training_need(folder, load_config(folder), window, lora_r=16)
+    assert 1024 <= window < 262144 and need.total <= 60 * GiB
+    assert not any(p.name.startswith("tr") for p in Path(".").iterdir())

@@ -32,8 +32,9 @@ from helpers import (
 )
 
 from rope_extend import SpecError, UnsupportedModelError, patch_model, plan_patch, unpatch_model
-from rope_extend.attention import kernels, passes, primitives, runtime
+from rope_extend.attention import kernels, primitives, runtime
 from rope_extend.attention.kernels import StringMap
+from rope_extend.attention.positions import Positions
 
 warnings.filterwarnings("ignore", message=".*acts on attention.*")
 
@@ -63,7 +64,7 @@ def _run(path, q, k, v, q_pos, k_pos, scaling, mapping, inv_freq, memo, store):
         kwargs.update(path="passes", primitive=primitive)
     else:
         kwargs.update(path=path)
-    return kernels.remapped_attention(q, k, v, q_pos, k_pos, None, scaling, mapping, inv_freq.float(), **kwargs)
+    return kernels.remapped_attention(q, k, v, Positions.of(k_pos), None, scaling, mapping, inv_freq.float(), **kwargs)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -150,12 +151,12 @@ def test_every_key_at_d_at_least_s_uses_d_minus_s_plus_w():
     assert mapping.select(q_pos[..., None], k_pos[:, None]).tolist() == [[[0, 1, 1]]]
     shift = mapping.query_shifts(q_pos)[1]
     assert ((q_pos + shift)[..., None] - k_pos[:, None]).tolist() == [[[W - 1 + 0 * S + 0, W, W + 1]]]
-    for p in passes.method_passes(mapping, 30, 0, "cpu"):
+    for p in mapping.passes(30, 0, "cpu"):
         lo, hi = p.key_range(30)
         assert (lo, hi) == ((30 - S + 1, 31) if p.name == "neighbour" else (0, 30 - S + 1))
-    assert mapping.is_identity(torch.tensor([[S - 1]]), torch.tensor([[0]]))
-    assert not mapping.is_identity(torch.tensor([[S]]), torch.tensor([[0]]))
-    assert not StringMap(S, W, AUTHORS**2).is_identity(torch.tensor([[1]]), torch.tensor([[0]]))
+    assert mapping.is_identity(0, S - 1)  # keys at positions 0 .. S - 1: every distance below S
+    assert not mapping.is_identity(0, S)
+    assert not StringMap(S, W, AUTHORS**2).is_identity(0, 1)
 
 
 @pytest.mark.parametrize("primitive", ["cpu-kernel", "flex-eager"])
@@ -174,7 +175,7 @@ def test_passes_bf16_within_bf16_rounding(primitive):
     for path in ("passes", "fused"):
         if path == "fused" and kernels.fused_kernel() is None:
             continue
-        got = kernels.remapped_attention(*bf, q_pos, k_pos, None, D**-0.5, StringMap(20, 4), inv_freq.float(),
+        got = kernels.remapped_attention(*bf, Positions.of(k_pos), None, D**-0.5, StringMap(20, 4), inv_freq.float(),
                                          memo={}, path=path, primitive=make_primitive() if path == "passes" else None)
         assert got.dtype == torch.bfloat16
         want = reference_attention(q_raw, k_raw, v, q_pos, k_pos, _allowed(B, n, n), D**-0.5, string_distance,
@@ -195,17 +196,16 @@ SPEC = {"method": "string", "shifted_offset": 12, "local_value": 4}
 
 def _string_reference(monkeypatch):
     """Swap the kernel for the reference: un-rotate the model's q/k at their positions, then the paper's rule."""
-    def reference(query, key, value, q_pos, k_pos, mask, scaling, mapping, inv_freq, *, softcap=None,
-                  log_n_original=None, block_elements=None, memo=None, key_store=None, span=None):
-        if span is not None:  # positions the runtime knows without a tensor: first .. first + count - 1
-            k_pos = torch.arange(span[0], span[0] + span[1])[None]
-            q_pos = k_pos[:, span[1] - query.shape[2] :]
+    def reference(query, key, value, positions, mask, scaling, mapping, inv_freq, *, softcap=None,
+                  log_n_original=None, block_elements=None, memo=None, key_store=None):
+        k_pos = positions.key_ids()  # host-known positions (the runtime's) or the tensor it recorded
+        q_pos = k_pos[:, k_pos.shape[1] - query.shape[2] :]
         unrotate = lambda x, p: rope(x.double(), -p, inv_freq.double()).float()
         n_k, B = k_pos.shape[1], query.shape[0]
         q_pos, k_pos = q_pos.expand(B, -1), k_pos.expand(B, -1)
         allowed = (torch.arange(n_k)[None, :] <= torch.arange(n_k - query.shape[2], n_k)[:, None])[None].repeat(B, 1, 1)
         out = reference_attention(unrotate(query, q_pos), unrotate(key[:, :, :n_k], k_pos), value[:, :, :n_k], q_pos,
-                                  k_pos, allowed, scaling * mapping.logit_scale, string_distance,
+                                  k_pos, allowed, scaling * mapping.logits_times(n_k), string_distance,
                                   (mapping.shifted_offset, mapping.local_value), inv_freq, softcap)
         return out.to(query.dtype)
 
@@ -348,10 +348,10 @@ def test_beyond_the_window_on_a_model_every_distance_stays_inside(monkeypatch):
     assert report.spec.shifted_offset == 28
     seen = []
     original = runtime.remapped_attention
-    def counted(q, k, v, qp, kp, *a, span=None, **kw):  # the largest distance this call uses (positions as tensors
-        last, first = (int(qp.max()), int(kp.min())) if span is None else (span[0] + span[1] - 1, span[0])  # or ints)
+    def counted(q, k, v, positions, *a, **kw):  # the largest distance this call uses
+        first, last = positions.bounds()
         seen.append(max(string_distance(last, first, 28, 4), 0))
-        return original(q, k, v, qp, kp, *a, span=span, **kw)
+        return original(q, k, v, positions, *a, **kw)
 
     monkeypatch.setattr(runtime, "remapped_attention", counted)
     ids = tiny.input_ids(56)

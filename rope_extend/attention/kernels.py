@@ -1,38 +1,31 @@
-"""The attention of self-extend and dual chunk attention, computed on queries and keys the model already rotated.
+"""The attention of the attention-level methods (self-extend, dual chunk attention, STRING), computed on queries and
+keys the model already rotated.
 
-Both methods give each (query i, key j) pair a *mapped* relative distance instead of i - j, chosen from a few
-position maps. A map is a pair of position shifts (one per query, one per key): RoPE rotations compose, so a key
-rotated at position p is moved to p + delta by one more rotation of delta·θ, and q·k then sees the mapped
-distance. `remapped_attention` computes one softmax over the merged maps, per block of queries, never an n×n
-score matrix per head (two paths, below).
-
-SelfExtend (Jin et al. 2024, "LLM Maybe LongLM"), group size G, neighbour window W, positions p (not indices):
-  distance(i, j) = p_i - p_j                                   if p_i - p_j < W   (neighbour map: the original)
-                 = (p_i // G + W - W // G) - p_j // G            otherwise          (grouped map)
-
-Dual chunk attention (An et al. 2024, ChunkLlama), chunk_size c, local_window w, chunk length s = c - w:
-  keys sit at p_j mod s; for a query at offset t = p_i mod s of chunk p_i // s, and a key in chunk p_j // s:
-  same chunk: the original distance; previous chunk: min(t + s, c) - p_j mod s; older chunks: c - p_j mod s.
-  Largest distance: c.
+Each method gives each (query i, key j) pair a *mapped* relative distance instead of i - j, through a few
+sub-maps of its position map (`maps/`: `SelfExtendMap`, `DualChunkMap`, `StringMap`, each with its formulas, all
+keeping the contract `maps.PositionMap`). A sub-map is a pair of position shifts (one per query, one per key): RoPE
+rotations compose, so a key rotated at position p is moved to p + delta by one more rotation of delta·θ, and q·k
+then sees the mapped distance. `remapped_attention` computes one softmax over the merged sub-maps, per block of
+queries, never an n×n score matrix per head. Positions arrive as one `positions.Positions`.
 
 `log_n` multiplies each query's logits by max(1, ln(p_i + 1) / ln(L)) (Qwen's logn attention; p_i its position).
 
 Three paths compute the same attention (`select_path` picks one per call):
-- the passes path (`passes.py`, the common case off the CPU: contiguous positions, as below): each map is one
-  whole-sequence pass of a swappable attention primitive that returns the log-sum-exp (`primitives.py`:
+- the passes path (`passes.py`, the common case off the CPU: contiguous positions, as below): each sub-map region
+  is one whole-sequence pass of a swappable attention primitive that returns the log-sum-exp (`primitives.py`:
   FlexAttention with block masks, compiled on CUDA), merged exactly by log-sum-exp; a decoding step runs each pass
   on the contiguous key slice it sees.
 - the fused path (`_fused_attention`, the common case: CPU, no mask or softcap, every row at the same contiguous
   positions, as in a prefill or a decoding step without padding; a mask that is exactly the causal mask of queries
   that are the last keys, which transformers builds for a prompt prefilled after a cached prefix, counts as none:
-  `plain_causal`). For a block of queries, each map's keys form a few
-  contiguous key ranges ("segments"): the keys every query of the block sees through that map (no mask), and a band
-  near the boundaries where a mask picks the pairs. Each segment is one call of torch's fused CPU attention kernel,
-  which returns the softmax's log-sum-exp, and the segments are merged exactly by log-sum-exp: the same softmax over
-  the union, without a score matrix in Python and with each key scored once per query (twice only in the band).
+  `plain_causal`). For a block of queries, each sub-map's keys form a few contiguous key ranges (the map's
+  `segments`): the keys every query of the block sees through that sub-map (no mask), and a band near the
+  boundaries where a mask picks the pairs. Each segment is one call of torch's fused CPU attention kernel, which
+  returns the softmax's log-sum-exp, and the segments are merged exactly by log-sum-exp: the same softmax over the
+  union, without a score matrix in Python and with each key scored once per query (twice only in the band).
 - the general path (`_blocked_attention`: masks, left padding, softcap, devices without a passes primitive):
-  scores each map per block of queries, picks per pair, applies the mask, softmax, values. Off the CPU it is a slow
-  Python loop, so taking it there warns once per process per case.
+  scores each sub-map per block of queries, picks per pair (the map's `select`), applies the mask, softmax,
+  values. Off the CPU it is a slow Python loop, so taking it there warns once per process per case.
 """
 
 from __future__ import annotations
@@ -42,9 +35,11 @@ import weakref
 
 import torch
 
-from .maps import DualChunkMap, SelfExtendMap, StringMap, log_n_factor, rotate, rotation  # noqa: F401 (re-exported)
+from .maps import DualChunkMap, PositionMap, SelfExtendMap, StringMap  # noqa: F401 (re-exported)
 from .passes import passes_attention
+from .positions import Positions
 from .primitives import fused_kernel, primitive_for
+from .rotations import log_n_factor, rotate, rotation
 
 BLOCK_ELEMENTS = 1 << 24  # general path: scores per block (B · heads · queries · keys), 64 MiB in float32
 STORE_SLACK = 256  # moved keys kept on the cache: spare rows for the next decoding steps
@@ -52,13 +47,12 @@ MASKS_KEPT = 64  # fused path: band masks kept for reuse (a few per prompt lengt
 QUERY_BLOCK = 256  # fused path: queries per block (the band of keys scored by two maps grows with it)
 
 
-def key_rotation(mapping, positions, n_old: int, inv_freq: torch.Tensor, memo: dict | None):
-    """cos/sin of the mapping's key shift for keys n_old .. of `positions` (a tensor [B, k], or (first, count) for
-    contiguous positions known on the host), reused from `memo` (shared by the layers of a model): a tensor by the
-    positions it holds or extends (every layer of a forward, every decoding step), a span by its range."""
-    if isinstance(positions, tuple):
-        first, count = positions
-        span = (first + n_old, first + count, str(inv_freq.device))
+def key_rotation(mapping, positions: Positions, n_old: int, inv_freq: torch.Tensor, memo: dict | None):
+    """cos/sin of the map's key shift for keys n_old .. of `positions`, reused from `memo` (shared by the layers of a
+    model): host-known positions by their range, a tensor by the positions it holds or extends (every layer of a
+    forward, every decoding step)."""
+    if positions.known:
+        span = (positions.first + n_old, positions.first + positions.count, str(inv_freq.device))
         entry = memo.get(("key-span", mapping)) if memo is not None else None
         if entry is not None and entry[0] == span:
             return entry[1], entry[2]
@@ -67,7 +61,7 @@ def key_rotation(mapping, positions, n_old: int, inv_freq: torch.Tensor, memo: d
         if memo is not None:
             memo[("key-span", mapping)] = (span, cos, sin)
         return cos, sin
-    k_pos = positions
+    k_pos = positions.ids
     if memo is None:
         cos, sin = rotation(mapping.key_shift(k_pos), inv_freq)
         return cos[:, :, n_old:], sin[:, :, n_old:]
@@ -91,11 +85,10 @@ def remapped_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    q_pos: torch.Tensor,
-    k_pos: torch.Tensor,
+    positions: Positions,
     attention_mask: torch.Tensor | None,
     scaling: float,
-    mapping,
+    mapping: PositionMap,
     inv_freq: torch.Tensor,
     *,
     softcap: float | None = None,
@@ -107,32 +100,32 @@ def remapped_attention(
     fused: bool | None = None,
     path: str | None = None,
     primitive=None,
-    span: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Attention output [B, q, Hq, Dv] (transformers' attention-function layout).
 
-    query [B, Hq, q, D] rotated at q_pos [B, q]; key/value [B, Hkv, K, D] with the first k_pos.shape[1] keys rotated
-    at k_pos [B, k] (later ones are unfilled static-cache slots). attention_mask: None (causal by index, the queries
-    being the last q of the k keys), a boolean mask (True = attend) or an additive float mask, [B or 1, 1 or Hq, q,
-    >= k]. Causality by index always holds (transformers' decoder masks are causal), so each block reads only the
-    keys it can see. `memo` holds rotation tables by position (shared by the layers of a model); `key_store` holds
-    this layer's keys moved by the map's key shift, extended call by call (see `moved_keys`).
+    query [B, Hq, q, D]; key/value [B, Hkv, K, D], the first `positions.count` keys rotated at `positions` (later
+    ones are unfilled static-cache slots), the queries rotated at the last q of them. attention_mask: None (causal
+    by index), a boolean mask (True = attend) or an additive float mask, [B or 1, 1 or Hq, q, >= k]. Causality by
+    index always holds (transformers' decoder masks are causal), so each block reads only the keys it can see.
+    `memo` holds rotation tables by position (shared by the layers of a model); `key_store` holds this layer's
+    keys moved by the map's key shift, extended call by call (see `moved_keys`). Positions known on the host
+    (`Positions.known`) decide the path without reading a tensor: a decoding step on the passes path synchronises
+    nothing.
 
     `path`: None picks by device and case (`select_path`); "fused", "passes" or "general" insist (tests, benches;
     "fused"/"passes" raise ValueError where they do not apply). `primitive`: the passes path's primitive
     (`primitives.py`), by default `primitives.primitive_for(query.device)`. `fused` is the older switch: True is
     path="fused", False path="general".
-    `span`: (first, count) when the positions are known on the host to be first .. first + count - 1 in every row
-    (the runtime's bookkeeping): q_pos and k_pos may then be None, and nothing is read from a tensor to decide the
-    path (a decoding step on the passes path synchronises nothing).
     """
     if path is None and fused is not None:
         path = "fused" if fused else "general"
-    n_k = span[1] if span is not None else k_pos.shape[1]
+    n_q, n_k = query.shape[2], positions.count
+    if positions.padded:  # host-known left padding (the runtime splits such a batch by rows): as a tensor here
+        positions = Positions.of(positions.key_ids(query.device))
     if path == "general":
         start, case = None, "the general path asked for"
     else:
-        start, case = contiguous_start(query, q_pos, k_pos, attention_mask, softcap, span)
+        start, case = contiguous_start(query, positions, attention_mask, softcap)
     if path is None:
         if start is not None and primitive is None and query.device.type != "cpu":
             primitive = primitive_for(query.device)
@@ -142,15 +135,11 @@ def remapped_attention(
     if path in ("fused", "passes") and start is None:
         raise ValueError(f"the {path} path needs no softcap, no mask but the plain causal one, and the same "
                          f"contiguous positions in every row; here: {case}")
-    if path == "fused" and (query.device.type != "cpu" or fused_kernel() is None or not hasattr(mapping, "segments")):
+    if path == "fused" and (query.device.type != "cpu" or fused_kernel() is None):
         raise ValueError("the fused path needs a CPU tensor and torch's fused CPU attention kernel")
     scaling = scaling * mapping.logits_times(n_k)
-    if (q_pos is None or k_pos is None) and path != "passes":  # host-known positions; a path reads them as tensors
-        k_pos = torch.arange(span[0], span[0] + n_k, device=query.device)[None]
-        q_pos = k_pos[:, n_k - query.shape[2] :]
-    if q_pos is not None and k_pos is not None:
-        q_pos, k_pos = q_pos.to(query.device), k_pos.to(query.device)
-    positions = (start, n_k) if span is not None and start is not None else k_pos.expand(query.shape[0], n_k)
+    if not positions.known:  # the key store and rotation tables compare a tensor of every row
+        positions = Positions.of(positions.key_ids(query.device).expand(query.shape[0], n_k))
     if path == "passes":
         primitive = primitive or primitive_for(query.device)
         if primitive is None:
@@ -158,8 +147,10 @@ def remapped_attention(
         move = lambda needed: moved_keys(mapping, key, positions, inv_freq, memo, key_store, needed)
         return passes_attention(query, key, value, move, start, n_k, scaling, mapping, inv_freq, log_n_original,
                                 primitive, memo)
+    k_pos = positions.key_ids(query.device)
+    q_pos = k_pos[:, n_k - n_q :]
     moved = None
-    if mapping.key_shift is not None and (path != "fused" or mapping.moves_keys):  # STRING moves no key
+    if mapping.keys_move and (path != "fused" or mapping.fused_moves_keys):
         moved = moved_keys(mapping, key, positions, inv_freq, memo, key_store)
     if path == "general":
         return _blocked_attention(query, key, value, q_pos, k_pos, attention_mask, scaling, mapping, inv_freq,
@@ -176,30 +167,28 @@ def select_path(device: torch.device, start: int | None, case: str | None, mappi
     positions (`start` not None); otherwise "general", with one warning per process per case off the CPU, where the
     general path's Python loop over query blocks is far slower than attention (67-195x on an H200 at 16k-64k)."""
     if start is not None:
-        if device.type == "cpu" and fused_kernel() is not None and hasattr(mapping, "segments"):
+        if device.type == "cpu" and fused_kernel() is not None:
             return "fused"
         if device.type != "cpu":
             return "passes"
         case = "no fused CPU attention kernel in this torch"
     if device.type != "cpu" and case not in _WARNED:
         _WARNED.add(case)
-        warnings.warn(f"rope-extend: {case}: self-extend / dual-chunk attention on {device.type} falls back to the "
-                      "general blocked path, which is slow (a Python loop over query blocks); see "
+        warnings.warn(f"rope-extend: {case}: attention-level methods on {device.type} fall back to the general "
+                      "blocked path, which is slow (a Python loop over query blocks); see "
                       "docs/attention-methods.md, 'Speed by device'", RuntimeWarning, stacklevel=3)
     return "general"
 
 
-def moved_keys(mapping, key, positions, inv_freq, memo, store, needed: int | None = None) -> torch.Tensor:
-    """The keys rotated by the map's key shift [B, Hkv, >= needed, D] (all n_k of them when `needed` is None, or
-    when some must be rotated), `positions` a tensor [B, n_k] or (first, n_k) for contiguous positions known on the
-    host. With a `store` (this layer's, kept on the KV cache by `runtime`, which empties it when the cache's key
-    tensor is not the one it last saw) the keys moved at earlier calls at the same positions are reused and only
-    the new ones are rotated. A caller that reads only the first `needed` (the passes path: a key joins the moved
-    passes W steps after it is written, or when its chunk ends) gets the held ones while they suffice, so the
-    cache's new keys are rotated in batches (all that have arrived) every so many steps, not one per layer and step;
-    with host-known positions nothing is compared on the device."""
-    span = isinstance(positions, tuple)
-    n_k = positions[1] if span else positions.shape[1]
+def moved_keys(mapping, key, positions: Positions, inv_freq, memo, store, needed: int | None = None) -> torch.Tensor:
+    """The keys rotated by the map's key shift [B, Hkv, >= needed, D] (all `positions.count` of them when `needed`
+    is None, or when some must be rotated). With a `store` (this layer's, kept on the KV cache by `runtime`, which
+    empties it when the cache's key tensor is not the one it last saw) the keys moved at earlier calls at the same
+    positions are reused and only the new ones are rotated. A caller that reads only the first `needed` (the passes
+    path: a key joins the moved passes W steps after it is written, or when its chunk ends) gets the held ones while
+    they suffice, so the cache's new keys are rotated in batches (all that have arrived) every so many steps, not
+    one per layer and step; with host-known positions nothing is compared on the device."""
+    n_k = positions.count
     needed = n_k if needed is None else min(needed, n_k)
     held = store.get("moved") if store is not None else None
     n_old = 0
@@ -207,8 +196,8 @@ def moved_keys(mapping, key, positions, inv_freq, memo, store, needed: int | Non
         n_old = min(store["count"], n_k)
         kept = store["positions"]
         same = held.shape[0] == key.shape[0] and held.dtype == key.dtype and held.device == key.device and (
-            kept == positions[0] if span else
-            isinstance(kept, torch.Tensor) and torch.equal(kept[:, :n_old], positions[:, :n_old]))
+            isinstance(kept, int) and kept == positions.first if positions.known else
+            isinstance(kept, torch.Tensor) and torch.equal(kept[:, :n_old], positions.ids[:, :n_old]))
         held, n_old = (held[:, :, :n_old], n_old) if same else (None, 0)
         if held is not None and n_old >= needed:
             store["keys"] = key
@@ -228,7 +217,8 @@ def moved_keys(mapping, key, positions, inv_freq, memo, store, needed: int | Non
         buffer[:, :, n_old:n_k] = fresh
         store["buffer"], held = buffer, buffer[:, :, :n_k]
     if store is not None:
-        store.update(moved=held, positions=positions[0] if span else positions, count=n_k, keys=key)
+        store.update(moved=held, positions=positions.first if positions.known else positions.ids, count=n_k,
+                     keys=key)
     return held
 
 
@@ -261,25 +251,24 @@ def plain_causal(mask: torch.Tensor, n_q: int, n_k: int) -> bool:
     return answer
 
 
-def contiguous_start(query, q_pos, k_pos, mask, softcap, span=None) -> tuple[int | None, str | None]:
+def contiguous_start(query, positions: Positions, mask, softcap) -> tuple[int | None, str | None]:
     """(the position of key 0, None) when the fused and passes paths apply: no softcap, no mask or the plain causal
-    one, the same contiguous positions in every row, queries the last keys; else (None, the case that does not).
-    With `span` = (first, count), positions the caller knows to be contiguous (q_pos, k_pos may be None), only the
-    rest is checked: nothing is read from a tensor unless a mask is given."""
+    one, the same contiguous positions in every row; else (None, the case that does not). Host-known positions are
+    checked without reading a tensor (unless a mask is given)."""
     if softcap is not None:
         return None, "attention logit softcapping"
     if query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None, f"dtype {query.dtype}"
-    if span is not None:
-        (first, n_k), n_q = span, query.shape[2]
+    n_q, n_k = query.shape[2], positions.count
+    if positions.known:
+        if positions.padded:
+            return None, "left padding"
+        first = positions.first
     else:
-        n_q, n_k = q_pos.shape[1], k_pos.shape[1]
-        k_pos, q_pos = k_pos.to(query.device), q_pos.to(query.device)
-        first = int(k_pos[0, 0])
-        if first < 0 or not torch.equal(k_pos, (torch.arange(n_k, device=k_pos.device) + first).expand_as(k_pos)):
+        ids = positions.ids.to(query.device)
+        first = int(ids[0, 0])
+        if first < 0 or not torch.equal(ids, (torch.arange(n_k, device=ids.device) + first).expand_as(ids)):
             return None, "positions not contiguous or not the same in every batch row (left padding, packed sequences)"
-        if not torch.equal(q_pos, k_pos[:, n_k - n_q :].expand_as(q_pos)):
-            return None, "queries that are not the last keys"
     if mask is not None and not plain_causal(mask, n_q, n_k):  # last: the one check that reads n_q x n_k values
         return None, "an attention mask other than the causal one (padding or a custom mask)"
     return first, None

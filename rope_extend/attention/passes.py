@@ -1,24 +1,17 @@
 """The passes path: each method as a few whole-sequence attention passes, merged exactly by log-sum-exp.
 
 For contiguous positions (the queries are the last n_q of n_k keys at positions first .. first + n_k - 1, every
-batch row alike, no padding), each (query, key) pair of a method uses exactly one of its position maps, and the
-pairs of one map form a simple region of the (query, key) plane. A *pass* is one map over the whole sequence:
+batch row alike, no padding), each (query, key) pair of a method uses exactly one of its sub-maps, and the pairs of
+one sub-map form a simple region of the (query, key) plane. A *pass* (`Pass`) is one such region over the whole
+sequence; each position map lists its own (`PositionMap.passes`, in `maps/`):
 
-- which queries: the model's rotated queries moved by the map's query shift (None: as the model rotated them);
-- which keys: the model's keys, or the keys moved by the method's key shift (`kernels.moved_keys`, kept on the KV
+- which queries: the model's rotated queries moved by the pass's query shift (None: as the model rotated them);
+- which keys: the model's keys, or the keys moved by the map's key shift (`kernels.moved_keys`, kept on the KV
   cache across decoding steps);
-- which pairs: a FlexAttention-style `mask_mod(b, h, q_idx, kv_idx)` (`band_mask`: one function for every pass,
-  its numbers closed over as tensors, so a compiled kernel does not recompile per pass, offset or window), and
-  the same region as key position ranges per query position (`key_range`, what a decoding step slices).
-
-SelfExtend, window W, group G: neighbour (original q, original k, 0 <= p_i - p_j < W) and grouped (q at
-p_i // G + W - W // G, k at p_j // G, p_i - p_j >= W).
-STRING, shifted_offset S, local_value W: neighbour (original q, original k, 0 <= p_i - p_j < S) and shifted (q at
-p_i - S + W, original k, p_i - p_j >= S).
-Dual chunk, chunk length s = chunk_size - local_window, c = chunk_size; keys moved once to p_j mod s (unlike the
-CPU fused path, which rotates queries per chunk instead): intra (same chunk, causal: queries and keys as rotated,
-since both would move by minus the chunk's start), successive (q at min(p_i mod s + s, c), previous chunk), inter
-(q at c, chunks two or more back).
+- which pairs: a band (`band_mask`: one FlexAttention-style `mask_mod(b, h, q_idx, kv_idx)` for every pass of
+  every method, its numbers closed over as tensors, so a compiled kernel does not recompile per pass, offset or
+  window), and the same region as key position ranges per query position (`key_range`, what a decoding step
+  slices). SelfExtend's, dual chunk attention's and STRING's passes are described in their map modules.
 
 Each pass runs one call of a primitive (`primitives.py`: FlexAttention compiled on CUDA, the fused CPU kernel or
 eager FlexAttention for tests) that returns its output and log-sum-exp; the outputs merge exactly by their
@@ -29,11 +22,11 @@ W keys per query, the grouped pass the causal rest.
 The block masks come from each pass's band in closed form (`band_rows`, `band_blocks`): integer work per query row
 and per block, never the mask evaluated on the n_q x n_k grid.
 
-A decoding step (one query) sees, through each pass, one contiguous range of keys: its last W keys and the rest
-(self-extend), its own chunk, the previous chunk and the older ones (dual chunk). It runs the primitive's `decode`
-on those slices (one softmax over their union: no mask, no compilation per cache length, no re-rotated or cast
-cache), with every position a Python int, so nothing is read back from the device. The moved keys are rotated
-when a moved pass first needs them, in batches.
+A decoding step (one query) sees, through each pass, one contiguous range of keys (self-extend: its last W keys and
+the rest; dual chunk: its own chunk, the previous chunk and the older ones; STRING: its last S keys and the rest).
+It runs the primitive's `decode` on those slices (one softmax over their union: no mask, no compilation per cache
+length, no re-rotated or cast cache), with every position a Python int, so nothing is read back from the device.
+The moved keys are rotated when a moved pass first needs them, in batches.
 """
 
 from __future__ import annotations
@@ -44,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .maps import DualChunkMap, SelfExtendMap, StringMap, log_n_factor, rotate, rotation
+from .rotations import log_n_factor, rotate, rotation
 
 ROTATE_QUERIES = 8192  # queries rotated per step (bounds the float32 temporaries at long prompts)
 MERGE_QUERIES = 8192  # queries merged per step (likewise)
@@ -149,35 +142,6 @@ def band_blocks(band, n_q: int, n_k: int, block: int = BLOCK, device=None):
             full_indices.view(*shape, n_kb))
 
 
-def method_passes(mapping, q0: int, k0: int, device) -> list[Pass]:
-    """The passes of `mapping` for queries whose index 0 sits at position q0 and keys whose index 0 sits at k0."""
-    if isinstance(mapping, SelfExtendMap):
-        w = mapping.neighbor_window
-        return [
-            Pass("neighbour", None, False, (q0, k0, 1, 0, w), lambda p: (p - w + 1, p + 1), device),
-            Pass("grouped", lambda q_pos: mapping.query_shifts(q_pos)[1], True, (q0, k0, 1, w, FAR),
-                 lambda p: (k0, p - w + 1), device),
-        ]
-    if isinstance(mapping, DualChunkMap):
-        s, c = mapping.chunk_len, mapping.chunk_size
-        return [
-            # same chunk: queries and keys would both move by minus the chunk's start, which leaves q·k as it is
-            Pass("intra", None, False, (q0, k0, s, 0, 1), lambda p: (p // s * s, p + 1), device),
-            Pass("successive", lambda q_pos: torch.clamp(q_pos % s + s, max=c) - q_pos, True, (q0, k0, s, 1, 2),
-                 lambda p: (p // s * s - s, p // s * s), device),  # mapping.query_shifts' [1] and [2], one each
-            Pass("inter", lambda q_pos: c - q_pos, True, (q0, k0, s, 2, FAR), lambda p: (k0, p // s * s - s),
-                 device),
-        ]
-    if isinstance(mapping, StringMap):
-        s, w = mapping.shifted_offset, mapping.local_value
-        return [
-            Pass("neighbour", None, False, (q0, k0, 1, 0, s), lambda p: (p - s + 1, p + 1), device),
-            Pass("shifted", lambda q_pos: torch.full_like(q_pos, w - s), False, (q0, k0, 1, s, FAR),
-                 lambda p: (k0, p - s + 1), device),
-        ]
-    raise TypeError(f"no passes for {type(mapping).__name__}")
-
-
 def _plan(mapping, q0, k0, n_q, n_k, primitive, device, memo):
     """[(pass, prepared mask or None for a decoding step)] without the passes no query sees, kept in the memo for
     the other layers of the forward (the masks depend only on the positions and shapes)."""
@@ -191,7 +155,7 @@ def _plan(mapping, q0, k0, n_q, n_k, primitive, device, memo):
                 del plans[old]
         plan = []
         last = q0 + n_q - 1  # the last query sees the most keys of every pass (ranges grow with the position)
-        for p in method_passes(mapping, q0, k0, device):
+        for p in mapping.passes(q0, k0, device):
             lo, hi = p.key_range(last)
             if min(hi, last + 1) <= max(lo, k0):
                 continue

@@ -1,22 +1,30 @@
-"""How a patched model's attention reaches `kernels.remapped_attention`, and how that is undone.
+"""How a patched model's attention reaches `kernels.remapped_attention`, and how that is undone: the same for every
+attention-level method (self-extend, dual chunk attention, STRING), whose position map it carries.
 
-Three pieces, installed by `install(model, plan, mapping)` and removed by the handles it returns:
+Four pieces, installed by `install(model, plan, mapping)` and removed by the handles it returns:
 
 1. A dispatcher for "eager" and "sdpa" in transformers' attention-function registry (`compat.attention_functions`).
    For a module without an attention context it calls the function transformers would have called, with the same
    arguments, so unpatched models (and patched models after `unpatch_model`) are untouched. For a patched module
-   whose every distance is below the method's window (short prompts) it does the same: the original model, exactly.
-2. A forward pre-hook on each patched attention module that records the position of every key of its layer. The
-   attention function receives keys already rotated by the model (and the KV cache holds rotated keys), so the
-   kernel re-rotates them by the mapped shift and needs each key's position. The positions are stored on the KV
-   cache object itself (`cache.__dict__`, one tensor per layer), so they follow the cache when it is copied
-   (a reused prefix), cropped (only the first `past` positions are read), or extended piece by piece; a cache that
-   arrives without them (filled before patching) is taken as contiguous positions ending before the new tokens.
-   Next to them, per layer, the keys the kernel moved by the map's key shift (`kernels.moved_keys`), so a decoding
-   step rotates only its new key. They are reused only while the cache still holds the very key tensor they were
-   computed from (`compat.cache_layer_keys`): a copied, cropped, reordered (beam search) or offloaded cache holds a
-   new tensor, and they are recomputed.
-3. The context on the module: the method's map, the original inverse frequencies of its RoPE slot, log-n.
+   whose every distance maps to itself (`PositionMap.is_identity`: short prompts) it does the same: the original
+   model, exactly.
+2. A forward pre-hook on each patched attention module that records the position of every key of its layer
+   (`positions.Positions`). The attention function receives keys already rotated by the model (and the KV cache
+   holds rotated keys), so the kernel re-rotates them by the mapped shift and needs each key's position. The
+   positions are stored on the KV cache object itself (`cache.__dict__`, one per layer), so they follow the cache
+   when it is copied (a reused prefix), cropped (only the first `past` positions are read), or extended piece by
+   piece; a cache that arrives without them (filled before patching) is taken as contiguous positions ending
+   before the new tokens. Next to them, per layer, the keys the kernel moved by the map's key shift
+   (`kernels.moved_keys`), so a decoding step rotates only its new key. They are reused only while the cache still
+   holds the very key tensor they were computed from (`compat.cache_layer_keys`): a copied, cropped, reordered
+   (beam search) or offloaded cache holds a new tensor, and they are recomputed.
+3. Where the positions are known without reading a tensor, so that a decoding step synchronises nothing with the
+   device: while the model derives its own positions (`_DerivedPositions`: the caller passed no position ids, so
+   they continue the cache), and inside `generate()` (`_Generating`: generate numbers the tokens of each row from
+   its attention mask, so after its first forward every step continues each row; that first forward reads the
+   positions once to learn each row's left padding). A left-padded batch then runs row by row on each row's real
+   keys (one call per row, no mask), as contiguous positions.
+4. The context on the module: the method's map, the original inverse frequencies of its RoPE slot, log-n.
 
 Every other attention implementation (flash, flex, paged) is refused at patch time in one line that says to load
 the model with `attn_implementation="sdpa"`: the method computes attention itself (on CUDA through FlexAttention,
@@ -25,6 +33,7 @@ the model with `attn_implementation="sdpa"`: the method computes attention itsel
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import weakref
@@ -36,6 +45,7 @@ import torch
 from .. import compat
 from ..errors import UnsupportedModelError
 from .kernels import remapped_attention
+from .positions import Positions
 
 CONTEXT = "_rope_extend_attention"
 POSITIONS = "_rope_extend_positions"
@@ -47,19 +57,13 @@ _SAVED: dict[str, Any] = {}  # implementation -> what the registry held before (
 
 @dataclass
 class AttentionContext:
-    mapping: Any
+    mapping: Any  # the method's `maps.PositionMap`
     inv_freq: torch.Tensor
     log_n_original: int | None
     memo: dict  # key-rotation tables by position, shared by the layers of one RoPE slot (see kernels.key_rotation)
-    forward: dict = field(default_factory=dict)  # {"derived": True} while the model derives its own positions
-
-
-@dataclass(frozen=True)
-class Span:
-    """Positions known on the host without reading a tensor: first .. first + count - 1, every batch row alike."""
-
-    first: int
-    count: int
+    # shared by every patched module of the model: {"derived": True} while the model derives its own positions,
+    # {"generating": True} inside generate()
+    forward: dict = field(default_factory=dict)
 
 
 def _original_function(impl: str, module):
@@ -76,36 +80,43 @@ def _dispatcher(impl: str):
         context = module.__dict__.get(CONTEXT)
         if context is None:
             return original(module, query, key, value, attention_mask, *args, **kwargs)
-        q_pos, k_pos, store, span = module.__dict__.pop(POSITIONS, (None, None, None, None))
+        positions, store = module.__dict__.pop(POSITIONS, (None, None))
         n_q, n_k = query.shape[2], key.shape[2]
-        if span is not None and (span.count > n_k or span.count < n_q):
-            span = None
-        if span is None and (q_pos is None or k_pos is None or q_pos.shape[-1] != n_q or k_pos.shape[-1] > n_k):
-            span, q_pos, k_pos, store = Span(0, n_k), None, None, None
-        if span is not None:  # positions known as Python ints: nothing read from the device (decoding steps)
-            last = span.first + span.count - 1
-            long_enough = context.log_n_original and last >= context.log_n_original
-            by_span = getattr(context.mapping, "is_identity_span", None)  # a map without it: its tensor test
-            identity = by_span(span.first, last) if by_span is not None else context.mapping.is_identity(
-                *(torch.arange(span.first, last + 1, device=query.device)[None],) * 2)
-        else:
-            long_enough = context.log_n_original and int(q_pos.max()) >= context.log_n_original
-            identity = context.mapping.is_identity(q_pos, k_pos)
-        if identity and not long_enough:
+        if positions is None or positions.count > n_k or positions.count < n_q:
+            positions, store = Positions(n_k), None
+        first, last = positions.bounds()  # Python ints of host-known positions: nothing read from the device
+        long_enough = context.log_n_original and last >= context.log_n_original
+        if context.mapping.is_identity(first, last) and not long_enough:
             return original(module, query, key, value, attention_mask, *args, **kwargs)
         scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
         if scaling is None:
             scaling = getattr(module, "scaling", query.shape[-1] ** -0.5)
-        output = remapped_attention(
-            query, key, value, q_pos, k_pos, attention_mask, float(scaling), context.mapping,
-            context.inv_freq.to(query.device), softcap=kwargs.get("softcap"),
-            log_n_original=context.log_n_original, memo=context.memo, key_store=store,
-            span=None if span is None else (span.first, span.count),
-        )
+        call = dict(scaling=float(scaling), mapping=context.mapping, inv_freq=context.inv_freq.to(query.device),
+                    softcap=kwargs.get("softcap"), log_n_original=context.log_n_original, memo=context.memo)
+        if n_q == 1 and positions.known and context.forward.get("generating") and not context.forward.get("derived"):
+            attention_mask = None  # generate()'s mask hides each row's padding only, which `_by_rows` leaves out
+        if positions.padded and n_q <= positions.count - max(positions.pads):  # every query real: row by row
+            return _by_rows(query, key, value, positions, attention_mask, store, call), None
+        output = remapped_attention(query, key, value, positions, attention_mask, key_store=store, **call)
         return output, None
 
     attention.__rope_extend__ = impl
     return attention
+
+
+def _by_rows(query, key, value, positions: Positions, mask, store, call: dict) -> torch.Tensor:
+    """A left-padded batch whose queries are all real tokens (decoding steps): each row on its real keys, which sit
+    at contiguous positions, so every row takes a fast path and nothing is read from the device. A decoding step's
+    mask (padding only: one query sees every real key) is left out; for several queries, the row's part of it."""
+    rows = []
+    for b, pad in enumerate(positions.pads):
+        row_mask = None if mask is None or query.shape[2] == 1 else mask[b : b + 1, ..., pad : positions.count]
+        row_store = store.setdefault(("row", b), {}) if store is not None else None
+        rows.append(remapped_attention(query[b : b + 1], key[b : b + 1, :, pad:], value[b : b + 1, :, pad:],
+                                       positions.row(b), row_mask, key_store=row_store, **call))
+    if store is not None:
+        store["keys"] = key  # the cache's key tensor these rows' moved keys were computed from (runtime's check)
+    return torch.cat(rows)
 
 
 def _install_dispatchers() -> None:
@@ -133,12 +144,12 @@ def _cache_of(kwargs: dict):
 
 
 def record_positions(module, args, kwargs):
-    """Forward pre-hook: the positions of this call's queries and of every key of this layer, on the module.
+    """Forward pre-hook: the positions of this call's keys (its queries are the last of them), on the module.
 
-    While the model derives its own positions (`note_derived_positions`: the caller passed none, so they are the
-    cache's length onwards) and this layer's keys so far sit at 0 .. past - 1, they are a `Span` of Python ints
-    and no tensor is read or built: a decoding step is then free of host synchronisation. Otherwise, tensors
-    (query positions [B, q], key positions [B, k]) from the position ids the module receives."""
+    Where they are known without reading a tensor (the model derives them, or generate() numbers them: see the
+    module docstring) and this layer's keys so far are known the same way, the host form of `Positions`: no tensor
+    is read or built, and a decoding step is free of host synchronisation. Otherwise the tensor form, from the
+    position ids the module receives (query positions [B, q] appended to the layer's key positions)."""
     hidden = kwargs.get("hidden_states", args[0] if args else None)
     if hidden is None:
         return None
@@ -147,19 +158,25 @@ def record_positions(module, args, kwargs):
     layer = getattr(module, "layer_idx", 0)
     past = int(cache.get_seq_length(layer)) if cache is not None else 0
     context = module.__dict__.get(CONTEXT)
-    derived = context is not None and context.forward.get("derived", False)
+    state = context.forward if context is not None else {}
     store = cache.__dict__.setdefault(POSITIONS, {}) if cache is not None else {}
     previous = store.get(layer)
-    if derived and (previous is None or (isinstance(previous, Span) and previous.first == 0
-                                          and previous.count >= past)):
-        span = Span(0, past + n_q)
-        if cache is None:
-            module.__dict__[POSITIONS] = (None, None, None, span)
-            return None
-        store[layer] = span
-        module.__dict__[POSITIONS] = (None, None, _moved_store(cache, layer, past), span)
-        return None
     positions = kwargs.get("position_ids")
+    known = None
+    if state.get("derived") or state.get("generating"):
+        if isinstance(previous, Positions) and previous.known and previous.count >= past:
+            known = Positions(past + n_q, previous.first, previous.pads)  # continues every row
+        elif previous is None and state.get("derived"):
+            known = Positions(past + n_q)  # transformers' rule: the cache's length onwards
+        elif previous is None and positions is not None and positions.dim() == 2:  # generate's first forward
+            known = _left_padded(positions.to(hidden.device).expand(batch, n_q), past)
+    if known is not None:
+        if cache is None:
+            module.__dict__[POSITIONS] = (known, None)
+            return None
+        store[layer] = known
+        module.__dict__[POSITIONS] = (known, _moved_store(cache, layer, past))
+        return None
     if positions is None:
         cache_position = kwargs.get("cache_position")
         positions = (cache_position if cache_position is not None
@@ -167,22 +184,39 @@ def record_positions(module, args, kwargs):
     if positions.dim() != 2:
         raise UnsupportedModelError(
             f"{type(module).__name__} receives {positions.dim()}-D position ids (multimodal RoPE sections); "
-            "self-extend and dual-chunk remap one position per token"
+            "the attention-level methods remap one position per token"
         )
     positions = positions.to(hidden.device).expand(batch, n_q)
     if cache is None:
-        module.__dict__[POSITIONS] = (positions, positions, None, None)
+        module.__dict__[POSITIONS] = (Positions.of(positions), None)
         return None
-    if isinstance(previous, Span):
-        previous = torch.arange(previous.first, previous.first + previous.count, device=positions.device)[None]
-    if previous is not None and previous.shape[0] in (1, batch) and previous.shape[1] >= past:
-        before = previous[:, :past].to(positions.device).expand(batch, past)
+    if isinstance(previous, Positions) and (previous.known or previous.ids.shape[0] in (1, batch)) \
+            and previous.count >= past:
+        before = previous.prefix(past).key_ids(positions.device).expand(batch, past)
     else:  # a cache filled before patching: contiguous positions ending before the new tokens
         before = positions[:, :1] - past + torch.arange(past, device=positions.device)[None]
-    keys = torch.cat((before, positions), dim=1)
+    keys = Positions.of(torch.cat((before, positions), dim=1))
     store[layer] = keys
-    module.__dict__[POSITIONS] = (positions, keys, _moved_store(cache, layer, past), None)
+    module.__dict__[POSITIONS] = (keys, _moved_store(cache, layer, past))
     return None
+
+
+def _left_padded(positions: torch.Tensor, past: int) -> Positions | None:
+    """The host form of generate()'s first positions [B, n] (read once: a prefill's synchronisation), when every row
+    is left padding (any positions) followed by positions 0, 1, ... (an empty cache), or continues past with
+    past, past + 1, ... (a cache that holds a prefix, no padding); None otherwise (the tensor form is used)."""
+    batch, n = positions.shape
+    if past:
+        expected = torch.arange(past, past + n, device=positions.device)
+        return Positions(past + n) if bool((positions == expected).all()) else None
+    rows = positions.tolist()
+    pads = []
+    for row in rows:
+        pad = n - 1 - row[-1] if row else 0
+        if pad < 0 or row[pad:] != list(range(n - pad)):
+            return None
+        pads.append(pad)
+    return Positions(n, 0, tuple(pads) if any(pads) else ())
 
 
 def _moved_store(cache, layer: int, past: int) -> dict:
@@ -191,7 +225,7 @@ def _moved_store(cache, layer: int, past: int) -> dict:
     moved = cache.__dict__.setdefault(MOVED, {}).setdefault(layer, {})
     if moved.get("keys") is None or compat.cache_layer_keys(cache, layer) is not moved["keys"]:
         moved.clear()
-    elif moved["count"] > past:
+    elif moved.get("count", 0) > past:  # (a batch run row by row keeps its counts per row)
         moved["count"] = past
     return moved
 
@@ -242,6 +276,34 @@ class _DerivedPositions:
         for handle in self.handles:
             handle.remove()
         self.state.pop("derived", None)
+
+
+class _Generating:
+    """`model.generate` wrapped (an instance attribute, removed by `remove`): notes, for the attention hooks, that
+    the forwards run inside generate(), which numbers each row's tokens from its attention mask, so each step's
+    positions continue the row's (`record_positions`). A caller's own `position_ids` turn it off."""
+
+    def __init__(self, model, state: dict):
+        self.model, self.state = model, state
+        original = type(model).generate
+
+        @functools.wraps(original)
+        def generate(*args, **kwargs):
+            if "position_ids" in kwargs or state.get("generating"):
+                return original(model, *args, **kwargs)
+            state["generating"] = True
+            try:
+                return original(model, *args, **kwargs)
+            finally:
+                state.pop("generating", None)
+
+        self.wrapper = generate
+        model.generate = generate
+
+    def remove(self) -> None:
+        if self.model.__dict__.get("generate") is self.wrapper:
+            del self.model.__dict__["generate"]
+        self.state.pop("generating", None)
 
 
 class _Handle:
@@ -326,5 +388,7 @@ def install(model, plan, mapping, log_n: bool) -> list[_Handle]:
     positions_module = _positions_module(model, [handle.module for handle in handles])
     if positions_module is not None:
         handles.append(_DerivedPositions(positions_module, forward))
+    if callable(getattr(type(model), "generate", None)) and "generate" not in model.__dict__:
+        handles.append(_Generating(model, forward))
     _install_dispatchers()
     return handles

@@ -15,6 +15,7 @@ from . import (
     spec_cmds,  # noqa: F401  validate, methods
     train_cmd,  # noqa: F401  train
     tune_cmd,  # noqa: F401  tune
+    verify_cmd,  # noqa: F401  verify
 )
 
 # Slots for commands other branches add (one line each, inside the import list above):

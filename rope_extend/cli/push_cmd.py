@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from .app import Progress, app, out
+from .app import Progress, app, out, say
 
 EXAMPLES = """Examples:
 
@@ -33,12 +33,13 @@ def publish(folder: Path, repo_id: str, private: bool, dry_run: bool, include: S
     """Push `folder` to `repo_id` (or, with `dry_run`, print exactly what the push would send and leave out).
     `flag` names the repo id in errors (`REPO` for push, `--push-to-hub` for patch and train); `written_now`: OUT
     was just written by patch or train."""
-    from ..hub import check_reachable, hub_token, plan_push, push
+    from ..hub import check_reachable, files_count, hub_token, plan_push, push
 
     plan = plan_push(folder, repo_id, private, include, flag=flag, written_now=written_now)
-    if dry_run:
+    if dry_run:  # wrapped at the terminal's width; a file's reason continues under its name
         for line in plan.dry_run_lines():
-            out.print(line, markup=False, highlight=False)
+            indent = len(line) - len(line.lstrip())
+            say(line, hang=" " * (indent + 4 if indent else 2))
     refusal = plan.selection.refusal()
     if refusal is not None:
         raise refusal
@@ -47,10 +48,10 @@ def publish(folder: Path, repo_id: str, private: bool, dry_run: bool, include: S
     token = hub_token(plan.kept())  # before anything is printed or sent
     check_reachable(plan)
     with Progress("pushing", 1) as progress:
-        progress.step(f"uploading {len(plan.files)} files to {repo_id}")
+        progress.step(f"uploading {files_count(len(plan.files))} to {repo_id}")
         visibility = push(plan, token)
     shown = {True: "private", False: "public", None: "visibility not reported by the Hub"}[visibility]
-    out.print(f"pushed: {plan.url} ({len(plan.files)} files, {shown})", markup=False, highlight=False)
+    out.print(f"pushed: {plan.url} ({files_count(len(plan.files))}, {shown})", markup=False, highlight=False)
     if plan.selection.left_out:  # said, not silently skipped; the dry run gives each one's reason
         names = [name for name, _ in plan.selection.left_out]
         out.print(f"left out: {', '.join(names[:8])}{f' and {len(names) - 8} more' if len(names) > 8 else ''} "

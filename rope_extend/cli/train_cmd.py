@@ -68,6 +68,7 @@ def train_command(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT that is a checkpoint (a folder of other files is refused).")] = False,
     restart: Annotated[bool, typer.Option("--restart", help="Discard OUT.train-state and start over.")] = False,
     no_verify: Annotated[bool, typer.Option("--no-verify")] = False,
+    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the model even if the memory estimate says it does not fit.")] = False,
     push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", help="Then upload OUT to this Hub repo id (token: HF_TOKEN or `hf auth login`).")] = None,
     private: Annotated[bool, typer.Option("--private", help="With --push-to-hub: create the repo as private.")] = False,
 ) -> None:
@@ -87,7 +88,7 @@ def train_command(
         save_adapter=save_adapter, save_steps=save_steps, logging_steps=logging_steps, dtype=dtype,
         gradient_checkpointing=gradient_checkpointing, loss_chunk=loss_chunk,
         eval_suite=eval_suite, eval_texts=[str(t) for t in eval_text or []], overwrite=overwrite, resume=not restart,
-        verify=not no_verify,
+        verify=not no_verify, memory_check=not no_memory_check,
     )
     from ..train.progress import TrainingInterrupted, progress_printer
     from ..train.runner import train_model

@@ -173,7 +173,7 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
     else:
         if not isinstance(spec, RopeSpec) or kwargs:  # the Python API's edge (the CLI passes a parsed spec)
             spec = load_spec(spec, **kwargs)
-        keeps = spec.rope_method.keeps_scheme  # STRING: the model's scheme stays, so nothing is re-derived
+        keeps = spec.rope_method.keeps_scheme  # attention-level methods keep the model's scheme: nothing re-derived
         if facts.is_scaled and not keeps:
             if not spec.replace_existing:
                 notes.append(
@@ -182,7 +182,7 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
                 )
             spec = spec.model_copy(update={"replace_existing": True})
         resolved = spec.resolve(spec.original_max_position_embeddings or facts.original_length())
-        if facts.window and resolved.target_length < facts.window and not spec.shorten_window:
+        if not keeps and facts.window and resolved.target_length < facts.window and not spec.shorten_window:
             notes.append(f"{spec.method} x{resolved.factor:g} reaches {resolved.target_length} tokens, shorter "
                          f"than the model's {facts.window} now: patch refuses it unless asked (shorten_window: true)")
             spec = spec.model_copy(update={"shorten_window": True})

@@ -1,11 +1,17 @@
-"""What self-extend, dual-chunk and STRING share: methods that act on attention, on top of the model's RoPE.
+"""What self-extend, dual-chunk and STRING share: methods that act on attention, on top of the model's own RoPE.
 
-The frequencies stay the model's own (`compute` returns the original ones; STRING keeps a shipped scheme), so the
-config keeps its RoPE slot and `max_position_embeddings` = L: stock loaders (transformers, vLLM, SGLang) serve the
-model without the method from such a checkpoint, and the `rope_extend` marker carries the spec, which
-`patch_model(model)` re-applies in-process. The attention itself lives in `rope_extend.attention`, imported only by
-`install_attention`. Their engine rules (`AttentionEngines`: every engine serves that model, up to L), GGUF refusal
-and advice are the adapters below.
+They never change what stock loaders read. The model's RoPE is kept as shipped, scheme included (Llama 3.1's
+llama3 x8 over 8192, Qwen2.5's YaRN x4 over 32768, Gemma 3's per-layer-type RoPE): config.json keeps its RoPE slots
+and `max_position_embeddings`, so transformers, vLLM and SGLang serve the model WITHOUT the method, up to the window
+it claims. The original length L every method counts from is that window (Llama 3.1: 131072, not llama3's 8192;
+Qwen2.5 with YaRN x4: 131072, not the 32768 in `max_position_embeddings`): the distances the model's own RoPE serves.
+The method's parameters and the length N it reaches in-process live in rope-extend's section of config.json (the
+`rope_extend` marker's spec), which `patch_model(model)` re-applies; the attention re-rotates with the model's own
+frequencies and attention factor (`PatchPlan.compute`). The one thing a patch raises for stock tools is a length
+cap that stood at the old window (tokenizer_config.json's `model_max_length`, generation_config.json's
+`max_length`): raised to N, the length the user asked for. Schemes whose frequencies change with the length
+(dynamic, longrope) have no one rotation to keep, and are refused. The attention itself lives in
+`rope_extend.attention` (each method's position map in `attention/maps/`), imported only by `install_attention`.
 """
 
 from __future__ import annotations
@@ -29,17 +35,22 @@ from .registry import (
 LOG_N = Param(bool, False, "multiply each query's logits by max(1, ln(p+1)/ln(L)) (Qwen's logn attention)")
 
 
+UNSUPPORTED_SCHEMES = ("dynamic", "longrope")  # their frequencies change with the length: no one rotation to keep
+
+
 class AttentionMethod(RopeMethod):
     acts_on_attention = True
+    keeps_scheme = True
     hf_rope_type = "default"
-    attention = "1 (the attention itself is remapped)"
+    attention = "the model's own (the attention itself is remapped)"
 
     # -- math -------------------------------------------------------------------------------------------------
     def _compute(self, ctx: RopeContext):
         return default_inv_freq(ctx.rotary_dim, ctx.base, ctx.device), 1.0
 
     def mapping(self, spec) -> Any:
-        """The position map `rope_extend.attention.kernels` applies (from a spec `fill_params` completed)."""
+        """The method's position map (a `rope_extend.attention.maps.PositionMap`) from a spec `fill_params`
+        completed."""
         raise NotImplementedError
 
     def install_attention(self, model, plan) -> list[Any]:
@@ -51,58 +62,101 @@ class AttentionMethod(RopeMethod):
     def _error(message: str, field: str, value: Any) -> SpecError:
         return SpecError(message, field=field, value=value)
 
-    # -- config -----------------------------------------------------------------------------------------------
-    def max_position_embeddings(self, spec) -> int:
-        return int(spec.original_max_position_embeddings)  # stock loaders serve the original model
+    def validate(self, spec) -> None:
+        if spec.replace_existing:
+            raise ValueError(
+                f"replace_existing does not apply to {self.name}: it keeps the model's own RoPE scheme and window "
+                f"(what stock loaders serve) and remaps attention positions on top, counting from that window; "
+                "remove replace_existing"
+            )
 
-    # What stock loaders serve from such a checkpoint, in the words of the notes and engine warnings.
-    served: ClassVar[str] = "the ORIGINAL model"  # the model they serve
-    served_rope: ClassVar[str] = "original RoPE"  # its RoPE
+    # -- config: the model's own scheme and window, unchanged ---------------------------------------------------
+    def original_length(self, facts, slot) -> int | None:
+        """The window the model claims as shipped (Llama 3.1: 131072, not llama3's 8192; Qwen2.5 with YaRN x4 over
+        32768: 131072): the distances its own RoPE serves."""
+        return facts.shipped_window or facts.original_length(slot)
+
+    def config_slot(self, spec, base_slot: dict, rotary_dim: int, base_theta: float) -> dict:
+        from ..errors import UnsupportedModelError
+
+        kind = base_slot.get("rope_type", base_slot.get("type", "default"))
+        if kind in UNSUPPORTED_SCHEMES:
+            raise UnsupportedModelError(
+                f"{self.name} keeps the model's own RoPE, but this model's {kind} scheme changes its frequencies "
+                "with the length, so there is no one rotation to remap; extend it with a frequency method instead "
+                "(e.g. --method yarn --set replace_existing=true)"
+            )
+        return dict(base_slot)
+
+    @property
+    def served(self) -> str:
+        """What stock loaders serve from such a checkpoint, in the words of the notes and engine warnings below."""
+        return f"the model WITHOUT {self.name}"
+
+    served_rope: ClassVar[str] = "its own RoPE"
 
     def marker_note(self, spec) -> str | None:
         return (
-            f"the original model (RoPE and max_position_embeddings {spec.original_max_position_embeddings} "
-            f"unchanged): {self.name} acts on attention; call rope_extend.patch_model(model) after loading to "
-            "re-apply it"
+            f"the model as it is (its RoPE and max_position_embeddings unchanged, {spec.original_max_position_embeddings}"
+            f" tokens): {self.name} acts on attention and reaches {spec.target_length} tokens; call "
+            "rope_extend.patch_model(model) after loading to re-apply it"
         )
 
     def loader_notes(self, spec) -> list[str]:
         return [
             f"{self.name} acts on attention, which no config key carries: stock transformers, vLLM and SGLang serve "
-            f"{self.served} (up to {spec.original_max_position_embeddings} tokens) from this checkpoint; call "
-            "rope_extend.patch_model(model) after loading to re-apply it in-process"
+            f"{self.served} ({self.served_rope}, up to {spec.original_max_position_embeddings} tokens) from this "
+            f"checkpoint; call rope_extend.patch_model(model) after loading to re-apply it in-process (up to "
+            f"{spec.target_length} tokens)"
         ]
+
+    def summary(self, plan) -> str:
+        spec = plan.spec
+        return (f"{spec.method} x{spec.factor:g}: {spec.original_max_position_embeddings} -> {spec.target_length} "
+                f"tokens in-process (rope_extend.patch_model), on top of {self._own(plan)} (attention factor "
+                f"{plan.attention_factor:.4f}); config.json keeps it: stock loaders serve "
+                f"{spec.original_max_position_embeddings} tokens; {self.describe(spec)}")
+
+    @staticmethod
+    def _own(plan) -> str:
+        """The model's own RoPE in words: 'its own RoPE: llama3 x8 from 8192'."""
+        kept = plan.kept_scheme
+        return "its own RoPE" + (f": {kept}" if kept and not kept.startswith("default") else "")
 
 
 class AttentionEngines(EngineRules):
     """Every engine serves what stock loaders read from such a checkpoint (`AttentionMethod.served`), up to L."""
 
-    llama_cpp_note: ClassVar[str]  # what llama.cpp offers instead
+    @property
+    def llama_cpp_note(self) -> str:
+        """What llama.cpp offers instead (a method's adapter says more where llama.cpp has an equivalent)."""
+        return f"llama.cpp has no {self.method.name}"
 
     def no_stock_engine(self, L: int) -> str:
         """Why vLLM/SGLang cannot serve the method (the end of their warning)."""
-        name = self.method.name
-        return f"it has no {name} for LLaMA-family models; beyond {L} tokens only rope_extend.patch_model serves {name}"
+        return (f"it has no {self.method.name} for LLaMA-family models; beyond {L} tokens only rope_extend.patch_model "
+                f"serves {self.method.name}")
 
     def rule(self, engine, plan, version):
         method, L = self.method, plan.spec.original_max_position_embeddings
         if engine == "transformers":
             return EngineRule(max_len=L, warnings=[
-                f"stock transformers loads this checkpoint as {method.served} ({method.served_rope}, "
-                f"max_position_embeddings {L}): {method.name} acts on attention and no config key carries it; call "
-                "rope_extend.patch_model(model) after loading to re-apply it from the rope_extend marker"
+                f"stock transformers loads this checkpoint as {method.served} ({method._own(plan)}, {L} tokens): "
+                f"{method.name} acts on attention and no config key carries it; call rope_extend.patch_model(model) "
+                f"after loading to re-apply it from the rope_extend marker (up to {plan.spec.target_length} tokens)"
             ])
         if engine in ("vllm", "sglang"):
             return EngineRule(max_len=L, warnings=[
-                f"{version} serves {method.served} from this checkpoint, so the command serves {L} tokens: "
-                f"{self.no_stock_engine(L)}"
+                f"{version} serves {method.served} from this checkpoint ({method._own(plan)}), so the command serves "
+                f"{L} tokens: {self.no_stock_engine(L)}"
             ])
         return self.llama_cpp_rule(plan)
 
     def llama_cpp_rule(self, plan) -> EngineRule:
         L = plan.spec.original_max_position_embeddings
         return EngineRule(max_len=L, flags=None, convertible=False, warnings=[
-            f"llama.cpp serves {self.method.served} from this checkpoint (up to {L} tokens): {self.llama_cpp_note}"
+            f"llama.cpp serves {self.method.served} from this checkpoint ({self.method._own(plan)}, up to {L} "
+            f"tokens): {self.llama_cpp_note}"
         ])
 
     def llama_cpp_flags(self, spec) -> str:
@@ -110,8 +164,8 @@ class AttentionEngines(EngineRules):
         return self.llama_cpp_note
 
     def not_served(self, plan) -> str | None:
-        return (f"serves the ORIGINAL model (its RoPE and attention); {plan.spec.method} acts on attention, which "
-                "only rope_extend.patch_model applies")
+        return (f"serves {self.method.served} (its own RoPE and attention); {plan.spec.method} acts on attention, "
+                "which only rope_extend.patch_model applies")
 
 
 class AttentionGguf(GgufRules):

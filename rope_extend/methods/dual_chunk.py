@@ -35,11 +35,12 @@ class DualChunk(AttentionMethod):
     }
     formula = "original θ_i; keys at j mod s; queries intra / successive / inter-chunk (largest distance chunk_size)"
     use_when = ("Retrieval and perplexity beyond L without training, served in-process with rope_extend.patch_model "
-                "(stock engines serve the original model); measured ahead of frequency scaling at 2x, behind it "
+                "(stock engines serve the model without it, its own RoPE and window); measured ahead of frequency scaling at 2x, behind it "
                 "at 4x (docs/results-retrieval.md)")
     paper = "https://arxiv.org/abs/2402.17463"
 
     def validate(self, spec) -> None:
+        super().validate(spec)
         scale = spec.length_scale
         if scale is not None and not 0 <= scale <= MAX_LENGTH_SCALE:
             raise ValueError(
@@ -71,7 +72,7 @@ class DualChunk(AttentionMethod):
                                        "length_scale": float(scale)})
 
     def mapping(self, spec):
-        from ..attention.kernels import DualChunkMap
+        from ..attention.maps import DualChunkMap
 
         return DualChunkMap(int(spec.chunk_size), int(spec.local_window), float(spec.length_scale or 0.0),
                             int(spec.original_max_position_embeddings))

@@ -153,12 +153,16 @@ class RopeMethod:
     params: ClassVar[Mapping[str, Param]] = {}
     dynamic: ClassVar[bool] = False  # recomputed from the current length at run time
     switches_at_original: ClassVar[bool] = False  # dynamic with two states only: up to L, and beyond L (longrope)
-    # Acts on attention (self-extend, dual-chunk): the RoPE stays the original one and `install_attention` remaps
-    # the positions attention sees; stock loaders serve the original model.
+    # Acts on attention (self-extend, dual-chunk, STRING): the RoPE stays the model's own and `install_attention`
+    # remaps the positions attention sees; stock loaders serve the model without the method.
     acts_on_attention: ClassVar[bool] = False
-    # Keeps the model's own RoPE scheme as shipped (STRING): the config is unchanged and `PatchPlan.compute` is the
-    # model's own frequencies and attention factor, on which `install_attention` builds.
+    # Keeps the model's own RoPE scheme and window as shipped (the attention-level methods): config.json's RoPE and
+    # max_position_embeddings are unchanged, the original length L is the window the model claims (Llama 3.1:
+    # 131072), and `PatchPlan.compute` is the model's own frequencies and attention factor, on which
+    # `install_attention` builds.
     keeps_scheme: ClassVar[bool] = False
+    # Useful inside the window the model claims, without a longer target (STRING): a spec needs no factor.
+    works_inside_window: ClassVar[bool] = False
     static_counterpart: ClassVar[str | None] = None  # the static method a dynamic one becomes where it cannot run
     needs_factor: ClassVar[bool] = True
     # The transformers `rope_type` written to the config slot; stock loaders build this method from it.
@@ -299,7 +303,9 @@ class EngineRules(Adapter):
 
     def table_spec(self, factor: float, half: int) -> dict[str, Any]:
         """The spec of this method in the engine table of docs/serving.md (a model with `half` rotary frequencies,
-        served at `factor`)."""
+        served at `factor`; a method that works inside the window has no factor)."""
+        if self.method.works_inside_window:
+            return {"method": self.method.name}
         return {"method": self.method.name, "factor": factor}
 
 

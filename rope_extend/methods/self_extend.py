@@ -49,11 +49,12 @@ class SelfExtend(AttentionMethod):
     }
     formula = "original θ_i; distance d if d < W else i//G − j//G + W − W//G"
     use_when = ("Retrieval beyond L without training, served in-process with rope_extend.patch_model "
-                "(stock engines serve the original model); measured ahead of frequency scaling at 2x, behind it "
+                "(stock engines serve the model without it, its own RoPE and window); measured ahead of frequency scaling at 2x, behind it "
                 "at 4x with its defaults (docs/results-retrieval.md)")
     paper = "https://arxiv.org/abs/2401.01325"
 
     def validate(self, spec) -> None:
+        super().validate(spec)
         original = spec.original_max_position_embeddings
         window = spec.neighbor_window
         if window is not None and original is not None and window >= original:
@@ -80,7 +81,7 @@ class SelfExtend(AttentionMethod):
         return spec.model_copy(update={"group_size": int(group), "neighbor_window": int(window)})
 
     def mapping(self, spec):
-        from ..attention.kernels import SelfExtendMap
+        from ..attention.maps import SelfExtendMap
 
         return SelfExtendMap(int(spec.group_size), int(spec.neighbor_window))
 
@@ -115,11 +116,11 @@ class SelfExtendAdvice(AttentionAdvice):
     def alternative(self, factor: float, recommended: str) -> str | None:
         return (
             "for retrieval and perplexity beyond L without training, in-process (rope_extend.patch_model; it remaps "
-            "attention positions and keeps the original RoPE), best at 2x on SmolLM2-135M"
+            "attention positions and keeps the model's own RoPE), best at 2x on SmolLM2-135M"
             + ("; beyond 2x add --set log_n=true (measured at 4x: it then ties dynamic on retrieval, with lower "
                "perplexity than any frequency method)" if factor > 2 else "; at 4x add --set log_n=true")
-            + ". Measured fast on CPU, not yet on a GPU (use a frequency method there); engines serve the original "
-            "model (serve yarn there)"
+            + ". Measured fast on CPU, not yet on a GPU (use a frequency method there); engines serve the model "
+            "without it (serve yarn there)"
         )
 
 

@@ -34,7 +34,6 @@ from .registry import Param, register
 SHIFTED_SHARE = 0.33  # the authors' default shifted_offset, as a share of the window (they suggest 0.25-0.4)
 AUTHORS_ATTENTION_FACTOR = 1.0693147180559945  # 0.1·ln 2 + 1, what the authors' string_for_llama.py sets
 ATTENTION_FACTOR_RANGE = (0.5, 1.5)  # logits times 0.25 .. 2.25: a temperature correction, not another softmax
-UNSUPPORTED_SCHEMES = ("dynamic", "longrope")  # their frequencies change with the length: no one rotation to keep
 
 
 def largest_distance(n: int, shifted_offset: int, local_value: int) -> int:
@@ -51,7 +50,7 @@ class String(AttentionMethod):
     name = "string"
     aliases = ()
     needs_factor = False
-    keeps_scheme = True
+    works_inside_window = True
     params = {
         "shifted_offset": Param(int, None, "S: distances d >= S become d - S + W (the authors: 0.25-0.4 of the "
                                 "window); default 0.33·L, raised to N - L + W for a target N beyond L",
@@ -68,8 +67,8 @@ class String(AttentionMethod):
                 "3.1 and Qwen2 at 128k); keeps a shipped scheme; in-process with rope_extend.patch_model (stock "
                 "engines serve the model without it); targets up to 2L − W")
     paper = "https://arxiv.org/abs/2410.18745"
-
     def validate(self, spec) -> None:
+        super().validate(spec)
         offset, local, factor = spec.shifted_offset, spec.local_value, spec.attention_factor
         if offset is not None and local is not None and local >= offset:
             raise ValueError(
@@ -84,11 +83,6 @@ class String(AttentionMethod):
                 f"correction of the size of YaRN's (0.1·ln s + 1: {AUTHORS_ATTENTION_FACTOR:.4f} at s = 2, the "
                 f"authors' value; {0.1 * math.log(64) + 1:.3f} at s = 64); beyond that range the softmax is another "
                 "model's, and far beyond it the logits overflow; 1 (the default) leaves the logits as they are"
-            )
-        if spec.replace_existing:
-            raise ValueError(
-                "replace_existing does not apply to string: it keeps the model's own RoPE scheme and remaps "
-                "attention positions on top; remove replace_existing"
             )
 
     def fill_params(self, spec):
@@ -139,39 +133,14 @@ class String(AttentionMethod):
                 f"{spec.target_length}")
 
     def summary(self, plan) -> str:
-        return (f"{self.name}: window {plan.max_position_embeddings} (kept), on top of the model's own RoPE "
+        return (f"{self.name}: window {plan.spec.original_max_position_embeddings} (kept), on top of the model's own RoPE "
                 f"({plan.kept_scheme}, its attention factor {plan.attention_factor:.4f}); "
                 f"{self.describe(plan.spec)}")
 
     def mapping(self, spec):
-        from ..attention.kernels import StringMap
+        from ..attention.maps import StringMap
 
         return StringMap(int(spec.shifted_offset), int(spec.local_value), float(spec.attention_factor) ** 2)
-
-    # -- config: the model's own scheme, unchanged ------------------------------------------------------------
-    def original_length(self, facts, slot) -> int | None:
-        """The window the model claims (Llama 3.1: 131072, not 8192): STRING works inside it."""
-        return facts.pristine_max_position_embeddings or facts.original_length(slot)
-
-    def config_slot(self, spec, base_slot: dict, rotary_dim: int, base_theta: float) -> dict:
-        from ..errors import UnsupportedModelError
-
-        kind = base_slot.get("rope_type", "default")
-        if kind in UNSUPPORTED_SCHEMES:
-            raise UnsupportedModelError(
-                f"string keeps the model's own RoPE, but this model's {kind} scheme changes its frequencies with the "
-                "length, so there is no one rotation to remap; use self-extend or dual-chunk"
-            )
-        return dict(base_slot)
-
-    served = "the model WITHOUT string"  # stock loaders serve the model as it ships, its own scheme included
-    served_rope = "its own RoPE"
-
-    def marker_note(self, spec) -> str | None:
-        return (
-            f"the model as it is (its RoPE and max_position_embeddings {spec.original_max_position_embeddings} "
-            "unchanged): string acts on attention; call rope_extend.patch_model(model) after loading to re-apply it"
-        )
 
 
 class StringEngines(AttentionEngines):
@@ -183,9 +152,6 @@ class StringEngines(AttentionEngines):
     def no_stock_engine(self, L: int) -> str:
         return ("no stock engine has STRING (the authors' fork of vLLM 0.5 is not stock vLLM); only "
                 "rope_extend.patch_model serves it")
-
-    def table_spec(self, factor: float, half: int) -> dict:
-        return {"method": self.method.name}  # it works inside the window: no factor
 
 
 class StringAdvice(AttentionAdvice):

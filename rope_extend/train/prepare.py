@@ -9,14 +9,13 @@ OUT) and `evaluation` (--eval-suite before and after).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import compat
+from .. import compat, memory
 from ..checkpoint import check_output_path
 from ..errors import SpecError
 from ..hub import resolve_source
@@ -126,10 +125,12 @@ def prepare(spec: TrainSpec) -> Prepared:
     target, original = plan.spec.target_length, plan.spec.original_max_position_embeddings
     window = spec.window
     if window is None:
-        window = default_window(target, original, _weights_bytes(source), text.hidden_size, text.num_hidden_layers,
-                                text.vocab_size, available_memory())
+        window = default_window(target, original, memory.weights_bytes(source, "float32"), text.hidden_size,
+                                text.num_hidden_layers, text.vocab_size, available_memory())
     if window > target:
         raise ValueError(f"--window {window} is longer than the target length {target}; use --window <= {target}")
+    if world()[0] == 1:  # a launch across processes shards or replicates by its own config: not estimated here
+        check_memory(spec, source, text, window, where)
     from transformers import AutoTokenizer
 
     with warnings.catch_warnings():
@@ -169,20 +170,25 @@ def _config_digest(source: Path) -> str:
     return hashlib.sha256((source / "config.json").read_bytes()).hexdigest()[:16]
 
 
-def _weights_bytes(source: Path) -> int:
-    return sum(p.stat().st_size for p in source.glob("*.safetensors"))
-
-
 def available_memory() -> int:
-    """Free memory where the run trains: the GPU's, else the machine's (MemAvailable); 8 GiB when unknown."""
-    with contextlib.suppress(Exception):
-        import torch
+    """Free memory where the run trains: the GPU's, else the machine's (`memory.available`)."""
+    return memory.available("cuda" if device() == "cuda" else None).bytes
 
-        if torch.cuda.is_available():
-            free, _ = torch.cuda.mem_get_info()
-            return int(free)
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 8 << 30
+
+def check_memory(spec: TrainSpec, source: Path, text, window: int, where: str) -> None:
+    """Refuse, before loading, a run whose float32 weights, gradients and AdamW state plus one micro-batch's
+    activations (`memory.training_need`) exceed the memory where it trains; --lora and a shorter --window are
+    offered with their numbers, --no-memory-check loads anyway."""
+    compute = "bfloat16" if spec.dtype == "bfloat16" or (spec.dtype == "auto" and where == "cuda") else "float32"
+
+    def need(lora: bool) -> memory.Need:
+        return memory.training_need(source, text, window, spec.micro_batch, compute_dtype=compute,
+                                    checkpointing=spec.gradient_checkpointing != "off",
+                                    lora_r=spec.lora_r if lora else None,
+                                    embeddings_and_norms=spec.train_embeddings_and_norms)
+
+    ways = memory.WaysOut(device="a GPU, or accelerate launch with FSDP or DeepSpeed ZeRO-3 offload",
+                          length="--window {fits}: PoSE", offers=() if spec.lora else (
+                              ("train adapters", "--lora", need(True)),))
+    memory.check(spec.source, need(spec.lora), device="cuda" if where == "cuda" else None, ways=ways,
+                 what="weights, gradients and optimizer state", skip=not spec.memory_check)

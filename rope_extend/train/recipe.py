@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from ..memory import LOSS_CHUNK_BYTES, activation_bytes, checkpointed_bytes_per_token  # noqa: F401  (re-exported)
 from ..spec import RopeSpec, load_spec
 
 DEFAULT_STEPS = 400
@@ -57,6 +58,7 @@ class TrainSpec:
     logging_steps: int = 1
     dtype: str = "auto"  # auto: bfloat16 on a GPU that has it, else float32
     gradient_checkpointing: str = "auto"  # auto | on | off (auto: on when a micro-batch's activations need it)
+    memory_check: bool = True  # refuse before loading a run that does not fit (rope_extend.memory)
     loss_chunk: int | None = None  # positions per loss chunk; None: ~256 MiB of float32 logits (`loss.chunk_tokens_for`)
     eval_suite: str | None = None
     eval_texts: list[str] = field(default_factory=list)  # refused if they overlap a training text
@@ -91,7 +93,7 @@ class TrainSpec:
         this run's parsed spec (`rope_spec()`, parsed once by `prepare`)."""
         keep = {k: v for k, v in asdict(self).items()
                 if k not in ("output", "overwrite", "resume", "verify", "eval_suite", "eval_texts", "save_steps",
-                             "logging_steps", "texts", "dataset")}
+                             "logging_steps", "texts", "dataset", "memory_check")}
         keep["rope"] = rope.to_dict()
         keep.update(extra)
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -159,21 +161,12 @@ def batch_split(global_windows: int, micro_batch: int, world: int) -> int:
 def default_window(target: int, original: int, model_bytes: int, hidden: int, layers: int, vocab: int,
                    available: int) -> int:
     """The target length if one window's training memory fits in half the available memory, else PoSE at the
-    model's original length (the PoSE paper trains at the original window)."""
+    model's original length (the PoSE paper trains at the original window). `model_bytes`: the float32 weights."""
     # Memory is linear in the window (memory-efficient attention, the loss in chunks, gradient checkpointing when
-    # needed): the checkpointed layer inputs plus one layer's activations recomputed in the backward pass, per
-    # token; the loss's one chunk of float32 logits (and its gradient) is a constant.
-    per_token = layers * hidden * 4 * 2 + hidden * 4 * 24
-    need = model_bytes * 4 + target * per_token + 3 * (256 << 20)  # weights + grads + AdamW; one loss chunk
+    # needed); the loss's one chunk of float32 logits (and its gradient) is a constant.
+    per_token = checkpointed_bytes_per_token(hidden, layers)
+    need = model_bytes * 4 + target * per_token + LOSS_CHUNK_BYTES  # weights + grads + AdamW; one loss chunk
     return target if need <= available // 2 else min(original, target)
-
-
-def activation_bytes(tokens: int, hidden: int, intermediate: int, kv_dim: int, layers: int, element: int) -> int:
-    """Activations a llama-style decoder keeps for the backward pass of `tokens` tokens without gradient
-    checkpointing: per layer and token about 10 hidden-sized tensors (norm inputs/outputs, q, rotated q, attention
-    output, residuals), 4 key/value-sized (k, rotated k, v) and 4 MLP-sized (gate, up, activation, product): ~48 KB
-    per token and layer for SmolLM2-135M in float32."""
-    return tokens * layers * (10 * hidden + 4 * kv_dim + 4 * intermediate) * element
 
 
 def needs_checkpointing(activations: int, fixed: int, available: int) -> bool:

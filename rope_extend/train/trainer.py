@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from .. import compat
+from .. import compat, memory
 from . import lora, sharding
 from .prepare import Prepared, available_memory, trains_in_bf16
 from .progress import complete_checkpoints
-from .recipe import activation_bytes, needs_checkpointing
+from .recipe import needs_checkpointing
 
 FINGERPRINT = "fingerprint.json"
 KEEP_CHECKPOINTS = 2
@@ -69,24 +69,19 @@ def whole_copy(prep: Prepared):
 # --- the arguments ---------------------------------------------------------------------------------------------------
 def gradient_checkpointing(prep: Prepared) -> tuple[bool, str]:
     """(on?, the reason the progress line gives): `--gradient-checkpointing on|off`, or `auto`: on when one
-    micro-batch's activations (`recipe.activation_bytes`) would take more than half of the memory the weights,
+    micro-batch's activations (`memory.activation_bytes`) would take more than half of the memory the weights,
     gradients and AdamW state leave free."""
     mode = prep.spec.gradient_checkpointing
     if _fsdp_checkpoints():  # transformers refuses both at once: FSDP's own wraps every layer
         return False, "gradient checkpointing by FSDP (fsdp_activation_checkpointing in the accelerate config)"
     if mode in ("on", "off"):
         return mode == "on", f"gradient checkpointing {mode}"
-    text = prep.text
-    hidden, heads, layers = text.hidden_size, text.num_attention_heads, text.num_hidden_layers
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
-    q_dim, kv_dim = heads * head_dim, (getattr(text, "num_key_value_heads", None) or heads) * head_dim
     float32 = prep.spec.dtype == "float32" or (prep.spec.dtype == "auto" and prep.device == "cpu")
     element = 4 if float32 else 2  # mixed precision keeps most activations in 16 bits
-    activations = activation_bytes(prep.spec.micro_batch * prep.window, hidden, text.intermediate_size, kv_dim,
-                                   layers, element)
-    params = (layers * (2 * hidden * (q_dim + kv_dim) + 3 * hidden * text.intermediate_size)
-              + text.vocab_size * hidden * (1 if getattr(text, "tie_word_embeddings", False) else 2))
-    available, fixed = available_memory(), 16 * params  # float32 weights, gradients, AdamW's two moments
+    tokens = prep.spec.micro_batch * prep.window
+    activations = tokens * memory.training_per_token(prep.text, element, checkpointing=False)
+    params = memory.weights_bytes(prep.source, "float32") // 4
+    available, fixed = available_memory(), memory.ADAMW_BYTES * params  # float32 weights, gradients, AdamW's moments
     on = needs_checkpointing(activations, fixed, available)
     return on, (f"gradient checkpointing {'on' if on else 'off'} (auto: ~{activations / 2**30:.1f} GiB of "
                 f"activations per micro-batch without it, {available / 2**30:.1f} GiB available)")

@@ -1,0 +1,166 @@
+"""`rope-extend verify OUT`: re-verify an output as it is now, then refresh its card and record.
+
+A push sends only what rope-extend verified (`rope_extend.record`). After a deliberate edit (a chat template, the
+generation defaults, a config key, other weights), `reverify(OUT)` runs the real verification again on OUT as it now
+is, the same one `patch` runs:
+
+1. OUT must be a checkpoint rope-extend wrote with a record (without one: the line that says how to make one), its
+   config.json carrying rope-extend's marker (the spec and the model's RoPE before the patch); the patch is planned
+   again from them (`plan.plan_patch`).
+2. Every weight file's header must describe exactly its length, and the index's shards must exist
+   (`files.check_safetensors`, `files.index_shards`). Then stock transformers must build the planned RoPE from OUT's
+   config.json, and a forward beyond the original length must agree with rope-extend's patched model: on a small
+   random-weight model of the config when the weights are the ones verified (nothing in their record changed), on
+   the real weights otherwise (stock transformers' load of OUT against OUT's weights loaded with the config before
+   the patch and patched in-process: the model is loaded twice, one after the other).
+3. Only then is anything written: the record (the same files, as they are now: `record.write_record`) and, when the
+   card is rope-extend's (unchanged since it was recorded), its 'Where it serves identically' section recomputed and
+   a line in its Provenance saying what was re-verified. A card edited by hand is the user's: left as written.
+
+Files added to OUT after it was written stay out of the record (a push sends them only with `--include`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import compat, files, record, sharing
+from .errors import CheckpointError, VerificationError
+from .facts import read_rope
+
+REVERIFIED = "Re-verified by rope-extend"
+
+
+@dataclass
+class Reverified:
+    folder: Path
+    changed: list[tuple[str, str]] = field(default_factory=list)  # what differed from the record, with how
+    real_weights: bool = False  # the forward ran on the real weights (they changed)
+    card: str = "refreshed"  # or "kept as edited", "none"
+    seconds: float = 0.0
+
+
+def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = None) -> Reverified:
+    """Re-verify OUT as it is now and refresh its card and record (see the module docstring). Raises
+    CheckpointError (what OUT lacks) or VerificationError (what no longer verifies); nothing is written then."""
+    from .engines.parity import card_section
+    from .source import Source, plan_source
+
+    started = time.perf_counter()
+    step = on_step or (lambda message: None)
+    given = str(folder)
+    root = Path(os.path.abspath(Path(folder).expanduser()))
+    if not (root / "config.json").is_file():
+        raise CheckpointError(f"OUT {given!r} is not a checkpoint folder (no config.json); give the folder "
+                              "`rope-extend patch` or `train` wrote")
+    recorded = record.read_record(root)
+    if recorded is None:
+        if record.written_by_rope_extend(root):
+            raise CheckpointError(record.no_record_message(root).replace(", so nothing was sent", ""))
+        raise CheckpointError(f"OUT {given!r} was not written by rope-extend (no rope_extend.yaml, no rope_extend "
+                              "marker in config.json): there is no patch to verify; write one with `rope-extend patch`")
+    config = files.load_config(root)
+    text = compat.text_config(config)
+    marker = compat.read_marker(text)
+    if not marker or not isinstance(marker.get("spec"), dict):
+        raise CheckpointError(f"OUT {given!r}: config.json has lost rope-extend's marker (the `rope_extend` key: the "
+                              "spec and the RoPE before the patch), so the patch cannot be planned again; restore "
+                              "config.json, or write OUT again with `rope-extend patch` into a new folder")
+    facts = read_rope(text)  # the marker's record of the RoPE before the patch: the patch is planned from there
+    pristine = compat.stock_config(text, facts.pristine_slots, facts.pristine_max_position_embeddings, None)
+    plan = plan_source(Source(given, root, files.read_config(root), config), None)  # what its marker records
+    changed = record.changes(root, recorded) if recorded.contents_known else [
+        (name, "not recorded by content") for name in sorted(recorded.files)]
+    weights = sorted(name for name, _ in record._walk(root) if sharing.is_weight(name) and "/" not in name)
+    step(f"checking {len(weights)} weight file{'s' * (len(weights) != 1)} and the index")
+    for name in weights:
+        files.check_safetensors(record._contents(root, name))
+    files.index_shards(root)
+    real = any(sharing.is_weight(name) for name, _ in changed) or not recorded.contents_known
+    step("verifying: stock transformers reload and a forward beyond the original length"
+         + (" on the real weights (they changed)" if real else ""))
+    edited = ", ".join(name for name, _ in changed) or "no file"
+    undo = (f"nothing was written: restore what changed ({edited}), or write OUT again with `rope-extend patch` into "
+            "a new folder")
+    if facts.max_position_embeddings != plan.max_position_embeddings:
+        raise VerificationError(
+            f"OUT {given!r} does not verify as it is now: config.json's max_position_embeddings is "
+            f"{facts.max_position_embeddings}, but the patch its marker records ({plan.spec.method}) writes "
+            f"{plan.max_position_embeddings}, so stock loaders would serve another window; {undo}")
+    try:
+        _verify(root, plan, real, pristine)
+    except VerificationError as exc:
+        raise VerificationError(f"OUT {given!r} does not verify as it is now: {exc}; {undo}") from None
+
+    step("refreshing the record and the card")
+    card_path = root / record.CARD
+    card_edited = any(name == record.CARD for name, _ in changed) and recorded.contents_known
+    result = Reverified(folder=root, changed=changed, real_weights=real,
+                        card="none" if not card_path.is_file() else "kept as edited" if card_edited else "refreshed")
+    if result.card == "refreshed":
+        what = ", ".join(name for name, _ in changed) or "nothing changed"
+        note = (f"{REVERIFIED} {_version()} on {time.strftime('%Y-%m-%d')} ({what}): stock transformers' reload "
+                f"and a forward beyond the original length{' on the real weights' if real else ''}.")
+        card_path.write_text(refresh_card(card_path.read_text(encoding="utf-8"), card_section(plan, root), note),
+                             encoding="utf-8")
+    record.refresh(root, recorded)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _verify(root: Path, plan, real: bool, source) -> None:
+    """The verification of `checkpoint.verify_output` with `source` (OUT's config before the patch): a small model
+    of it, or with `real`, OUT's real weights patched in-process against stock transformers' load of OUT."""
+    from .checkpoint import verify_output
+
+    if not real:
+        verify_output(root, plan, "config-only", source_config=source)
+        return
+    outputs, dtype = _patched_outputs(root, plan)
+    verify_output(root, plan, "full", source_config=source, patched_outputs=outputs, patched_dtype=dtype)
+
+
+def _patched_outputs(root: Path, plan):
+    """rope-extend's patched model of OUT's weights: loaded with the config before the patch, patched in-process."""
+    import warnings
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .patch import apply_patch
+    from .verify import model_dtype, probe_outputs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = AutoConfig.from_pretrained(root)
+        facts = read_rope(compat.text_config(config))
+        compat.write_slots(compat.text_config(config), facts.pristine_slots, facts.pristine_max_position_embeddings,
+                           None)
+        model = AutoModelForCausalLM.from_pretrained(root, config=config, low_cpu_mem_usage=True,
+                                                     **compat.dtype_kwargs("auto")).eval()
+        apply_patch(model, plan)
+    outputs, dtype = probe_outputs(model, plan), model_dtype(model)
+    del model
+    return outputs, dtype
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def refresh_card(text: str, engines: str, note: str) -> str:
+    """`text` (a card rope-extend wrote) with its 'Where it serves identically' section replaced by `engines` and
+    `note` as the last line of its Provenance section (a previous re-verification's line replaced)."""
+    heading = "\n## Where it serves identically\n\n"
+    start = text.find(heading)
+    if start >= 0:
+        end = text.find("\n## ", start + len(heading))
+        end = len(text) if end < 0 else end
+        text = text[: start + len(heading)] + engines.rstrip() + "\n" + text[end:]
+    lines = [line for line in text.rstrip("\n").split("\n") if not line.startswith(REVERIFIED)]
+    return "\n".join(lines) + "\n\n" + note + "\n"
