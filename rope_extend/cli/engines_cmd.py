@@ -20,6 +20,8 @@ EXAMPLES = """Examples:
   rope-extend engines ./my-model --method ntk-by-parts --factor 4 --json
 
   ROPE_EXTEND_OTHER_PYTHON=.venv4/bin/python rope-extend engines out/smollm2-yarn2
+
+  rope-extend engines out/smollm2-yarn2 --run vllm --run vllm-server
 """
 
 
@@ -34,16 +36,20 @@ def engines(
     other_python: Annotated[
         str | None, typer.Option("--other-python", help="Python of the other transformers line ($ROPE_EXTEND_OTHER_PYTHON).")
     ] = None,
+    runs: Annotated[list[str] | None, typer.Option(
+        "--run", help="Also serve it in a real engine: vllm (offline LLM) or vllm-server (OpenAI server); "
+        "repeatable. Builds vLLM's own virtualenv once (`make vllm`).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Per engine and route, max |Δcos|, |Δsin| against rope-extend for a short and a long request, or why not."""
-    from ..engines.parity import parity, ports_note
+    from ..engines.parity import check_runs, parity, ports_note
 
+    check_runs(runs or [])  # a bad name fails before anything is loaded
     if method is None and config is None and not sets and factor is None and target_length is None:
-        report = parity(checkpoint, other_python=other_python)
+        report = parity(checkpoint, other_python=other_python, runs=runs or ())
     else:
         spec = build_spec(method, factor, target_length, config, sets or [])
-        report = parity(source=checkpoint, spec=spec, other_python=other_python)
+        report = parity(source=checkpoint, spec=spec, other_python=other_python, runs=runs or ())
     if as_json:
         out.print_json(report.to_json())
         return
@@ -52,7 +58,7 @@ def engines(
     # Borderless, so that the columns' longest words (`--json-model-override-args`) fit 80 columns: a cell wraps
     # between words, never inside one.
     notes: list[str] = []  # why a request was not run or not served: below the table, where it has the full width
-    rows = [(row.engine, row.route, _cell(row.short, notes), _cell(row.long, notes),
+    rows = [(f"{row.engine} [{row.checked}]", row.route, _cell(row.short, notes), _cell(row.long, notes),
              "identical" if row.identical else ("not run" if row.skipped else "differs")) for row in report.rows]
     header = ("engine", "route", f"short ({report.original})", f"long ({report.target})", "result")
     widths = column_widths([header, *rows], out.width)
@@ -66,7 +72,7 @@ def engines(
     else:  # narrower than the columns' longest words (60 columns): one line per row, nothing cut
         for line in row_lines(list(header), [list(cells) for cells in rows], out.width):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
-    say(ports_note())  # what the "identical" of the engine rows rests on
+    say(ports_note(report.rows))  # what the "identical" of the engine rows rests on
     for number, reason in enumerate(notes, 1):
         say(f"[{number}] {reason}", hang="    ")
     shown: set[str] = set()
@@ -80,10 +86,13 @@ def engines(
 def _cell(result, notes: list[str]) -> str:
     """A measured request's deltas, or a reference to its reason in *notes* (one note per distinct reason)."""
     from ..engines.served import NotServed
+    from ..engines.vllm_run import LogprobDelta
 
     if isinstance(result, NotServed):
         if result.reason not in notes:
             notes.append(result.reason)
         label = "not run" if result.reason.startswith("not run") else "not served"
         return f"{label} [{notes.index(result.reason) + 1}]"
+    if isinstance(result, LogprobDelta):  # a real engine: log-probabilities, NaN counted
+        return f"{result.max_abs:.2g} logprob" + (f", {result.nan} NaN" if result.nan else "")
     return f"{max(result.max_cos, result.max_sin):.2g}"

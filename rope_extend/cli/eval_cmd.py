@@ -23,6 +23,8 @@ EXAMPLES = """Examples:
   rope-extend eval smollm2 --suite paper --interleave -o report/ --spec method=yarn,factor=2 --spec method=ntk,factor=2
 
   rope-extend eval out/smollm2-16k --name "trained yarn-x2" --suite paper -o report-trained/
+
+  rope-extend eval smollm2 --engine vllm --spec method=yarn,factor=2 -o report-vllm/
 """
 
 
@@ -42,11 +44,18 @@ def eval_command(
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
     interleave: Annotated[bool, typer.Option("--interleave", help="Sample round by round across variants, so a stopped run compares like with like.")] = False,
     no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the model even if the memory estimate says it does not fit.")] = False,
+    engine: Annotated[str, typer.Option(help="transformers (in this process) or vllm (a real vLLM serving each variant; builds its virtualenv once).")] = "transformers",
+    tensor_parallel_size: Annotated[int | None, typer.Option("--tensor-parallel-size", help="--engine vllm: vLLM's tensor parallelism (GPUs).")] = None,
+    pipeline_parallel_size: Annotated[int | None, typer.Option("--pipeline-parallel-size", help="--engine vllm: vLLM's pipeline parallelism (GPUs or nodes).")] = None,
 ) -> None:
     """Evaluate before/after: perplexity by length, passkey, needles, short-context regression; resumable."""
     from ..eval.runner import run_eval, summary_markdown
     from ..eval.variants import parse_spec_arg
 
+    engine_args = {key: value for key, value in (("tensor_parallel_size", tensor_parallel_size),
+                                                 ("pipeline_parallel_size", pipeline_parallel_size)) if value}
+    if engine_args and engine != "vllm":
+        raise ValueError("--tensor-parallel-size and --pipeline-parallel-size are vLLM's: add --engine vllm")
     variants = [parse_spec_arg(s) for s in specs or []]
     if name is not None:
         from ..eval.variants import BASELINE
@@ -69,6 +78,8 @@ def eval_command(
         plots=not no_plots,
         interleave=interleave,
         memory_check=not no_memory_check,
+        engine=engine,
+        engine_args=engine_args or None,
     )
     say_markdown(summary_markdown(records))
     say(f"report: {shell_path(output / 'report.md')}", hang="        ")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,10 @@ from ..plan import PatchPlan
 from ..spec import RopeSpec, load_spec
 from . import llama_cpp, sglang, transformers_engine, vllm
 from .served import Delta, EngineHint, NotServed, Served, compare, positions
+from .vllm_run import LOGPROB_TOL, RUN_NAMES, LogprobDelta, VllmWorker
+
+Result = Delta | LogprobDelta | NotServed  # cos/sin of a library or port, prompt log-probabilities of a real engine
+PORT, RUN = "port", "run"
 
 if TYPE_CHECKING:
     from ..serving import ServingHints
@@ -32,17 +37,22 @@ if TYPE_CHECKING:
 
 @dataclass
 class Row:
-    """One serving route of one engine, compared for the short and the long request."""
+    """One serving route of one engine, compared for the short and the long request.
 
-    engine: str  # the engine as a user names it, with its version
+    checked: "port" (rope-extend's port of the engine's RoPE, cos/sin compared) or "run" (the engine itself ran:
+    transformers' rotary module, cos/sin compared; or a real vLLM serving the checkpoint, prompt log-probabilities
+    compared with transformers running rope-extend's RoPE)."""
+
+    engine: str  # the engine as a user names it, with its version (and, for a real engine, its device and route)
     route: str  # how the checkpoint reaches it
-    short: Delta | NotServed
-    long: Delta | NotServed
+    short: Result
+    long: Result
     warnings: list[str] = field(default_factory=list)  # the hint's warnings for this engine
+    checked: str = PORT
 
     @property
     def identical(self) -> bool:
-        return all(isinstance(r, Delta) and r.identical for r in (self.short, self.long))
+        return all(not isinstance(r, NotServed) and r.identical for r in (self.short, self.long))
 
     @property
     def skipped(self) -> bool:
@@ -53,6 +63,9 @@ class Row:
         for label, result in (("short", self.short), ("long", self.long)):
             if isinstance(result, NotServed):
                 out.append(f"{label} request: {result.reason}")
+            elif isinstance(result, LogprobDelta):
+                if not result.identical:
+                    out.append(f"{label} request ({result.n} tokens): {result.describe()}")
             elif not result.identical:
                 out.append(
                     f"{label} request ({result.n} tokens): max |Δcos| {result.max_cos:.3g}, |Δsin| "
@@ -64,6 +77,9 @@ class Row:
         def one(result):
             if isinstance(result, NotServed):
                 return {"served": False, "reason": result.reason}
+            if isinstance(result, LogprobDelta):
+                return {"served": True, "tokens": result.n, "max_abs_dlogprob": result.max_abs, "nan": result.nan,
+                        "first_nan": result.first_nan, "identical": result.identical}
             return {
                 "served": True,
                 "tokens": result.n,
@@ -75,6 +91,7 @@ class Row:
         return {
             "engine": self.engine,
             "route": self.route,
+            "checked": self.checked,
             "identical": self.identical,
             "short": one(self.short),
             "long": one(self.long),
@@ -111,7 +128,7 @@ class ParityReport:
         same = [f"{r.engine} ({r.route})" for r in self.rows if r.identical]
         differs = [r for r in self.rows if not r.identical and not r.skipped]
         lines = [f"Serves identically (max |Δcos|, |Δsin| within float32 tolerance) in: {', '.join(same) or 'none'}.",
-                 "", ports_note()]
+                 "", ports_note(self.rows)]
         if differs:
             lines.append("")
             lines.append("Differs in:")
@@ -120,27 +137,37 @@ class ParityReport:
                 lines.append(f"- {row.engine} ({row.route}), because {because}")
         lines += [
             "",
-            f"| engine | route | short request ({self.original} tokens) | long request ({self.target} tokens) |",
-            "|---|---|---|---|",
+            f"| engine | route | checked | short request ({self.original} tokens) | long request ({self.target} tokens) |",
+            "|---|---|---|---|---|",
         ]
         for row in self.rows:
-            lines.append(f"| {row.engine} | {row.route} | {_cell(row.short)} | {_cell(row.long)} |")
+            lines.append(f"| {row.engine} | {row.route} | {row.checked} | {cell_text(row.short)} | {cell_text(row.long)} |")
         return "\n".join(lines)
 
 
-def ports_note() -> str:
+def ports_note(rows: Sequence[Row] = ()) -> str:
     """What the engine rows run, said wherever a row claims "identical" (the card, `rope-extend engines`)."""
-    return (f"The transformers rows run the installed transformers. The vLLM, SGLang and llama.cpp rows run "
+    text = (f"The transformers rows run the installed transformers. The vLLM, SGLang and llama.cpp rows run "
             f"rope-extend's ports of those engines' RoPE code ({vllm.VERSION}, {sglang.VERSION}, "
-            f"{llama_cpp.VERSION}; rope_extend/engines/), not the engines themselves.")
+            f"{llama_cpp.VERSION}; rope_extend/engines/), not the engines themselves")
+    if not any(row.checked == RUN and not row.engine.startswith("transformers") for row in rows):
+        return text + "."
+    return text + (", except the rows marked run: those served the checkpoint in that engine with the printed "
+                   "command's settings and compared the log-probability of every prompt token with transformers "
+                   f"running rope-extend's RoPE (identical: no NaN and max |Δ logprob| <= {LOGPROB_TOL:g}).")
 
 
-def _cell(result: Delta | NotServed) -> str:
+def cell_text(result: Result) -> str:
+    """One request's outcome in a few words: the deltas, or why it was not served."""
     if isinstance(result, NotServed):
         text = result.reason.replace("|", "/")
         return ("not run: " if text.startswith("not run") else "cannot: ") + text.removeprefix("not run: ")
     mark = "identical" if result.identical else "DIFFERS"
+    if isinstance(result, LogprobDelta):
+        nan = f", NaN from token {result.first_nan}" if result.nan else ""
+        return f"{mark} (Δlogprob {result.max_abs:.2g}{nan})"
     return f"{mark} ({max(result.max_cos, result.max_sin):.2g})"
+
 
 
 # --- inputs ----------------------------------------------------------------------------------------------------------
@@ -151,22 +178,26 @@ class _Inputs:
     original_config: dict  # config.json of the original model
     folder: Path  # a folder holding out_config as config.json (for the transformers probes)
     out_name: str
+    weights: str | os.PathLike | None = None  # where the weights are (a folder or Hub id; None: a config only)
+    written: bool = False  # whether `weights` is the patched checkpoint itself (its config.json is out_config)
 
 
-def _written(plan: PatchPlan, raw: dict, folder: Path, name: str) -> _Inputs:
+def _written(plan: PatchPlan, raw: dict, folder: Path, name: str, weights: str | os.PathLike | None = None,
+             written: bool = False) -> _Inputs:
     """A checkpoint rope-extend wrote (`raw`: its config.json in `folder`), its original model rebuilt from the
     plan's marker."""
     original = plan.marker["original"]
     original_config = compat.portable_config_dict(raw, decode_slots(original["rope_parameters"]),
                                                   int(original["max_position_embeddings"]), None)
-    return _Inputs(plan, raw, original_config, folder, name)
+    return _Inputs(plan, raw, original_config, folder, name, weights=weights, written=written)
 
 
 def _from_checkpoint(checkpoint: str | os.PathLike) -> _Inputs:
     from ..source import load_source, plan_source
 
     source = load_source(checkpoint, config_only=True)
-    return _written(plan_source(source, None), source.raw, source.folder, str(checkpoint))
+    return _written(plan_source(source, None), source.raw, source.folder, str(checkpoint),
+                    weights=checkpoint, written=True)
 
 
 def _from_source(source: str | os.PathLike | dict, spec: RopeSpec, tmp: Path) -> _Inputs:
@@ -185,7 +216,7 @@ def _from_source(source: str | os.PathLike | dict, spec: RopeSpec, tmp: Path) ->
     out = compat.portable_config_dict(loaded.raw, plan.slots, plan.max_position_embeddings, plan.marker)
     (tmp / "out").mkdir()
     (tmp / "out" / "config.json").write_text(json.dumps(out))
-    return _Inputs(plan, out, loaded.raw, tmp / "out", "OUT")
+    return _Inputs(plan, out, loaded.raw, tmp / "out", "OUT", weights=None if isinstance(source, dict) else source)
 
 
 # --- the report --------------------------------------------------------------------------------------------------------
@@ -203,27 +234,34 @@ def parity(
     spec: RopeSpec | dict | str | None = None,
     other_python: str | None = None,
     transformers_lines: bool = True,
+    runs: Sequence[str] = (),
     **spec_overrides: Any,
 ) -> ParityReport:
     """Compare every engine route with rope-extend's RoPE, for a rope-extend checkpoint or SOURCE + spec.
 
     other_python: the Python of the other transformers line (default: $ROPE_EXTEND_OTHER_PYTHON; without it that
-    row says "not run"). transformers_lines=False skips both transformers rows (the ports only).
+    row says "not run"). transformers_lines=False skips both transformers rows (the ports only). runs: real
+    engines to serve the checkpoint in as well ("vllm": vLLM's offline LLM, "vllm-server": its OpenAI server),
+    each adding "run" rows (`rope_extend.engines.vllm_run`).
     """
     if (checkpoint is None) == (source is None):
         raise ValueError("give either a rope-extend checkpoint or source= with a spec, not both")
     if checkpoint is not None:
-        return parity_many([checkpoint], other_python=other_python, transformers_lines=transformers_lines)[0]
-    if not isinstance(spec, RopeSpec) or spec_overrides:
-        spec = load_spec(spec, **spec_overrides)
-    return parity_many([(source, spec)], other_python=other_python, transformers_lines=transformers_lines)[0]
+        item = checkpoint
+    else:
+        item = (source, spec if isinstance(spec, RopeSpec) and not spec_overrides else load_spec(spec, **spec_overrides))
+    return parity_many([item], other_python=other_python, transformers_lines=transformers_lines, runs=runs)[0]
 
 
 def parity_many(
-    items: list, other_python: str | None = None, transformers_lines: bool = True, other_line: bool = True
+    items: list, other_python: str | None = None, transformers_lines: bool = True, other_line: bool = True,
+    runs: Sequence[str] = (), worker=None,
 ) -> list[ParityReport]:
     """`parity` for many checkpoints (paths) or (source, spec) pairs, with one process for the other transformers
-    line (other_line=False leaves that row out). Each is planned once here; the reports execute those plans."""
+    line (other_line=False leaves that row out) and one vLLM worker for every run (`worker`: a running
+    `vllm_run.VllmWorker` to use instead of starting one). Each is planned once here; the reports execute those
+    plans."""
+    check_runs(runs)
     with tempfile.TemporaryDirectory(prefix="rope-extend-engines-") as tmp:
         inputs = []
         for i, item in enumerate(items):
@@ -234,7 +272,17 @@ def parity_many(
                 inputs.append(_from_source(source, spec if isinstance(spec, RopeSpec) else load_spec(spec), work))
             else:
                 inputs.append(_from_checkpoint(item))
-        return _reports(inputs, other_python, transformers_lines, other_line)
+        reports = _reports(inputs, other_python, transformers_lines, other_line)
+        if runs:
+            own = worker is None
+            worker = worker or VllmWorker()
+            try:
+                for i, (x, report) in enumerate(zip(inputs, reports)):
+                    report.rows += _run_rows(x, report, runs, worker, Path(tmp) / f"run-{i}")
+            finally:
+                if own:
+                    worker.close()
+        return reports
 
 
 def _reports(inputs: list[_Inputs], other_python: str | None, transformers_lines: bool, other_line: bool,
@@ -243,6 +291,46 @@ def _reports(inputs: list[_Inputs], other_python: str | None, transformers_lines
     here = transformers_engine.run_here(jobs) if transformers_lines else [None] * len(jobs)
     other = transformers_engine.run_other(jobs, other_python) if transformers_lines and other_line else [None] * len(jobs)
     return [_report(x, h, o, hints) for x, h, o in zip(inputs, here, other)]
+
+
+def check_runs(runs: Sequence[str]) -> None:
+    """Every name is a real engine rope-extend runs (`--run`), or ValueError naming the choices."""
+    unknown = [name for name in runs if name not in RUN_NAMES]
+    if unknown:
+        raise ValueError(f"--run {unknown[0]!r}: the real engines rope-extend runs are {', '.join(RUN_NAMES)}")
+
+
+def _run_rows(inputs: _Inputs, report: ParityReport, runs: Sequence[str], worker, tmp: Path) -> list[Row]:
+    """The "run" rows: the checkpoint served in a real vLLM (each route of `runs`) through both routes the card
+    lists, with its printed command's settings; prompt log-probabilities against transformers running
+    rope-extend's RoPE on the same tokens (`vllm_run`)."""
+    from ..hub import resolve_source
+    from . import vllm_run
+
+    hint = next(h for h in report.hints if h.engine == "vLLM")
+    v = hint.args
+    routes = (("this checkpoint", v["out_overrides"]), ("original model + --hf-overrides", v["original_overrides"]))
+    if inputs.weights is None:
+        reason = NotServed("not run: a config without weights")
+        return [Row(worker.label(RUN_NAMES[run]), route, reason, reason, list(hint.warnings), RUN)
+                for run in runs for route, _ in routes]
+    weights = resolve_source(inputs.weights)
+    this = weights if inputs.written else vllm_run.linked_folder(weights, inputs.out_config, tmp / "this")
+    original = vllm_run.linked_folder(weights, inputs.original_config, tmp / "original")
+    lengths = _lengths(inputs.plan)
+    ids = vllm_run.text_ids(weights, max(lengths))
+    requests = {n: ids[: n - 1] for n in lengths}  # n - 1 prompt tokens + 1 generated: n tokens
+    truth = vllm_run.reference(original, inputs.plan, requests)
+    rows = []
+    for run in runs:
+        route = RUN_NAMES[run]
+        for label, overrides in routes:
+            results = vllm_run.serve_and_compare(
+                worker, route, this if label == "this checkpoint" else original, max_model_len=v["max_model_len"],
+                hf_overrides=overrides, env=v["env"], requests=requests, reference=truth)
+            short, long = (r if isinstance(r, LogprobDelta) else NotServed(r) for r in (results[n] for n in lengths))
+            rows.append(Row(worker.label(route), label, short, long, list(hint.warnings), RUN))
+    return rows
 
 
 def _lengths(plan: PatchPlan) -> list[int]:
@@ -261,16 +349,17 @@ def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -
     rows: list[Row] = []
     not_served = engine_rules(plan.method).not_served(plan)
 
-    def row(engine, route, results, hint_engine):
-        if not_served:  # the RoPE matches, the attention is the original model's
+    def row(engine, route, results, hint_engine, checked=PORT):
+        if not_served:  # the RoPE matches, the attention is the model's own
             results = [r if isinstance(r, NotServed) else NotServed(not_served) for r in results]
         short, long = (r if isinstance(r, NotServed) else compare(r, refs[n], n) for n, r in zip(lengths, results))
-        rows.append(Row(engine, route, short, long, list(hints[hint_engine].warnings)))
+        rows.append(Row(engine, route, short, long, list(hints[hint_engine].warnings), checked))
 
     for probed in (here, other):
         if probed is not None:
             version, served = probed
-            row(f"transformers {version or '(other line)'}", "config.json", [served[n] for n in lengths], "transformers")
+            row(f"transformers {version or '(other line)'}", "config.json", [served[n] for n in lengths], "transformers",
+                RUN)
 
     v = hints["vLLM"].args
     for route, config, overrides in (
@@ -316,6 +405,46 @@ def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -
         rows=rows,
         hints=list(hints.values()),
     )
+
+
+@dataclass(frozen=True)
+class VllmEvalServing:
+    """How `eval --engine vllm` serves the original model with a plan's method (`plan` None: unpatched)."""
+
+    overrides: dict | None  # --hf-overrides (the card's, for the original model)
+    env: dict  # VLLM_ALLOW_LONG_MAX_MODEL_LEN when max_model_len exceeds what vLLM derives from the config
+    verdicts: dict  # request length n -> None when served as rope-extend computes it at positions 0..n-1, else why
+
+
+def vllm_eval_serving(plan: PatchPlan | None, original_config: dict, max_model_len: int,
+                      lengths) -> VllmEvalServing:
+    """For `eval --engine vllm`: the original model served with plan's method and --max-model-len max_model_len,
+    checked through the vLLM port at every request length (positions 0..n-1) against rope-extend's own RoPE. The
+    unpatched model is checked against its own RoPE (vLLM's cache holds max_position_embeddings positions)."""
+    from ..serving import engine_hints
+
+    overrides = None
+    if plan is not None:
+        overrides = next(h for h in engine_hints(plan, "OUT") if h.engine == "vLLM").args["original_overrides"]
+    fields, rope = vllm.load_config(original_config, overrides)
+    env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if max_model_len > vllm.derived_max_model_len(fields, rope) else {}
+    verdicts = {}
+    for n in sorted(set(lengths)):
+        served = vllm.served(fields, rope, max_model_len, n)
+        if plan is not None and plan.method.acts_on_attention:
+            verdicts[n] = f"{plan.spec.method} acts on attention, which vLLM does not apply"
+            continue
+        if isinstance(served, NotServed):
+            verdicts[n] = served.reason
+            continue
+        if plan is None:
+            verdicts[n] = None  # the original RoPE, within vLLM's cache
+            continue
+        delta = compare(served, reference(plan, n), n)
+        verdicts[n] = None if delta.identical else (
+            f"{vllm.VERSION} builds cos/sin {max(delta.max_cos, delta.max_sin):.2g} away from rope-extend's"
+            + (f": {served.note}" if served.note else ""))
+    return VllmEvalServing(overrides, env, verdicts)
 
 
 def compat_model_type(config: dict) -> str:

@@ -182,14 +182,16 @@ def serving_rule(plan) -> EngineHint:
     original_overrides["rope_parameters"] = rope_parameters  # what vLLM 0.33 reads (transformers 5 configs)
     original_overrides["max_position_embeddings"] = plan.max_position_embeddings
     fields = {"max_position_embeddings": plan.max_position_embeddings}
-    env = "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 " if max_model_len > derived_max_model_len(fields, full) else ""
+    env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if max_model_len > derived_max_model_len(fields, full) else {}
+    prefix = "".join(f"{key}={value} " for key, value in env.items())
     extra = f" --hf-overrides '{_json(out_overrides)}'" if out_overrides else ""
     return EngineHint(
         engine="vLLM",
         version=VERSION,
-        command=f"{env}vllm serve {MODEL} --max-model-len {max_model_len}{extra}",
+        command=f"{prefix}vllm serve {MODEL} --max-model-len {max_model_len}{extra}",
         original=f"--hf-overrides '{_json(original_overrides)}'",
-        args={"max_model_len": max_model_len, "out_overrides": out_overrides, "original_overrides": original_overrides},
+        args={"max_model_len": max_model_len, "out_overrides": out_overrides, "original_overrides": original_overrides,
+              "env": env},
         warnings=rule.warnings,
         notes=rule.notes,
     )

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .suite import Case
-from .variants import Variant
+from .variants import Variant, applies
 
 SECTION_ORDER = {"perplexity": 0, "passkey": 1, "entropy": 3}  # needle tasks: 2
 
@@ -82,11 +82,6 @@ def probes_share_within_length(variant: Variant) -> bool:
     return spec is None or "callable" not in spec
 
 
-def applies(case: Case, variant: Variant) -> bool:
-    """Whether *variant* runs *case*: inside-window ceiling cases are for the unpatched model only."""
-    return not case.ceiling_only or variant.spec is None
-
-
 def _rounds(cases: list[Case]) -> dict[str, int]:
     """Rank of each probe case within its (task, haystack, length) cell, in suite order; other cases are round 0."""
     seen: dict[tuple, int] = defaultdict(int)
@@ -107,8 +102,10 @@ def plan_jobs(
     *,
     share: bool = True,
     interleave: bool = False,
+    excluded: frozenset = frozenset(),
 ) -> list[Job]:
-    """Jobs for every (variant, case) not in ``done`` (keys ``(variant name, fingerprint, case_id)``).
+    """Jobs for every (variant, case) not in ``done`` (keys ``(variant name, fingerprint, case_id)``) nor in
+    ``excluded`` (keys ``(variant name, case_id)``: what the engine cannot serve).
 
     ``share``: one forward for all perplexity lengths of a text when the variant is length-independent; probe
     prompts share KV prefixes (across lengths when static, within one length when dynamic).
@@ -120,7 +117,8 @@ def plan_jobs(
     rounds = _rounds(cases)
     jobs: list[Job] = []
     for v in variants:
-        pending = [c for c in cases if (v.name, v.fingerprint, c.case_id) not in done and applies(c, v)]
+        pending = [c for c in cases if (v.name, v.fingerprint, c.case_id) not in done and applies(c, v)
+                   and (v.name, c.case_id) not in excluded]
         groups: dict[tuple, list[Case]] = {}
         static = share and length_independent(v)
         for c in pending:
@@ -141,12 +139,17 @@ def plan_jobs(
 
 
 class Evaluator:
-    """Runs jobs on one loaded model variant (caches the tokenised texts across variants)."""
+    """Runs jobs on one loaded model variant (caches the tokenised texts across variants).
+
+    backend: where the variant runs (`eval.backends`); default: `model` in this process with transformers."""
 
     _text_cache: ClassVar[dict] = {}
 
-    def __init__(self, model, tokenizer, original: int, seed: int):
+    def __init__(self, model, tokenizer, original: int, seed: int, backend=None):
+        from .backends import TransformersBackend
+
         self.model, self.tok, self.original, self.seed = model, tokenizer, original, seed
+        self.backend = backend or TransformersBackend(model, tokenizer)
         self.patch_report = None  # what patching this variant reported (kept for the first record)
 
     def text_ids(self, source):
@@ -162,39 +165,28 @@ class Evaluator:
         """Metrics for each of the job's cases, in order."""
         first = job.cases[0]
         if first.kind == "perplexity":
-            from .perplexity import perplexity_at_lengths
+            from .perplexity import perplexity_from_losses, text_window
 
             p = first.params
-            by_length = perplexity_at_lengths(
-                self.model, self.text_ids(p.get("text")), [c.length for c in job.cases],
+            lengths = [c.length for c in job.cases]
+            ids = text_window(self.text_ids(p.get("text")), max(lengths), int(p.get("start", 0)))
+            by_length = perplexity_from_losses(
+                self.backend.token_losses(ids, chunk_size=int(p.get("chunk_size", 1024))), lengths,
                 original_length=self.original, bucket_size=int(p.get("bucket_size", 1024)),
-                chunk_size=int(p.get("chunk_size", 1024)), block_size=int(p.get("block_size", 128)),
-                start=int(p.get("start", 0)),
+                block_size=int(p.get("block_size", 128)),
             )
             return [dict(by_length[c.length], text=p.get("text") or "pydoc_topics") for c in job.cases]
-        if len(job.cases) > 1 and first.is_probe:
-            from .probes import run_probes_sharing_prefix
-
+        if first.is_probe:
             samples = [self.probe(c) for c in job.cases]
-            results = run_probes_sharing_prefix(self.model, self.tok, samples)
+            results = self.backend.probes(samples)
             return [dict(r, needle_positions=s.needle_positions) for r, s in zip(results, samples)]
         return [self.run_case(c) for c in job.cases]
 
     def run_case(self, case: Case) -> dict:
-        if case.kind == "entropy":
-            from ..entropy import attention_entropy
-
-            p = case.params
-            per_layer = attention_entropy(
-                self.model, self.text_ids(p.get("text")), [case.length], queries=int(p.get("queries", 128))
-            )[case.length]
-            return {"mean_entropy": sum(per_layer) / len(per_layer), "per_layer": per_layer}
-        from .probes import run_probe
-
-        sample = self.probe(case)
-        res = run_probe(self.model, self.tok, sample)
-        res["needle_positions"] = sample.needle_positions
-        return res
+        """An entropy case (the only kind that is not one of a job's shared forwards or probe prompts)."""
+        p = case.params
+        per_layer = self.backend.entropy(self.text_ids(p.get("text")), case.length, int(p.get("queries", 128)))
+        return {"mean_entropy": sum(per_layer) / len(per_layer), "per_layer": per_layer}
 
     def probe(self, case: Case):
         from .probes import make_probe

@@ -162,13 +162,24 @@ def perplexity_at_lengths(
     scaling): the loss at position ``i`` only sees tokens ``0..i``. Dynamic methods rescale with the length, so
     they must call this once per length.
     """
+    ids = text_window(token_ids, max(lengths), start)
+    losses = token_losses(model, ids, chunk_size=chunk_size)
+    return perplexity_from_losses(losses, lengths, original_length=original_length, bucket_size=bucket_size,
+                                  block_size=block_size)
+
+
+def text_window(token_ids: torch.Tensor, length: int, start: int = 0) -> torch.Tensor:
+    """``token_ids[start : start + length]``, or ValueError when the text is shorter."""
     token_ids = token_ids.reshape(-1)
-    longest = max(lengths)
-    if start + longest > token_ids.numel():
-        raise ValueError(
-            f"text has {token_ids.numel()} tokens; cannot evaluate {longest} tokens from offset {start}"
-        )
-    losses = token_losses(model, token_ids[start : start + longest], chunk_size=chunk_size)
+    if start + length > token_ids.numel():
+        raise ValueError(f"text has {token_ids.numel()} tokens; cannot evaluate {length} tokens from offset {start}")
+    return token_ids[start : start + length]
+
+
+def perplexity_from_losses(losses: torch.Tensor, lengths: list[int], *, original_length: int | None = None,
+                           bucket_size: int = 1024, block_size: int = 128) -> dict[int, dict]:
+    """`perplexity_metrics` of the first ``L`` tokens for every ``L`` in *lengths*, from the next-token losses of
+    the longest (from any engine: a causal model's loss at position ``i`` sees tokens ``0..i`` only)."""
     return {
         L: perplexity_metrics(losses[: L - 1], original_length=original_length, bucket_size=bucket_size,
                               block_size=block_size)

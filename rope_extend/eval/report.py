@@ -403,6 +403,10 @@ def _header(meta: dict, records: list[dict]) -> list[str]:
     lines.append(f"- suite: `{suite.get('name')}`" + (f" ({meta['suite_source']})" if meta.get("suite_source") else "")
                  + (f": {suite['description']}" if suite.get("description") else ""))
     lines.append(f"- dtype: {meta.get('dtype')}")
+    if meta.get("engine"):
+        lines.append(f"- engine: {meta['engine']}")
+    for name, why in (meta.get("left_out") or {}).items():
+        lines.append(f"- left out for {name}: {why}")
     expected = meta.get("expected_records")
     if expected and len(records) < expected:
         lines.append(f"- **partial run**: {len(records)} of {expected} cases finished (rerun the same command to resume)")

