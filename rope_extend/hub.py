@@ -303,7 +303,7 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
     sends_record = record is not None and any(entry.name == SPEC_FILE for entry in selection.sent)
     return PushPlan(folder=folder, repo_id=repo_id, private=private, selection=selection,
                     commit_message=("rope-extend: " + what)[:1000], card=card,
-                    record_text=public_text(folder, record).encode("utf-8") if sends_record else None,
+                    record_text=public_text(folder, record, card).encode("utf-8") if sends_record else None,
                     serve=record.serve_for(repo_id) if record is not None else None, written_now=written_now,
                     include=tuple(include))
 

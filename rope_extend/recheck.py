@@ -57,6 +57,10 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
     if not (root / "config.json").is_file():
         raise CheckpointError(f"OUT {given!r} is not a checkpoint folder (no config.json); give the folder "
                               "`rope-extend patch` or `train` wrote")
+    if files.hub_repo_root(root) is not None:
+        raise CheckpointError(f"OUT {given!r} is a Hub cache snapshot (its files are links to the cache's blobs), "
+                              "which rope-extend never writes; download the repo into a folder of its own (hf "
+                              "download REPO --local-dir DIR) and verify that")
     recorded = record.read_record(root)
     if recorded is None:
         if record.written_by_rope_extend(root):
@@ -105,8 +109,8 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
         what = ", ".join(name for name, _ in changed) or "nothing changed"
         note = (f"{REVERIFIED} {_version()} on {time.strftime('%Y-%m-%d')} ({what}): stock transformers' reload "
                 f"and a forward beyond the original length{' on the real weights' if real else ''}.")
-        card_path.write_text(refresh_card(card_path.read_text(encoding="utf-8"), card_section(plan, root), note),
-                             encoding="utf-8")
+        record.write_fresh(card_path, refresh_card(card_path.read_text(encoding="utf-8"), card_section(plan, root),
+                                                   note))
     record.refresh(root, recorded)
     result.seconds = time.perf_counter() - started
     return result

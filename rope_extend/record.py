@@ -167,8 +167,19 @@ def write_record(folder: Path, spec_yaml: str, serve: str | None = None, serving
     found = sorted({rel for rel, _ in _walk(folder)} - {SPEC_FILE} if names is None else set(names) - {SPEC_FILE})
     entries = {name: entry_of(folder / name, shared.get(name)).local() for name in found}
     entries[SPEC_FILE] = Entry(sha256=hashlib.sha256(spec_yaml.encode("utf-8")).hexdigest()).local()
-    (folder / SPEC_FILE).write_text(_text(spec_yaml, verified, dict(sorted(entries.items())), serve, serving),
-                                    encoding="utf-8")
+    write_fresh(folder / SPEC_FILE, _text(spec_yaml, verified, dict(sorted(entries.items())), serve, serving))
+
+
+def write_fresh(path: Path, text: str) -> None:
+    """Write `text` as a new file renamed over `path`: never through a link (a hard link's other names, a Hub cache
+    blob), and never half written."""
+    fresh = path.with_name(f".{path.name}.rope-extend-{os.getpid()}")
+    try:
+        fresh.write_text(text, encoding="utf-8")
+        os.replace(fresh, path)
+    finally:
+        if fresh.exists():
+            fresh.unlink()
 
 
 def refresh(folder: Path, recorded: Record, verified: bool = True) -> None:
@@ -186,8 +197,8 @@ def read_record(folder: Path) -> Record | None:
     before rope-extend recorded its outputs). A damaged record is a CheckpointError: nothing is sent on its word."""
     from .spec import MAX_SPEC_BYTES, _load_yaml_text
 
-    path = folder / SPEC_FILE
-    if not path.is_file() or path.is_symlink() or path.stat().st_size > MAX_SPEC_BYTES:
+    path = _spec_path(folder)
+    if path is None or path.stat().st_size > MAX_SPEC_BYTES:
         return None
     fix = "write OUT again with `rope-extend patch` (or `train`) into a new folder"
     try:
@@ -224,10 +235,21 @@ def read_record(folder: Path) -> Record | None:
     return Record(spec=data, entries=entries, verified=raw.get("verified", True), serve=texts[0], serving=texts[1])
 
 
+def _spec_path(folder: Path) -> Path | None:
+    """OUT's rope_extend.yaml: a regular file, or in a Hub cache snapshot its blob; None otherwise."""
+    path = folder / SPEC_FILE
+    if path.is_symlink():
+        try:
+            return files.source_file(folder, Path(SPEC_FILE))
+        except CheckpointError:
+            return None
+    return path if path.is_file() else None
+
+
 def spec_text(folder: Path) -> str | None:
     """The spec part of OUT's rope_extend.yaml, as written (the record left out), or None without one."""
-    path = folder / SPEC_FILE
-    if not path.is_file() or path.is_symlink():
+    path = _spec_path(folder)
+    if path is None:
         return None
     kept = []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True):
@@ -237,10 +259,12 @@ def spec_text(folder: Path) -> str | None:
     return "".join(kept)
 
 
-def public_text(folder: Path, record: Record) -> str:
+def public_text(folder: Path, record: Record, card: bytes | None = None) -> str:
     """OUT's rope_extend.yaml as a push uploads it: the spec as written, the record without this machine's data
-    (inodes, times, how files were shared: what identifies them here, not what they are)."""
-    entries = {name: entry.public() for name, entry in sorted(record.entries.items())}
+    (inodes, times, how files were shared: what identifies them here, not what they are); `card`: the card the push
+    sends instead of OUT's (its Serving section renamed), whose sha256 the uploaded record then holds."""
+    sent = {CARD: Entry(sha256=hashlib.sha256(card).hexdigest())} if card is not None and CARD in record.entries else {}
+    entries = {name: entry.public() for name, entry in sorted({**record.entries, **sent}.items())}
     return _text(spec_text(folder) or "", record.verified, entries, record.serve, record.serving)
 
 

@@ -9,6 +9,7 @@ in float64. The implementation under test re-rotates the model's already-rotated
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 
 import pytest
@@ -441,3 +442,70 @@ def test_generate_after_a_reused_prefix_takes_the_fused_path_in_inference_mode(m
     alone, reused = generate_alone_and_after_a_shared_prefix(model, 70, 30, 5, before_reuse=paths.clear)
     assert torch.equal(reused, alone)
     assert set(paths) == {"_fused_attention"}
+
+
+# --- on a model that ships a scheme (docs/attention-methods.md, "On a model that ships a scheme") ---------------------
+def _shipped(name: str):
+    """A tiny random-weight model with the RoPE section and window of a real config: Llama 3.1 as shipped (llama3
+    x8 over 8192, 131072), Qwen2.5-7B-Instruct with the YaRN x4 over 32768 its card adds (max_position_embeddings
+    32768: the window 131072 is the scheme's)."""
+    import json
+    from pathlib import Path
+
+    import hubcache
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rope_extend import verify
+
+    repo = {"llama-3.1": "meta-llama/Llama-3.1-8B", "qwen2.5-instruct-yarn": "Qwen/Qwen2.5-7B-Instruct"}[name]
+    data = json.loads(Path(hubcache.config_path(repo)).read_text())
+    data.update(hubcache.QWEN_YARN if "qwen" in name else {})
+    config = verify._small_config(AutoConfig.for_model(**data))
+    config.num_hidden_layers = len(getattr(config, "layer_types", None) or [0, 0])
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
+
+
+@pytest.mark.parametrize("name", ["llama-3.1", "qwen2.5-instruct-yarn"])
+@pytest.mark.parametrize("method", list(SPECS))
+def test_a_shipped_scheme_is_kept_and_the_remap_rotates_with_its_frequencies(name, method, monkeypatch):
+    """self-extend and dual-chunk keep a shipped scheme as STRING does: the config's RoPE slots, its
+    max_position_embeddings and the rotary modules stay as they were; L is the window the scheme reaches (131072);
+    every remapped layer re-rotates with the frequencies and attention factor stock transformers builds from the
+    config (llama3's; Qwen's YaRN x4 with 0.1 ln 4 + 1), not the bare RoPE; the logits equal the naive reference
+    with those frequencies; unpatch_model restores the model bit for bit."""
+    from rope_extend import compat
+    from rope_extend.rotary import find_rotary_modules
+
+    model = _shipped(name)
+    config = compat.text_config(model.config)
+    before, window = copy.deepcopy(compat.read_slots(config)), config.max_position_embeddings
+    buffers = {n: m.inv_freq.clone() for n, m, _ in find_rotary_modules(model)}
+    ids = torch.randint(3, 200, (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = model(ids).logits
+    report = patch_model(model, **SPECS[method], factor=2)
+    assert (report.spec.original_max_position_embeddings, report.spec.target_length) == (131072, 262144)
+    after = compat.read_slots(config)
+    assert after.keys() == before.keys() and all(compat.params_close(after[k], before[k]) for k in before)
+    assert config.max_position_embeddings == window == (32768 if "qwen" in name else 131072)
+    assert all(torch.equal(m.inv_freq, buffers[n]) for n, m, _ in find_rotary_modules(model))
+    own, attention = compat.stock_rope(config, compat.FLAT)
+    bare = 1.0 / (config.rope_parameters["rope_theta"] ** (torch.arange(0, own.numel() * 2, 2).float()
+                                                            / (own.numel() * 2)))
+    assert not torch.allclose(own.float(), bare)  # the scheme's frequencies are not the bare RoPE's
+    contexts = [m.__dict__[runtime.CONTEXT] for m in model.modules() if runtime.CONTEXT in m.__dict__]
+    assert contexts and all(torch.equal(c.inv_freq, own.float()) for c in contexts)
+    assert attention == pytest.approx(0.1 * math.log(4) + 1 if "qwen" in name else 1.0)
+    with torch.no_grad():
+        got = model(ids).logits
+        _reference_kernel(monkeypatch, SPECS[method])
+        want = model(ids).logits
+    assert (got - base).abs().max() > 1e-4
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    monkeypatch.undo()
+    unpatch_model(model)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, base)

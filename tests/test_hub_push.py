@@ -62,20 +62,27 @@ def hub(monkeypatch, tmp_path):
         yield server
 
 
-def folder_bytes(folder: Path, names=None) -> dict[str, bytes]:
+def folder_bytes(folder: Path, names=None, repo: str | None = None) -> dict[str, bytes]:
     """What a push of OUT must deliver under each name, read independently of rope-extend's selection: OUT's bytes
-    (a link's target), rope_extend.yaml without this machine's data (`expected_record`)."""
-    return {name: expected_record(folder) if name == "rope_extend.yaml" else
-            Path(os.path.realpath(folder / name)).read_bytes() for name in names or CHECKPOINT}
+    (a link's target), rope_extend.yaml without this machine's data (`expected_record`); with `repo`, the card whose
+    Serving section names it (`expected_card`) and the record holding that card's sha256."""
+    card = expected_card(folder, repo) if repo else None
+    sent = {name: Path(os.path.realpath(folder / name)).read_bytes() for name in names or CHECKPOINT}
+    if "rope_extend.yaml" in sent:
+        sent["rope_extend.yaml"] = expected_record(folder, card)
+    return sent | ({"README.md": card} if card else {})
 
 
-def expected_record(folder: Path) -> bytes:
+def expected_record(folder: Path, card: bytes | None = None) -> bytes:
     """OUT's rope_extend.yaml as a push must upload it: the same text, each shared weight's line reduced to its size
-    (no inode, modification time or how it was shared: this machine's, not the model's)."""
+    (no inode, modification time or how it was shared: this machine's, not the model's), and the card's line the
+    sha256 of the card sent (`card`, when the push renames its Serving section)."""
     shared = re.compile(r"^(    \S+: )(?:hard-linked|reflinked) size (\d+) mtime_ns \d+ inode \d+$")
     lines = []
     for line in (folder / "rope_extend.yaml").read_text().splitlines(keepends=True):
         match = shared.match(line.rstrip("\n"))
+        if card is not None and line.startswith("    README.md: sha256 "):
+            line = f"    README.md: sha256 {hashlib.sha256(card).hexdigest()}\n"
         lines.append(f"{match[1]}size {match[2]}\n" if match else line)
     return "".join(lines).encode()
 
@@ -300,7 +307,7 @@ def test_push_sends_the_checkpoint_not_the_folder(source, tmp_path, hub, capsys)
     os.unlink(out / "LICENSE")
     assert cli("push", out, "me/mixed", "--include", "notes.txt", "--include", "runs") == 0
     sent = ["notes.txt", *CHECKPOINT, "runs/a/log.txt"]
-    assert hub.repos["me/mixed"].files == {**folder_bytes(out, sent), "README.md": expected_card(out, "me/mixed")}
+    assert hub.repos["me/mixed"].files == folder_bytes(out, sent, "me/mixed")
     assert hub.repos["me/mixed"].files["model.safetensors"] == blob.read_bytes()
 
 
@@ -455,8 +462,7 @@ def test_a_failed_push_leaves_out_as_it_was_and_offers_a_retry_only_when_one_can
     assert tree(out) == before
     hub.fail_commit = None
     assert run(shlex.split(later)[1:]) == 0
-    assert hub.repos["me/f"].files == folder_bytes(out, [*CHECKPOINT, "NOTES.md"]) | {
-        "README.md": expected_card(out, "me/f")}
+    assert hub.repos["me/f"].files == folder_bytes(out, [*CHECKPOINT, "NOTES.md"], "me/f")
 
 
 def test_the_visibility_printed_is_the_hubs(source, tmp_path, hub, capsys):
@@ -667,7 +673,7 @@ def test_a_changed_output_is_refused_naming_each_file_until_verify_reverifies_it
     assert read_record(out).entries["model.safetensors"].sha256 == hashlib.sha256(
         (out / "model.safetensors").read_bytes()).hexdigest()  # OUT's own bytes now: recorded by content
     assert cli("push", out, "me/v") == 0
-    assert hub.repos["me/v"].files == folder_bytes(out) | {"README.md": expected_card(out, "me/v")}
+    assert hub.repos["me/v"].files == folder_bytes(out, repo="me/v")
     assert tiny.checksums(tmp_path / "hub") == blobs
 
     (out / "chat_template.jinja").write_text("{{ messages }}")  # a file added to OUT (SOURCE has none)
@@ -746,3 +752,30 @@ def test_an_output_written_without_verification_says_so_until_verify(source, tmp
         capsys.readouterr().out.split())
     assert cli("verify", out) == 0 and read_record(out).verified is True
     assert cli("push", out, "me/nv", "--dry-run") == 0 and "not verified" not in capsys.readouterr().out
+
+
+def test_a_pushed_output_downloaded_into_a_hub_cache_pushes_again_on_its_public_record(source, tmp_path, hub, capsys):
+    """What a push uploads is a checkpoint rope-extend can vouch for again: the repo's files laid out as
+    huggingface_hub's cache (links to blobs), their rope_extend.yaml the public record (sha256 and sizes, no
+    inode), push to another repo as they are (the card's Serving section renamed for it); a blob edited in the
+    cache is refused by name."""
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    assert cli("push", out, "me/first") == 0
+    uploaded = hub.repos["me/first"].files
+    plain = tmp_path / "download"
+    plain.mkdir()
+    for name, data in uploaded.items():
+        (plain / name).write_bytes(data)
+    snapshot = hubcache.from_folder(tmp_path / "hub", "me/first", plain)
+    capsys.readouterr()
+    assert cli("push", snapshot, "me/second") == 0, capsys.readouterr().err
+    second = hub.repos["me/second"].files
+    card = uploaded["README.md"].replace(b"me/first", b"me/second")
+    first_sha, second_sha = (hashlib.sha256(c).hexdigest().encode() for c in (uploaded["README.md"], card))
+    assert second == uploaded | {"README.md": card,
+                                 "rope_extend.yaml": uploaded["rope_extend.yaml"].replace(first_sha, second_sha)}
+    blob = Path(os.path.realpath(snapshot / "generation_config.json"))
+    blob.write_text('{"max_length": 1}')
+    assert cli("push", snapshot, "me/third") == 2
+    assert "generation_config.json (edited)" in one_error(capsys.readouterr().err) and "me/third" not in hub.repos
