@@ -17,6 +17,9 @@ medians are reported with their ratio.
    inode: no copy-on-write clone on this filesystem) and its other files copied.
 3. Error paths (bad method, OUT inside SOURCE, OUT a dangling link, factor out of range, an uncached id, scaling
    already present) vs the config read of `rope-extend show ID`: each must answer in about that time.
+4. With `--reflink-dir DIR` (a folder on a filesystem with copy-on-write clones: an XFS formatted with reflink=1, a
+   btrfs): the 70B command with its Hub cache and OUT there, `--repeats` times, beside section 1's; every weight
+   file must be a clone (its own inode, one link, the blob's size), not a hard link.
 
 Goal (issue 18): whole command 70B / 135M <= 1.5x, peak RSS <= 350 MB for both; error paths ~ a config read.
 """
@@ -77,6 +80,42 @@ def check_output(cache: Path, repo: str, out: Path) -> str:
     return f"{verified}, {linked}/{len(weights)} weight files hard-linked, {copied}/{len(others)} others copied"
 
 
+def check_clones(cache: Path, repo: str, out: Path) -> str:
+    """'N/N weight files reflinked' (their own inode, one link, the blob's size) or what is wrong."""
+    snapshot = next((cache / f"models--{repo.replace('/', '--')}" / "snapshots").iterdir())
+    weights = sorted(snapshot.glob("*.safetensors"))
+    cloned = 0
+    for weight in weights:
+        blob, copy = os.stat(os.path.realpath(weight)), os.stat(out / weight.name)
+        cloned += copy.st_ino != blob.st_ino and copy.st_nlink == 1 and copy.st_size == blob.st_size
+    return f"{cloned}/{len(weights)} weight files reflinked"
+
+
+def reflink_section(folder: Path, repeats: int, ext: dict) -> None:
+    """Section 4: the 70B command with its cache and OUT on a copy-on-write filesystem, beside section 1's."""
+    work = Path(tempfile.mkdtemp(prefix="rope-bench-reflink-", dir=folder))
+    try:
+        cache = work / "hub"
+        hubcache.build(cache, BIG)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HOME": str(work / "hf-home"),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        runs = []
+        for repeat in range(repeats):
+            out = work / f"out-{repeat}"
+            row = cli(patch_args(BIG, out), env)
+            if row["rc"] != 0:
+                raise SystemExit(f"{BIG} on {folder}: exit {row['rc']}: {row['err']}")
+            row["check"] = check_clones(cache, BIG, out)
+            runs.append(row)
+            shutil.rmtree(out)
+        row = summary(runs)
+        print(f"\n4. the 70B command on {folder} (copy-on-write clones), median of {repeats}")
+        print(f"   {BIG + ' (reflinks)':<46}{row['wall']:>8.2f}{row['cpu']:>8.2f}{row['rss']:>13.0f}  {runs[-1]['check']}")
+        print(f"   vs section 1's 70B (hard links): wall {row['wall'] / ext['wall']:.2f}x, CPU {row['cpu'] / ext['cpu']:.2f}x")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def summary(runs: list[dict]) -> dict:
     return {key: statistics.median(r[key] for r in runs) for key in ("wall", "cpu", "rss")}
 
@@ -84,6 +123,7 @@ def summary(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--reflink-dir", type=Path, help="also run the 70B command on this copy-on-write filesystem")
     args = parser.parse_args()
     smol = demo_model()  # builds the cache entry once if missing; the commands below use the alias
     work = Path(tempfile.mkdtemp(prefix="rope-bench-real-"))
@@ -122,6 +162,9 @@ def main() -> None:
               f"{big['rss'] / small['rss']:.2f}x  (goal: wall <= {GOAL_RATIO}x, RSS <= {GOAL_RSS_MB} MB: "
               f"{'met' if ratio <= GOAL_RATIO and max(big['rss'], small['rss']) <= GOAL_RSS_MB else 'NOT met'})")
         print(f"   70B output: {runs[BIG][-1]['check']}")
+
+        if args.reflink_dir is not None:
+            reflink_section(args.reflink_dir, args.repeats, big)
 
         print("\n2. the other real checkpoints, once each")
         print(f"   {'checkpoint':<46}{'wall s':>8}{'CPU s':>8}{'peak RSS MB':>13}  output")

@@ -384,12 +384,8 @@ def written_by_rope_extend(folder: Path) -> bool:
         config = files.read_json(folder / "config.json")
     except CheckpointError:
         return False
-    return isinstance(outputs_text_part(config).get("rope_extend"), dict)
-
-
-def outputs_text_part(config: dict) -> dict:
-    text = config.get("text_config")
-    return text if isinstance(text, dict) else config
+    text = config.get("text_config")  # compat.text_part's rule, without importing transformers for a push
+    return isinstance((text if isinstance(text, dict) else config).get("rope_extend"), dict)
 
 
 def no_record_message(folder: Path) -> str:

@@ -105,10 +105,19 @@ def serve_block(stdout: str) -> str:
 @pytest.mark.parametrize("columns", ["80", "300"])
 def test_the_serve_line_pastes_with_a_path_with_spaces(ckpt, tmp_path, monkeypatch, capsys, columns):
     """The serve command, wrapped at 80 columns with ` \\` continuations (one line at 300), read back by bash and
-    by shlex gives the exact OUT path, spaces and a quote in it included."""
+    by shlex gives the exact OUT path, spaces and a quote in it included; so do the paths of `wrote`, `output:` and
+    `report:`, and the report line's `rope-extend engines OUT` runs as printed."""
     monkeypatch.setenv("COLUMNS", columns)
     out = tmp_path / "my models" / "it's SmolLM yarn x2 with a long name"
-    text = serve_block(output_of(capsys, "patch", ckpt, "--method", "yarn", "--factor", "2", "-o", out))
+    printed = output_of(capsys, "patch", ckpt, "--method", "yarn", "--factor", "2", "-o", out)
+    words = " ".join(printed.split())
+    assert shlex.split(words.split("wrote ", 1)[1].split(" (config-only")[0]) == [str(out)]
+    assert shlex.split(words.split("output: ", 1)[1].split(" serve:")[0]) == [str(out)]
+    assert shlex.split(words.split("report: ", 1)[1].split(" (model card")[0]) == [str(out / "README.md")]
+    engines = shlex.split(words.split("`rope-extend engines ", 1)[1].split("`")[0])
+    assert engines == [str(out)] and run(["engines", *engines]) == 0
+    capsys.readouterr()
+    text = serve_block(printed)
     assert (text.count("\n") > 0) == (columns == "80")  # wrapped only where it does not fit
     expected = ["vllm", "serve", str(out), "--max-model-len", "512"]
     assert shlex.split(text.replace("\\\n", "")) == expected  # as the shell joins continuation lines

@@ -11,7 +11,7 @@ from rich import box
 from rich.table import Table
 
 from ..terminal import column_widths, fits, shell_path
-from .app import app, fail, out, say
+from .app import app, fail, out, say, say_command
 
 if TYPE_CHECKING:
     from ..spec import RopeSpec
@@ -90,7 +90,7 @@ def inspect(
     if as_json:
         data = {"inspection": view.to_dict()}
         if advice is not None:
-            data["recommendation"] = advice.to_dict()
+            data["recommendation"] = {**advice.to_dict(), "commands": advice.commands(source)}
         if plot_path is not None:
             data["plot"] = str(plot_path)
         out.print_json(json.dumps(data))
@@ -98,13 +98,22 @@ def inspect(
     _print_table(view)
     if advice is not None:
         out.print()
-        verdict = advice.method or "no scaling needed"
         caveat = f" (caveat: {advice.caveat})" if advice.caveat else ""
-        say(f"recommendation for {advice.target_length} tokens: factor {advice.factor:.4g}, method {verdict}{caveat}")
+        if advice.method is None:
+            say(f"recommendation for {advice.target_length} tokens: no scaling needed")
+        else:
+            say(f"recommendation for {advice.target_length} tokens: factor {advice.factor:.4g}, method "
+                f"{advice.method}{caveat}")
         for line in advice.reasons:
             say(f"- {line}", indent="  ", hang="    ")
         for name, why in advice.alternatives.items():
             say(f"alternative {name}: {why}", indent="  ", hang="    ")
+        commands = advice.commands(source)
+        if commands:
+            say("to write it, measure it on your model (passkey and perplexity, patched vs unpatched) and train at "
+                "the new length on your text (docs/train.md):")
+            for label, command in commands.items():
+                say_command(f"  {label + ':':<7}", command)
     if plot_path is not None:
         say(f"plot written to {shell_path(plot_path)}")
 

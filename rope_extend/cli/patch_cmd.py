@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..errors import AlreadyScaledError, CheckpointError, ShorterWindowError, SpecError
+from ..terminal import shell_path
 from .app import Progress, app, console, fail, say, say_command
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ HANG = " " * len("serve:  ")  # where the next-step lines continue
 def say_next_steps(folder: Path, hint) -> None:
     """`output:` the checkpoint and `serve:` the one way to serve it to try first (a `serving.ServeHint`),
     shell-quoted and wrapped so that it pastes whole."""
-    say(f"output: {folder}", hang=HANG)
+    say(f"output: {shell_path(folder)}", hang=HANG)
     say_command("serve:  ", "\n".join(hint.lines) if hint.python else hint.command, hint.python)
     if hint.python:
         say(f"# {hint.why}", indent=HANG, hang=HANG + "# ")
@@ -219,17 +220,18 @@ def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
     with Progress("patching", options.steps) as progress:
         loaded, plan = plan_checkpoint(source, spec, output, options, revision=run.revision)  # the one plan
         result = write_checkpoint(loaded, plan, output, replace(options, on_step=progress.step))
-    say(f"wrote {result.out} ({result.mode}: {tally(result.placed)}, {len(result.written)} written) in "
+    say(f"wrote {shell_path(result.out)} ({result.mode}: {tally(result.placed)}, {len(result.written)} written) in "
         f"{result.seconds:.2f} s; "
         f"{'verified with stock transformers (reload + a forward beyond the original length)' if result.verified else 'NOT verified (--no-verify)'}")
     say(plan.method.summary(plan))
     # What to do next, in three lines; every engine's command and where it serves identically are in the card.
     say_next_steps(result.out, result.serve)
-    say(f"report: {result.out / 'README.md'} (model card: the commands for transformers, vLLM, SGLang and "
-        f"llama.cpp, and where each serves identically; `rope-extend engines {result.out}` rechecks it)",
+    say(f"report: {shell_path(result.out / 'README.md')} (model card: the commands for transformers, vLLM, SGLang "
+        f"and llama.cpp, and where each serves identically; `rope-extend engines {shell_path(result.out)}` rechecks "
+        "it)",
         hang=HANG)
     if run.eval_suite:
-        say(f"eval:   {report_dir / 'report.md'}", hang=HANG)
+        say(f"eval:   {shell_path(report_dir / 'report.md')}", hang=HANG)
     for warning in result.warnings:
         say(f"warning: {warning}", hang="  ", stream=console)
     if run.push_to_hub:

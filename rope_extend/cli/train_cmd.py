@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from ..terminal import shell_path
 from .app import app, fail, say
 
 EXAMPLES = """Examples:
@@ -21,6 +22,8 @@ EXAMPLES = """Examples:
   rope-extend train ./my-model --config configs/yarn-x8.yaml --dataset ./books --lora -o out/my-model-64k
 
   accelerate launch -m rope_extend train ./my-model --method yarn --factor 4 --text a.txt -o out/model-train
+
+  torchrun --nproc_per_node 4 -m rope_extend train ./my-model --method yarn --factor 16 --text a.txt --window 65536 --sequence-parallel 4 -o out/model-64k
 
   rope-extend train smollm2 --method yarn --factor 2 --text plays.txt -o out/smollm2-16k --push-to-hub me/smollm2-16k
 
@@ -63,6 +66,8 @@ def train_command(
         "--gradient-checkpointing", help="auto (on when a micro-batch's activations need it; the progress line "
         "says which), on, off.")] = "auto",
     loss_chunk: Annotated[int | None, typer.Option("--loss-chunk", help="Positions per loss chunk (default: ~256 MiB of float32 logits).")] = None,
+    sequence_parallel: Annotated[int, typer.Option("--sequence-parallel", help="Split each window over N processes (DeepSpeed Ulysses); launch a multiple of N processes.")] = 1,
+    deepspeed: Annotated[Path | None, typer.Option("--deepspeed", help="DeepSpeed JSON config of a --sequence-parallel run (default: ZeRO-0; configs/deepspeed/).")] = None,
     eval_suite: Annotated[str | None, typer.Option("--eval-suite", help="Eval suite before/after; into the card.")] = None,
     eval_text: Annotated[list[Path] | None, typer.Option("--eval-text", help="Held-out text: refused if it overlaps a training text.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT that is a checkpoint (a folder of other files is refused).")] = False,
@@ -86,7 +91,8 @@ def train_command(
         lora=lora, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
         train_embeddings_and_norms=not (lora_only or no_embeddings_norms),
         save_adapter=save_adapter, save_steps=save_steps, logging_steps=logging_steps, dtype=dtype,
-        gradient_checkpointing=gradient_checkpointing, loss_chunk=loss_chunk,
+        gradient_checkpointing=gradient_checkpointing, loss_chunk=loss_chunk, sequence_parallel=sequence_parallel,
+        deepspeed=str(deepspeed) if deepspeed is not None else None,
         eval_suite=eval_suite, eval_texts=[str(t) for t in eval_text or []], overwrite=overwrite, resume=not restart,
         verify=not no_verify, memory_check=not no_memory_check,
     )
@@ -104,7 +110,7 @@ def train_command(
         return
     if result.first_loss is None:
         fail("training logged no loss")
-    say(f"wrote {result.out}: {result.steps} steps, {result.tokens:,} tokens in {result.seconds:.1f} s; loss "
+    say(f"wrote {shell_path(result.out)}: {result.steps} steps, {result.tokens:,} tokens in {result.seconds:.1f} s; loss "
         f"{loss_line(result.summary)}; "
         f"{'verified with stock transformers (reload equals the trained model)' if result.verified else 'NOT verified'}",
         hang="  ")

@@ -149,7 +149,7 @@ class Evaluator:
         from .backends import TransformersBackend
 
         self.model, self.tok, self.original, self.seed = model, tokenizer, original, seed
-        self.backend = backend or TransformersBackend(model, tokenizer)
+        self.backend = backend or TransformersBackend(model, tokenizer)  # (backends never imports jobs)
         self.patch_report = None  # what patching this variant reported (kept for the first record)
 
     def text_ids(self, source):

@@ -187,7 +187,8 @@ def run_eval(
 
         preflight_tok = preflight_tok or _tokenizer(folder)
         sampler = Evaluator(None, preflight_tok, original, suite_obj.seed)
-        serving = plan_vllm(folder, variants, cases, lambda c: sampler.probe(c).max_new_tokens)
+        serving = plan_vllm(folder, variants, {v.name: [c for c in cases if applies(c, v)] for v in variants},
+                            lambda c: sampler.probe(c).max_new_tokens)
         excluded = frozenset((name, case_id) for name, s in serving.items() for case_id in s.left_out)
         for name, s in serving.items():
             if s.left_out and progress:

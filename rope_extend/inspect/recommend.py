@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import compat
@@ -29,9 +30,33 @@ class Recommendation:
     costs: dict[str, dict[str, float]]  # method -> {"changed": fraction of disks moved, "high_shift": ...}
     # what this project measured at this ratio when it is a warning (rope_extend.measured), else None
     caveat: str | None = None
+    spec: dict[str, Any] | None = None  # the spec that applies `method` to this model (None: no scaling needed)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def commands(self, source: str) -> dict[str, str]:
+        """The commands that apply the recommendation to SOURCE (as the user named it), each ready to paste and
+        run as printed: `patch` (a checkpoint), `eval` (patched vs unpatched on the quick suite) and `train` (at
+        the new length on your text, train.txt)."""
+        import shlex
+
+        if self.spec is None:
+            return {}
+        spec = self.spec
+        name = f"{Path(str(source).rstrip('/')).name}-{spec['method']}-" + (
+            f"{self.target_length // 1024}k" if self.target_length % 1024 == 0 else str(self.target_length))
+        flags = ["--method", spec["method"], "--target-length", str(spec["target_length"])]
+        flags += [item for key, value in spec.items() if key not in ("method", "target_length")
+                  for item in ("--set", f"{key}={str(value).lower() if isinstance(value, bool) else value}")]
+        inline = ",".join(f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+                          for key, value in spec.items())
+        return {
+            "patch": shlex.join(["rope-extend", "patch", str(source), *flags, "-o", name]),
+            "eval": shlex.join(["rope-extend", "eval", str(source), "--spec", inline, "-o", f"{name}-eval"]),
+            "train": shlex.join(["rope-extend", "train", str(source), *flags, "--text", "train.txt", "-o",
+                                 f"{name}-trained"]),
+        }
 
 
 def short_context_cost(inspection: RopeInspection) -> dict[str, float]:
@@ -83,9 +108,6 @@ def recommend(config, target_length: int) -> Recommendation:
     costs: dict[str, dict[str, float]] = {}
     slowest = base_view.rows[-1]
     turns_target = target_length / slowest.wavelength
-    reasons.append(
-        f"minimal factor = target / original length = {target_length} / {original} = {factor:.4g}"
-    )
     if target_length <= current_max:
         reasons.append(
             f"the model already serves {current_max} tokens ({current_type} RoPE) >= {target_length}: no scaling needed"
@@ -95,6 +117,7 @@ def recommend(config, target_length: int) -> Recommendation:
     if factor <= 1:
         reasons.append(f"target {target_length} <= original length {original}: no scaling needed")
         return Recommendation(target_length, original, factor, None, {}, reasons, costs)
+    reasons.append(f"minimal factor = target / original length = {target_length} / {original} = {factor:.4g}")
     reasons.append(
         "each rotary pair of query/key dimensions (a \"disk\") turns by a fixed angle per token; without scaling "
         f"the slowest disk (i={slowest.index}, wavelength {slowest.wavelength:.4g} tokens) turns "
@@ -152,24 +175,22 @@ def recommend(config, target_length: int) -> Recommendation:
         why = advice(other).alternative(factor, method) if other.name != method else None
         if why and (advice(other).preference is None or other.name in costs):
             alternatives[other.name] = why
-    return with_measurements(Recommendation(target_length, original, factor, method, alternatives, reasons, costs))
+    spec = None if method is None else {"method": method, "target_length": target_length}
+    if spec is not None and current_type != "default":  # re-derived from the original length, not stacked on it
+        spec["replace_existing"] = True
+    return with_measurements(Recommendation(target_length, original, factor, method, alternatives, reasons, costs,
+                                            spec=spec))
 
 
 def with_measurements(advice: Recommendation) -> Recommendation:
-    """The recommendation with what this project measured at its ratio (or that nothing was), and the commands that
-    measure it on the user's model and train it at the new length."""
+    """The recommendation with what this project measured at its ratio (or that nothing was); `commands` measure
+    it on the user's model and train it at the new length."""
     from ..measured import at_ratio
 
     if advice.method is None:
         return advice
     measured = at_ratio(advice.factor, advice.method)
-    spec = f"method={advice.method},target_length={advice.target_length}"
     advice.reasons.extend(measured.lines)
-    advice.reasons.append(
-        f"measure it on your model: rope-extend eval SOURCE --spec {spec} -o report/ (passkey and perplexity, "
-        f"patched vs unpatched); to train at the new length: rope-extend train SOURCE --method {advice.method} "
-        f"--target-length {advice.target_length} --text FILE -o OUT (docs/train.md)"
-    )
     advice.caveat = measured.caveat
     return advice
 

@@ -156,6 +156,7 @@ def summary(prep: Prepared, steps: int, tokens: int, seconds: float, losses: lis
         "scheduler": spec.scheduler, "seed": spec.seed, "lora": spec.lora, "lora_r": spec.lora_r,
         "lora_alpha": spec.lora_alpha, "lora_dropout": spec.lora_dropout,
         "train_embeddings_and_norms": spec.train_embeddings_and_norms, "steps": spec.steps,
+        "sequence_parallel": prep.sequence_parallel,
     }
     return {
         "title": f"{plan.spec.method} x{plan.spec.factor:g}, window {prep.window}",

@@ -50,26 +50,34 @@ def _chunk_loss_sum(head: torch.nn.Module, hidden: torch.Tensor, labels: torch.T
     return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
+def chunked_loss_sum(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module,
+                     chunk_tokens: int) -> torch.Tensor:
+    """The summed cross-entropy of `head(hidden)` against `targets` ([B, n], the token each position predicts,
+    -100 ignored: labels already shifted), chunk by chunk, each chunk recomputed in the backward pass."""
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_targets = targets.to(hidden.device).reshape(-1)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    n = flat_targets.numel()
+    recompute = torch.is_grad_enabled() and n > chunk_tokens  # one chunk: nothing to save by recomputing
+    for start in range(0, n, chunk_tokens):
+        piece = (head, flat_hidden[start:start + chunk_tokens], flat_targets[start:start + chunk_tokens])
+        if recompute:
+            total = total + checkpoint(_chunk_loss_sum, *piece, use_reentrant=False)
+        else:
+            total = total + _chunk_loss_sum(*piece)
+    return total
+
+
 def chunked_causal_lm_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module, chunk_tokens: int,
                            num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
     """Next-token cross-entropy of `head(hidden)` against `labels` ([B, n], -100 ignored), chunk by chunk.
 
     Sum over all predicted positions divided by `num_items_in_batch` if given (the Trainer's count over the whole
     accumulated batch), else by the number of positions with a label (the mean)."""
-    shifted = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].to(hidden.device)  # position t predicts t + 1
-    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
-    flat_labels = shifted.reshape(-1)
-    total = hidden.new_zeros((), dtype=torch.float32)
-    n = flat_labels.numel()
-    recompute = torch.is_grad_enabled() and n > chunk_tokens  # one chunk: nothing to save by recomputing
-    for start in range(0, n, chunk_tokens):
-        piece = (head, flat_hidden[start:start + chunk_tokens], flat_labels[start:start + chunk_tokens])
-        if recompute:
-            total = total + checkpoint(_chunk_loss_sum, *piece, use_reentrant=False)
-        else:
-            total = total + _chunk_loss_sum(*piece)
+    shifted = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]  # position t predicts t + 1
+    total = chunked_loss_sum(hidden, shifted, head, chunk_tokens)
     if num_items_in_batch is None:
-        return total / (flat_labels != IGNORE_INDEX).sum()
+        return total / (shifted != IGNORE_INDEX).sum().to(total.device)
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch

@@ -21,7 +21,7 @@ from ..errors import SpecError
 from ..hub import resolve_source
 from ..plan import check_rope_model
 from ..source import Source, plan_source, read_source
-from . import data, sharding
+from . import data, sequence_parallel, sharding
 from .recipe import TrainSpec, batch_split, check_numbers, check_static, default_window
 
 
@@ -41,6 +41,9 @@ class Prepared:
     global_windows: int
     fingerprint: str
     device: str  # "cuda" or "cpu": where the run trains (and --eval-suite evaluates)
+    compute_dtype: str  # "float32", or the autocast dtype of mixed precision ("bfloat16", "float16")
+    deepspeed: dict | None = None  # the DeepSpeed config rope-extend gives a --sequence-parallel run (None: none,
+    # or the accelerate launch's own)
 
     @property
     def source(self) -> Path:
@@ -66,6 +69,29 @@ class Prepared:
     @property
     def tokens_per_step(self) -> int:
         return self.global_windows * self.window
+
+    @property
+    def sequence_parallel(self) -> int:
+        return self.spec.sequence_parallel
+
+    @property
+    def replicas(self) -> int:
+        """Process groups that take different windows (data parallel): every process without sequence parallelism,
+        groups of `sequence_parallel` processes sharing each window with it."""
+        return self.world // self.sequence_parallel
+
+    @property
+    def micro_tokens(self) -> int:
+        """Tokens one process holds in one micro-batch."""
+        return self.spec.micro_batch * self.window // self.sequence_parallel
+
+    def batch_line(self) -> str:
+        """How the global batch is split, for the progress line."""
+        split = f"{self.world} process(es) x {self.spec.micro_batch} x {self.accumulation}"
+        if self.sequence_parallel > 1:
+            split = (f"{self.replicas} group(s) of {self.sequence_parallel} sequence-parallel processes x "
+                     f"{self.spec.micro_batch} x {self.accumulation}")
+        return f"global batch {self.global_windows} windows ({split})"
 
 
 def world() -> tuple[int, int]:
@@ -129,25 +155,29 @@ def prepare(spec: TrainSpec) -> Prepared:
                                 text.num_hidden_layers, text.vocab_size, available_memory())
     if window > target:
         raise ValueError(f"--window {window} is longer than the target length {target}; use --window <= {target}")
-    if world()[0] == 1:  # a launch across processes shards or replicates by its own config: not estimated here
+    processes, _ = world()
+    if processes == 1:  # a launch across processes shards or replicates by its own config: not estimated here
         check_memory(spec, source, text, window, where)
+    n = spec.sequence_parallel
+    deepspeed = sequence_parallel.prepare(spec, text, window, processes, sharding.asked()) if n > 1 else None
     from transformers import AutoTokenizer
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tokenizer = AutoTokenizer.from_pretrained(source)
     corpus = data.build_corpus(tokenizer, groups, window)
-    processes, _ = world()
     global_windows = spec.global_windows(window)
-    accumulation = batch_split(global_windows, spec.micro_batch, processes)
-    digest = spec.fingerprint(rope, {"window": window, "global_windows": global_windows,
-                                     "data": [s.sha256 for s in corpus.sources], "source": _config_digest(source)})
+    accumulation = batch_split(global_windows, spec.micro_batch, processes // n, n)
+    extra = {"window": window, "global_windows": global_windows, "data": [s.sha256 for s in corpus.sources],
+             "source": _config_digest(source)}
+    digest = spec.fingerprint(rope, extra if deepspeed is None else {**extra, "deepspeed": deepspeed})
     from ..patch import verify_or_explain
 
     if plan.changed:  # stock transformers rebuilds the planned RoPE (as `patch_model(verify=True)`), before loading
         verify_or_explain(plan, text)
+    compute = "bfloat16" if trains_in_bf16(spec, where) else "float16" if spec.dtype == "float16" else "float32"
     return Prepared(spec, loaded, out, plan, tokenizer, corpus, window, processes, accumulation,
-                    global_windows, digest, where)
+                    global_windows, digest, where, compute, deepspeed)
 
 
 def check_dtype_on_device(dtype: str, where: str) -> None:

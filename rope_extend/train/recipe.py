@@ -60,6 +60,8 @@ class TrainSpec:
     gradient_checkpointing: str = "auto"  # auto | on | off (auto: on when a micro-batch's activations need it)
     memory_check: bool = True  # refuse before loading a run that does not fit (rope_extend.memory)
     loss_chunk: int | None = None  # positions per loss chunk; None: ~256 MiB of float32 logits (`loss.chunk_tokens_for`)
+    sequence_parallel: int = 1  # > 1: each window split over this many processes (DeepSpeed Ulysses)
+    deepspeed: str | None = None  # with sequence_parallel: a DeepSpeed JSON config (None: the built-in ZeRO-0)
     eval_suite: str | None = None
     eval_texts: list[str] = field(default_factory=list)  # refused if they overlap a training text
     overwrite: bool = False
@@ -93,7 +95,9 @@ class TrainSpec:
         this run's parsed spec (`rope_spec()`, parsed once by `prepare`)."""
         keep = {k: v for k, v in asdict(self).items()
                 if k not in ("output", "overwrite", "resume", "verify", "eval_suite", "eval_texts", "save_steps",
-                             "logging_steps", "texts", "dataset", "memory_check")}
+                             "logging_steps", "texts", "dataset", "memory_check", "deepspeed")}  # deepspeed: in `extra`
+        if keep["sequence_parallel"] == 1:  # a run without it fingerprints as before the option existed
+            del keep["sequence_parallel"]
         keep["rope"] = rope.to_dict()
         keep.update(extra)
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -135,6 +139,10 @@ def check_numbers(spec: TrainSpec) -> None:
         (spec.save_steps is None or spec.save_steps >= 1, f"--save-steps {spec.save_steps} must be >= 1"),
         (spec.logging_steps >= 1, f"--logging-steps {spec.logging_steps} must be >= 1"),
         (spec.loss_chunk is None or spec.loss_chunk >= 1, f"--loss-chunk {spec.loss_chunk} must be >= 1"),
+        (spec.sequence_parallel >= 1, f"--sequence-parallel {spec.sequence_parallel} must be >= 1"),
+        (spec.deepspeed is None or spec.sequence_parallel > 1,
+         "--deepspeed configures a --sequence-parallel run; for ZeRO without sequence parallelism launch with "
+         "`accelerate launch --config_file configs/accelerate/deepspeed-zero3.yaml`"),
         (spec.dtype in ("auto", "float32", "bfloat16", "float16"),
          f"--dtype {spec.dtype!r} is not one of auto, float32, bfloat16, float16"),
         (spec.gradient_checkpointing in ("auto", "on", "off"),
@@ -147,12 +155,15 @@ def check_numbers(spec: TrainSpec) -> None:
             raise ValueError(message)
 
 
-def batch_split(global_windows: int, micro_batch: int, world: int) -> int:
-    """Gradient-accumulation steps so that micro_batch x world x accumulation = the global batch (exactly)."""
-    per_step = micro_batch * world
+def batch_split(global_windows: int, micro_batch: int, replicas: int, sequence_parallel: int = 1) -> int:
+    """Gradient-accumulation steps so that micro_batch x replicas x accumulation = the global batch (exactly);
+    `replicas` process groups take different windows (each group `sequence_parallel` processes sharing a window)."""
+    per_step = micro_batch * replicas
     if global_windows % per_step:
+        groups = (f"{replicas} process(es)" if sequence_parallel == 1 else
+                  f"{replicas} group(s) of {sequence_parallel} sequence-parallel processes")
         raise ValueError(
-            f"the global batch of {global_windows} windows does not split into {world} process(es) x "
+            f"the global batch of {global_windows} windows does not split into {groups} x "
             f"--micro-batch {micro_batch}; choose --batch-tokens as a multiple of {per_step} windows"
         )
     return global_windows // per_step

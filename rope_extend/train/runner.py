@@ -20,6 +20,7 @@ folder is removed after OUT is written.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import compat
-from . import data, evaluation, finish, sharding, trainer
+from . import data, evaluation, finish, sequence_parallel, sharding, trainer
 from .prepare import prepare, world
 from .progress import TrainingInterrupted, complete_checkpoints
 from .recipe import TrainSpec
@@ -55,15 +56,13 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     main = rank == 0
     say = on_progress if (on_progress is not None and main) else (lambda line: None)
     say(f"data: {len(prep.corpus.streams)} streams, {prep.corpus.tokens:,} tokens; window {prep.window}"
-        f"{' (PoSE, positions to ' + str(prep.target) + ')' if prep.pose else ''}; "
-        f"global batch {prep.global_windows} windows ({processes} process(es) x {spec.micro_batch} x "
-        f"{prep.accumulation})")
+        f"{' (PoSE, positions to ' + str(prep.target) + ')' if prep.pose else ''}; {prep.batch_line()}")
     eval_before = evaluation.before(prep) if (spec.eval_suite and main) else None
     resume_from = trainer.open_state(prep, main)
     state_dir = spec.state_dir()
     checkpointing, checkpointing_line = trainer.gradient_checkpointing(prep)
     args = trainer.training_arguments(prep, state_dir, checkpointing)
-    choice, chunk = trainer.memory_plan(prep, args)
+    choice, chunk = trainer.memory_plan(prep)
     say(f"attention: {choice.describe()}; {checkpointing_line}; loss in chunks of {chunk:,} positions")
     model, base = trainer.model_to_train(prep)
     dataset = data.WindowDataset(prep.corpus, prep.window, prep.target, spec.steps * prep.global_windows, spec.seed)
@@ -72,7 +71,7 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
         say(f"resuming from {resume_from.name} (step {resumed}/{spec.steps})")
     from .progress import newest_checkpoint, plan_line, stop_on_signals
 
-    say(plan_line(spec.steps, resumed, prep.tokens_per_step, prep.accumulation, spec.micro_batch * prep.window))
+    say(plan_line(spec.steps, resumed, prep.tokens_per_step, prep.accumulation, prep.micro_tokens))
     control = trainer.callbacks(prep, say if on_progress else None, resumed)
     from transformers import PrinterCallback
 
@@ -83,6 +82,8 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
                                       callbacks=[control])
     run.remove_callback(PrinterCallback)
     processes_line = sharding.describe(run)
+    if prep.sequence_parallel > 1:
+        processes_line += f"; {sequence_parallel.describe(prep.sequence_parallel, processes)}"
     if processes > 1 or sharding.asked():
         say(f"processes: {processes_line}")
     note = sharding.note(run)
@@ -90,9 +91,11 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
         say(note)
     run.tokens_per_step = prep.tokens_per_step
     run.loss_chunk_tokens = chunk
+    run.forward_autocast = trainer.forward_autocast(prep)
     run.clock_offset = trainer.previous_seconds(resume_from)
     run.clock_start = time.perf_counter()
-    with stop_on_signals(control), attention.installed(choice), warnings.catch_warnings():
+    scoped = sequence_parallel.attention_scoped() if prep.sequence_parallel > 1 else contextlib.nullcontext()
+    with stop_on_signals(control), attention.installed(choice), scoped, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     if control.signum is not None:
@@ -102,7 +105,7 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     train_seconds = history[-1]["train_seconds"] if history else time.perf_counter() - started
     tokens = run.state.global_step * prep.tokens_per_step
     summary = finish.summary(prep, run.state.global_step, tokens, train_seconds, losses)
-    summary["precision"] = trainer.precision(args)
+    summary["precision"] = trainer.precision(prep)
     summary["processes"] = processes_line
     if eval_before is not None:
         summary["eval"] = evaluation.summary(prep, eval_before, None)

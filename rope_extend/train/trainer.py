@@ -21,8 +21,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import compat, memory
-from . import lora, sharding
-from .prepare import Prepared, available_memory, trains_in_bf16
+from . import lora, sequence_parallel, sharding
+from .prepare import Prepared, available_memory
 from .progress import complete_checkpoints
 from .recipe import needs_checkpointing
 
@@ -46,6 +46,9 @@ def load_patched_model(prep: Prepared):
         model = AutoModelForCausalLM.from_pretrained(prep.source, **compat.dtype_kwargs(torch.float32))
         apply_patch(model, prep.plan)
     model.config.use_cache = False
+    if prep.sequence_parallel > 1:  # a model class without sdpa loads eager whatever its config says
+        sequence_parallel.check_attention(prep.sequence_parallel, model.config._attn_implementation,
+                                          f"the loaded {type(model).__name__}")
     return model
 
 
@@ -78,8 +81,7 @@ def gradient_checkpointing(prep: Prepared) -> tuple[bool, str]:
         return mode == "on", f"gradient checkpointing {mode}"
     float32 = prep.spec.dtype == "float32" or (prep.spec.dtype == "auto" and prep.device == "cpu")
     element = 4 if float32 else 2  # mixed precision keeps most activations in 16 bits
-    tokens = prep.spec.micro_batch * prep.window
-    activations = tokens * memory.training_per_token(prep.text, element, checkpointing=False)
+    activations = prep.micro_tokens * memory.training_per_token(prep.text, element, checkpointing=False)
     params = memory.weights_bytes(prep.source, "float32") // 4
     available, fixed = available_memory(), memory.ADAMW_BYTES * params  # float32 weights, gradients, AdamW's moments
     on = needs_checkpointing(activations, fixed, available)
@@ -97,7 +99,10 @@ def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None =
     from transformers import TrainingArguments
 
     spec, device = prep.spec, prep.device
-    bf16 = trains_in_bf16(spec, device)
+    # Mixed precision is accelerate's autocast (float32 weights and optimizer state), except with a DeepSpeed config
+    # of rope-extend's own (--sequence-parallel): DeepSpeed then runs in float32 and the autocast is rope-extend's
+    # (`forward_autocast`), so that it is the same scheme as one process; DeepSpeed's bf16 would train bf16 weights.
+    mixed = prep.compute_dtype if forward_autocast(prep) is None else "float32"
     kwargs = dict(
         output_dir=str(state),
         max_steps=spec.steps,
@@ -123,8 +128,8 @@ def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None =
         disable_tqdm=True,
         remove_unused_columns=False,
         dataloader_num_workers=0,
-        bf16=bf16,
-        fp16=spec.dtype == "float16",
+        bf16=mixed == "bfloat16",
+        fp16=mixed == "float16",
         use_cpu=device == "cpu",
         full_determinism=device == "cpu",
         log_level="error",
@@ -136,19 +141,34 @@ def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None =
         kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     if device == "cpu" and prep.world > 1:
         kwargs["ddp_backend"] = "gloo"
-    return TrainingArguments(**kwargs)
+    if prep.sequence_parallel > 1:
+        kwargs.update(sequence_parallel.arguments(prep.sequence_parallel, prep.world, prep.deepspeed))
+    args = TrainingArguments(**kwargs)
+    if prep.sequence_parallel > 1:
+        sequence_parallel.join_deepspeed_comm()
+    return args
 
 
-def precision(args) -> str:
-    """The compute precision the Trainer ran in, for training.json and the card."""
-    if args.bf16:
+def forward_autocast(prep: Prepared):
+    """The autocast dtype rope-extend applies to the model's forward itself (None: accelerate's, or none): a
+    mixed-precision run on a DeepSpeed config of rope-extend's own (`sequence_parallel`)."""
+    import torch
+
+    if prep.deepspeed is None or prep.compute_dtype == "float32":
+        return None
+    return getattr(torch, prep.compute_dtype)
+
+
+def precision(prep: Prepared) -> str:
+    """The compute precision the run trains in, for training.json and the card."""
+    if prep.compute_dtype == "bfloat16":
         return "bfloat16 mixed precision (float32 weights and optimizer state)"
-    if args.fp16:
+    if prep.compute_dtype == "float16":
         return "float16 mixed precision (float32 weights and optimizer state, loss scaling)"
     return "float32"
 
 
-def memory_plan(prep: Prepared, args):
+def memory_plan(prep: Prepared):
     """(the attention path, positions per loss chunk) for this run's device and compute dtype: the attention
     kernel is checked to be a memory-efficient one (`attention.choose`, refusing the run otherwise) and the loss
     never holds more than one chunk's logits (`loss.py`)."""
@@ -157,8 +177,7 @@ def memory_plan(prep: Prepared, args):
     from . import attention
     from .loss import chunk_tokens_for
 
-    dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else torch.float32
-    choice = attention.choose(prep.config, prep.device, dtype, prep.window)
+    choice = attention.choose(prep.config, prep.device, getattr(torch, prep.compute_dtype), prep.window)
     return choice, prep.spec.loss_chunk or chunk_tokens_for(prep.text.vocab_size)
 
 
@@ -205,8 +224,8 @@ def previous_seconds(checkpoint: Path | None) -> float:
 def callbacks(prep: Prepared, on_progress: Callable[[str], None] | None, resumed: int):
     from .progress import callback
 
-    return callback(prep.spec.steps, resumed, prep.tokens_per_step, prep.accumulation,
-                    prep.spec.micro_batch * prep.window, prep.spec.state_dir(), KEEP_CHECKPOINTS, on_progress)
+    return callback(prep.spec.steps, resumed, prep.tokens_per_step, prep.accumulation, prep.micro_tokens,
+                    prep.spec.state_dir(), KEEP_CHECKPOINTS, on_progress)
 
 
 # --- the Trainer -----------------------------------------------------------------------------------------------------
@@ -222,8 +241,12 @@ def trainer_class():
         clock_offset = 0.0
         clock_start = 0.0
         loss_chunk_tokens = 0  # > 0: the loss in chunks of this many positions (`loss.py`); 0: transformers' own
+        forward_autocast = None  # the autocast dtype of the model's forward when rope-extend applies it itself
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if self.loss_chunk_tokens and sequence_parallel.active(self):  # the batch holds this process's shard
+                return sequence_parallel.compute_loss(self, model, inputs, self.loss_chunk_tokens, return_outputs,
+                                                      self.forward_autocast)
             if not self.loss_chunk_tokens or "labels" not in inputs:
                 return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                             num_items_in_batch=num_items_in_batch)
@@ -250,6 +273,11 @@ def trainer_class():
 
         def _get_train_sampler(self, *args, **kwargs):
             return SequentialSampler(self.train_dataset)
+
+        def get_resumed_dataloader(self, dataloader, num_batches):
+            if sequence_parallel.active(self):  # the Ulysses adapter hides the DataLoader accelerate would skip in
+                return sequence_parallel.resumed_dataloader(dataloader, num_batches)
+            return super().get_resumed_dataloader(dataloader, num_batches)
 
         def _save(self, output_dir=None, *args, **kwargs):
             # A checkpoint keeps no config.json: resuming, transformers 5's Trainer re-reads it with the generic

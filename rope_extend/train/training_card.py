@@ -85,7 +85,7 @@ def section(summary: dict[str, Any], eval_summary: str | None = None) -> str:
         ("window", f"{r['window']} tokens" + (f", PoSE positions spanning {r['target_length']}" if r["pose"]
                                                else " (the full target length)")),
         ("global batch", f"{r['global_windows']} windows = {r['global_windows'] * r['window']} tokens "
-                         f"({r['world_size']} process(es) x {r['micro_batch']} x {r['accumulation']} accumulation)"),
+                         f"({_processes(r)} x {r['micro_batch']} x {r['accumulation']} accumulation)"),
         ("optimizer", f"AdamW lr {r['learning_rate']:g}, betas ({r['adam_beta1']}, {r['adam_beta2']}), weight decay "
                       f"{r['weight_decay']:g}, {r['warmup_steps']} warmup steps, {r['scheduler']} schedule"),
         ("steps", f"{summary['steps']} (seed {r['seed']})"),
@@ -116,6 +116,13 @@ Data (documents are never packed across boundaries unmarked; BOS/EOS as the toke
     if eval_summary:
         text += f"\n### Before / after\n\n{eval_summary.rstrip()}\n"
     return text
+
+
+def _processes(recipe: dict[str, Any]) -> str:
+    n = recipe.get("sequence_parallel", 1)
+    if n == 1:
+        return f"{recipe['world_size']} process(es)"
+    return f"{recipe['world_size'] // n} group(s) of {n} sequence-parallel processes, each holding 1/{n} of every window"
 
 
 def replace_eval(readme: str, block: str) -> str:
