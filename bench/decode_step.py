@@ -2,6 +2,7 @@
 
     python bench/decode_step.py [--prompt 2048] [--new 64] [--repeats 3]
     python bench/decode_step.py --attention [--caches 2048 16384] [--steps 8] [--rounds 3] [--threads 2]
+    python bench/decode_step.py --attention --generate [--caches 2048] [--steps 4]
 
 Default: greedy `generate` on SmolLM2 from a prompt beyond nothing special; the decode time per token is
 (time(prompt + new) - time(prompt + 1)) / (new - 1), so prefill cancels out. Interleaved runs, medians.
@@ -140,6 +141,65 @@ def attention_main(args) -> None:
                   flush=True)
 
 
+def generate_main(args) -> None:
+    """`--attention --generate` (issue 51 §4): host synchronisations of each decoding step of `generate()`, which
+    passes its own position ids: greedy on batch 1 and on a left-padded batch of 2 (prompts of `--caches` tokens and
+    3/4 of that), YaRN against self-extend, dual-chunk and STRING (their defaults on the 4-layer random model,
+    forced onto the passes path with the CUDA primitive, as above). Prints per variant the syncs of each step and
+    the sync ops; the methods' goal is YaRN's count, step by step."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rope_extend import unpatch_model
+    from rope_extend.attention import kernels, primitives
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**ATTENTION_SHAPE, attn_implementation="sdpa")).to(torch.bfloat16).eval()
+    flex = primitives.FlexPrimitive(compiled=False)
+    select = kernels.select_path
+    forced = lambda device, start, case, mapping: "passes" if start is not None else select(device, start, case,
+                                                                                           mapping)
+    for length in args.caches:
+        generator = torch.Generator().manual_seed(length)
+        ids = torch.randint(100, 40000, (2, length), generator=generator)
+        mask = torch.ones_like(ids)
+        mask[1, : length // 4] = 0
+        factor = max(2.0, (length + args.steps + 2) / model.config.max_position_embeddings)
+        specs = {"yarn": {"method": "yarn", "factor": factor}, "self-extend": {"method": "self-extend", "factor": factor},
+                 "dual-chunk": {"method": "dual-chunk"}, "string": {"method": "string"}}
+        for batch in (1, 2):
+            for name, spec in specs.items():
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    patch_model(model, **spec)
+                kernels.select_path, kernels.primitive_for = forced, lambda device: flex
+                steps = []
+
+                def enter(module, a, kw, _steps=steps):
+                    if kw["input_ids"].shape[1] == 1:
+                        _steps.append(OpCounter().__enter__())
+
+                def leave(module, a, kw, out, _steps=steps):
+                    if kw["input_ids"].shape[1] == 1:
+                        _steps[-1].__exit__(None, None, None)
+
+                hooks = [model.register_forward_pre_hook(enter, with_kwargs=True),
+                         model.register_forward_hook(leave, with_kwargs=True)]
+                try:
+                    with torch.no_grad():
+                        model.generate(ids[2 - batch :], attention_mask=mask[2 - batch :], max_new_tokens=args.steps,
+                                       min_new_tokens=args.steps, do_sample=False, pad_token_id=0)
+                finally:
+                    for hook in hooks:
+                        hook.remove()
+                    kernels.select_path, kernels.primitive_for = select, primitives.primitive_for
+                    unpatch_model(model)
+                counts = [len(c.syncs) for c in steps]
+                ops = sorted({op for c in steps for op in c.syncs})
+                print(f"{length:>6} batch {batch} {'(left-padded)' if batch == 2 else '             '} {name:<12} "
+                      f"syncs per step {counts} {ops or ''}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompt", type=int, default=2048)
@@ -150,7 +210,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--generate", action="store_true", help="with --attention: syncs of generate()'s steps")
     args = parser.parse_args()
+    if args.attention and args.generate:
+        generate_main(args)
+        return
     if args.attention:
         attention_main(args)
         return

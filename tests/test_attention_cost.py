@@ -183,10 +183,11 @@ def test_generate_steps_synchronise_nothing(monkeypatch):
     """generate() passes its own position ids (and, for a left-padded batch, a padding mask): its decoding steps
     still read nothing from the device on the method's account. A bf16 tiny Llama (SDPA, 2 layers) with each method
     forced onto the passes path with the CUDA primitive (FlexAttention; a decoding step is its math on cache
-    slices), greedy and sampling, batch 1 and a left-padded batch of 2: every decoding step of generate() runs the
-    primitive's decode on every layer (for each row of the padded batch) and has exactly the host synchronisations
-    of the same step of the unpatched model (transformers' own, counted as bench/decode_step.py counts them); the
-    logits of every step equal one forward over each row's own tokens (bf16 rounding)."""
+    slices), greedy and sampling on batch 1, sampling on a left-padded batch of 2: every decoding step of
+    generate() runs the primitive's decode on every layer (for each row of the padded batch) and has exactly the
+    host synchronisations of the same step of the unpatched model (transformers' own, counted as
+    bench/decode_step.py counts them); the logits of every step equal one forward over each row's own tokens (bf16
+    rounding)."""
     import tiny
     from transformers import AutoModelForCausalLM
 
@@ -203,7 +204,7 @@ def test_generate_steps_synchronise_nothing(monkeypatch):
     for row, prompt in enumerate(prompts):
         batch[row, 40 - len(prompt):], mask[row, 40 - len(prompt):] = prompt, 1
     cases = {"greedy-1": (batch[:1], mask[:1], False), "sampling-1": (batch[:1], mask[:1], True),
-             "greedy-padded": (batch, mask, False), "sampling-padded": (batch, mask, True)}
+             "sampling-padded": (batch, mask, True)}  # greedy and sampling differ only in generate's own code
     new = 3
 
     counter = _Counted(monkeypatch)  # one counter (it patches Tensor.tolist once), read step by step

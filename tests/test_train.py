@@ -8,6 +8,7 @@ resume test and the 2-process test compare against it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -548,8 +549,12 @@ def test_train_push_to_hub_uploads_the_written_checkpoint(tiny_source, tmp_path,
     assert secret not in printed.out + printed.err
     repo = hub.repos["me/tiny-trained"]
     recorded = read_record(out)  # every file train wrote; the card's serving commands name the repo
-    assert repo.files == {name: (out / name).read_bytes() for name in recorded.files if name != "README.md"} | {
-        "README.md": (out / "README.md").read_bytes().replace(recorded.serving_for(out.name).encode(),
-                                                              recorded.serving_for("me/tiny-trained").encode())}
+    card = (out / "README.md").read_bytes().replace(recorded.serving_for(out.name).encode(),
+                                                    recorded.serving_for("me/tiny-trained").encode())
+    local_card, sent_card = (hashlib.sha256(c).hexdigest() for c in ((out / "README.md").read_bytes(), card))
+    record = (out / "rope_extend.yaml").read_text()  # the uploaded one vouches for the card it sends
+    assert f"README.md: sha256 {local_card}\n" in record
+    assert repo.files == {name: (out / name).read_bytes() for name in recorded.files} | {
+        "README.md": card, "rope_extend.yaml": record.replace(local_card, sent_card).encode()}
     assert {"README.md", "config.json", "model.safetensors", "training.json", "training_log.jsonl"} <= set(repo.files)
     assert len(repo.commits) == 1 and f"pushed: {hub.endpoint}/me/tiny-trained" in printed.out

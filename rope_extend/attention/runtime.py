@@ -164,8 +164,11 @@ def record_positions(module, args, kwargs):
     positions = kwargs.get("position_ids")
     known = None
     if state.get("derived") or state.get("generating"):
-        if isinstance(previous, Positions) and previous.known and previous.count >= past:
-            known = Positions(past + n_q, previous.first, previous.pads)  # continues every row
+        host = isinstance(previous, Positions) and previous.known and previous.count >= past
+        # generate() continues each row's own positions; a model deriving them (no position ids) continues
+        # cache_position for every row alike, which is each row's own only without padding
+        if host and (not previous.padded or (state.get("generating") and not state.get("derived"))):
+            known = Positions(past + n_q, previous.first, previous.pads)
         elif previous is None and state.get("derived"):
             known = Positions(past + n_q)  # transformers' rule: the cache's length onwards
         elif previous is None and positions is not None and positions.dim() == 2:  # generate's first forward
