@@ -354,6 +354,19 @@ def verify_output(
                 patched_outputs=patched_outputs, stock_model=stock_model, patched_dtype=patched_dtype)
 
 
+PROBE_TOKENS = 6  # the verification's forward (verify.probe_inputs): six tokens
+
+
+def check_loading(given: str, folder: Path, config, dtype: str | None, skip: bool = False, ways=None) -> None:
+    """Refuse in one line, before loading, a full write (or a verification on real weights, with its own `ways`)
+    whose weights do not fit the machine's memory (`rope_extend.memory`); one model is loaded at a time."""
+    from . import memory
+
+    ways = ways or memory.WaysOut(device=None, other=(
+        "write the config only (--mode config-only: the weights are linked, not loaded)",))
+    memory.check_inference(given, folder, compat.text_config(config), dtype, PROBE_TOKENS, ways=ways, skip=skip)
+
+
 @dataclass(frozen=True)
 class WriteOptions:
     """How `write_checkpoint` writes OUT: the `patch` command's flags and the Python API's keywords, checked once.
@@ -368,6 +381,8 @@ class WriteOptions:
     extra: adds files (plots, logs) to the folder before verification.
     keep_unverified: where a checkpoint written in full that fails verification is kept (OUT is not created) instead
         of deleted, its card saying why (`UnverifiedCheckpointError` names it).
+    memory_check: a full write whose weights do not fit the machine's memory is refused before loading
+        (`check_loading`); False loads them anyway (--no-memory-check).
     on_step: called at each of `steps` steps, all after validation (a refused input prints only its error).
     """
 
@@ -383,6 +398,7 @@ class WriteOptions:
     engines_report: bool = True
     extra: Callable[[Path], None] | None = None
     keep_unverified: str | os.PathLike | None = None
+    memory_check: bool = True
     on_step: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
@@ -478,6 +494,8 @@ def write_checkpoint(
     carried = scan_source(src, options.allow_pickle)
     if options.verify and model is None:  # before creating anything: a plan whose small-model forward fails is refused
         verify_or_explain(plan, source.config)
+    if mode == "full" and model is None:  # before loading: the weights in the dtype they load in, and the probe
+        check_loading(source.given, src, source.config, options.dtype, skip=not options.memory_check)
 
     hints = ServingHints.of(plan)
     result = PatchResult(out=out_path, source=src, mode=mode, plan=plan, warnings=list(plan.warnings))

@@ -44,9 +44,11 @@ class Reverified:
     seconds: float = 0.0
 
 
-def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = None) -> Reverified:
+def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = None,
+             memory_check: bool = True) -> Reverified:
     """Re-verify OUT as it is now and refresh its card and record (see the module docstring). Raises
-    CheckpointError (what OUT lacks) or VerificationError (what no longer verifies); nothing is written then."""
+    CheckpointError (what OUT lacks), VerificationError (what no longer verifies) or, with `memory_check`,
+    NotEnoughMemoryError (changed weights that do not fit the memory to load); nothing is written then."""
     from .engines.parity import card_section
     from .source import Source, plan_source
 
@@ -85,6 +87,12 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
         files.check_safetensors(record._contents(root, name))
     files.index_shards(root)
     real = any(sharing.is_weight(name) for name, _ in changed) or not recorded.contents_known
+    if real:  # OUT's weights are loaded: refused before loading when they do not fit the memory
+        from . import memory
+        from .checkpoint import check_loading
+
+        check_loading(given, root, config, "auto", skip=not memory_check,
+                      ways=memory.WaysOut(dtype_flag=None, device="a machine with more memory"))
     step("verifying: stock transformers reload and a forward beyond the original length"
          + (" on the real weights (they changed)" if real else ""))
     edited = ", ".join(name for name, _ in changed) or "no file"

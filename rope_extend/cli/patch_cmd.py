@@ -135,6 +135,7 @@ def patch(
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow the checkpoint's own Python code.")] = False,
     eval_suite: Annotated[str | None, typer.Option("--eval", help="Run this eval suite (e.g. quick) before/after; summary goes into the card.")] = None,
     eval_dir: Annotated[Path | None, typer.Option("--eval-dir", help="Where the eval report goes (default: OUT-eval beside OUT).")] = None,
+    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the weights (--mode full, --eval) even if the memory estimate says they do not fit.")] = False,
 ) -> None:
     """Rescale a checkpoint's RoPE and write a verified checkpoint to OUT (a .gguf SOURCE writes a .gguf OUT)."""
 
@@ -143,7 +144,8 @@ def patch(
                  "target_length": target_length, "sets": sets or []}
     run = PatchRun(revision=revision, mode=mode, dtype=dtype, overwrite=overwrite, verify=not no_verify,
                    allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, eval_suite=eval_suite,
-                   eval_dir=eval_dir, push_to_hub=push_to_hub, private=private, dry_run=dry_run)
+                   eval_dir=eval_dir, push_to_hub=push_to_hub, private=private, dry_run=dry_run,
+                   memory_check=not no_memory_check)
     try:
         _patch(source, output, spec, run)
     except (AlreadyScaledError, ShorterWindowError) as exc:
@@ -167,13 +169,14 @@ class PatchRun:
     push_to_hub: str | None
     private: bool
     dry_run: bool
+    memory_check: bool = True
 
     def write_options(self) -> WriteOptions:
         from ..checkpoint import WriteOptions
 
         return WriteOptions(mode=self.mode, dtype=self.dtype, overwrite=self.overwrite, verify=self.verify,
                             allow_pickle=self.allow_pickle, trust_remote_code=self.trust_remote_code,
-                            hub_id=self.push_to_hub)
+                            hub_id=self.push_to_hub, memory_check=self.memory_check)
 
 
 def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
@@ -215,7 +218,7 @@ def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
             suite = load_suite(run.eval_suite)  # an unknown suite fails here, before any folder exists
         except FileNotFoundError as exc:
             raise CheckpointError(f"--eval {run.eval_suite!r}: {exc}") from None
-        records = run_eval(str(resolved), [spec], suite, report_dir)
+        records = run_eval(str(resolved), [spec], suite, report_dir, memory_check=run.memory_check)
         options = replace(options, eval_summary=CardEval(records, suite=suite.name, smoke=suite.smoke))
     with Progress("patching", options.steps) as progress:
         loaded, plan = plan_checkpoint(source, spec, output, options, revision=run.revision)  # the one plan
