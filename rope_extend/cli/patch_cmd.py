@@ -180,9 +180,8 @@ class PatchRun:
 
 
 def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
-    from ..checkpoint import check_output_path, plan_checkpoint, write_checkpoint
+    from ..checkpoint import plan_checkpoint, write_checkpoint
     from ..gguf import is_gguf
-    from ..hub import resolve_source
     from ..sharing import tally
 
     if is_gguf(source):
@@ -205,23 +204,23 @@ def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
     if run.eval_dir is not None and not run.eval_suite:
         fail("--eval-dir only applies with --eval SUITE")
     options = run.write_options()  # --mode and --dtype are checked before a long eval
+    loaded, plan = plan_checkpoint(source, spec, output, options, revision=run.revision)  # the one plan
     if run.eval_suite:
         from ..card import CardEval
         from ..eval.runner import run_eval
         from ..eval.suite import load_suite
+        from ..eval.variants import Variant, variant_name
 
-        resolved = resolve_source(source, revision=run.revision)
-        check_output_path(resolved, output, run.overwrite)  # fail before a long eval
         report_dir = run.eval_dir or output.with_name(output.name + "-eval")
-        _check_eval_dir(resolved, output, report_dir)
+        _check_eval_dir(loaded.folder, output, report_dir)
         try:
             suite = load_suite(run.eval_suite)  # an unknown suite fails here, before any folder exists
         except FileNotFoundError as exc:
             raise CheckpointError(f"--eval {run.eval_suite!r}: {exc}") from None
-        records = run_eval(str(resolved), [spec], suite, report_dir, memory_check=run.memory_check)
+        variant = Variant(variant_name(spec, set()), spec, plan=plan)  # evaluated with the plan OUT is written with
+        records = run_eval(str(loaded.folder), [variant], suite, report_dir, memory_check=run.memory_check)
         options = replace(options, eval_summary=CardEval(records, suite=suite.name, smoke=suite.smoke))
     with Progress("patching", options.steps) as progress:
-        loaded, plan = plan_checkpoint(source, spec, output, options, revision=run.revision)  # the one plan
         result = write_checkpoint(loaded, plan, output, replace(options, on_step=progress.step))
     say(f"wrote {shell_path(result.out)} ({result.mode}: {tally(result.placed)}, {len(result.written)} written) in "
         f"{result.seconds:.2f} s; "

@@ -170,9 +170,10 @@ def run_eval(
         loaded = load_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
         folder, config = loaded.folder, loaded.config
         original, preflight_tok = _config_original_length(loaded), None
-        for variant in variants:  # each spec planned once, on SOURCE's config, before any weights load: a spec the
-            if variant.spec is not None and not callable(variant.spec):  # model refuses (a shipped scheme without
-                plan = plan_source(loaded, variant.rope_spec())  # replace_existing...) is one line now
+        for variant in variants:  # each spec planned once (or its plan given), on SOURCE's config, before any
+            if variant.spec is not None and not callable(variant.spec):  # weights load: a spec the model refuses (a
+                plan = variant.plan  # shipped scheme without replace_existing...) is one line now
+                plan = plan if plan is not None else plan_source(loaded, variant.rope_spec())
                 if plan.changed:  # checked as patch_model checks it (stock transformers rebuilds it, a forward runs)
                     verify_or_explain(plan, config)
                 plans[variant.name] = plan
@@ -187,7 +188,7 @@ def run_eval(
 
         preflight_tok = preflight_tok or _tokenizer(folder)
         sampler = Evaluator(None, preflight_tok, original, suite_obj.seed)
-        serving = plan_vllm(folder, variants, {v.name: [c for c in cases if applies(c, v)] for v in variants},
+        serving = plan_vllm(folder, variants, plans, {v.name: [c for c in cases if applies(c, v)] for v in variants},
                             lambda c: sampler.probe(c).max_new_tokens)
         excluded = frozenset((name, case_id) for name, s in serving.items() for case_id in s.left_out)
         for name, s in serving.items():

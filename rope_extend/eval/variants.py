@@ -20,11 +20,14 @@ class Variant:
     """A named model variant: ``spec=None`` is the unpatched baseline.
 
     ``spec`` may be a ``RopeSpec``, a dict, a YAML path, or a callable ``f(model) -> report``
-    (escape hatch for custom patches and tests).
+    (escape hatch for custom patches and tests). ``plan``: the spec's ``PatchPlan`` on the evaluated model's
+    config where the caller made it already (`patch --eval` evaluates the plan it writes); otherwise `run_eval`
+    plans the spec once.
     """
 
     name: str
     spec: Any = None
+    plan: Any = None
 
     def spec_dict(self) -> dict | None:
         return spec_to_dict(self.spec)
