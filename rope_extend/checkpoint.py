@@ -28,7 +28,7 @@ from typing import Any
 
 from . import compat, files, outputs, record, sharing
 from .card import build_model_card
-from .engines.parity import card_section
+from .engines.parity import card_parity
 from .errors import CheckpointError, SpecError, UnverifiedCheckpointError, VerificationError
 from .hub import resolve_source
 from .patch import verify_or_explain
@@ -519,21 +519,28 @@ def write_checkpoint(
         (tmp / "rope_extend.yaml").write_text(spec_yaml)
         if options.extra is not None:
             options.extra(tmp)
+        # issue 10: the parity report of what was just written, and the routes it contradicts
+        engines, unbacked = card_parity(plan, tmp, hints) if options.engines_report else (None, {})
+        result.warnings += [  # a route the check contradicts that no hint warned about (the terminal lists it)
+            f"{engine} ({'this checkpoint' if which == 'command' else 'the original model'}): not listed in the "
+            f"card: {why}" for (engine, which), why in unbacked.items()
+            if not any(engine in w for w in result.warnings)
+        ]
         card = build_model_card(
             base_model=_public_name(source.given, src),
             source_dir=src,
             spec_yaml=spec_yaml,
             method=plan.spec.method,
             config_diff=config_diff(compat.text_part(source.raw), compat.text_part(new)),
-            serving=hints.markdown(card_name),
+            serving=hints.markdown(card_name, unbacked),  # no route the report contradicts
             eval_summary=options.eval_summary,
-            engines=card_section(plan, tmp, hints) if options.engines_report else None,  # what was just written
+            engines=engines,
             training=options.training,
         )
         if (tmp / "README.md").exists():
             (tmp / "README.md").unlink()
         (tmp / "README.md").write_text(card)
-        _write_record(tmp, hints, spec_yaml, result, options.verify)
+        _write_record(tmp, hints, spec_yaml, result, options.verify, unbacked)
         result.written += ["rope_extend.yaml", "README.md"]
         if options.verify:
             step("verifying: stock transformers reload equals the trained model" if model is not None
@@ -551,13 +558,15 @@ def write_checkpoint(
     return result
 
 
-def _write_record(tmp: Path, hints: ServingHints, spec_yaml: str, result: PatchResult, verified: bool) -> None:
+def _write_record(tmp: Path, hints: ServingHints, spec_yaml: str, result: PatchResult, verified: bool,
+                  unbacked: dict | None = None) -> None:
     """OUT's rope_extend.yaml, written last: the spec, then rope-extend's record of every file now in OUT (the
-    weights shared with SOURCE by their identity, the rest by sha256) and of the card's serving commands, with the
-    model named `record.MODEL_ID` (what `rope-extend push` reads and checks)."""
+    weights shared with SOURCE by their identity, the rest by sha256) and of the card's serving commands (without
+    the `unbacked` routes, as the card), with the model named `record.MODEL_ID` (what `rope-extend push` reads and
+    checks)."""
     shared = {name: how for name, how in result.placed.items() if how in sharing.SHARED}
     record.write_record(tmp, spec_yaml, serve=str(hints.serve(record.MODEL_ID)),
-                        serving=hints.markdown(record.MODEL_ID), shared=shared, verified=verified)
+                        serving=hints.markdown(record.MODEL_ID, unbacked), shared=shared, verified=verified)
 
 
 def stock_forward(model):

@@ -26,7 +26,7 @@ from ..plan import PatchPlan
 from ..spec import RopeSpec, load_spec
 from . import llama_cpp, sglang, transformers_engine, vllm
 from .served import Delta, EngineHint, NotServed, Served, compare, positions
-from .vllm_run import LOGPROB_TOL, RUN_NAMES, LogprobDelta, VllmWorker
+from .vllm_run import LOGPROB_TOL, MEAN_TOL, RUN_NAMES, LogprobDelta, VllmWorker
 
 Result = Delta | LogprobDelta | NotServed  # cos/sin of a library or port, prompt log-probabilities of a real engine
 PORT, RUN = "port", "run"
@@ -78,7 +78,8 @@ class Row:
             if isinstance(result, NotServed):
                 return {"served": False, "reason": result.reason}
             if isinstance(result, LogprobDelta):
-                return {"served": True, "tokens": result.n, "max_abs_dlogprob": result.max_abs, "nan": result.nan,
+                return {"served": True, "tokens": result.n, "max_abs_dlogprob": result.max_abs,
+                        "mean_abs_dlogprob": result.mean_abs, "mean_dlogprob": result.mean, "nan": result.nan,
                         "first_nan": result.first_nan, "identical": result.identical}
             return {
                 "served": True,
@@ -154,7 +155,8 @@ def ports_note(rows: Sequence[Row] = ()) -> str:
         return text + "."
     return text + (", except the rows marked run: those served the checkpoint in that engine with the printed "
                    "command's settings and compared the log-probability of every prompt token with transformers "
-                   f"running rope-extend's RoPE (identical: no NaN and max |Δ logprob| <= {LOGPROB_TOL:g}).")
+                   f"running rope-extend's RoPE (identical: no NaN, |Δ logprob| <= {LOGPROB_TOL:g} for every token "
+                   f"and <= {MEAN_TOL:g} on average).")
 
 
 def cell_text(result: Result) -> str:
@@ -165,7 +167,7 @@ def cell_text(result: Result) -> str:
     mark = "identical" if result.identical else "DIFFERS"
     if isinstance(result, LogprobDelta):
         nan = f", NaN from token {result.first_nan}" if result.nan else ""
-        return f"{mark} (Δlogprob {result.max_abs:.2g}{nan})"
+        return f"{mark} (Δlogprob max {result.max_abs:.2g}, mean {result.mean_abs:.2g}{nan})"
     return f"{mark} ({max(result.max_cos, result.max_sin):.2g})"
 
 
@@ -454,7 +456,15 @@ def compat_model_type(config: dict) -> str:
 
 def card_section(plan: PatchPlan, folder: Path, hints: ServingHints | None = None) -> str:
     """The model card's "where it serves identically" section for the checkpoint rope-extend just wrote into
-    `folder` with `plan` (its config.json as written is what the engine ports read), with the writer's hints.
+    `folder` with `plan` (`card_parity`'s first part)."""
+    return card_parity(plan, folder, hints)[0]
+
+
+def card_parity(plan: PatchPlan, folder: Path,
+                hints: ServingHints | None = None) -> tuple[str, dict[tuple[str, str], str]]:
+    """The model card's "where it serves identically" section for the checkpoint rope-extend just wrote into
+    `folder` with `plan` (its config.json as written is what the engine ports read), with the writer's hints, and
+    the serving routes it contradicts (`unbacked_routes`), which the card's Serving section then does not list.
 
     The running transformers line and the engine ports only (no second Python is started while writing; the
     writer's verification covers the running line, `rope-extend engines OUT` with ROPE_EXTEND_OTHER_PYTHON adds
@@ -466,10 +476,43 @@ def card_section(plan: PatchPlan, folder: Path, hints: ServingHints | None = Non
         inputs = _written(plan, read_json(folder / "config.json", "config.json"), folder, str(folder))
         report = _reports([inputs], None, transformers_lines=True, other_line=False, hints=hints)[0]
     except (ValueError, OSError, KeyError, ImportError, RuntimeError) as exc:
-        return f"Not computed: {' '.join(str(exc).split())[:300]} (run `rope-extend engines` on this checkpoint)."
+        return f"Not computed: {' '.join(str(exc).split())[:300]} (run `rope-extend engines` on this checkpoint).", {}
     return report.markdown() + (
         "\n\nThe other transformers line: `ROPE_EXTEND_OTHER_PYTHON=... rope-extend engines` on this checkpoint."
-    )
+    ), unbacked_routes(report)
+
+
+# A port row's (engine, route) -> the serving line it checks: (the EngineHint's engine, "command" for OUT or
+# "original" for the original model with overrides or flags).
+CARD_ROUTES = {
+    (vllm.VERSION, "this checkpoint"): ("vLLM", "command"),
+    (vllm.VERSION, "original model + --hf-overrides"): ("vLLM", "original"),
+    (sglang.VERSION, "this checkpoint"): ("SGLang", "command"),
+    (sglang.VERSION, "original model + --json-model-override-args"): ("SGLang", "original"),
+    ("llama.cpp (llama-cpp-python 0.3.36)", "original GGUF + flags"): ("llama.cpp", "original"),
+    ("llama.cpp (llama-cpp-python 0.3.36)", "GGUF converted from this checkpoint"): ("llama.cpp", "command"),
+}
+
+
+def unbacked_routes(report: ParityReport) -> dict[tuple[str, str], str]:
+    """{(engine, "command" | "original"): why} for every serving route the report's port rows contradict: served and
+    DIFFERS on either request, or served inside the window but not at the target length. A route not checked
+    ("not run") or not served at all (an attention-level method: the card says what stock engines serve) is left
+    to the hint's own words."""
+    out = {}
+    for row in report.rows:
+        key = CARD_ROUTES.get((row.engine, row.route))
+        if key is None or row.checked != PORT or row.identical or row.skipped:
+            continue
+        served = [not isinstance(r, NotServed) for r in (row.short, row.long)]
+        if not any(served):
+            continue
+        if all(served):
+            why = f"DIFFERS from rope-extend's RoPE ({'; '.join(row.reasons())})"
+        else:
+            why = f"cannot serve {report.target} tokens ({'; '.join(row.reasons())})"
+        out[key] = f"rope-extend's check of this route (the table below): {why}"
+    return out
 
 
 # --- the table in docs/serving.md ---------------------------------------------------------------------------------------
