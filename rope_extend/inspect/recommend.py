@@ -129,12 +129,13 @@ def recommend(config, target_length: int) -> Recommendation:
     reasons.append(f"{unseen} of {len(base_view.rows)} disks make less than one turn in {original} tokens; "
                    "interpolating them is what every method does")
     compared = sorted((m for m in all_methods() if advice(m).preference is not None), key=lambda m: advice(m).preference)
+    views: dict[str, RopeInspection] = {}  # each candidate planned once, at the minimal factor
     for candidate in compared:
         try:
-            view = inspect_rope(config, method=candidate.name, factor=factor)
+            views[candidate.name] = inspect_rope(config, method=candidate.name, factor=factor)
         except (SpecError, ValueError):
             continue
-        costs[candidate.name] = short_context_cost(view)
+        costs[candidate.name] = short_context_cost(views[candidate.name])
     if costs:
         reasons.append(
             "short-context cost (fraction of disks moved; mean shift of the fastest quarter in octaves, "
@@ -157,7 +158,7 @@ def recommend(config, target_length: int) -> Recommendation:
                            "method they accept")
         elif len(costs) > 1:
             fullest = max(costs, key=lambda name: costs[name]["changed"])
-            attention = inspect_rope(config, method=method, factor=factor).attention_factor
+            attention = views[method].attention_factor
             reasons.append(
                 f"{method} keeps the fast disks (moves {costs[method]['changed']:.0%} vs {fullest}'s "
                 f"{costs[fullest]['changed']:.0%})" + (f" and adds a temperature {attention:.4f}" if attention != 1
