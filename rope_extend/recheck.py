@@ -51,6 +51,7 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
     NotEnoughMemoryError (changed weights that do not fit the memory to load); nothing is written then."""
     from .engines.parity import card_section
     from .source import Source, plan_source
+    from .spec import RopeSpec
 
     started = time.perf_counter()
     step = on_step or (lambda message: None)
@@ -78,7 +79,8 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
                               "config.json, or write OUT again with `rope-extend patch` into a new folder")
     facts = read_rope(text)  # the marker's record of the RoPE before the patch: the patch is planned from there
     pristine = compat.stock_config(text, facts.pristine_slots, facts.pristine_max_position_embeddings, None)
-    plan = plan_source(Source(given, root, files.read_config(root), config), None)  # what its marker records
+    # what its marker records, planned from the RoPE before the patch (config.json as it is now may be edited)
+    plan = plan_source(Source(given, root, files.read_config(root), pristine), RopeSpec(**marker["spec"]))
     changed = record.changes(root, recorded) if recorded.contents_known else [
         (name, "not recorded by content") for name in sorted(recorded.files)]
     weights = sorted(name for name, _ in record._walk(root) if sharing.is_weight(name) and "/" not in name)
