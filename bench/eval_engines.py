@@ -141,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     work = {name: sum(r[key]["seconds"] for key in common) for name, r in (("transformers", a), ("vllm", b))}
     text += ["", f"On the {len(common)} cases both ran (each record's seconds: model work, loading excluded): "
              f"transformers {work['transformers']:.0f} s, vLLM {work['vllm']:.0f} s, vLLM / transformers "
-             f"**{work['vllm'] / work['transformers']:.2f}x**. Whole commands (starts and loads included; vLLM's "
-             f"evaluates fewer cases): wall {vl['wall_s'] / hf['wall_s']:.2f}x, CPU {vl['cpu_s'] / hf['cpu_s']:.2f}x.",
+             f"**{work['vllm'] / work['transformers']:.2f}x**. Whole commands (starts and loads included"
+             f"{'' if len(b) == len(a) else f'; vLLM evaluates {len(b)} cases of {len(a)}'}): wall "
+             f"{vl['wall_s'] / hf['wall_s']:.2f}x, CPU {vl['cpu_s'] / hf['cpu_s']:.2f}x.",
              ""]
     text += [f"- {line.split('rope-extend: ', 1)[-1]}" for line in vl["left_out"]]
     text += ["", *compare(out), ""]

@@ -128,7 +128,7 @@ def test_decoding_step_synchronises_nothing_and_casts_no_cache(method, monkeypat
     chunk start, where dual-chunk moves the keys of the chunk before, once) runs the primitive's decode on every layer, reads no tensor value on the host, converts nothing the size of a cache slice, and runs at
     most 1.5x the aten ops of the same step with YaRN; its logits equal one forward's (bf16 rounding)."""
     import tiny
-    from test_attention_methods import SPECS, _cache
+    from helpers import SPECS, _cache
     from transformers import AutoModelForCausalLM, DynamicCache
 
     from rope_extend import patch_model, unpatch_model

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import hubcache
 import pytest
+from helpers import GiB, fake_memory
 
 from rope_extend import memory
 from rope_extend.cli import run
-
-GiB = 1 << 30
 
 
 @pytest.fixture(scope="module")
@@ -28,20 +27,6 @@ def cache(tmp_path_factory) -> Path:
 
 def snapshot(cache: Path, repo: str) -> Path:
     return next((cache / f"models--{repo.replace('/', '--')}" / "snapshots").iterdir())
-
-
-def fake_memory(monkeypatch, tmp_path: Path, available: int, cgroup_limit: int | None = None) -> None:
-    """/proc/meminfo and the cgroup files as the kernel writes them, with `available` bytes MemAvailable."""
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text(f"MemTotal:       24576000 kB\nMemFree:         1000000 kB\n"
-                       f"MemAvailable:   {available // 1024:8d} kB\nBuffers:          100000 kB\n")
-    cgroup = tmp_path / "cgroup"
-    cgroup.mkdir(exist_ok=True)
-    if cgroup_limit is not None:
-        (cgroup / "memory.max").write_text(f"{cgroup_limit}\n")
-        (cgroup / "memory.current").write_text(f"{GiB}\n")
-    monkeypatch.setattr(memory, "MEMINFO", meminfo)
-    monkeypatch.setattr(memory, "CGROUP", cgroup)
 
 
 def hub_env(monkeypatch, cache: Path, tmp_path: Path) -> None:

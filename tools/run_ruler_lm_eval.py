@@ -96,12 +96,12 @@ def run_step_vllm(model_path, spec, task, length, limit, work: Path) -> dict:
     from rope_extend.engines.parity import vllm_eval_serving
     from rope_extend.engines.vllm_run import linked_folder
     from rope_extend.eval.lm_tasks import run_lm_eval_vllm
-    from rope_extend.files import load_config
-    from rope_extend.plan import plan_patch
+    from rope_extend.source import load_source, plan_source
     from rope_extend.spec import load_spec
 
-    raw = json.loads((Path(model_path) / "config.json").read_text())
-    plan = None if spec is None else plan_patch(compat.text_config(load_config(Path(model_path))), load_spec(spec))
+    source = load_source(model_path, config_only=True)
+    raw = source.raw
+    plan = None if spec is None else plan_source(source, load_spec(spec))  # the one plan of this step
     max_model_len = length + ANSWER_BUDGET
     served = vllm_eval_serving(plan, raw, max_model_len, [max_model_len - 1])
     why = served.verdicts[max_model_len - 1]

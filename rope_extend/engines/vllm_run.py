@@ -9,7 +9,7 @@ serves many checkpoints in turn. What vLLM refuses (a config, a request longer t
 `run_rows` serves a checkpoint the way `rope-extend patch` says to (its vLLM command: --max-model-len,
 VLLM_ALLOW_LONG_MAX_MODEL_LEN, `--hf-overrides`), for both routes the card lists (this checkpoint; the original
 model + `--hf-overrides`), a short request (L tokens) and a long one (the target length), and compares vLLM's
-log-probability of every prompt token with transformers running rope-extend's RoPE (`patch_model` on the original
+log-probability of every prompt token with transformers running rope-extend's RoPE (`patch.apply_patch` on the original
 model) on the same token ids, float32 both. Identical: no NaN, max |Δ logprob| <= `LOGPROB_TOL` and their mean <= `MEAN_TOL`.
 """
 
@@ -263,8 +263,8 @@ def _text_ids(tokenizer_dir: str, n: int, text: str | None) -> tuple[int, ...]:
     return tuple(ids[:n])
 
 
-def reference(model_dir: Path, spec, requests: dict[int, list[int]]) -> dict[int, list[float]]:
-    """transformers running rope-extend's RoPE (`patch_model(spec)` on the model in `model_dir`), float32: the
+def reference(model_dir: Path, plan, requests: dict[int, list[int]]) -> dict[int, list[float]]:
+    """transformers running rope-extend's RoPE (`plan` applied to the model in `model_dir`), float32: the
     log-probabilities of each request's prompt tokens. A request of n tokens is a prompt of n - 1 tokens and one
     generated token (vLLM refuses a prompt of --max-model-len tokens: nothing could be generated); a dynamic method
     holds its scale at n, as rope-extend serves such a request (`fixed_rope_length`)."""
@@ -273,10 +273,10 @@ def reference(model_dir: Path, spec, requests: dict[int, list[int]]) -> dict[int
 
     from ..compat import dtype_kwargs
     from ..dynamic import fixed_rope_length
-    from ..patch import patch_model
+    from ..patch import apply_patch
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), **dtype_kwargs(torch.float32)).eval()
-    patch_model(model, spec, verify=False)  # the RoPE rope-extend computes; the writer's verification is not at stake
+    apply_patch(model, plan)  # the RoPE rope-extend computes; the writer's verification is not at stake
     out = {}
     for n, ids in requests.items():
         with fixed_rope_length(model, n):

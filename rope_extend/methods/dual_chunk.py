@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from .attention import LOG_N, AttentionMethod
+from .attention import LOG_N, AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
 DEFAULT_LENGTH_SCALE = 0.05  # ChunkLlama's get_mscale: 0.05·ln(n/L) + 1 (a4835cf; 0.05 since 7b8ef1e)
@@ -40,10 +40,6 @@ class DualChunk(AttentionMethod):
                 "(stock engines serve the model without it, its own RoPE and window); measured ahead of frequency scaling at 2x, behind it "
                 "at 4x (docs/results-retrieval.md)")
     paper = "https://arxiv.org/abs/2402.17463"
-    llama_cpp_note = (
-        "llama.cpp has no dual chunk attention; its nearest training-free option is self-extend (`-gan G -gaw W` in "
-        "llama-completion, `-gan G` in llama-passkey)"
-    )
 
     def validate(self, spec) -> None:
         super().validate(spec)
@@ -88,4 +84,11 @@ class DualChunk(AttentionMethod):
         return bool(DEFAULT_LENGTH_SCALE if scale is None else scale)
 
 
-DUAL_CHUNK = register(DualChunk())
+class DualChunkEngines(AttentionEngines):
+    llama_cpp_note = (
+        "llama.cpp has no dual chunk attention; its nearest training-free option is self-extend (`-gan G -gaw W` in "
+        "llama-completion, `-gan G` in llama-passkey)"
+    )
+
+
+DUAL_CHUNK = register(DualChunk(), engines=DualChunkEngines, gguf=AttentionGguf, advice=AttentionAdvice)
