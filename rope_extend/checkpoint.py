@@ -22,18 +22,19 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from . import compat, files, outputs, record, sharing
 from .card import build_model_card
-from .engines.parity import card_section
+from .engines.parity import card_parity
 from .errors import CheckpointError, SpecError, UnverifiedCheckpointError, VerificationError
 from .hub import resolve_source
 from .patch import verify_or_explain
-from .plan import PatchPlan, check_rope_model, plan_patch
-from .serving import serve_command, serving_hints
+from .plan import PatchPlan, check_rope_model
+from .serving import ServeHint, ServingHints
+from .source import Source, plan_source, read_source
 from .spec import RopeSpec, load_spec
 from .verify import model_dtype, probe_outputs, verify_plan
 
@@ -56,7 +57,7 @@ class PatchResult:
     verified: bool = False
     seconds: float = 0.0
     serving: str = ""  # every engine's commands (markdown, as in the model card)
-    serve: str = ""  # the one command to try first (serving.serve_command)
+    serve: ServeHint | None = None  # the one way to serve OUT to try first (`str()`: one line that pastes whole)
     warnings: list[str] = field(default_factory=list)
     patched_outputs: Any = field(default=None, repr=False)  # full path: the patched model's probe outputs
     patched_dtype: Any = field(default=None, repr=False)  # ... and the dtype they were computed in
@@ -281,7 +282,7 @@ def _full(source, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remo
     import torch
     from transformers import AutoModelForCausalLM
 
-    from .patch import patch_model
+    from .patch import apply_patch
 
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "low_cpu_mem_usage": True}
     kwargs["use_safetensors"] = None if allow_pickle else True
@@ -305,7 +306,7 @@ def _full(source, tmp, files, plan, raw, result, dtype, allow_pickle, trust_remo
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        patch_model(model, plan.spec, verify=False)  # verified below, against the saved model reloaded stock
+        apply_patch(model, plan)  # verified below, against the saved model reloaded stock
     return _save_loaded(model, source, tmp, files, plan, result)
 
 
@@ -353,178 +354,219 @@ def verify_output(
                 patched_outputs=patched_outputs, stock_model=stock_model, patched_dtype=patched_dtype)
 
 
+PROBE_TOKENS = 6  # the verification's forward (verify.probe_inputs): six tokens
+
+
+def check_loading(given: str, folder: Path, config, dtype: str | None, skip: bool = False, ways=None) -> None:
+    """Refuse in one line, before loading, a full write (or a verification on real weights, with its own `ways`)
+    whose weights do not fit the machine's memory (`rope_extend.memory`); one model is loaded at a time."""
+    from . import memory
+
+    ways = ways or memory.WaysOut(device=None, other=(
+        "write the config only (--mode config-only: the weights are linked, not loaded)",))
+    memory.check_inference(given, folder, compat.text_config(config), dtype, PROBE_TOKENS, ways=ways, skip=skip)
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How `write_checkpoint` writes OUT: the `patch` command's flags and the Python API's keywords, checked once.
+
+    mode: auto (config-only unless `dtype` changes the weights), config-only (link the weights, write the config)
+        or full (load, patch, save). A loaded model (`train`) is always written in full.
+    dtype: the weights' dtype on the full path (float32, bfloat16, float16, auto).
+    hub_id: the repo OUT will be pushed to, which names the model in the card's serving commands (otherwise OUT's
+        folder name does: the card never holds a local absolute path).
+    eval_summary: the card's Evaluation section (`card.CardEval` or markdown); training: its Training section.
+    engines_report: the card's "Where it serves identically" section (the parity report of what was written).
+    extra: adds files (plots, logs) to the folder before verification.
+    keep_unverified: where a checkpoint written in full that fails verification is kept (OUT is not created) instead
+        of deleted, its card saying why (`UnverifiedCheckpointError` names it).
+    memory_check: a full write whose weights do not fit the machine's memory is refused before loading
+        (`check_loading`); False loads them anyway (--no-memory-check).
+    on_step: called at each of `steps` steps, all after validation (a refused input prints only its error).
+    """
+
+    mode: str = "auto"
+    dtype: str | None = None
+    overwrite: bool = False
+    verify: bool = True
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    hub_id: str | None = None
+    eval_summary: Any = None
+    training: str | None = None
+    engines_report: bool = True
+    extra: Callable[[Path], None] | None = None
+    keep_unverified: str | os.PathLike | None = None
+    memory_check: bool = True
+    on_step: Callable[[str], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("auto", "config-only", "full"):
+            raise CheckpointError(f"--mode {self.mode!r} is not one of auto, config-only, full")
+        if self.mode == "config-only" and self.dtype not in (None, "auto"):
+            raise CheckpointError("--dtype changes the weights; it needs --mode full (or auto)")
+        if self.dtype is not None and (self.dtype or "").lower() not in DTYPES:
+            raise CheckpointError(f"--dtype {self.dtype!r} is not one of {', '.join(sorted(set(DTYPES)))}")
+
+    def write_mode(self, loaded: bool = False) -> str:
+        """config-only or full (auto resolved; a loaded model is saved in full)."""
+        if loaded:
+            return "full"
+        if self.mode == "auto":
+            return "full" if self.dtype not in (None, "auto") else "config-only"
+        return self.mode
+
+    @property
+    def steps(self) -> int:
+        """How many times `write_checkpoint` calls `on_step` (for progress with an ETA)."""
+        return 2 if self.verify else 1
+
+
 def patch_checkpoint(
     source: str | os.PathLike,
     spec: RopeSpec | dict | str | os.PathLike,
     out: str | os.PathLike,
+    options: WriteOptions | None = None,
     *,
-    mode: str = "auto",
-    dtype: str | None = None,
-    overwrite: bool = False,
     revision: str | None = None,
-    verify: bool = True,
-    allow_pickle: bool = False,
-    trust_remote_code: bool = False,
-    eval_summary: str | None = None,
-    hub_id: str | None = None,
-    on_step: Callable[[str], None] | None = None,
+    **fields: Any,
 ) -> PatchResult:
     """Write SOURCE with rescaled RoPE to OUT (see the module docstring). Returns a `PatchResult`.
 
-    Everything is validated (spec, SOURCE's files, OUT) before any path is created. `hub_id` (the repo OUT will be
-    pushed to) names the model in the card's serving commands; otherwise OUT's folder name does: the card never
-    holds a local absolute path. `on_step(message)` is called at each of `patch_steps(verify)` steps, all after
-    validation: a refused input prints no progress, only its one error line.
+    The Python API's edge: `spec` is parsed, planned on SOURCE once (`plan_checkpoint`), then `write_checkpoint`
+    executes the plan. `options` (or `WriteOptions` fields as keywords: `mode=`, `dtype=`, `overwrite=`,
+    `verify=`...) say how; `revision` is SOURCE's Hub revision. Everything is validated (spec, SOURCE's files, OUT)
+    before any path is created.
     """
-    started = time.perf_counter()
-    step = on_step or (lambda message: None)
-    if mode not in ("auto", "config-only", "full"):
-        raise CheckpointError(f"--mode {mode!r} is not one of auto, config-only, full")
-    if mode == "config-only" and dtype not in (None, "auto"):
-        raise CheckpointError("--dtype changes the weights; it needs --mode full (or auto)")
-    if dtype is not None and (dtype or "").lower() not in DTYPES:
-        raise CheckpointError(f"--dtype {dtype!r} is not one of {', '.join(sorted(set(DTYPES)))}")
-    mode = ("full" if dtype not in (None, "auto") else "config-only") if mode == "auto" else mode
-    spec = spec if isinstance(spec, RopeSpec) else load_spec(spec)
+    options = replace(options or WriteOptions(), **fields) if fields else options or WriteOptions()
+    loaded, plan = plan_checkpoint(source, spec if isinstance(spec, RopeSpec) else load_spec(spec), out, options,
+                                   revision=revision)
+    return write_checkpoint(loaded, plan, out, options)
 
-    src = resolve_source(source, revision=revision)
-    out_path = check_output_path(src, Path(out), overwrite)
-    raw = files.read_config(src)
-    config = files.load_config(src, trust_remote_code)
-    check_rope_model(compat.text_config(config))
-    if compat.text_part(raw).get("max_position_embeddings") is None and spec.original_max_position_embeddings is None:
+
+def plan_checkpoint(source: str | os.PathLike, spec: RopeSpec, out: str | os.PathLike, options: WriteOptions,
+                    *, revision: str | None = None) -> tuple[Source, PatchPlan]:
+    """SOURCE resolved, OUT checked against it, SOURCE's config read, and the one plan of `spec` on it, refused
+    where it cannot be written: what `patch` plans before `write_checkpoint` executes it."""
+    folder = resolve_source(source, revision=revision)
+    check_output_path(folder, Path(out), options.overwrite)
+    loaded = read_source(source, folder, options.trust_remote_code)
+    check_rope_model(compat.text_config(loaded.config))
+    if compat.text_part(loaded.raw).get("max_position_embeddings") is None and spec.original_max_position_embeddings is None:
         raise SpecError(
             "config.json has no max_position_embeddings, so the original context length is unknown (transformers "
-            f"would assume its default {getattr(config, 'max_position_embeddings', '?')}); set "
+            f"would assume its default {getattr(loaded.config, 'max_position_embeddings', '?')}); set "
             "original_max_position_embeddings in the spec (--set original_max_position_embeddings=N)",
             field="original_max_position_embeddings",
         )
-    plan = plan_patch(config, spec)
-    if plan.spec.factor == 1 and plan.is_identity() and not plan.method.acts_on_attention:  # STRING works at x1
+    plan = plan_source(loaded, spec)
+    if plan.spec.factor == 1 and plan.is_identity():
         raise SpecError(
             f"factor 1 (target length {plan.spec.target_length} = the original length) makes {plan.spec.method} "
             "change nothing; choose a factor > 1 or a longer --target-length",
             field="factor",
             value=1,
         )
-    carried = scan_source(src, allow_pickle)
-    if verify:  # before creating anything: a plan whose small-model forward fails is refused here
-        verify_or_explain(plan, config)
+    return loaded, plan
 
+
+def write_checkpoint(
+    source: Source, plan: PatchPlan, out: str | os.PathLike, options: WriteOptions = WriteOptions(), model=None
+) -> PatchResult:
+    """Execute `plan`: write SOURCE patched to OUT, atomically (see the module docstring), and verify it.
+
+    The one writer of checkpoints. Without `model`, SOURCE's weights are linked (config-only) or loaded, patched
+    with the plan and saved (full); with `model` (an already-loaded, patched model, e.g. trained by `rope-extend
+    train`), that model is saved, and verification checks stock transformers' reload against it (same RoPE, same
+    outputs beyond the original length, in the dtype the weights are saved in). Either way OUT gets SOURCE's other
+    files (tokenizer...), the portable config, the raised length caps, `rope_extend.yaml`, the model card and the
+    record. A model a mixed-precision `Trainer` prepared is written and verified as stock transformers runs it
+    (`stock_forward`). The serving hints are computed once and named for the terminal, the card and the record.
+    """
+    started = time.perf_counter()
+    step = options.on_step or (lambda message: None)
+    mode = options.write_mode(loaded=model is not None)
+    if model is not None:
+        model = stock_forward(model)
+    src = source.folder
+    out_path = check_output_path(src, Path(out), options.overwrite)
+    carried = scan_source(src, options.allow_pickle)
+    if options.verify and model is None:  # before creating anything: a plan whose small-model forward fails is refused
+        verify_or_explain(plan, source.config)
+    if mode == "full" and model is None:  # before loading: the weights in the dtype they load in, and the probe
+        check_loading(source.given, src, source.config, options.dtype, skip=not options.memory_check)
+
+    hints = ServingHints.of(plan)
     result = PatchResult(out=out_path, source=src, mode=mode, plan=plan, warnings=list(plan.warnings))
-    serving, serving_warnings = serving_hints(plan, str(out_path))
-    result.serving = serving
-    result.serve = serve_command(plan, str(out_path))
-    result.warnings += [w for w in serving_warnings if w not in result.warnings]
-    card_serving, _ = serving_hints(plan, hub_id or out_path.name)  # no local absolute path in what gets published
-    with _atomic_dir(out_path, overwrite) as tmp:
-        step(f"writing the {mode} checkpoint")
-        if mode == "config-only":
-            new = _config_only(src, tmp, carried, plan, raw, result)
+    result.serving = hints.markdown(str(out_path))
+    result.serve = hints.serve(str(out_path))
+    result.warnings += [w for w in hints.warnings if w not in result.warnings]
+    card_name = options.hub_id or out_path.name  # no local absolute path in what gets published
+    with _atomic_dir(out_path, options.overwrite) as tmp:
+        if model is not None:
+            step("writing the trained checkpoint")
+            new = _save_loaded(model, src, tmp, carried, plan, result)
+        elif mode == "config-only":
+            step(f"writing the {mode} checkpoint")
+            new = _config_only(src, tmp, carried, plan, source.raw, result)
         else:
-            new = _full(src, tmp, carried, plan, raw, result, dtype, allow_pickle, trust_remote_code)
+            step(f"writing the {mode} checkpoint")
+            new = _full(src, tmp, carried, plan, source.raw, result, options.dtype, options.allow_pickle,
+                        options.trust_remote_code)
         result.written = ["config.json"] + _update_caps(tmp, plan.old_max_position_embeddings, plan.spec.target_length)
         spec_yaml = plan.spec.to_yaml()
         (tmp / "rope_extend.yaml").write_text(spec_yaml)
+        if options.extra is not None:
+            options.extra(tmp)
+        # issue 10: the parity report of what was just written, and the routes it contradicts
+        engines, unbacked = card_parity(plan, tmp, hints) if options.engines_report else (None, {})
+        result.warnings += [  # a route the check contradicts that no hint warned about (the terminal lists it)
+            f"{engine} ({'this checkpoint' if which == 'command' else 'the original model'}): not listed in the "
+            f"card: {why}" for (engine, which), why in unbacked.items()
+            if not any(engine in w for w in result.warnings)
+        ]
         card = build_model_card(
-            base_model=_public_name(source, src),
+            base_model=_public_name(source.given, src),
             source_dir=src,
             spec_yaml=spec_yaml,
             method=plan.spec.method,
-            config_diff=config_diff(compat.text_part(raw), compat.text_part(new)),
-            serving=card_serving,
-            eval_summary=eval_summary,
-            engines=card_section(tmp),  # issue 10: the parity report of what was just written
+            config_diff=config_diff(compat.text_part(source.raw), compat.text_part(new)),
+            serving=hints.markdown(card_name, unbacked),  # no route the report contradicts
+            eval_summary=options.eval_summary,
+            engines=engines,
+            training=options.training,
         )
         if (tmp / "README.md").exists():
             (tmp / "README.md").unlink()
         (tmp / "README.md").write_text(card)
-        _write_record(tmp, plan, spec_yaml, result, verify)
+        _write_record(tmp, hints, spec_yaml, result, options.verify, unbacked)
         result.written += ["rope_extend.yaml", "README.md"]
-        if verify:
-            step("verifying: stock transformers reload and a forward beyond the original length")
-            verify_output(tmp, plan, mode, source_config=config, patched_outputs=result.patched_outputs,
-                          patched_dtype=result.patched_dtype)
-            result.verified = True
-        result.patched_outputs = None
-    result.seconds = time.perf_counter() - started
-    return result
-
-
-def write_model_checkpoint(
-    model,
-    source: str | os.PathLike,
-    out: str | os.PathLike,
-    plan: PatchPlan,
-    *,
-    overwrite: bool = False,
-    verify: bool = True,
-    training: str | None = None,
-    extra: Callable[[Path], None] | None = None,
-    on_step: Callable[[str], None] | None = None,
-    keep_unverified: str | os.PathLike | None = None,
-) -> PatchResult:
-    """Write an already-loaded, patched model (e.g. fine-tuned by `rope-extend train`) to OUT the way `patch
-    --mode full` writes one: atomically, with SOURCE's tokenizer files, the portable config, the raised length caps,
-    `rope_extend.yaml`, the model card (`training`: its training section) and, with `verify`, stock transformers'
-    reload checked against `model` itself (same RoPE, same outputs beyond the original length, in the dtype the
-    weights are saved in). `extra(tmp)` adds files (plots, logs) before verification.
-
-    A model a mixed-precision `Trainer` prepared is written and verified as stock transformers runs it
-    (`stock_forward`). With `keep_unverified`, a checkpoint that was written in full but fails verification is not
-    deleted: it is moved to that folder (OUT itself is not created), its card saying why, and
-    `UnverifiedCheckpointError` names it."""
-    started = time.perf_counter()
-    model = stock_forward(model)
-    step = on_step or (lambda message: None)
-    src = resolve_source(source)
-    out_path = check_output_path(src, Path(out), overwrite)
-    raw = files.read_config(src)
-    carried = scan_source(src, allow_pickle=False)
-    result = PatchResult(out=out_path, source=src, mode="full", plan=plan, warnings=list(plan.warnings))
-    result.serving, _ = serving_hints(plan, str(out_path))
-    card_serving, _ = serving_hints(plan, out_path.name)
-    with _atomic_dir(out_path, overwrite) as tmp:
-        step("writing the trained checkpoint")
-        new = _save_loaded(model, src, tmp, carried, plan, result)
-        result.written = ["config.json"] + _update_caps(tmp, plan.old_max_position_embeddings, plan.spec.target_length)
-        spec_yaml = plan.spec.to_yaml()
-        (tmp / "rope_extend.yaml").write_text(spec_yaml)
-        if extra is not None:
-            extra(tmp)
-        card = build_model_card(
-            base_model=_public_name(source, src), spec_yaml=spec_yaml, method=plan.spec.method,
-            config_diff=config_diff(compat.text_part(raw), compat.text_part(new)), serving=card_serving,
-            training=training, source_dir=src,
-        )
-        if (tmp / "README.md").exists():
-            (tmp / "README.md").unlink()
-        (tmp / "README.md").write_text(card)
-        _write_record(tmp, plan, spec_yaml, result, verify)
-        result.written += ["rope_extend.yaml", "README.md"]
-        if verify:
-            step("verifying: stock transformers reload equals the trained model")
+        if options.verify:
+            step("verifying: stock transformers reload equals the trained model" if model is not None
+                 else "verifying: stock transformers reload and a forward beyond the original length")
             try:
-                verify_output(tmp, plan, "full", source_config=files.load_config(src),
-                              patched_outputs=result.patched_outputs, patched_dtype=result.patched_dtype)
+                verify_output(tmp, plan, mode, source_config=source.config, patched_outputs=result.patched_outputs,
+                              patched_dtype=result.patched_dtype)
             except VerificationError as exc:
-                if keep_unverified is None:
+                if options.keep_unverified is None:
                     raise
-                raise _keep_unverified(tmp, Path(keep_unverified).expanduser().absolute(), exc) from None
+                raise _keep_unverified(tmp, Path(options.keep_unverified).expanduser().absolute(), exc) from None
             result.verified = True
         result.patched_outputs = None
     result.seconds = time.perf_counter() - started
     return result
 
 
-def _write_record(tmp: Path, plan: PatchPlan, spec_yaml: str, result: PatchResult, verified: bool) -> None:
+def _write_record(tmp: Path, hints: ServingHints, spec_yaml: str, result: PatchResult, verified: bool,
+                  unbacked: dict | None = None) -> None:
     """OUT's rope_extend.yaml, written last: the spec, then rope-extend's record of every file now in OUT (the
-    weights shared with SOURCE by their identity, the rest by sha256) and of the card's serving commands, with the
-    model named `record.MODEL_ID` (what `rope-extend push` reads and checks)."""
-    serving, _ = serving_hints(plan, record.MODEL_ID)
+    weights shared with SOURCE by their identity, the rest by sha256) and of the card's serving commands (without
+    the `unbacked` routes, as the card), with the model named `record.MODEL_ID` (what `rope-extend push` reads and
+    checks)."""
     shared = {name: how for name, how in result.placed.items() if how in sharing.SHARED}
-    record.write_record(tmp, spec_yaml, serve=serve_command(plan, record.MODEL_ID), serving=serving, shared=shared,
-                        verified=verified)
+    record.write_record(tmp, spec_yaml, serve=str(hints.serve(record.MODEL_ID)),
+                        serving=hints.markdown(record.MODEL_ID, unbacked), shared=shared, verified=verified)
 
 
 def stock_forward(model):
@@ -569,11 +611,6 @@ def _keep_unverified(tmp: Path, kept: Path, exc: Exception) -> VerificationError
         shutil.rmtree(old, ignore_errors=True)
     tmp.rename(target)
     return UnverifiedCheckpointError(reason, kept=str(target), reason=reason)
-
-
-def patch_steps(verify: bool) -> int:
-    """How many times `patch_checkpoint` calls `on_step` (for progress with an ETA)."""
-    return 2 if verify else 1
 
 
 def _public_name(source: str | os.PathLike, resolved: Path) -> str:

@@ -60,10 +60,9 @@ def run_demo(out: str | Path = "demo-out", suite: str = "quick") -> Path:
                   f"{', '.join(SPECS)}, then the YaRN x2 checkpoint ({result.mode}, verified: {result.verified})")
     # What to do next, in three lines (every engine's command is in the checkpoint's model card), wrapped to the
     # terminal: the serve command with shell continuations, so that it pastes whole.
-    from .serving import serve_hint
     from .terminal import command_lines, wrap
 
-    hint = serve_hint(result.plan, str(result.out))
+    hint = result.serve
     lines = [*wrap(f"output: {result.out}", console.width, hang=" " * 8),
              *command_lines("serve:  ", "\n".join(hint.lines) if hint.python else hint.command, console.width,
                             hint.python),

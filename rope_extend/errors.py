@@ -86,7 +86,7 @@ class TrainedNotWrittenError(RopeExtendError, RuntimeError):
 
 class UnverifiedCheckpointError(VerificationError):
     """A fully written checkpoint failed verification and was kept (not deleted) in `kept`, its model card saying
-    why; `reason` is the verification's own message (`checkpoint.write_model_checkpoint(keep_unverified=...)`)."""
+    why; `reason` is the verification's own message (`checkpoint.WriteOptions(keep_unverified=...)`)."""
 
     def __init__(self, message: str, *, kept: str | None = None, reason: str = ""):
         super().__init__(message)

@@ -401,7 +401,7 @@ def llamacpp_rope(info_or_meta: Mapping[str, Any], rope_dim: int) -> tuple[np.nd
     return theta_out, mscale
 
 
-# -- the GGUF plan (per-method keys come from `RopeMethod.gguf_rope`) -------------------------------------------
+# -- the GGUF plan (per-method keys come from the method's `GgufRules`) -------------------------------------------
 @dataclass
 class GGUFPlan:
     """What patch_gguf writes: key -> value (None deletes the key), an optional rope_freqs tensor, warnings."""
@@ -414,9 +414,9 @@ class GGUFPlan:
     warnings: list[str] = field(default_factory=list)
 
 
-def plan_gguf(info: GGUFInfo, spec: RopeSpec | dict | str) -> GGUFPlan:
+def plan_gguf(info: GGUFInfo, spec: RopeSpec) -> GGUFPlan:
     """Resolve *spec* against the GGUF's RoPE and compute the metadata to write, checked with llama.cpp's math."""
-    from .methods import RopeContext, get_method
+    from .methods import RopeContext, get_method, gguf_rules
 
     if info.architecture not in VERIFIED_ARCHITECTURES:
         raise UnsupportedModelError(
@@ -435,7 +435,6 @@ def plan_gguf(info: GGUFInfo, spec: RopeSpec | dict | str) -> GGUFPlan:
             f"{str(info.path)!r} has no usable {info.architecture}.context_length / rope.dimension_count "
             f"({info.context_length}, {info.rope_dim}); the file is incomplete"
         )
-    spec = load_spec(spec) if not isinstance(spec, RopeSpec) else spec
     if spec.rope_theta is not None:
         raise SpecError(
             f"rope_theta={spec.rope_theta:g} in the spec: a GGUF's base is its rope.freq_base "
@@ -454,7 +453,8 @@ def plan_gguf(info: GGUFInfo, spec: RopeSpec | dict | str) -> GGUFPlan:
         seq_len=int(spec.target_length) if method.dynamic else None,  # longrope: the long factors
     )
     inv_freq, attention_factor = _compute(method, ctx)
-    rel_keys, factors, warnings = method.gguf_rope(spec, info.freq_base, info.rope_dim, inv_freq, attention_factor)
+    rel_keys, factors, warnings = gguf_rules(method).rope(spec, info.freq_base, info.rope_dim, inv_freq,
+                                                          attention_factor)
     arch = info.architecture
     keys = {f"{arch}.{k}": v for k, v in rel_keys.items()}
     keys[f"{arch}.context_length"] = int(spec.target_length)
@@ -536,7 +536,7 @@ def patch_gguf(
     source, out = Path(source), Path(out)
     header = _read_header(source)
     info = _info(header, source)
-    plan = plan_gguf(info, spec)
+    plan = plan_gguf(info, spec if isinstance(spec, RopeSpec) else load_spec(spec))  # the Python API's edge
     check_gguf_name(out, f"{source.stem}-{plan.spec.method}-x{plan.spec.factor:g}.gguf")
     if out.exists():
         if out.resolve() == source.resolve() or (out.is_file() and os.path.samefile(out, source)):

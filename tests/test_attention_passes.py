@@ -13,11 +13,12 @@ import warnings
 import pytest
 import tiny
 import torch
-from test_attention_methods import (
+from helpers import (
     CASES,
     SPECS,
     _cache,
     _case_id,
+    _inputs,
     _patched,
     dual_chunk_distance,
     reference_attention,
@@ -83,30 +84,24 @@ def distances_of(fn, q_pos, k_pos, params):
 
 
 # --- the passes path against the papers' formulas -----------------------------------------------------------------
-def _inputs(B, H, Hkv, D, rdim, n_q, n_k, start, seed):
-    generator = torch.Generator().manual_seed(seed)
-    q_raw = torch.randn(B, H, n_q, D, generator=generator)
-    k_raw = torch.randn(B, Hkv, n_k, D, generator=generator)
-    v = torch.randn(B, Hkv, n_k, D, generator=generator)
-    inv_freq = 1.0 / (100.0 ** (torch.arange(0, rdim, 2).double() / rdim))
-    k_pos = (torch.arange(n_k) + start)[None].repeat(B, 1)
-    q_pos = k_pos[:, n_k - n_q :]
-    return q_raw, k_raw, v, q_pos, k_pos, inv_freq
-
-
 def _allowed(B, n_q, n_k):
     return (torch.arange(n_k)[None, :] <= torch.arange(n_k - n_q, n_k)[:, None])[None].repeat(B, 1, 1)
 
 
 @pytest.mark.parametrize("primitive", _primitive_params())
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_passes_equal_the_papers_formulas(case, primitive, device="cpu"):
+def test_passes_equal_the_papers_formulas(case, primitive):
     """A 48-token prompt (crossing every window, group and chunk boundary), 5 queries after a 28-key cache
     starting at position 17 (a prompt prefilled after a cached prefix), then two decoding steps reusing the moved
     keys from the store; GQA (4 query heads on 2 key heads), batch 2, partial rotary dims; log_n on every other
     case. float32, to 2e-5 of the float64 reference."""
+    check_passes_equal_the_papers_formulas(case, PRIMITIVES[primitive], "cpu")
+
+
+def check_passes_equal_the_papers_formulas(case, make, device: str) -> None:
+    """`test_passes_equal_the_papers_formulas` with the primitive `make()` builds, on `device` (the GPU test
+    below runs it on CUDA with compiled FlexAttention)."""
     mapping, dist_fn, params = case
-    make = PRIMITIVES[primitive] if isinstance(primitive, str) else primitive
     log_n = 20 if CASES.index(case) % 2 else None
     B, H, Hkv, D, rdim = 2, 4, 2, 16, 8
     memo, store, previous = {}, {}, None
@@ -128,15 +123,20 @@ def test_passes_equal_the_papers_formulas(case, primitive, device="cpu"):
         torch.testing.assert_close(got.cpu().double(), want, atol=2e-5, rtol=0)
 
 
+BF16_CASES = [(SelfExtendMap(4, 8), self_extend_distance, (4, 8)), (DualChunkMap(16, 4), dual_chunk_distance, (16, 4))]
+
+
 @pytest.mark.parametrize("primitive", _primitive_params())
-@pytest.mark.parametrize("mapping, dist_fn, params", [(SelfExtendMap(4, 8), self_extend_distance, (4, 8)),
-                                                      (DualChunkMap(16, 4), dual_chunk_distance, (16, 4))],
-                         ids=["self-extend", "dual-chunk"])
-def test_passes_bf16_within_bf16_rounding(mapping, dist_fn, params, primitive, device="cpu"):
+@pytest.mark.parametrize("mapping, dist_fn, params", BF16_CASES, ids=["self-extend", "dual-chunk"])
+def test_passes_bf16_within_bf16_rounding(mapping, dist_fn, params, primitive):
     """bfloat16 inputs: the passes path's error against the float64 reference is within 3x the error that plain
     causal SDPA makes in bfloat16 against float64 on the same inputs (bf16 rounding, not the method), over 64
     tokens with log_n."""
-    make = PRIMITIVES[primitive] if isinstance(primitive, str) else primitive
+    check_passes_bf16_within_bf16_rounding(mapping, dist_fn, params, PRIMITIVES[primitive], "cpu")
+
+
+def check_passes_bf16_within_bf16_rounding(mapping, dist_fn, params, make, device: str) -> None:
+    """`test_passes_bf16_within_bf16_rounding` with the primitive `make()` builds, on `device`."""
     B, H, Hkv, D, n = 2, 4, 2, 16, 64
     q_raw, k_raw, v, q_pos, k_pos, inv_freq = _inputs(B, H, Hkv, D, D, n, n, 0, seed=3)
     q, k = rope(q_raw, q_pos, inv_freq), rope(k_raw, k_pos, inv_freq)
@@ -343,13 +343,14 @@ def test_flash_and_flex_models_are_refused_in_one_line():
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_gpu_passes_equal_the_papers_formulas(case):
-    test_passes_equal_the_papers_formulas(case, lambda: primitives.FlexPrimitive(compiled=True), device="cuda")
+    check_passes_equal_the_papers_formulas(case, lambda: primitives.FlexPrimitive(compiled=True), "cuda")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mapping", [SelfExtendMap(4, 8), DualChunkMap(16, 4)], ids=["self-extend", "dual-chunk"])
-def test_gpu_passes_bf16_within_bf16_rounding(mapping):
-    test_passes_bf16_within_bf16_rounding(mapping, lambda: primitives.FlexPrimitive(compiled=True), device="cuda")
+@pytest.mark.parametrize("mapping, dist_fn, params", BF16_CASES, ids=["self-extend", "dual-chunk"])
+def test_gpu_passes_bf16_within_bf16_rounding(mapping, dist_fn, params):
+    check_passes_bf16_within_bf16_rounding(mapping, dist_fn, params, lambda: primitives.FlexPrimitive(compiled=True),
+                                           "cuda")
 
 
 @pytest.mark.gpu

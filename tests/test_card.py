@@ -59,7 +59,7 @@ def test_a_hub_models_card_license_relation_links_and_serving(tiny_source, tmp_p
     """`patch acme/tiny-llama` from the Hub cache, offline: the license is the one the cached README.md gives, and
     the card says so; `base_model_relation: finetune` (the Hub's relation for a full model derived from one base);
     no project URL; every link is the base's Hub page, the method's paper or a file in OUT; the Serving section
-    first says the engines were not run."""
+    first says the commands were not run on it."""
     from huggingface_hub import ModelCard
 
     from rope_extend.engines import llama_cpp, sglang, vllm
@@ -90,7 +90,7 @@ def test_a_hub_models_card_license_relation_links_and_serving(tiny_source, tmp_p
         text, out, {"https://huggingface.co/acme/tiny-llama", get_method("yarn").paper})
     serving = text.split("\n## Serving\n\n", 1)[1]
     first = serving.split("\n\n", 1)[0]
-    assert first.startswith("These commands were not run in the engines.") and "ports" in first
+    assert first.startswith("These commands were not run on this checkpoint.") and "ports" in first
     for version in (vllm.VERSION, sglang.VERSION, llama_cpp.VERSION):
         assert version in first
     assert "Checked against" not in text

@@ -159,7 +159,7 @@ def test_the_demo_model_without_a_package_index(command, tmp_path, monkeypatch, 
 
 def test_a_gguf_patch_fits_and_its_serve_line_pastes(tmp_path, monkeypatch, capsys):
     """`patch model.gguf` and `show model.gguf` at 80 columns; the llama-server line quotes an OUT with spaces."""
-    from test_gguf import write_tiny_gguf
+    from helpers import write_tiny_gguf
 
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.chdir(tmp_path)

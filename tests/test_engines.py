@@ -281,6 +281,44 @@ def test_rows_the_issue_names(reports):
         assert transformers_rows[1].identical and not transformers_rows[1].skipped
 
 
+def test_the_card_lists_no_route_its_own_check_contradicts(reports):
+    """Every variant: the Serving lines the card writes (serving_hints with the report's unbacked routes) hold a
+    route's command only where its port row is identical, or not checked; a row served and DIFFERS, or not served
+    at the target length, is named with the check's reason and no command. The terminal's hints keep them all."""
+    from rope_extend.engines.parity import CARD_ROUTES, unbacked_routes
+
+    config = tiny.make_config("llama")
+    seen = set()
+    for name, spec in VARIANTS:
+        report = reports[name]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plan = plan_patch(config, **spec)
+        hints = {hint.engine: hint for hint in engine_hints(plan, "OUT")}
+        unbacked = unbacked_routes(report)
+        card, _ = serving_hints(plan, "OUT", unbacked)
+        terminal, _ = serving_hints(plan, "OUT")
+        for row in report.rows:
+            if (row.engine, row.route) not in CARD_ROUTES:
+                continue
+            engine, which = CARD_ROUTES[row.engine, row.route]
+            command = getattr(hints[engine], which)
+            served = [not isinstance(r, NotServed) for r in (row.short, row.long)]
+            if command is None:  # the card has no command for this route (e.g. llama.cpp: no flags)
+                continue
+            if row.identical or row.skipped or not any(served):
+                assert (engine, which) not in unbacked and f"`{command}`" in card, (name, row.engine, row.route)
+                continue
+            seen.add((name, row.engine, row.route))
+            assert f"`{command}`" not in card and f"`{command}`" in terminal, (name, row.engine, row.route)
+            why = unbacked[engine, which]
+            assert f": none listed: {why}" in card and ("DIFFERS" in why) == all(served), (name, row.route, why)
+            assert why.endswith(")") and all(reason in why for reason in row.reasons())
+    # the contradicted routes this suite meets: dynamic in vLLM (L rows), longrope and dynamic-yarn inside the window
+    assert {("dynamic", vllm.VERSION, "this checkpoint"), ("longrope", vllm.VERSION, "this checkpoint"),
+            ("dynamic-yarn", vllm.VERSION, "this checkpoint")} <= seen
+
+
 # --- hints ------------------------------------------------------------------------------------------------------------
 def test_hints_print_exact_bases_versions_and_the_fixes():
     plan, *_ = planned(method="ntk", factor=S)

@@ -17,6 +17,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from helpers import BASE, HEAD_DIM, N_CTX, N_HEAD, write_tiny_gguf
 
 from rope_extend.errors import AlreadyScaledError, CheckpointError, SpecError, UnsupportedModelError
 from rope_extend.gguf import ROPE_FREQS, patch_gguf, read_gguf_info
@@ -24,36 +25,6 @@ from rope_extend.methods import RopeContext, compute
 from rope_extend.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAD_DIM, N_HEAD, N_CTX, BASE = 64, 4, 8192, 100000.0
-
-
-def write_tiny_gguf(path: Path, arch: str = "llama", extra: dict | None = None, tensors: dict | None = None) -> Path:
-    """A small model-shaped GGUF (random F32/F16 tensors, a few metadata keys)."""
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name("tiny")
-    writer.add_context_length(N_CTX)
-    writer.add_embedding_length(HEAD_DIM * N_HEAD)
-    writer.add_head_count(N_HEAD)
-    writer.add_rope_dimension_count(HEAD_DIM)
-    writer.add_rope_freq_base(BASE)
-    writer.add_array("tokenizer.ggml.tokens", ["<s>", "a", "b"])
-    for key, value in (extra or {}).items():
-        writer.add_key_value(key, value, gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.FLOAT32)
-    rng = np.random.default_rng(0)
-    tensors = tensors or {
-        "token_embd.weight": rng.standard_normal((3, HEAD_DIM * N_HEAD)).astype(np.float32),
-        "blk.0.attn_q.weight": rng.standard_normal((HEAD_DIM * N_HEAD, 7)).astype(np.float16),  # odd size: padding
-        "output_norm.weight": rng.standard_normal(HEAD_DIM * N_HEAD).astype(np.float32),
-    }
-    for name, data in tensors.items():
-        writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 @pytest.fixture
 def tiny(tmp_path) -> Path:
     return write_tiny_gguf(tmp_path / "tiny.gguf")

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rope_extend.llamacpp import LlamaCppError, ensure_llamacpp
+from rope_extend.llamacpp_build import LlamaCppError, ensure_llamacpp
 
 pytestmark = pytest.mark.slow
 
@@ -279,7 +279,7 @@ def test_native_builds_compile_ggml_amx_backend_out(llamacpp):
     """The AMX backend that segfaulted stop 27's CI on every Q4_1 run is not in a native build on an AMX CPU: the
     vendored ggml-cpu.cpp, preprocessed for Sapphire Rapids with the build's own C++ flags, no longer registers the
     AMX buffer type, which it does without them (so the check can fail)."""
-    from rope_extend.llamacpp import _cmake_options, is_x86
+    from rope_extend.llamacpp_build import _cmake_options, is_x86
 
     flags = [o.split("=", 1)[1] for o in _cmake_options(native=True) if o.startswith("-DCMAKE_CXX_FLAGS=")]
     if not is_x86():

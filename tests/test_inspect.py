@@ -271,22 +271,22 @@ def test_recommend_on_the_demo_model_carries_what_the_project_measured_at_that_r
 
 def test_recommend_reads_its_rules_from_the_method_objects(monkeypatch):
     """Which static methods are compared and in what preference, which shipped scheme is kept and each alternative's
-    words live on the method objects (preference, kept_when_shipped, alternative), not in inspect.py: changing an
-    object changes the recommendation."""
-    from rope_extend.methods import get_method
+    words live on each method's advice adapter (preference, kept_when_shipped, alternative), not in inspect.py:
+    changing an adapter changes the recommendation."""
+    from rope_extend.methods import advice as method_advice
 
     config = big_config()
     advice = recommend(config, 12288)
     assert list(advice.costs) == ["yarn", "ntk", "linear", "llama3"] and advice.method == "yarn"
-    assert advice.alternatives["dynamic"] == get_method("dynamic").alternative(6.0, "yarn")
-    monkeypatch.setattr(type(get_method("ntk")), "preference", -1)
+    assert advice.alternatives["dynamic"] == method_advice("dynamic").alternative(6.0, "yarn")
+    monkeypatch.setattr(type(method_advice("ntk")), "preference", -1)
     advice = recommend(config, 12288)
     assert list(advice.costs)[0] == advice.method == "ntk"
     assert not any("do not accept" in line for line in advice.reasons)  # yarn is accepted, ntk preferred
     assert any(line.startswith("ntk keeps the fast disks (moves 9") and "temperature" not in line
                for line in advice.reasons)
-    assert advice.alternatives["yarn"] == get_method("yarn").alternative(6.0, "ntk")
+    assert advice.alternatives["yarn"] == method_advice("yarn").alternative(6.0, "ntk")
     monkeypatch.undo()
     assert recommend(llama3_config(), 65536).method == "llama3"  # Llama 3.x keeps its scheme
-    monkeypatch.setattr(type(get_method("llama3")), "kept_when_shipped", False)
+    monkeypatch.setattr(type(method_advice("llama3")), "kept_when_shipped", False)
     assert recommend(llama3_config(), 65536).method == "yarn"

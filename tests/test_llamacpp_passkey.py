@@ -15,7 +15,7 @@ import warnings
 import pytest
 import torch
 
-from rope_extend.llamacpp import LlamaCppError, ensure_llamacpp
+from rope_extend.llamacpp_build import LlamaCppError, ensure_llamacpp
 
 pytestmark = pytest.mark.slow
 

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import hubcache
 import pytest
+from helpers import GiB, fake_memory
 
 from rope_extend import memory
 from rope_extend.cli import run
-
-GiB = 1 << 30
 
 
 @pytest.fixture(scope="module")
@@ -28,20 +27,6 @@ def cache(tmp_path_factory) -> Path:
 
 def snapshot(cache: Path, repo: str) -> Path:
     return next((cache / f"models--{repo.replace('/', '--')}" / "snapshots").iterdir())
-
-
-def fake_memory(monkeypatch, tmp_path: Path, available: int, cgroup_limit: int | None = None) -> None:
-    """/proc/meminfo and the cgroup files as the kernel writes them, with `available` bytes MemAvailable."""
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text(f"MemTotal:       24576000 kB\nMemFree:         1000000 kB\n"
-                       f"MemAvailable:   {available // 1024:8d} kB\nBuffers:          100000 kB\n")
-    cgroup = tmp_path / "cgroup"
-    cgroup.mkdir(exist_ok=True)
-    if cgroup_limit is not None:
-        (cgroup / "memory.max").write_text(f"{cgroup_limit}\n")
-        (cgroup / "memory.current").write_text(f"{GiB}\n")
-    monkeypatch.setattr(memory, "MEMINFO", meminfo)
-    monkeypatch.setattr(memory, "CGROUP", cgroup)
 
 
 def hub_env(monkeypatch, cache: Path, tmp_path: Path) -> None:
@@ -224,3 +209,48 @@ def test_train_is_refused_with_its_ways_out_before_loading(cache, tmp_path, monk
     need = memory.training_need(folder, load_config(folder), window, lora_r=16)
     assert 1024 <= window < 262144 and need.total <= 60 * GiB
     assert not any(p.name.startswith("tr") for p in Path(".").iterdir())
+
+
+def test_patch_mode_full_is_refused_before_loading_and_config_only_offered(cache, tmp_path, monkeypatch, capsys):
+    """`patch mistralai/Mistral-7B-v0.3 --mode full --dtype float32` on a 22 GiB machine: the float32 weights (2 x
+    the published size), bfloat16 and --mode config-only (which loads nothing) offered; in the stored bfloat16 on a
+    10 GiB machine, only config-only. Nothing written."""
+    hub_env(monkeypatch, cache, tmp_path)
+    repo = "mistralai/Mistral-7B-v0.3"
+    weights = 2 * hubcache.MODELS[repo].total_size
+    fake_memory(monkeypatch, tmp_path, 22 * GiB)
+    base = ["patch", repo, "--method", "yarn", "--factor", "2", "--mode", "full", "-o", "o"]
+    assert run([*base, "--dtype", "float32"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert f"of RAM in float32 at 6 tokens (weights {weights / GiB:.1f} GiB" in line, line
+    assert "load it in bfloat16 (--dtype bfloat16: ~" in line and "write the config only (--mode config-only" in line
+    fake_memory(monkeypatch, tmp_path, 10 * GiB)
+    assert run(base) == 2
+    line = capsys.readouterr().err.strip()
+    assert f"in bfloat16 at 6 tokens (weights {weights / 2 / GiB:.1f} GiB" in line and "--dtype" not in line
+    assert not Path("o").exists()
+
+
+def test_verify_of_changed_weights_is_refused_before_loading_them(tmp_path, monkeypatch, capsys):
+    """OUT's weights replaced by other bytes: `verify` would load them, so on a machine faked to 1 MiB it stops in
+    one line before loading, writing nothing; --no-memory-check verifies them."""
+    import tiny
+    from safetensors.torch import save_file
+
+    source = tmp_path / "source"
+    tiny.make_model("llama").save_pretrained(source)
+    out = tmp_path / "out"
+    assert run(["patch", str(source), "--method", "yarn", "--factor", "2", "-o", str(out)]) == 0
+    state = {k: v + 1 for k, v in tiny.make_model("llama").state_dict().items()}
+    save_file(state, tmp_path / "other.safetensors", metadata={"format": "pt"})
+    (tmp_path / "other.safetensors").replace(out / "model.safetensors")
+    record = (out / "rope_extend.yaml").read_bytes()
+    capsys.readouterr()
+    fake_memory(monkeypatch, tmp_path, 1 << 20)
+    assert run(["verify", str(out)]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert len(err) == 1 and f"{out} needs ~" in err[0] and "at 6 tokens" in err[0], err
+    assert "--dtype" not in err[0] and "on another device (a machine with more memory)" in err[0]
+    assert (out / "rope_extend.yaml").read_bytes() == record
+    assert run(["verify", str(out), "--no-memory-check"]) == 0
+    assert "on the real weights" in " ".join(capsys.readouterr().out.split())

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import hubcache
 import pytest
-from test_memory import fake_memory
+from helpers import GiB, fake_memory
 
 from rope_extend.cli import run
 
-GiB = 1 << 30
 CASES = [  # (repo, target): a model that ships llama3 (kept, replace_existing), plain RoPE, per-layer-type RoPE
     ("meta-llama/Llama-3.1-8B", 262144),
     ("mistralai/Mistral-7B-v0.3", 65536),

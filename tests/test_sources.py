@@ -52,7 +52,7 @@ def test_eval_tune_and_train_take_a_hub_id(offline, capsys, monkeypatch, tmp_pat
     """The commands that load weights, given the Hub id: eval (report and run.json name the id; on a machine
     reporting 1 MiB available it is refused in one line until --no-memory-check), tune (its specs written), train
     (a trained checkpoint whose config is the snapshot's, extended)."""
-    from test_memory import fake_memory
+    from helpers import fake_memory
 
     suite = Path("suite.yaml")  # one perplexity length and one passkey prompt: the eval's two kinds of forward
     suite.write_text("name: hub\nsmoke: true\nshort_context: [128]\nperplexity:\n  lengths: [512]\n"

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import tiny
 import torch
-from test_attention_methods import (
+from helpers import (
     IMPLS,
     _cache,
+    _inputs,  # random q/k/v at given positions, as the passes tests draw them
     distances,
     generate_alone_and_after_a_shared_prefix,
     make,
@@ -29,7 +30,6 @@ from test_attention_methods import (
     rope,
     string_distance,  # the paper's rule: d < S keeps d, d >= S becomes d - S + W
 )
-from test_attention_passes import _inputs  # random q/k/v at given positions, as the passes tests draw them
 
 from rope_extend import SpecError, UnsupportedModelError, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, primitives, runtime
@@ -405,17 +405,16 @@ def test_the_factor_set_is_the_factor_reported(tmp_path, capsys):
 
 def test_engines_refuse_in_words():
     from rope_extend import load_spec
-    from rope_extend.methods import get_method
+    from rope_extend.methods import engine_rules, gguf_rules
 
-    method = get_method("string")
     plan = plan_patch(_config(), method="string")
     for engine in ("vllm", "sglang"):
-        rule = method.engine_rule(engine, plan, engine)
+        rule = engine_rules("string").rule(engine, plan, engine)
         assert rule.max_len == 8192 and "WITHOUT string" in rule.warnings[0]
-    rule = method.engine_rule("llama.cpp", plan, "llama.cpp")
+    rule = engine_rules("string").rule("llama.cpp", plan, "llama.cpp")
     assert rule.flags is None and "no STRING" in rule.warnings[0]
     with pytest.raises(SpecError, match="no STRING"):
-        method.gguf_rope(load_spec(method="string"), 1e4, 16, None, 1.0)
+        gguf_rules("string").rope(load_spec(method="string"), 1e4, 16, None, 1.0)
 
 
 # --- on top of a shipped scheme ----------------------------------------------------------------------------------------

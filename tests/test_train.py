@@ -8,6 +8,7 @@ resume test and the 2-process test compare against it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,47 +22,12 @@ from pathlib import Path
 import pytest
 import tiny
 import torch
+from helpers import ROOT, STEPS, _args, _child_env, _toy_text
 from safetensors.torch import load_file
 
 from rope_extend.cli import run
 
 OTHER = os.environ.get("ROPE_EXTEND_OTHER_PYTHON")
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = 6
-
-
-def _toy_text(words: int = 2400) -> str:
-    """A learnable text: a fixed cycle of 60 words (the next word is determined by the previous two)."""
-    vocab = [f"w{i:02d}" for i in range(60)]
-    return " ".join(vocab[i % 60] for i in range(words)) + "\n"
-
-
-@pytest.fixture(scope="module")
-def tiny_source(tmp_path_factory, smollm2_path):
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    folder = tmp_path_factory.mktemp("train-src") / "tiny-smollm2-tok"
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
-    config = AutoConfig.for_model(
-        "llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-        intermediate_size=96, vocab_size=len(tokenizer), max_position_embeddings=64, head_dim=16,
-        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):  # as shipped (loadable by both transformers lines)
-        shutil.copy2(Path(smollm2_path) / name, folder / name)
-    text = folder.parent / "toy.txt"
-    text.write_text(_toy_text())
-    return folder, text
-
-
-def _args(source: Path, text: Path, out: Path, *extra: str) -> list[str]:
-    return ["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--window", "32",
-            "--steps", str(STEPS), "--batch-tokens", "64", "--lr", "3e-3", "--warmup", "0", "--save-steps", "1",
-            "-o", str(out), *extra]
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +51,6 @@ def test_the_loss_line_adds_the_means_of_the_first_and_last_tenth_of_the_steps()
     assert summary["loss_means"] == {"steps": 2, "first": 3.0, "last": 2.5}
     assert loss_line(summary) == "first 2.5000 -> last 3.0000 (mean of the first / last 2 steps: 3.0000 -> 2.5000)"
     assert loss_means([]) is None and loss_line({"first_loss": None}) is None
-
-
-def _child_env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -587,8 +549,12 @@ def test_train_push_to_hub_uploads_the_written_checkpoint(tiny_source, tmp_path,
     assert secret not in printed.out + printed.err
     repo = hub.repos["me/tiny-trained"]
     recorded = read_record(out)  # every file train wrote; the card's serving commands name the repo
-    assert repo.files == {name: (out / name).read_bytes() for name in recorded.files if name != "README.md"} | {
-        "README.md": (out / "README.md").read_bytes().replace(recorded.serving_for(out.name).encode(),
-                                                              recorded.serving_for("me/tiny-trained").encode())}
+    card = (out / "README.md").read_bytes().replace(recorded.serving_for(out.name).encode(),
+                                                    recorded.serving_for("me/tiny-trained").encode())
+    local_card, sent_card = (hashlib.sha256(c).hexdigest() for c in ((out / "README.md").read_bytes(), card))
+    record = (out / "rope_extend.yaml").read_text()  # the uploaded one vouches for the card it sends
+    assert f"README.md: sha256 {local_card}\n" in record
+    assert repo.files == {name: (out / name).read_bytes() for name in recorded.files} | {
+        "README.md": card, "rope_extend.yaml": record.replace(local_card, sent_card).encode()}
     assert {"README.md", "config.json", "model.safetensors", "training.json", "training_log.jsonl"} <= set(repo.files)
     assert len(repo.commits) == 1 and f"pushed: {hub.endpoint}/me/tiny-trained" in printed.out

@@ -72,14 +72,14 @@ def _spy_trained_model(monkeypatch) -> dict:
     from rope_extend.train import finish
 
     seen: dict = {}
-    real = finish.write_model_checkpoint
+    real = finish.write_checkpoint
 
-    def spy(model, *args, **kwargs):
+    def spy(*args, model, **kwargs):
         seen["autocast_wrapper"] = "_original_forward" in vars(model)
         seen["model"] = model
-        return real(model, *args, **kwargs)
+        return real(*args, model=model, **kwargs)
 
-    monkeypatch.setattr(finish, "write_model_checkpoint", spy)
+    monkeypatch.setattr(finish, "write_checkpoint", spy)
     return seen
 
 

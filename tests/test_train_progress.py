@@ -11,13 +11,13 @@ import time
 import warnings
 
 import pytest
-from test_train import _args, _child_env, tiny_source  # noqa: F401 (a fixture)
+from helpers import _args, _child_env
 
 from rope_extend.cli import run
 from rope_extend.train import progress
 
 
-def test_the_first_lines_give_tokens_per_step_an_estimate_and_progress_inside_a_step(tiny_source, tmp_path,  # noqa: F811
+def test_the_first_lines_give_tokens_per_step_an_estimate_and_progress_inside_a_step(tiny_source, tmp_path,
                                                                                     capsys, monkeypatch):
     """4 windows of 32 tokens per step = 4 micro-batches: the plan line before the first step, the estimate from
     the first micro-batch, and (the interval set to 0) a line per micro-batch inside a step."""
@@ -47,7 +47,7 @@ def test_the_first_lines_give_tokens_per_step_an_estimate_and_progress_inside_a_
                for line in err), err
 
 
-def _start(tiny_source, out, *extra):  # noqa: F811
+def _start(tiny_source, out, *extra):
     source, text = tiny_source
     command = [sys.executable, "-m", "rope_extend", *_args(source, text, out, *extra)]
     return subprocess.Popen(command, env=_child_env(), stderr=subprocess.PIPE, text=True, bufsize=1)
@@ -65,7 +65,7 @@ def _read_until(proc, pattern: str, timeout: float = 180) -> list[str]:
     raise AssertionError(f"no {pattern!r} in time: {''.join(lines)[-3000:]}")
 
 
-def test_one_sigterm_says_it_stops_after_the_step_and_names_the_checkpoint_it_keeps(tiny_source, tmp_path):  # noqa: F811
+def test_one_sigterm_says_it_stops_after_the_step_and_names_the_checkpoint_it_keeps(tiny_source, tmp_path):
     out = tmp_path / "one"
     proc = _start(tiny_source, out, "--batch-tokens", "256")  # 8 micro-batches per step
     _read_until(proc, r"step 1/6 loss")
@@ -84,7 +84,7 @@ def test_one_sigterm_says_it_stops_after_the_step_and_names_the_checkpoint_it_ke
     assert (tmp_path / "one.train-state" / f"checkpoint-{m[1]}" / "trainer_state.json").is_file()
 
 
-def test_a_second_signal_stops_mid_step_naming_it_and_what_is_left(tiny_source, tmp_path):  # noqa: F811
+def test_a_second_signal_stops_mid_step_naming_it_and_what_is_left(tiny_source, tmp_path):
     """SIGTERM after the first micro-batch of a 64-micro-batch step, then SIGINT: exit 130, the line names SIGINT
     (not the first signal, not a generic 'interrupted'), and says no checkpoint exists yet."""
     out = tmp_path / "two"

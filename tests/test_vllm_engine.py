@@ -22,6 +22,7 @@ from rope_extend.engines.parity import parity_many
 from rope_extend.engines.vllm_env import VllmEnvError, ensure_vllm
 from rope_extend.engines.vllm_run import (
     LOGPROB_TOL,
+    MEAN_TOL,
     VllmRefused,
     VllmWorker,
     compare_logprobs,
@@ -82,10 +83,13 @@ class Borrowed:
 # --- without vLLM ----------------------------------------------------------------------------------------------------
 def test_compare_logprobs_counts_nan_and_measures_the_rest():
     d = compare_logprobs([-1.0, -2.0005, math.nan, math.nan], [-1.0, -2.0, -3.0, -4.0])
-    assert (d.n, d.nan, d.first_nan) == (6, 2, 3) and d.max_abs == pytest.approx(5e-4)
-    assert not d.identical and "NaN log-probabilities from token 3" in d.describe()
-    assert compare_logprobs([-1.0, -2.0005], [-1.0, -2.0]).identical
-    assert not compare_logprobs([-1.0, -2.01], [-1.0, -2.0]).identical
+    assert (d.n, d.nan, d.first_nan) == (6, 2, 3) and not d.identical and "NaN log-probabilities from token 3" in d.describe()
+    assert (d.max_abs, d.mean_abs, d.mean) == pytest.approx((5e-4, 2.5e-4, -2.5e-4))
+    noise = [0.01, -0.02, 0.0, 0.0] + [0.0] * 96  # rounding: one token moves, the mean does not
+    assert compare_logprobs([-1.0 + x for x in noise], [-1.0] * 100).identical
+    assert not compare_logprobs([-1.0 + x for x in [0.06] + [0.0] * 99], [-1.0] * 100).identical  # one token too far
+    assert not compare_logprobs([-1.0 + 2e-3] * 100, [-1.0] * 100).identical  # every token a little: another RoPE
+    assert (LOGPROB_TOL, MEAN_TOL) == (5e-2, 1e-3)
 
 
 def test_kv_cache_fits_one_longest_request():
@@ -111,9 +115,40 @@ def test_server_arguments_are_vllm_serve_s():
 
     args = server_args({"model": "/m", "max_model_len": 512, "hf_overrides": {"rope_parameters": {"factor": 2.0}},
                         "engine_args": {"tensor_parallel_size": 2}}, 8000)
-    assert args[:4] == ["--model", "/m", "--max-model-len", "512"]
+    assert args[:3] == ["/m", "--max-model-len", "512"]
     assert args[args.index("--hf-overrides") + 1] == '{"rope_parameters":{"factor":2.0}}'
     assert args[-2:] == ["--tensor-parallel-size", "2"]
+
+
+def test_the_recorded_runs_are_generated_from_the_records():
+    """docs/serving.md's table of real vLLM runs and rope_extend/engines/vllm_runs.json (what the card quotes) are
+    what tools/run_vllm_engines.py --summarize computes from eval/reports/vllm-engines-*/ today, and the wheel ships
+    the JSON; one verdict is recounted here from a raw record."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("run_vllm_engines", root / "tools" / "run_vllm_engines.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    data = tool.summary()
+    stale = "stale: run python tools/run_vllm_engines.py --summarize"
+    assert json.loads((root / "rope_extend" / "engines" / "vllm_runs.json").read_text()) == data, stale
+    text = (root / "docs" / "serving.md").read_text()
+    assert f"{tool.START}\n{tool.docs_block(data)}\n{tool.END}" in text, stale
+    assert '"rope_extend.engines" = ["vllm_runs.json"]' in (root / "pyproject.toml").read_text()
+    record = next(json.loads(line) for line in
+                  (root / "eval" / "reports" / "vllm-engines-smollm2" / "results.jsonl").read_text().splitlines())
+    runs = [r for r in record["report"]["rows"] if r["checked"] == "run" and r["engine"].startswith("vLLM")]
+    ok = {(r["short"].get("identical", False), r["long"].get("identical", False)) for r in runs}  # not served: False
+    words = {(True, True): "yes", (True, False): "up to L", (False, True): "at s·L only", (False, False): "no"}
+    (mine,) = [r for r in data["methods"][record["method"]] if r["model"] == "smollm2"]
+    assert len(runs) == 2 and len(ok) == 1 and mine["verdict"] == words[ok.pop()] and mine["tokens"] == [8192, 12288]
+    from rope_extend.serving import vllm_runs_lines  # what the card of a checkpoint of this method says
+
+    (line,) = [line for line in vllm_runs_lines(record["method"]) if "SmolLM2-135M through" in line]
+    assert line.startswith(f"  - run (not on this checkpoint): {mine['engine']} on cpu served `{record['method']}` x1.5")
+    assert f"8192 and 12288 tokens, on {record['finished'][:10]}:" in line
 
 
 def test_run_names_are_checked_before_anything_loads():
@@ -131,8 +166,9 @@ def test_vllm_refuses_with_its_own_message_and_keeps_serving(vllm_worker, short_
 @pytest.mark.parametrize("method", FREQUENCY_METHODS)
 def test_engines_run_vllm_serves_each_method_as_the_card_says(method, vllm_worker, short_window, monkeypatch, capsys):
     """`rope-extend engines SOURCE --method M --factor 2 --run vllm --json`: for both routes the card lists, a real
-    vLLM agrees with the port rows (vLLM 0.33.0 source): identical within LOGPROB_TOL where they say identical, a
-    measured difference (> 0.05 nats) where they say DIFFERS, refused by vLLM where they say cannot."""
+    vLLM agrees with the port rows (vLLM 0.33.0 source): identical (within LOGPROB_TOL on every token, MEAN_TOL on
+    average) where they say identical, a measured difference (> 0.1 nats) where they say DIFFERS, refused by vLLM
+    where they say cannot."""
     from rope_extend.cli import run
 
     borrowed = Borrowed(vllm_worker)
@@ -154,9 +190,9 @@ def test_engines_run_vllm_serves_each_method_as_the_card_says(method, vllm_worke
             if not said["served"]:  # the card's command cannot serve it: vLLM itself refuses
                 assert not got["served"] and "vLLM refused" in got["reason"], (route, request, got)
             elif said["identical"]:
-                assert got["served"] and got["identical"] and got["max_abs_dlogprob"] <= LOGPROB_TOL, (route, request, got)
+                assert got["served"] and got["identical"] and got["mean_abs_dlogprob"] <= MEAN_TOL, (route, request, got)
             else:
-                assert got["served"] and not got["identical"] and got["max_abs_dlogprob"] > 0.05, (route, request, got)
+                assert got["served"] and not got["identical"] and got["max_abs_dlogprob"] > 0.1, (route, request, got)
         assert run["identical"] == port["identical"]
 
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from rope_extend.demo_model import demo_gguf_path
-from rope_extend.llamacpp import LlamaCppError, ensure_llamacpp
+from rope_extend.llamacpp_build import LlamaCppError, ensure_llamacpp
 
 
 def main(argv: list[str] | None = None) -> int:

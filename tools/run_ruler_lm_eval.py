@@ -12,7 +12,18 @@ the needle values the answer contains). OUT/summary.md pools them, with Wilson i
 difference to the unpatched model on the same prompts.
 
 Needs `pip install ".[ruler]"` (lm-eval imports wonderwords and nltk for these tasks; nltk's failed download of
-punkt_tab is harmless: only the essay haystacks split sentences). `niah_multikey_1` (and every `essay` haystack)
+punkt_tab is harmless: only the essay haystacks split sentences).
+
+`--engine vllm` runs the same tasks through lm-eval's own vLLM backend (`--model vllm`), on each variant written as
+a checkpoint folder whose config.json carries its scaling (the weights linked), after checking with the vLLM port
+that vLLM serves the variant as rope-extend computes it up to the prompt and its answer (refused otherwise). It
+runs under vLLM's Python with lm-eval, rope-extend from the checkout (`make vllm` and the lm-eval layer):
+
+    PY=$(python -m rope_extend.engines.vllm_env --with lm-eval --print-python)
+    PYTHONPATH=$PWD $PY tools/run_ruler_lm_eval.py --engine vllm -o OUT-vllm --tasks niah_single_1 --length 4096 \
+        --limit 5 --spec method=yarn,factor=2
+    PYTHONPATH=$PWD $PY tools/run_ruler_lm_eval.py -o OUT-hf ...           # the transformers side, same Python
+    PYTHONPATH=$PWD $PY tools/run_ruler_lm_eval.py --compare OUT-hf OUT-vllm  # every answer and score side by side `niah_multikey_1` (and every `essay` haystack)
 loads Paul Graham's essays from the Hugging Face Hub, which this machine cannot reach: use the `needle`-haystack
 multikey task `niah_multikey_2` (distractor needles as the haystack) offline.
 """
@@ -79,6 +90,68 @@ def run_step(model_path, spec, task, length, limit, dtype, device) -> dict:
                                                        key=lambda s: s["doc_id"])]}
 
 
+def run_step_vllm(model_path, spec, task, length, limit, work: Path) -> dict:
+    """The same step through lm-eval's vLLM backend (see the module docstring)."""
+    from rope_extend import compat
+    from rope_extend.engines.parity import vllm_eval_serving
+    from rope_extend.engines.vllm_run import linked_folder
+    from rope_extend.eval.lm_tasks import run_lm_eval_vllm
+    from rope_extend.source import load_source, plan_source
+    from rope_extend.spec import load_spec
+
+    source = load_source(model_path, config_only=True)
+    raw = source.raw
+    plan = None if spec is None else plan_source(source, load_spec(spec))  # the one plan of this step
+    max_model_len = length + ANSWER_BUDGET
+    served = vllm_eval_serving(plan, raw, max_model_len, [max_model_len - 1])
+    why = served.verdicts[max_model_len - 1]
+    if why:
+        raise SystemExit(f"vLLM does not serve {spec or 'the unpatched model'} as rope-extend computes it at "
+                         f"{max_model_len - 1} tokens ({why}); run this variant with the transformers engine")
+    folder = Path(model_path)
+    if plan is not None:
+        out = compat.portable_config_dict(raw, plan.slots, plan.max_position_embeddings, plan.marker)
+        import hashlib
+
+        folder = work / f"checkpoint-{hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]}"
+        if not folder.exists():
+            linked_folder(Path(model_path), out, folder)
+    os.environ.update(served.env)
+    result = run_lm_eval_vllm(folder, [task], lengths=[length], max_model_len=max_model_len, limit=limit,
+                              log_samples=True)
+    import lm_eval
+    import vllm
+
+    samples = sorted(result.get("samples", {}).get(task, []), key=lambda s: s["doc_id"])
+    return {"task": task, "length": length, "limit": limit, "spec": spec, "dtype": "float32",
+            "engine": f"lm-eval {getattr(lm_eval, '__version__', '')} vllm backend, vLLM {vllm.__version__} (CPU)",
+            "checkpoint": str(folder), "max_model_len": max_model_len, "results": result["results"][task],
+            "scores": per_sample_scores(result, task), "outputs": [s.get("resps") for s in samples]}
+
+
+# Room for RULER's answer (lm-eval's niah tasks generate up to 128 tokens) and lm-eval's re-tokenisation slack.
+ANSWER_BUDGET = 128 + 64
+
+
+def compare(hf_dir: Path, vllm_dir: Path) -> str:
+    """Every (variant, task) both folders hold: answers equal and scores equal, prompt by prompt."""
+    lines = ["| variant | task | prompts | same answer | same score | transformers mean | vLLM mean |",
+             "|---|---|---|---|---|---|---|"]
+    for path in sorted(vllm_dir.glob("*/*.json")):
+        other = hf_dir / path.parent.name / path.name
+        if not other.is_file():
+            continue
+        a, b = json.loads(other.read_text()), json.loads(path.read_text())
+        same = sum(x == y for x, y in zip(a["outputs"], b["outputs"]))
+        scores = sum(x == y for x, y in zip(a["scores"], b["scores"]))
+        mean = [sum(x or 0 for x in r["scores"]) / max(1, len(r["scores"])) for r in (a, b)]
+        lines.append(f"| {path.parent.name} | {b['task']} | {len(b['outputs'])} | {same} | {scores} | "
+                     f"{mean[0]:.2f} | {mean[1]:.2f} |")
+    text = "\n".join(lines) + "\n"
+    (vllm_dir / "compare.md").write_text(f"Against `{hf_dir}`:\n\n" + text)
+    return text
+
+
 def summarize(out: Path) -> str:
     from rope_extend.eval.stats import newcombe_paired_interval, wilson_interval
 
@@ -123,7 +196,13 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--spec", action="append", default=[], help="inline spec (method=string,...) or a YAML path")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
+    ap.add_argument("--compare", nargs=2, type=Path, metavar=("HF_OUT", "VLLM_OUT"),
+                    help="compare two finished runs' answers prompt by prompt, and stop")
     args = ap.parse_args(argv)
+    if args.compare:
+        print(compare(*args.compare))
+        return 0
 
     from rope_extend.eval.variants import make_variants, parse_spec_arg
 
@@ -145,7 +224,14 @@ def main(argv=None) -> int:
             print(f"{variant.name} {task}: {args.limit} prompts of {args.length} tokens ...", flush=True)
             started = datetime.now(timezone.utc).isoformat(timespec="seconds")
             t0 = time.perf_counter()
-            rec = run_step(model_path, variant.spec_dict(), task, args.length, args.limit, args.dtype, args.device)
+            if args.engine == "vllm":
+                from rope_extend.demo_model import cache_root
+
+                rec = run_step_vllm(model_path, variant.spec_dict(), task, args.length, args.limit,
+                                    cache_root() / "ruler-vllm-work")
+            else:
+                rec = run_step(model_path, variant.spec_dict(), task, args.length, args.limit, args.dtype,
+                               args.device)
             rec["seconds"] = round(time.perf_counter() - t0, 1)
             rec["variant"] = variant.name
             dest.parent.mkdir(parents=True, exist_ok=True)

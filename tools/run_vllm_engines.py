@@ -11,6 +11,12 @@ finished method is skipped when the same command runs again.
     nice -n 10 python tools/run_vllm_engines.py --model smollm2 --factor 2 -o eval/reports/vllm-engines-smollm2
     # make vllm-check: the suite's 2-layer model (window 256), every method and the server route too
     python tools/run_vllm_engines.py --model short-window --runs vllm vllm-server -o eval/reports/vllm-engines-tiny
+    # after either: the table in docs/serving.md and rope_extend/engines/vllm_runs.json (what the card quotes)
+    python tools/run_vllm_engines.py --summarize
+
+`--summarize` (also done after every method) rebuilds, from every eval/reports/vllm-engines-*/results.jsonl, the
+table between the VLLM-RUN markers of docs/serving.md and rope_extend/engines/vllm_runs.json: per method, what the
+real vLLM did on each model, and when (tests/test_vllm_engine.py fails while either is stale).
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ def run(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
 
 def table(records: list[dict]) -> str:
     """The README's table: one line per (method, engine row) of the real runs, with the port's verdict beside."""
-    from rope_extend.engines.parity import LOGPROB_TOL
+    from rope_extend.engines.vllm_run import LOGPROB_TOL, MEAN_TOL
 
     lines = ["| method | engine (run) | route | short request | long request | port says |", "|---|---|---|---|---|---|"]
     for rec in records:
@@ -72,7 +78,8 @@ def table(records: list[dict]) -> str:
             cells = [_cell(row[k]) for k in ("short", "long")]
             said = " / ".join(_cell(port[k]) for k in ("short", "long"))
             lines.append(f"| {rec['method']} | {row['engine']} | {row['route']} | {cells[0]} | {cells[1]} | {said} |")
-    return "\n".join(lines) + f"\n\nIdentical: no NaN and max |Δ logprob| <= {LOGPROB_TOL:g} (nats).\n"
+    return "\n".join(lines) + (f"\n\nIdentical: no NaN, |Δ logprob| <= {LOGPROB_TOL:g} nats for every prompt token and "
+                                f"<= {MEAN_TOL:g} on average (the run); cos/sin within float32 rounding (the port).\n")
 
 
 def _cell(result: dict) -> str:
@@ -81,8 +88,74 @@ def _cell(result: dict) -> str:
     mark = "identical" if result["identical"] else "DIFFERS"
     if "max_abs_dlogprob" in result:
         nan = f", {result['nan']} NaN from token {result['first_nan']}" if result["nan"] else ""
-        return f"{mark} (Δlogprob {result['max_abs_dlogprob']:.2g}{nan}; {result['tokens']} tokens)"
+        mean = f", mean {result['mean_abs_dlogprob']:.2g}" if "mean_abs_dlogprob" in result else ""  # older records
+        return f"{mark} (Δlogprob max {result['max_abs_dlogprob']:.2g}{mean}{nan}; {result['tokens']} tokens)"
     return f"{mark} ({max(result['max_abs_dcos'], result['max_abs_dsin']):.2g})"
+
+
+REPORTS = ROOT / "eval" / "reports"
+DOCS = ROOT / "docs" / "serving.md"
+RUNS_JSON = ROOT / "rope_extend" / "engines" / "vllm_runs.json"
+START, END = "<!-- VLLM-RUN:BEGIN -->", "<!-- VLLM-RUN:END -->"
+
+
+def verdict(short: dict, long: dict) -> str:
+    """The engines table's words for a row: yes, up to L, at s·L only, no."""
+    a, b = short.get("identical", False), long.get("identical", False)
+    return {(True, True): "yes", (True, False): "up to L", (False, True): "at s·L only"}.get((a, b), "no")
+
+
+def summary(reports: Path = REPORTS) -> dict:
+    """Per method, each record's run rows: the model, factor, request lengths, engine, routes, date and verdict."""
+    methods: dict = {}
+    for results in sorted(reports.glob("vllm-engines-*/results.jsonl")):
+        for line in results.read_text().splitlines():
+            rec = json.loads(line)
+            rows = [r for r in rec["report"]["rows"] if r["checked"] == "run" and not r["engine"].startswith("transformers")]
+            if not rows:
+                continue
+            verdicts = sorted({verdict(r["short"], r["long"]) for r in rows})
+            ports = sorted({verdict(r["short"], r["long"]) for r in rec["report"]["rows"]
+                            if r["checked"] == "port" and r["engine"].startswith("vLLM")})
+            worst = {k: max(r[k].get("max_abs_dlogprob", 0.0) for r in rows if r[k]["served"] and r[k]["identical"])
+                     if any(r[k]["served"] and r[k]["identical"] for r in rows) else None for k in ("short", "long")}
+            methods.setdefault(rec["method"], []).append({
+                "record": str(results.parent.relative_to(ROOT)), "model": rec["model"], "factor": rec["factor"],
+                "tokens": [rec["report"]["short_tokens"], rec["report"]["long_tokens"]],
+                "engine": rows[0]["engine"].split(" on ")[0], "device": rows[0]["engine"].split(" on ")[1].split(",")[0],
+                "routes": sorted({r["route"] for r in rows}), "ways": sorted({r["engine"].split(", ")[-1] for r in rows}),
+                "date": rec["finished"][:10], "verdict": verdicts[0] if len(verdicts) == 1 else " / ".join(verdicts),
+                "port": ports[0] if len(ports) == 1 else " / ".join(ports),
+                "max_identical_dlogprob": worst,
+            })
+    return {"made_by": "tools/run_vllm_engines.py --summarize, from eval/reports/vllm-engines-*/results.jsonl",
+            "methods": dict(sorted(methods.items()))}
+
+
+MODEL_NAMES = {"smollm2": "SmolLM2-135M (L 8192)", "short-window": "SmolLM2-135M's first 2 layers (L 256)"}
+
+
+def docs_block(data: dict) -> str:
+    """The table between the VLLM-RUN markers of docs/serving.md."""
+    lines = ["| method | model, factor | requests (tokens) | vLLM run (both card routes) | the port said | date |",
+             "|---|---|---|---|---|---|"]
+    for method, runs in data["methods"].items():
+        for run in runs:
+            ways = " and ".join(run["ways"])
+            worst = [w for w in run["max_identical_dlogprob"].values() if w is not None]
+            detail = f" (max \\|Δ logprob\\| {max(worst):.2g})" if worst else ""
+            model = MODEL_NAMES.get(run["model"], run["model"])
+            lines.append(f"| `{method}` | {model}, {run['factor']:g}x | {run['tokens'][0]} / {run['tokens'][1]} "
+                         f"| {run['verdict']}{detail}: {run['engine']}, {ways} | {run['port']} | {run['date']} |")
+    return "\n".join(lines)
+
+
+def write_summary() -> None:
+    from rope_extend.methods.docs import replace_between_markers
+
+    data = summary()
+    RUNS_JSON.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    DOCS.write_text(replace_between_markers(DOCS.read_text(), docs_block(data), START, END))
 
 
 def write_readme(out: Path, records: list[dict], argv: list[str]) -> None:
@@ -111,8 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", nargs="+", default=list(FREQUENCY_METHODS))
     ap.add_argument("--runs", nargs="+", default=["vllm"], help="vllm, vllm-server")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads for vLLM and for transformers")
-    ap.add_argument("-o", "--output", type=Path, required=True)
+    ap.add_argument("-o", "--output", type=Path)
+    ap.add_argument("--summarize", action="store_true", help="only rebuild docs/serving.md's table and vllm_runs.json")
     args = ap.parse_args(argv)
+    if args.summarize:
+        write_summary()
+        return 0
+    if args.output is None:
+        ap.error("-o OUT is required")
 
     from rope_extend.engines.vllm_env import ensure_vllm
 
@@ -160,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(record) + "\n")
         records.append(record)
         write_readme(out, records, argv)
+        write_summary()
         print(f"[{method}] done in {record['seconds']:.0f} s", file=sys.stderr, flush=True)
     write_readme(out, records, argv)
     return 0

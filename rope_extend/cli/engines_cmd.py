@@ -58,7 +58,7 @@ def engines(
     # Borderless, so that the columns' longest words (`--json-model-override-args`) fit 80 columns: a cell wraps
     # between words, never inside one.
     notes: list[str] = []  # why a request was not run or not served: below the table, where it has the full width
-    rows = [(f"{row.engine} [{row.checked}]", row.route, _cell(row.short, notes), _cell(row.long, notes),
+    rows = [(f"{row.engine} ({row.checked})", row.route, _cell(row.short, notes), _cell(row.long, notes),
              "identical" if row.identical else ("not run" if row.skipped else "differs")) for row in report.rows]
     header = ("engine", "route", f"short ({report.original})", f"long ({report.target})", "result")
     widths = column_widths([header, *rows], out.width)
@@ -94,5 +94,5 @@ def _cell(result, notes: list[str]) -> str:
         label = "not run" if result.reason.startswith("not run") else "not served"
         return f"{label} [{notes.index(result.reason) + 1}]"
     if isinstance(result, LogprobDelta):  # a real engine: log-probabilities, NaN counted
-        return f"{result.max_abs:.2g} logprob" + (f", {result.nan} NaN" if result.nan else "")
+        return f"{result.max_abs:.2g} / {result.mean_abs:.2g} logprob" + (f", {result.nan} NaN" if result.nan else "")
     return f"{max(result.max_cos, result.max_sin):.2g}"

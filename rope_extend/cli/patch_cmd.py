@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -12,6 +13,7 @@ from ..terminal import shell_path
 from .app import Progress, app, console, fail, say, say_command
 
 if TYPE_CHECKING:
+    from ..checkpoint import WriteOptions
     from ..spec import RopeSpec
 
 EXAMPLES = """Examples:
@@ -57,7 +59,7 @@ def build_spec(
         overrides[key] = value
     if config is None and "method" not in overrides:
         fail("give --method (with --factor or --target-length) or --config spec.yaml")
-    return load_spec(config, **overrides) if config is not None else load_spec(None, **overrides)
+    return load_spec(config, **overrides)
 
 
 def with_command(exc: Exception, source: str, output: Path, spec_args: dict) -> Exception:
@@ -92,13 +94,10 @@ def with_command(exc: Exception, source: str, output: Path, spec_args: dict) -> 
 HANG = " " * len("serve:  ")  # where the next-step lines continue
 
 
-def say_next_steps(folder: Path, plan) -> None:
-    """`output:` the checkpoint and `serve:` the one command to try first (`serving.serve_hint`), shell-quoted and
-    wrapped so that it pastes whole."""
-    from ..serving import serve_hint
-
+def say_next_steps(folder: Path, hint) -> None:
+    """`output:` the checkpoint and `serve:` the one way to serve it to try first (a `serving.ServeHint`),
+    shell-quoted and wrapped so that it pastes whole."""
     say(f"output: {shell_path(folder)}", hang=HANG)
-    hint = serve_hint(plan, str(folder))
     say_command("serve:  ", "\n".join(hint.lines) if hint.python else hint.command, hint.python)
     if hint.python:
         say(f"# {hint.why}", indent=HANG, hang=HANG + "# ")
@@ -136,96 +135,111 @@ def patch(
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow the checkpoint's own Python code.")] = False,
     eval_suite: Annotated[str | None, typer.Option("--eval", help="Run this eval suite (e.g. quick) before/after; summary goes into the card.")] = None,
     eval_dir: Annotated[Path | None, typer.Option("--eval-dir", help="Where the eval report goes (default: OUT-eval beside OUT).")] = None,
+    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the weights (--mode full, --eval) even if the memory estimate says they do not fit.")] = False,
 ) -> None:
     """Rescale a checkpoint's RoPE and write a verified checkpoint to OUT (a .gguf SOURCE writes a .gguf OUT)."""
 
     spec = build_spec(method, factor, target_length, config, sets or [])
     spec_args = {"revision": revision, "config": config, "method": method, "factor": factor,
                  "target_length": target_length, "sets": sets or []}
+    run = PatchRun(revision=revision, mode=mode, dtype=dtype, overwrite=overwrite, verify=not no_verify,
+                   allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, eval_suite=eval_suite,
+                   eval_dir=eval_dir, push_to_hub=push_to_hub, private=private, dry_run=dry_run,
+                   memory_check=not no_memory_check)
     try:
-        _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no_verify, push_to_hub, private,
-               dry_run, allow_pickle, trust_remote_code, eval_suite, eval_dir)
+        _patch(source, output, spec, run)
     except (AlreadyScaledError, ShorterWindowError) as exc:
         raise with_command(exc, source, output, spec_args) from None
 
 
-def _patch(source, output, spec, spec_args, mode, dtype, overwrite, revision, no_verify, push_to_hub, private, dry_run,
-           allow_pickle, trust_remote_code, eval_suite, eval_dir) -> None:
-    from ..checkpoint import check_output_path, patch_checkpoint, patch_steps
+@dataclass(frozen=True)
+class PatchRun:
+    """The flags of one `rope-extend patch` besides the spec: how to write OUT (`checkpoint.WriteOptions`), SOURCE's
+    revision, the evaluation before/after and the push."""
+
+    revision: str | None
+    mode: str
+    dtype: str | None
+    overwrite: bool
+    verify: bool
+    allow_pickle: bool
+    trust_remote_code: bool
+    eval_suite: str | None
+    eval_dir: Path | None
+    push_to_hub: str | None
+    private: bool
+    dry_run: bool
+    memory_check: bool = True
+
+    def write_options(self) -> WriteOptions:
+        from ..checkpoint import WriteOptions
+
+        return WriteOptions(mode=self.mode, dtype=self.dtype, overwrite=self.overwrite, verify=self.verify,
+                            allow_pickle=self.allow_pickle, trust_remote_code=self.trust_remote_code,
+                            hub_id=self.push_to_hub, memory_check=self.memory_check)
+
+
+def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
+    from ..checkpoint import plan_checkpoint, write_checkpoint
     from ..gguf import is_gguf
-    from ..hub import resolve_source
     from ..sharing import tally
 
     if is_gguf(source):
-        if push_to_hub or eval_suite or dtype or mode != "auto":
+        if run.push_to_hub or run.eval_suite or run.dtype or run.mode != "auto":
             fail("a .gguf SOURCE takes only --method/--factor/--target-length/--config/--set/--overwrite")
         from ..gguf import patch_gguf, result_lines
 
-        for line in result_lines(patch_gguf(source, spec, output, overwrite=overwrite)):
+        for line in result_lines(patch_gguf(source, spec, output, overwrite=run.overwrite)):
             if line.startswith("serve:  "):
                 say_command("serve:  ", line.removeprefix("serve:  "))
             else:
                 say(line, hang=HANG)
         return
-    if push_to_hub:
+    if run.push_to_hub:
         from ..hub import check_repo_id
 
-        check_repo_id(push_to_hub, "--push-to-hub")  # before writing anything
-    if dry_run and not push_to_hub:
+        check_repo_id(run.push_to_hub, "--push-to-hub")  # before writing anything
+    if run.dry_run and not run.push_to_hub:
         fail("--dry-run only applies to --push-to-hub")
-    if eval_dir is not None and not eval_suite:
+    if run.eval_dir is not None and not run.eval_suite:
         fail("--eval-dir only applies with --eval SUITE")
-    eval_summary = None
-    if eval_suite:
+    options = run.write_options()  # --mode and --dtype are checked before a long eval
+    loaded, plan = plan_checkpoint(source, spec, output, options, revision=run.revision)  # the one plan
+    if run.eval_suite:
         from ..card import CardEval
         from ..eval.runner import run_eval
         from ..eval.suite import load_suite
+        from ..eval.variants import Variant, variant_name
 
-        resolved = resolve_source(source, revision=revision)
-        check_output_path(resolved, output, overwrite)  # fail before a long eval
-        report_dir = eval_dir or output.with_name(output.name + "-eval")
-        _check_eval_dir(resolved, output, report_dir)
+        report_dir = run.eval_dir or output.with_name(output.name + "-eval")
+        _check_eval_dir(loaded.folder, output, report_dir)
         try:
-            suite = load_suite(eval_suite)  # an unknown suite fails here, before any folder exists
+            suite = load_suite(run.eval_suite)  # an unknown suite fails here, before any folder exists
         except FileNotFoundError as exc:
-            raise CheckpointError(f"--eval {eval_suite!r}: {exc}") from None
-        records = run_eval(str(resolved), [spec], suite, report_dir)
-        eval_summary = CardEval(records, suite=suite.name, smoke=suite.smoke)
-    with Progress("patching", patch_steps(not no_verify)) as progress:
-        result = patch_checkpoint(
-            source,
-            spec,
-            output,
-            mode=mode,
-            dtype=dtype,
-            overwrite=overwrite,
-            revision=revision,
-            verify=not no_verify,
-            allow_pickle=allow_pickle,
-            trust_remote_code=trust_remote_code,
-            eval_summary=eval_summary,
-            hub_id=push_to_hub,
-            on_step=progress.step,
-        )
-    plan = result.plan
+            raise CheckpointError(f"--eval {run.eval_suite!r}: {exc}") from None
+        variant = Variant(variant_name(spec, set()), spec, plan=plan)  # evaluated with the plan OUT is written with
+        records = run_eval(str(loaded.folder), [variant], suite, report_dir, memory_check=run.memory_check)
+        options = replace(options, eval_summary=CardEval(records, suite=suite.name, smoke=suite.smoke))
+    with Progress("patching", options.steps) as progress:
+        result = write_checkpoint(loaded, plan, output, replace(options, on_step=progress.step))
     say(f"wrote {shell_path(result.out)} ({result.mode}: {tally(result.placed)}, {len(result.written)} written) in "
         f"{result.seconds:.2f} s; "
         f"{'verified with stock transformers (reload + a forward beyond the original length)' if result.verified else 'NOT verified (--no-verify)'}")
     say(plan.method.summary(plan))
     # What to do next, in three lines; every engine's command and where it serves identically are in the card.
-    say_next_steps(result.out, plan)
+    say_next_steps(result.out, result.serve)
     say(f"report: {shell_path(result.out / 'README.md')} (model card: the commands for transformers, vLLM, SGLang "
         f"and llama.cpp, and where each serves identically; `rope-extend engines {shell_path(result.out)}` rechecks "
         "it)",
         hang=HANG)
-    if eval_suite:
+    if run.eval_suite:
         say(f"eval:   {shell_path(report_dir / 'report.md')}", hang=HANG)
     for warning in result.warnings:
         say(f"warning: {warning}", hang="  ", stream=console)
-    if push_to_hub:
+    if run.push_to_hub:
         from .push_cmd import publish
 
-        publish(result.out, push_to_hub, private, dry_run, flag="--push-to-hub", written_now=True)
+        publish(result.out, run.push_to_hub, run.private, run.dry_run, flag="--push-to-hub", written_now=True)
 
 
 @app.command(

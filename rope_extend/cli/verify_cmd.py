@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from ..terminal import shell_path
 from .app import Progress, app, say
 
 EXAMPLES = """Examples:
@@ -24,17 +25,19 @@ STEPS = 3
 @app.command(epilog=EXAMPLES)
 def verify(
     folder: Annotated[Path, typer.Argument(help="The OUT folder `patch` or `train` wrote.")],
+    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load changed weights even if the "
+                                                  "memory estimate says they do not fit.")] = False,
 ) -> None:
     """Re-verify OUT as it is now (stock reload + a forward beyond the original length); refresh its card and record."""
     from ..recheck import reverify
 
     with Progress("verifying", STEPS) as progress:
-        result = reverify(folder, on_step=progress.step)
+        result = reverify(folder, on_step=progress.step, memory_check=not no_memory_check)
     changed = ", ".join(f"{name} ({why})" for name, why in result.changed) or "none"
     weights = "the real weights" if result.real_weights else "a small model of the config (the weights unchanged)"
-    say(f"verified {result.folder} as it is now in {result.seconds:.2f} s: stock transformers reload and a forward "
+    say(f"verified {shell_path(result.folder)} as it is now in {result.seconds:.2f} s: stock transformers reload and a forward "
         f"beyond the original length on {weights}", hang="  ")
     say(f"changed since the last verification: {changed}", hang="  ")
     card = {"refreshed": "refreshed (its engines section and a re-verification line)",
             "kept as edited": "kept as you edited it", "none": "none in OUT"}[result.card]
-    say(f"record: {result.folder / 'rope_extend.yaml'} rewritten; card: {card}", hang="  ")
+    say(f"record: {shell_path(result.folder / 'rope_extend.yaml')} rewritten; card: {card}", hang="  ")

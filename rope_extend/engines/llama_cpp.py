@@ -32,6 +32,7 @@ import shlex
 import numpy as np
 import torch
 
+from ..methods import engine_rules
 from .served import EngineHint, NotServed, Served
 
 VERSION = "llama.cpp as vendored in llama-cpp-python 0.3.36"
@@ -218,10 +219,10 @@ def _corr_dims(n_dims, n_ctx_orig, base, beta_fast, beta_slow) -> tuple[float, f
     return float(max(0, start)), float(min(n_dims - 1, end))
 
 
-def serving_rule(plan, out: str) -> EngineHint:
-    """llama.cpp flags on the original GGUF and for a GGUF converted from OUT, from the method's rule
-    (`engine_rule`): which flags reproduce it, and every difference."""
-    rule = plan.method.engine_rule("llama.cpp", plan, VERSION)
+def serving_rule(plan) -> EngineHint:
+    """llama.cpp flags on the original GGUF and for a GGUF converted from OUT, from the method's rules
+    (`methods.engine_rules`): which flags reproduce it, and every difference."""
+    rule = engine_rules(plan.method).rule("llama.cpp", plan, VERSION)
 
     def arch(text: str) -> str:
         return text.replace("{arch}", ARCH)

@@ -17,19 +17,22 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import compat
-from ..errors import CheckpointError
 from ..facts import decode_slots
-from ..plan import PatchPlan, plan_patch
+from ..methods import engine_rules
+from ..plan import PatchPlan
 from ..spec import RopeSpec, load_spec
 from . import llama_cpp, sglang, transformers_engine, vllm
 from .served import Delta, EngineHint, NotServed, Served, compare, positions
-from .vllm_run import LOGPROB_TOL, RUN_NAMES, LogprobDelta, VllmWorker
+from .vllm_run import LOGPROB_TOL, MEAN_TOL, RUN_NAMES, LogprobDelta, VllmWorker
 
 Result = Delta | LogprobDelta | NotServed  # cos/sin of a library or port, prompt log-probabilities of a real engine
 PORT, RUN = "port", "run"
+
+if TYPE_CHECKING:
+    from ..serving import ServingHints
 
 
 @dataclass
@@ -75,7 +78,8 @@ class Row:
             if isinstance(result, NotServed):
                 return {"served": False, "reason": result.reason}
             if isinstance(result, LogprobDelta):
-                return {"served": True, "tokens": result.n, "max_abs_dlogprob": result.max_abs, "nan": result.nan,
+                return {"served": True, "tokens": result.n, "max_abs_dlogprob": result.max_abs,
+                        "mean_abs_dlogprob": result.mean_abs, "mean_dlogprob": result.mean, "nan": result.nan,
                         "first_nan": result.first_nan, "identical": result.identical}
             return {
                 "served": True,
@@ -151,7 +155,8 @@ def ports_note(rows: Sequence[Row] = ()) -> str:
         return text + "."
     return text + (", except the rows marked run: those served the checkpoint in that engine with the printed "
                    "command's settings and compared the log-probability of every prompt token with transformers "
-                   f"running rope-extend's RoPE (identical: no NaN and max |Δ logprob| <= {LOGPROB_TOL:g}).")
+                   f"running rope-extend's RoPE (identical: no NaN, |Δ logprob| <= {LOGPROB_TOL:g} for every token "
+                   f"and <= {MEAN_TOL:g} on average).")
 
 
 def cell_text(result: Result) -> str:
@@ -162,7 +167,7 @@ def cell_text(result: Result) -> str:
     mark = "identical" if result.identical else "DIFFERS"
     if isinstance(result, LogprobDelta):
         nan = f", NaN from token {result.first_nan}" if result.nan else ""
-        return f"{mark} (Δlogprob {result.max_abs:.2g}{nan})"
+        return f"{mark} (Δlogprob max {result.max_abs:.2g}, mean {result.mean_abs:.2g}{nan})"
     return f"{mark} ({max(result.max_cos, result.max_sin):.2g})"
 
 
@@ -179,46 +184,41 @@ class _Inputs:
     written: bool = False  # whether `weights` is the patched checkpoint itself (its config.json is out_config)
 
 
-def _from_checkpoint(checkpoint: str | os.PathLike) -> _Inputs:
-    from ..files import load_config, read_json
-    from ..hub import resolve_source
+def _written(plan: PatchPlan, raw: dict, folder: Path, name: str, weights: str | os.PathLike | None = None,
+             written: bool = False) -> _Inputs:
+    """A checkpoint rope-extend wrote (`raw`: its config.json in `folder`), its original model rebuilt from the
+    plan's marker."""
+    original = plan.marker["original"]
+    original_config = compat.portable_config_dict(raw, decode_slots(original["rope_parameters"]),
+                                                  int(original["max_position_embeddings"]), None)
+    return _Inputs(plan, raw, original_config, folder, name, weights=weights, written=written)
 
-    folder = resolve_source(checkpoint, config_only=True)
-    raw = read_json(folder / "config.json", "config.json")
-    config = compat.text_config(load_config(folder))
-    marker = compat.read_marker(config)
-    if not marker or "spec" not in marker or "original" not in marker:
-        raise CheckpointError(
-            f"{str(checkpoint)!r} was not written by rope-extend (config.json has no complete rope_extend marker); "
-            "give the original model as SOURCE with --method and --factor instead"
-        )
-    plan = plan_patch(config, RopeSpec(**marker["spec"]))
-    original_slots = decode_slots(marker["original"]["rope_parameters"])
-    original = compat.portable_config_dict(raw, original_slots, int(marker["original"]["max_position_embeddings"]), None)
-    return _Inputs(plan, raw, original, folder, str(checkpoint), weights=checkpoint, written=True)
+
+def _from_checkpoint(checkpoint: str | os.PathLike) -> _Inputs:
+    from ..source import load_source, plan_source
+
+    source = load_source(checkpoint, config_only=True)
+    return _written(plan_source(source, None), source.raw, source.folder, str(checkpoint),
+                    weights=checkpoint, written=True)
 
 
 def _from_source(source: str | os.PathLike | dict, spec: RopeSpec, tmp: Path) -> _Inputs:
+    from ..source import Source, load_source, plan_source
+
     if isinstance(source, dict):  # an in-memory config.json (tests, the docs table)
         from transformers import AutoConfig
 
         raw = dict(source)
         (tmp / "src").mkdir()
         (tmp / "src" / "config.json").write_text(json.dumps(raw))
-        config = AutoConfig.from_pretrained(tmp / "src")
+        loaded = Source("config.json", tmp / "src", raw, AutoConfig.from_pretrained(tmp / "src"))
     else:
-        from ..files import load_config, read_json
-        from ..hub import resolve_source
-
-        folder = resolve_source(source, config_only=True)
-        raw = read_json(folder / "config.json", "config.json")
-        config = load_config(folder)
-    config = compat.text_config(config)
-    plan = plan_patch(config, spec)
-    out = compat.portable_config_dict(raw, plan.slots, plan.max_position_embeddings, plan.marker)
+        loaded = load_source(source, config_only=True)
+    plan = plan_source(loaded, spec)
+    out = compat.portable_config_dict(loaded.raw, plan.slots, plan.max_position_embeddings, plan.marker)
     (tmp / "out").mkdir()
     (tmp / "out" / "config.json").write_text(json.dumps(out))
-    return _Inputs(plan, out, raw, tmp / "out", "OUT", weights=None if isinstance(source, dict) else source)
+    return _Inputs(plan, out, loaded.raw, tmp / "out", "OUT", weights=None if isinstance(source, dict) else source)
 
 
 # --- the report --------------------------------------------------------------------------------------------------------
@@ -248,7 +248,10 @@ def parity(
     """
     if (checkpoint is None) == (source is None):
         raise ValueError("give either a rope-extend checkpoint or source= with a spec, not both")
-    item = checkpoint if checkpoint is not None else (source, load_spec(spec, **spec_overrides))
+    if checkpoint is not None:
+        item = checkpoint
+    else:
+        item = (source, spec if isinstance(spec, RopeSpec) and not spec_overrides else load_spec(spec, **spec_overrides))
     return parity_many([item], other_python=other_python, transformers_lines=transformers_lines, runs=runs)[0]
 
 
@@ -258,7 +261,8 @@ def parity_many(
 ) -> list[ParityReport]:
     """`parity` for many checkpoints (paths) or (source, spec) pairs, with one process for the other transformers
     line (other_line=False leaves that row out) and one vLLM worker for every run (`worker`: a running
-    `vllm_run.VllmWorker` to use instead of starting one)."""
+    `vllm_run.VllmWorker` to use instead of starting one). Each is planned once here; the reports execute those
+    plans."""
     check_runs(runs)
     with tempfile.TemporaryDirectory(prefix="rope-extend-engines-") as tmp:
         inputs = []
@@ -270,10 +274,7 @@ def parity_many(
                 inputs.append(_from_source(source, spec if isinstance(spec, RopeSpec) else load_spec(spec), work))
             else:
                 inputs.append(_from_checkpoint(item))
-        jobs = [(x.folder, _lengths(x.plan)) for x in inputs]
-        here = transformers_engine.run_here(jobs) if transformers_lines else [None] * len(jobs)
-        other = transformers_engine.run_other(jobs, other_python) if transformers_lines and other_line else [None] * len(jobs)
-        reports = [_report(x, h, o) for x, h, o in zip(inputs, here, other)]
+        reports = _reports(inputs, other_python, transformers_lines, other_line)
         if runs:
             own = worker is None
             worker = worker or VllmWorker()
@@ -284,6 +285,14 @@ def parity_many(
                 if own:
                     worker.close()
         return reports
+
+
+def _reports(inputs: list[_Inputs], other_python: str | None, transformers_lines: bool, other_line: bool,
+             hints: ServingHints | None = None) -> list[ParityReport]:
+    jobs = [(x.folder, _lengths(x.plan)) for x in inputs]
+    here = transformers_engine.run_here(jobs) if transformers_lines else [None] * len(jobs)
+    other = transformers_engine.run_other(jobs, other_python) if transformers_lines and other_line else [None] * len(jobs)
+    return [_report(x, h, o, hints) for x, h, o in zip(inputs, here, other)]
 
 
 def check_runs(runs: Sequence[str]) -> None:
@@ -313,7 +322,7 @@ def _run_rows(inputs: _Inputs, report: ParityReport, runs: Sequence[str], worker
     lengths = _lengths(inputs.plan)
     ids = vllm_run.text_ids(weights, max(lengths))
     requests = {n: ids[: n - 1] for n in lengths}  # n - 1 prompt tokens + 1 generated: n tokens
-    truth = vllm_run.reference(original, inputs.plan.spec, requests)
+    truth = vllm_run.reference(original, inputs.plan, requests)
     rows = []
     for run in runs:
         route = RUN_NAMES[run]
@@ -330,25 +339,21 @@ def _lengths(plan: PatchPlan) -> list[int]:
     return [plan.spec.original_max_position_embeddings, plan.spec.target_length]
 
 
-def _report(inputs: _Inputs, here, other) -> ParityReport:
-    from ..serving import engine_hints
+def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -> ParityReport:
+    from ..serving import ServingHints
 
     plan = inputs.plan
     spec = plan.spec
     lengths = _lengths(plan)
     refs = {n: reference(plan, n) for n in lengths}
-    hints = {hint.engine: hint for hint in engine_hints(plan, inputs.out_name)}
+    serving = serving or ServingHints.of(plan)
+    hints = {hint.engine: hint for hint in serving.named(inputs.out_name)}
     rows: list[Row] = []
+    not_served = engine_rules(plan.method).not_served(plan)
 
     def row(engine, route, results, hint_engine, checked=PORT):
-        if plan.method.acts_on_attention:  # the RoPE matches, the attention is the model's own
-            results = [
-                r if isinstance(r, NotServed) else NotServed(
-                    f"serves {plan.method.served} (its own RoPE and attention); {spec.method} acts on attention, "
-                    "which only rope_extend.patch_model applies"
-                )
-                for r in results
-            ]
+        if not_served:  # the RoPE matches, the attention is the model's own
+            results = [r if isinstance(r, NotServed) else NotServed(not_served) for r in results]
         short, long = (r if isinstance(r, NotServed) else compare(r, refs[n], n) for n, r in zip(lengths, results))
         rows.append(Row(engine, route, short, long, list(hints[hint_engine].warnings), checked))
 
@@ -449,20 +454,65 @@ def compat_model_type(config: dict) -> str:
     return str(text.get("model_type", ""))
 
 
-def card_section(checkpoint: str | os.PathLike) -> str:
-    """The model card's "where it serves identically" section for a checkpoint rope-extend just wrote.
+def card_section(plan: PatchPlan, folder: Path, hints: ServingHints | None = None) -> str:
+    """The model card's "where it serves identically" section for the checkpoint rope-extend just wrote into
+    `folder` with `plan` (`card_parity`'s first part)."""
+    return card_parity(plan, folder, hints)[0]
+
+
+def card_parity(plan: PatchPlan, folder: Path,
+                hints: ServingHints | None = None) -> tuple[str, dict[tuple[str, str], str]]:
+    """The model card's "where it serves identically" section for the checkpoint rope-extend just wrote into
+    `folder` with `plan` (its config.json as written is what the engine ports read), with the writer's hints, and
+    the serving routes it contradicts (`unbacked_routes`), which the card's Serving section then does not list.
 
     The running transformers line and the engine ports only (no second Python is started while writing; the
     writer's verification covers the running line, `rope-extend engines OUT` with ROPE_EXTEND_OTHER_PYTHON adds
     the other). A report that cannot be computed leaves a one-line explanation instead of failing the write.
     """
+    from ..files import read_json
+
     try:
-        report = parity_many([checkpoint], other_line=False)[0]
+        inputs = _written(plan, read_json(folder / "config.json", "config.json"), folder, str(folder))
+        report = _reports([inputs], None, transformers_lines=True, other_line=False, hints=hints)[0]
     except (ValueError, OSError, KeyError, ImportError, RuntimeError) as exc:
-        return f"Not computed: {' '.join(str(exc).split())[:300]} (run `rope-extend engines` on this checkpoint)."
+        return f"Not computed: {' '.join(str(exc).split())[:300]} (run `rope-extend engines` on this checkpoint).", {}
     return report.markdown() + (
         "\n\nThe other transformers line: `ROPE_EXTEND_OTHER_PYTHON=... rope-extend engines` on this checkpoint."
-    )
+    ), unbacked_routes(report)
+
+
+# A port row's (engine, route) -> the serving line it checks: (the EngineHint's engine, "command" for OUT or
+# "original" for the original model with overrides or flags).
+CARD_ROUTES = {
+    (vllm.VERSION, "this checkpoint"): ("vLLM", "command"),
+    (vllm.VERSION, "original model + --hf-overrides"): ("vLLM", "original"),
+    (sglang.VERSION, "this checkpoint"): ("SGLang", "command"),
+    (sglang.VERSION, "original model + --json-model-override-args"): ("SGLang", "original"),
+    ("llama.cpp (llama-cpp-python 0.3.36)", "original GGUF + flags"): ("llama.cpp", "original"),
+    ("llama.cpp (llama-cpp-python 0.3.36)", "GGUF converted from this checkpoint"): ("llama.cpp", "command"),
+}
+
+
+def unbacked_routes(report: ParityReport) -> dict[tuple[str, str], str]:
+    """{(engine, "command" | "original"): why} for every serving route the report's port rows contradict: served and
+    DIFFERS on either request, or served inside the window but not at the target length. A route not checked
+    ("not run") or not served at all (an attention-level method: the card says what stock engines serve) is left
+    to the hint's own words."""
+    out = {}
+    for row in report.rows:
+        key = CARD_ROUTES.get((row.engine, row.route))
+        if key is None or row.checked != PORT or row.identical or row.skipped:
+            continue
+        served = [not isinstance(r, NotServed) for r in (row.short, row.long)]
+        if not any(served):
+            continue
+        if all(served):
+            why = f"DIFFERS from rope-extend's RoPE ({'; '.join(row.reasons())})"
+        else:
+            why = f"cannot serve {report.target} tokens ({'; '.join(row.reasons())})"
+        out[key] = f"rope-extend's check of this route (the table below): {why}"
+    return out
 
 
 # --- the table in docs/serving.md ---------------------------------------------------------------------------------------
@@ -485,16 +535,9 @@ TABLE_FACTOR = 4.0
 
 def table_variants(factor: float = TABLE_FACTOR, half: int = 32) -> list[tuple[str, dict]]:
     """(label, spec) for every registered method, plus the YaRN settings engines are known to disagree on."""
-    from ..methods import get_method, method_names
+    from ..methods import all_methods
 
-    out = []
-    for name in method_names():
-        # a method that works inside the window (STRING): no factor
-        spec: dict = {"method": name} if get_method(name).works_inside_window else {"method": name, "factor": factor}
-        if name == "longrope":  # illustrative factors: 1 .. s across the frequencies, short ones milder
-            spec["long_factor"] = [1.0 + (factor - 1.0) * i / (half - 1) for i in range(half)]
-            spec["short_factor"] = [1.0 + 0.5 * i / (half - 1) for i in range(half)]
-        out.append((f"`{name}`", spec))
+    out = [(f"`{method.name}`", engine_rules(method).table_spec(factor, half)) for method in all_methods()]
     out.append(("`yarn`, `truncate: false`", {"method": "yarn", "factor": factor, "truncate": False}))
     out.append(("`yarn`, `mscale` 0.707 / `mscale_all_dim` 1", {"method": "yarn", "factor": factor, "mscale": 0.707, "mscale_all_dim": 1.0}))
     return out

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import copy
 import math
-import shlex
 
 import torch
 
 from .. import compat
+from ..methods import engine_rules
 from . import hf_config
-from .served import EngineHint, NotServed, Served, default_inv_freq, fmt_float
+from .served import MODEL, EngineHint, NotServed, Served, default_inv_freq, fmt_float
 from .vllm import _json, _yarn_inv_freq, full_slot, longrope_magnitude, rotary_dim
 
 VERSION = "SGLang 0.5.23"
@@ -121,11 +121,11 @@ def context_length(max_position: int, rope: dict) -> int:
     return int(factor * max_position)
 
 
-def serving_rule(plan, out: str) -> EngineHint:
-    """The SGLang command for OUT and `--json-model-override-args` for the original model; the method's rule
-    (`engine_rule`) adds what SGLang does differently."""
+def serving_rule(plan) -> EngineHint:
+    """The SGLang command for OUT and `--json-model-override-args` for the original model; the method's rules
+    (`methods.engine_rules`) add what SGLang does differently."""
     full = full_slot(plan)
-    rule = plan.method.engine_rule("sglang", plan, VERSION)
+    rule = engine_rules(plan.method).rule("sglang", plan, VERSION)
     L, target = plan.spec.original_max_position_embeddings, rule.max_len or plan.spec.target_length
     rope_parameters = dict(full)
     fix: dict = {}
@@ -162,7 +162,7 @@ def serving_rule(plan, out: str) -> EngineHint:
     return EngineHint(
         engine="SGLang",
         version=VERSION,
-        command=f"{env}python -m sglang.launch_server --model-path {shlex.quote(out)} --context-length {target}{extra}",
+        command=f"{env}python -m sglang.launch_server --model-path {MODEL} --context-length {target}{extra}",
         original=f"--json-model-override-args '{_json(original_overrides)}'",
         args={"out_overrides": out_overrides, "original_overrides": original_overrides},
         warnings=rule.warnings,

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
+from ..methods import engine_rules
 from . import hf_probe
-from .served import EngineHint, NotServed, Served, positions
+from .served import MODEL, EngineHint, NotServed, Served, positions
 
 OTHER_PYTHON_ENV = "ROPE_EXTEND_OTHER_PYTHON"
 Results = tuple[str | None, dict[int, Served | NotServed]]
@@ -73,13 +74,14 @@ def run_other(jobs: list[tuple[Path, list[int]]], python: str | None = None) -> 
     return [_results(result, lengths, None) for result, (_, lengths) in zip(raw, jobs)]
 
 
-def serving_rule(plan, out: str) -> EngineHint:
+def serving_rule(plan) -> EngineHint:
     """transformers 4.x and 5.x read the portable config.json; the method's rule says where they differ."""
-    warnings = plan.method.engine_rule("transformers", plan, "transformers 4.x and 5.x").warnings
+    warnings = engine_rules(plan.method).rule("transformers", plan, "transformers 4.x and 5.x").warnings
     return EngineHint(
         engine="transformers",
         version="transformers 4.x and 5.x",
-        command=f"AutoModelForCausalLM.from_pretrained({out!r})",
+        command=f"AutoModelForCausalLM.from_pretrained({MODEL})",
         original=None,
         warnings=warnings,
+        quote=repr,  # a Python string
     )

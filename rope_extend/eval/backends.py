@@ -101,19 +101,16 @@ def _max_model_len(cases: list, budget) -> int:
     return max([c.length + (budget(c) if c.is_probe else 1) for c in cases], default=1)
 
 
-def plan_vllm(model_path, variants: list, cases: dict, budget) -> dict[str, VllmServing]:
+def plan_vllm(model_path, variants: list, plans: dict, cases: dict, budget) -> dict[str, VllmServing]:
     """The vLLM serving of every variant (by name), or ValueError in one line for a variant vLLM cannot evaluate:
     a callable spec, an entropy case, or a method vLLM does not serve as rope-extend computes it at some length the
-    suite asks for. `cases`: each variant's cases (by name); `budget(case)`: a probe case's max_new_tokens."""
-    from ..compat import text_config
+    suite asks for. `plans`: each spec variant's PatchPlan on SOURCE (by name), made once by `run_eval`; `cases`:
+    each variant's cases (by name); `budget(case)`: a probe case's max_new_tokens."""
     from ..engines.parity import vllm_eval_serving
-    from ..files import load_config, read_json
-    from ..hub import resolve_source
-    from ..plan import plan_patch
-    from ..spec import load_spec
+    from ..source import load_source
 
-    folder = resolve_source(model_path, config_only=True)
-    raw, config = read_json(folder / "config.json", "config.json"), text_config(load_config(folder))
+    loaded = load_source(model_path, config_only=True)
+    raw = loaded.raw
     if any(c.kind == "entropy" for mine in cases.values() for c in mine):
         raise ValueError("eval --engine vllm: the suite measures attention entropy, which needs the attention "
                          "weights vLLM does not return; drop its entropy section or use --engine transformers")
@@ -123,7 +120,7 @@ def plan_vllm(model_path, variants: list, cases: dict, budget) -> dict[str, Vllm
         if spec is not None and "callable" in spec:
             raise ValueError(f"eval --engine vllm: variant {v.name!r} is a Python callable, which vLLM cannot "
                              "serve; give it as a spec (method=...) or use --engine transformers")
-        plan = None if spec is None else plan_patch(config, load_spec(spec))
+        plan = None if spec is None else plans[v.name]  # the plan run_eval made, not a second one
         mine = cases[v.name]
         served = vllm_eval_serving(plan, raw, _max_model_len(mine, budget), [_positions(c, budget) for c in mine])
         bad = {n: why for n, why in served.verdicts.items() if why}

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .suite import Case
-from .variants import Variant
+from .variants import Variant, applies
 
 SECTION_ORDER = {"perplexity": 0, "passkey": 1, "entropy": 3}  # needle tasks: 2
 
@@ -80,11 +80,6 @@ def probes_share_within_length(variant: Variant) -> bool:
     unknown territory and never shares."""
     spec = variant.spec_dict()
     return spec is None or "callable" not in spec
-
-
-def applies(case: Case, variant: Variant) -> bool:
-    """Whether *variant* runs *case*: inside-window ceiling cases are for the unpatched model only."""
-    return not case.ceiling_only or variant.spec is None
 
 
 def _rounds(cases: list[Case]) -> dict[str, int]:

@@ -211,3 +211,42 @@ def run_lm_eval(
         model=lm, tasks=list(tasks), task_manager=tm, limit=limit, log_samples=log_samples, **kwargs
     )
 
+
+
+def run_lm_eval_vllm(
+    checkpoint: str | os.PathLike,
+    tasks: list[str] | str,
+    *,
+    lengths: list[int],
+    max_model_len: int,
+    metadata: dict | None = None,
+    limit: float | None = None,
+    include_path: str | os.PathLike | None = None,
+    log_samples: bool = False,
+    engine_args: dict | None = None,
+    **kwargs,
+) -> dict:
+    """Run lm-eval tasks with lm-eval's own vLLM backend on a checkpoint folder (its config.json carries the
+    scaling), in this process: it must be vLLM's Python with lm-eval (`python -m rope_extend.engines.vllm_env
+    --with lm-eval --print-python`), and the caller runs under ``if __name__ == "__main__":``.
+
+    One process on the CPU: vLLM's engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set here before vLLM
+    is imported), float32, eager, its KV cache sized for one request of ``max_model_len`` tokens (prompt + answer).
+    ``engine_args`` go to `vllm.LLM` as they are (``tensor_parallel_size``...).
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from lm_eval import simple_evaluate
+    from lm_eval.models.vllm_causallms import VLLM
+    from lm_eval.tasks import TaskManager
+
+    from ..engines.vllm_run import kv_cache_bytes
+
+    config = json.loads((Path(checkpoint) / "config.json").read_text())
+    args = {"dtype": "float32", "enforce_eager": True, "seed": 0, "max_model_len": int(max_model_len),
+            "kv_cache_memory_bytes": kv_cache_bytes(config, max_model_len),
+            "distributed_executor_backend": "uni", **(engine_args or {})}
+    lm = VLLM(pretrained=str(checkpoint), batch_size=1, **args)
+    md = {"max_seq_lengths": list(lengths), "tokenizer": str(checkpoint), **(metadata or {})}
+    tm = TaskManager(include_path=str(include_path or TASKS_DIR), metadata=md)
+    return simple_evaluate(model=lm, tasks=[tasks] if isinstance(tasks, str) else list(tasks), task_manager=tm,
+                           limit=limit, log_samples=log_samples, **kwargs)

@@ -32,10 +32,10 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from ..formatting import fmt_tokens
 from ..plotstyle import (
     BAND_ALPHA,
     HEATMAP_CMAP,
-    fmt_tokens,
     ink_on,
     length_ticks,
     plain_log_axis,
@@ -43,7 +43,6 @@ from ..plotstyle import (
     value_ticks,
 )
 from .report import (
-    _fmt_len,
     _orig,
     _ppl_records,
     _probe_records,
@@ -116,7 +115,7 @@ def _copies_earlier(series: dict[str, dict], v: str) -> bool:
 def _describe_lengths(xs, all_xs) -> str:
     if len(xs) == len(all_xs) > 1:
         return "at every length"
-    return "at " + ", ".join(_fmt_len(x) for x in sorted(xs))
+    return "at " + ", ".join(fmt_tokens(x, quantum=1) for x in sorted(xs))
 
 
 def _describe_positions(orig):
@@ -125,9 +124,9 @@ def _describe_positions(orig):
         if xs == set(all_xs):
             return "at every position"
         if orig and xs == {x for x in all_xs if x > orig}:
-            return f"beyond {_fmt_len(orig)}"
+            return f"beyond {fmt_tokens(orig, quantum=1)}"
         if orig and xs == {x for x in all_xs if x <= orig}:
-            return f"inside {_fmt_len(orig)}"
+            return f"inside {fmt_tokens(orig, quantum=1)}"
         runs: list[list[float]] = []  # consecutive buckets, worded as the token ranges they cover
         for i, x in enumerate(all_xs):
             if x in xs:
@@ -138,13 +137,10 @@ def _describe_positions(orig):
         if len(runs) > 3 or len(all_xs) < 2:
             return f"at {len(xs)} of {len(all_xs)} positions"
         half = (all_xs[1] - all_xs[0]) / 2
-        return "over " + ", ".join(f"{_fmt_k(r[0] - half)}–{_fmt_k(r[-1] + half)}" for r in runs)
+        return "over " + ", ".join(f"{fmt_tokens(r[0] - half, quantum=None)}–{fmt_tokens(r[-1] + half, quantum=None)}"
+                                   for r in runs)
 
     return describe
-
-
-def _fmt_k(position: float) -> str:
-    return f"{position / 1024:.3g}k" if position else "0"
 
 
 def _label(style: dict, note: str | None) -> str:
@@ -200,7 +196,7 @@ def _log_y(ax) -> bool:
 def _window(ax, orig, handles: dict) -> None:
     if orig:
         line = ax.axvline(orig, gid="window", **WINDOW_STYLE)
-        handles.setdefault(f"original window ({_fmt_len(orig)} tokens)", line)
+        handles.setdefault(f"original window ({fmt_tokens(orig, quantum=1)} tokens)", line)
 
 
 def _length_axis(ax, lengths, spread: float = 1.0) -> None:
@@ -226,7 +222,7 @@ def _position_axis(ax, length: int) -> None:
         step *= 2
     if length >= step:
         ax.xaxis.set_major_locator(MultipleLocator(step))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _fmt_k(x)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: fmt_tokens(x, quantum=None)))
     ax.set_xlim(0, length)
 
 
@@ -311,7 +307,7 @@ def loss_vs_position(records: list[dict]):
         width = min((b["end"] - b["start"] for b in m["buckets"]), default=0)
         shift = (i - (n - 1) / 2) * width * 0.5 / max(n, 1)  # inside the bucket the point stands for
         xs, ys = [x + shift for x in series[v]], list(series[v].values())
-        label = _label(st, notes.get(v)) + ("" if len(lengths) == 1 else f", {_fmt_len(r['length'])} tokens")
+        label = _label(st, notes.get(v)) + ("" if len(lengths) == 1 else f", {fmt_tokens(r['length'], quantum=1)} tokens")
         hides = v in notes  # drawn over an equal variant: hollow and larger, so the one below shows through
         (line,) = ax.plot(xs, ys, color=st["color"], marker=st["marker"], ls=st["ls"], lw=1.3, ms=7 if hides else 4.5,
                           mfc="none" if hides else st["color"], mew=1.2, gid=v)
@@ -332,7 +328,7 @@ def loss_vs_position(records: list[dict]):
     _position_axis(ax, max(lengths))
     bands = " (95 % band)" if any("block_losses" in r["metrics"] for r in ppl) else ""
     ax.set_ylabel("mean next-token loss" + bands)
-    size = f"{_fmt_len(next(iter(lengths)))} tokens" if len(lengths) == 1 else "longest run of each variant"
+    size = f"{fmt_tokens(next(iter(lengths)), quantum=1)} tokens" if len(lengths) == 1 else "longest run of each variant"
     ax.set_title(f"Loss vs position ({size} of {text})")
     bottom = ax
     if diff_ax is not None:
@@ -454,7 +450,7 @@ def passkey_heatmap(records: list[dict]):
                 else:
                     blank = True
                     ax.text(li, di, "not run", ha="center", va="center", fontsize=7, color="0.4", style="italic")
-        ax.set_xticks(range(len(lengths)), [_fmt_len(L) for L in lengths], rotation=45)
+        ax.set_xticks(range(len(lengths)), [fmt_tokens(L, quantum=1) for L in lengths], rotation=45)
         ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths] if v == variants[0] else [])
         ax.set_title(f"{v} ({h})", fontsize=9)
         ax.set_xlabel("length")
@@ -543,7 +539,7 @@ def retrieval_accuracy(records: list[dict]):
             scores = [x for s in c["depths"].values() for x in s]
             line = ax.hlines(sum(scores) / len(scores), orig, ax.get_xlim()[1], gid="ceiling", **CEILING_STYLE)
             handles.setdefault("ceiling: unpatched at its longest length inside the window", line)
-            ceiling = f"; ceiling {sum(scores):g}/{len(scores)} at {_fmt_len(c['length'])}"
+            ceiling = f"; ceiling {sum(scores):g}/{len(scores)} at {fmt_tokens(c['length'], quantum=1)}"
         ax.set_ylim(-0.1, 1.1)
         ns = sorted({len(s) for (k, _, _), s in cells.items() if k == t})
         small = ns[0] < MIN_N_FOR_BARS

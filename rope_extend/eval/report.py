@@ -11,6 +11,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from ..formatting import fmt_tokens
 from .stats import (
     Difference,
     block_sizes,
@@ -52,12 +53,8 @@ def _orig(records: list[dict]) -> int | None:
     return None
 
 
-def _fmt_len(n: int) -> str:
-    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
-
-
 def _len_label(n: int, orig: int | None) -> str:
-    return _fmt_len(n) + (" (beyond original)" if orig and n > orig else "")
+    return fmt_tokens(n, quantum=1) + (" (beyond original)" if orig and n > orig else "")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -163,7 +160,7 @@ def ceiling_table(records: list[dict]) -> str:
                       for x in v]
                 row.append(_acc_cell(sc) if d == "all" else (f"{sum(sc):g}/{len(sc)}" if sc else "–"))
             rows.append(row)
-    return _table(["task/haystack", "depth"] + [_fmt_len(L) for L in lengths], rows)
+    return _table(["task/haystack", "depth"] + [fmt_tokens(L, quantum=1) for L in lengths], rows)
 
 
 def beyond_window_table(records: list[dict]) -> str:
@@ -183,10 +180,10 @@ def beyond_window_table(records: list[dict]) -> str:
                 note, flagged = "not measured (run the unpatched model inside the window)", None
             else:
                 allc = [x for v in c["depths"].values() for x in v]
-                note = f"{_fmt_len(c['length'])}: {sum(allc):g}/{len(allc)}"
+                note = f"{fmt_tokens(c['length'], quantum=1)}: {sum(allc):g}/{len(allc)}"
                 flagged = c["flagged"]
                 note += "; flagged: " + (", ".join(_depth_label(d) for d in flagged) if flagged else "none")
-            row = [label, _fmt_len(L), note]
+            row = [label, fmt_tokens(L, quantum=1), note]
             for v in variants:
                 sc = [r for r in recs if task_label(r) == label and r["length"] == L and r["variant"] == v]
                 if not sc:
@@ -234,7 +231,7 @@ def differences(records: list[dict], reference: str = BASELINE) -> list[Differen
             continue
         w = block_sizes(L - 1, m["block_size"], len(m["block_losses"]))
         est, lo, hi = paired_bootstrap_interval(m["block_losses"], ref["block_losses"], w)
-        out.append(Difference(f"loss at {_fmt_len(L)} on {text}", v, reference, est, lo, hi,
+        out.append(Difference(f"loss at {fmt_tokens(L, quantum=1)} on {text}", v, reference, est, lo, hi,
                               len(m["block_losses"]), lower_is_better=True))
     cells = probe_cells(records)
     for (task, v, L), scores in cells.items():
@@ -249,7 +246,7 @@ def differences(records: list[dict], reference: str = BASELINE) -> list[Differen
             est, lo, hi = newcombe_paired_interval(a, b)
         else:
             est, lo, hi = paired_bootstrap_interval(a, b)
-        out.append(Difference(f"{task} accuracy at {_fmt_len(L)}", v, reference, est, lo, hi, len(shared),
+        out.append(Difference(f"{task} accuracy at {fmt_tokens(L, quantum=1)}", v, reference, est, lo, hi, len(shared),
                               lower_is_better=False))
     return out
 
@@ -274,7 +271,7 @@ def entropy_table(records: list[dict]) -> str:
         return ""
     variants = _variants(recs)
     by = {(r["variant"], r["length"]): r["metrics"]["mean_entropy"] for r in recs}
-    rows = [[_fmt_len(L)] + [f"{by[(v, L)]:.3f}" if (v, L) in by else "-" for v in variants]
+    rows = [[fmt_tokens(L, quantum=1)] + [f"{by[(v, L)]:.3f}" if (v, L) in by else "-" for v in variants]
             for L in sorted({r["length"] for r in recs})]
     return _table(["length"] + variants, rows)
 
@@ -312,7 +309,7 @@ def position_table(records: list[dict]) -> str:
             hit = [x for x in by.get(v, []) if x["start"] == a and x["end"] == b]
             row.append(f"{hit[0]['loss']:.3f}" if hit else "–")
         rows.append(row)
-    return f"Mean next-token loss by position in the {_fmt_len(L)}-token sequence of `{text}`:\n\n" + _table(
+    return f"Mean next-token loss by position in the {fmt_tokens(L, quantum=1)}-token sequence of `{text}`:\n\n" + _table(
         ["positions"] + variants, rows
     )
 
@@ -349,7 +346,7 @@ def short_context_section(records: list[dict]) -> str:
         for t in _texts(ppl):
             for L in sorted({r["length"] for r in ppl if _text(r) == t}):
                 base = by.get((BASELINE, t, L))
-                row = [t, _fmt_len(L)]
+                row = [t, fmt_tokens(L, quantum=1)]
                 for v in variants:
                     m = by.get((v, t, L))
                     cell = _ppl_cell(m)

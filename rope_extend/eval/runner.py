@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ..outputs import EVAL_RUN_FILE, check_replaceable
-from .jobs import Evaluator, Job, applies, plan_jobs
+from .jobs import Evaluator, Job, plan_jobs
 from .suite import Suite, load_suite
-from .variants import Variant, apply_spec, load_model, make_variants, original_length
+from .variants import Variant, applies, apply_spec, load_model, make_variants, original_length
 
 RESULTS_FILE = "results.jsonl"
 REPORT_FILE = "report.md"
@@ -63,21 +63,15 @@ def _append(path: Path, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
-def _source_config(model_path) -> tuple[Path, Any]:
-    """(the folder, its config) of SOURCE: a folder, a Hub id (through the Hub cache) or an alias, as `patch`
-    resolves it."""
-    from ..files import load_config
-    from ..hub import resolve_source
-
-    folder = resolve_source(model_path)
-    return folder, load_config(folder)
-
-
-def _config_original_length(model_path) -> int:
-    """SOURCE's original (pretraining) length, the one the suite's relative lengths count from."""
+def _config_original_length(source) -> int:
+    """The original (pretraining) length L of SOURCE's config, its text part's (a shipped scheme counts from its own
+    original length): what the suite's lengths are laid out from. `source`: a `source.Source`, or what
+    `source.load_source` takes."""
     from ..facts import read_rope
+    from ..source import Source, load_source
 
-    return read_rope(_source_config(model_path)[1]).original_length()
+    loaded = source if isinstance(source, Source) else load_source(source, config_only=True)
+    return read_rope(loaded.config).original_length()
 
 
 def check_memory(name: str, folder: Path, config, cases: list, dtype: str, device: str | None,
@@ -167,16 +161,22 @@ def run_eval(
         suite_obj = suite_obj.with_texts([str(t) for t in (text if isinstance(text, list | tuple) else [text])])
     variants = make_variants(specs, include_baseline=include_baseline)
 
+    plans: dict[str, Any] = {}  # variant name -> its PatchPlan on SOURCE's config, applied to the loaded model
     if loader is None:
         from .. import compat
-        from ..facts import read_rope
-        from ..plan import plan_patch
+        from ..patch import verify_or_explain
+        from ..source import load_source, plan_source
 
-        folder, config = _source_config(model_path)
-        original, preflight_tok = read_rope(config).original_length(), None
-        for variant in variants:  # each spec planned on SOURCE's config now: a spec the model refuses (a shipped
-            if variant.spec is not None and not callable(variant.spec):  # scheme without replace_existing...) is
-                plan_patch(config, variant.spec_dict())  # one line before any weights load
+        loaded = load_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
+        folder, config = loaded.folder, loaded.config
+        original, preflight_tok = _config_original_length(loaded), None
+        for variant in variants:  # each spec planned once (or its plan given), on SOURCE's config, before any
+            if variant.spec is not None and not callable(variant.spec):  # weights load: a spec the model refuses (a
+                plan = variant.plan  # shipped scheme without replace_existing...) is one line now
+                plan = plan if plan is not None else plan_source(loaded, variant.rope_spec())
+                if plan.changed:  # checked as patch_model checks it (stock transformers rebuilds it, a forward runs)
+                    verify_or_explain(plan, config)
+                plans[variant.name] = plan
     else:
         m, preflight_tok = loader()
         original = original_length(m)
@@ -188,7 +188,7 @@ def run_eval(
 
         preflight_tok = preflight_tok or _tokenizer(folder)
         sampler = Evaluator(None, preflight_tok, original, suite_obj.seed)
-        serving = plan_vllm(folder, variants, {v.name: [c for c in cases if applies(c, v)] for v in variants},
+        serving = plan_vllm(folder, variants, plans, {v.name: [c for c in cases if applies(c, v)] for v in variants},
                             lambda c: sampler.probe(c).max_new_tokens)
         excluded = frozenset((name, case_id) for name, s in serving.items() for case_id in s.left_out)
         for name, s in serving.items():
@@ -240,7 +240,12 @@ def run_eval(
             folder, dtype=dtype, device_map=device_map, device=device
         )
         ev = Evaluator(model, tok, original, suite_obj.seed)
-        ev.patch_report = apply_spec(model, v.spec)
+        if v.name in plans:  # the plan made before loading, executed on the model loaded from the same SOURCE
+            from ..patch import apply_patch
+
+            ev.patch_report = apply_patch(model, plans[v.name])
+        else:
+            ev.patch_report = apply_spec(model, v.spec)
         return ev
 
     def record(rec: dict) -> None:

@@ -20,20 +20,37 @@ class Variant:
     """A named model variant: ``spec=None`` is the unpatched baseline.
 
     ``spec`` may be a ``RopeSpec``, a dict, a YAML path, or a callable ``f(model) -> report``
-    (escape hatch for custom patches and tests).
+    (escape hatch for custom patches and tests). ``plan``: the spec's ``PatchPlan`` on the evaluated model's
+    config where the caller made it already (`patch --eval` evaluates the plan it writes); otherwise `run_eval`
+    plans the spec once.
     """
 
     name: str
     spec: Any = None
+    plan: Any = None
 
     def spec_dict(self) -> dict | None:
         return spec_to_dict(self.spec)
+
+    def rope_spec(self):
+        """The variant's spec parsed (a `RopeSpec`; None for the baseline or a callable)."""
+        if self.spec is None or (callable(self.spec) and not isinstance(self.spec, dict)):
+            return None
+        from rope_extend.spec import RopeSpec, load_spec
+
+        return self.spec if isinstance(self.spec, RopeSpec) else load_spec(self.spec)
 
     @property
     def fingerprint(self) -> str:
         d = self.spec_dict()
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:10]
+
+
+def applies(case, variant: Variant) -> bool:
+    """Whether *variant* runs *case* (an `eval.suite.Case`): inside-window ceiling cases are for the unpatched model
+    only."""
+    return not case.ceiling_only or variant.spec is None
 
 
 def parse_spec_arg(text: str) -> dict | str:
@@ -57,26 +74,21 @@ def spec_to_dict(spec) -> dict | None:
         return None
     if callable(spec) and not isinstance(spec, dict):
         return {"callable": getattr(spec, "__qualname__", repr(spec))}
-    if isinstance(spec, (str, os.PathLike)):
+    if hasattr(spec, "model_dump"):
+        return spec.model_dump(mode="json", exclude_none=True)
+    if isinstance(spec, (str, os.PathLike, dict)):
+        # Normalise (and validate, before any model work) through RopeSpec when available, so equivalent specs
+        # share a fingerprint.
         try:
             from rope_extend import load_spec  # type: ignore
-
-            return spec_to_dict(load_spec(spec))
         except ImportError:
+            if isinstance(spec, dict):
+                return dict(spec)
             import yaml
 
             with open(spec, encoding="utf-8") as f:
                 return yaml.safe_load(f)
-    if hasattr(spec, "model_dump"):
-        return spec.model_dump(mode="json", exclude_none=True)
-    if isinstance(spec, dict):
-        # Normalise (and validate, before any model work) through RopeSpec when available, so
-        # equivalent specs share a fingerprint.
-        try:
-            from rope_extend import load_spec  # type: ignore
-        except ImportError:
-            return dict(spec)
-        return spec_to_dict(load_spec(dict(spec)))
+        return spec_to_dict(load_spec(dict(spec) if isinstance(spec, dict) else spec))
     raise TypeError(f"unsupported spec type {type(spec).__name__}")
 
 

@@ -1,8 +1,8 @@
-"""Scaling methods, one per file, all registered in `registry`."""
+"""Scaling methods, one per file, each registered in `registry` with its adapters (engine rules, GGUF rules, advice)."""
 
 from . import (  # noqa: F401  (register)
     dual_chunk,
-    dynamic,
+    dynamic_ntk,
     dynamic_yarn,
     linear,
     llama3,
@@ -16,16 +16,22 @@ from . import (  # noqa: F401  (register)
 from .registry import (
     ALIASES,
     ENGINES,
+    Advice,
     EngineRule,
+    EngineRules,
+    GgufRules,
     Param,
     RopeContext,
     RopeMethod,
+    advice,
     all_methods,
     all_params,
     canonical_name,
     compute,
     default_inv_freq,
+    engine_rules,
     get_method,
+    gguf_rules,
     method_names,
     register,
 )
@@ -33,16 +39,22 @@ from .registry import (
 __all__ = [
     "ALIASES",
     "ENGINES",
+    "Advice",
     "EngineRule",
+    "EngineRules",
+    "GgufRules",
     "Param",
     "RopeContext",
     "RopeMethod",
+    "advice",
     "all_methods",
     "all_params",
     "canonical_name",
     "compute",
     "default_inv_freq",
+    "engine_rules",
     "get_method",
+    "gguf_rules",
     "method_names",
     "register",
 ]

@@ -19,7 +19,18 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..errors import SpecError
-from .registry import EngineRule, Param, RopeContext, RopeMethod, default_inv_freq, gguf_refusal
+from .registry import (
+    Advice,
+    EngineRule,
+    EngineRules,
+    GgufRules,
+    Param,
+    RopeContext,
+    RopeMethod,
+    default_inv_freq,
+    engine_rules,
+    gguf_refusal,
+)
 
 LOG_N = Param(bool, False, "multiply each query's logits by max(1, ln(p+1)/ln(L)) (Qwen's logn attention)")
 
@@ -32,7 +43,6 @@ class AttentionMethod(RopeMethod):
     keeps_scheme = True
     hf_rope_type = "default"
     attention = "the model's own (the attention itself is remapped)"
-    llama_cpp_note: ClassVar[str]
 
     # -- math -------------------------------------------------------------------------------------------------
     def _compute(self, ctx: RopeContext):
@@ -61,6 +71,11 @@ class AttentionMethod(RopeMethod):
             )
 
     # -- config: the model's own scheme and window, unchanged ---------------------------------------------------
+    def original_length(self, facts, slot) -> int | None:
+        """The window the model claims as shipped (Llama 3.1: 131072, not llama3's 8192; Qwen2.5 with YaRN x4 over
+        32768: 131072): the distances its own RoPE serves."""
+        return facts.shipped_window or facts.original_length(slot)
+
     def config_slot(self, spec, base_slot: dict, rotary_dim: int, base_theta: float) -> dict:
         from ..errors import UnsupportedModelError
 
@@ -79,11 +94,6 @@ class AttentionMethod(RopeMethod):
         return f"the model WITHOUT {self.name}"
 
     served_rope: ClassVar[str] = "its own RoPE"
-
-    def no_stock_engine(self, L: int) -> str:
-        """Why vLLM/SGLang cannot serve the method (the end of their warning)."""
-        return (f"it has no {self.name} for LLaMA-family models; beyond {L} tokens only rope_extend.patch_model "
-                f"serves {self.name}")
 
     def marker_note(self, spec) -> str | None:
         return (
@@ -113,17 +123,31 @@ class AttentionMethod(RopeMethod):
         kept = plan.kept_scheme
         return "its own RoPE" + (f": {kept}" if kept and not kept.startswith("default") else "")
 
-    def engine_rule(self, engine, plan, version):
-        L = plan.spec.original_max_position_embeddings
+
+class AttentionEngines(EngineRules):
+    """Every engine serves what stock loaders read from such a checkpoint (`AttentionMethod.served`), up to L."""
+
+    @property
+    def llama_cpp_note(self) -> str:
+        """What llama.cpp offers instead (a method's adapter says more where llama.cpp has an equivalent)."""
+        return f"llama.cpp has no {self.method.name}"
+
+    def no_stock_engine(self, L: int) -> str:
+        """Why vLLM/SGLang cannot serve the method (the end of their warning)."""
+        return (f"it has no {self.method.name} for LLaMA-family models; beyond {L} tokens only rope_extend.patch_model "
+                f"serves {self.method.name}")
+
+    def rule(self, engine, plan, version):
+        method, L = self.method, plan.spec.original_max_position_embeddings
         if engine == "transformers":
             return EngineRule(max_len=L, warnings=[
-                f"stock transformers loads this checkpoint as {self.served} ({self._own(plan)}, {L} tokens): "
-                f"{self.name} acts on attention and no config key carries it; call rope_extend.patch_model(model) "
+                f"stock transformers loads this checkpoint as {method.served} ({method._own(plan)}, {L} tokens): "
+                f"{method.name} acts on attention and no config key carries it; call rope_extend.patch_model(model) "
                 f"after loading to re-apply it from the rope_extend marker (up to {plan.spec.target_length} tokens)"
             ])
         if engine in ("vllm", "sglang"):
             return EngineRule(max_len=L, warnings=[
-                f"{version} serves {self.served} from this checkpoint ({self._own(plan)}), so the command serves "
+                f"{version} serves {method.served} from this checkpoint ({method._own(plan)}), so the command serves "
                 f"{L} tokens: {self.no_stock_engine(L)}"
             ])
         return self.llama_cpp_rule(plan)
@@ -131,20 +155,28 @@ class AttentionMethod(RopeMethod):
     def llama_cpp_rule(self, plan) -> EngineRule:
         L = plan.spec.original_max_position_embeddings
         return EngineRule(max_len=L, flags=None, convertible=False, warnings=[
-            f"llama.cpp serves {self.served} from this checkpoint ({self._own(plan)}, up to {L} tokens): "
-            f"{self.llama_cpp_note}"
+            f"llama.cpp serves {self.method.served} from this checkpoint ({self.method._own(plan)}, up to {L} "
+            f"tokens): {self.llama_cpp_note}"
         ])
-
-    def gguf_rope(self, spec, base, rope_dim, inv_freq, attention_factor):
-        raise gguf_refusal(
-            self.name,
-            "it acts on attention at run time and nothing in a GGUF carries it",
-            f"serve the original GGUF instead; {self.llama_cpp_flags(spec)}",
-        )
 
     def llama_cpp_flags(self, spec) -> str:
         """What to run in llama.cpp instead (the run-time flags, where llama.cpp has an equivalent)."""
         return self.llama_cpp_note
 
+    def not_served(self, plan) -> str | None:
+        return (f"serves {self.method.served} (its own RoPE and attention); {plan.spec.method} acts on attention, "
+                "which only rope_extend.patch_model applies")
+
+
+class AttentionGguf(GgufRules):
+    def rope(self, spec, base, rope_dim, inv_freq, attention_factor):
+        raise gguf_refusal(
+            self.method.name,
+            "it acts on attention at run time and nothing in a GGUF carries it",
+            f"serve the original GGUF instead; {engine_rules(self.method).llama_cpp_flags(spec)}",
+        )
+
+
+class AttentionAdvice(Advice):
     def tune_candidates(self, factor: float):
         return []  # not a closed-form frequency curve

@@ -5,8 +5,8 @@ implements it: config.json carries a `rope_extend` marker and, for stock loaders
 (which equals dynamic YaRN at n = s·L).
 """
 
-from .registry import RopeContext, RopeMethod, default_inv_freq, register
-from .yarn import YARN, Yarn, yarn_attention_factor, yarn_inv_freq
+from .registry import Advice, RopeContext, default_inv_freq, register
+from .yarn import YARN, Yarn, YarnEngines, yarn_attention_factor, yarn_inv_freq
 
 
 def dynamic_yarn_scale(seq_len: int | None, original: int) -> float:
@@ -21,15 +21,7 @@ class DynamicYarn(Yarn):
     attention = "yarn's, from s'"
     use_when = "In-process serving with rope_extend.patch_model: original quality below L, YaRN beyond."
     paper = "https://arxiv.org/abs/2309.00071"
-    preference = None  # not a static method
-
-    def alternative(self, factor: float, recommended: str) -> str | None:
-        return ("when short-context quality matters and you serve in-process with rope_extend.patch_model: the "
-                "original model below L, YaRN beyond (stock loaders load it as static yarn)")
-
     static_counterpart = "yarn"
-    tune_candidates = RopeMethod.tune_candidates  # dynamic: not searched as a closed form
-    gguf_rope = RopeMethod.gguf_rope  # dynamic: refused
 
     def _compute(self, ctx: RopeContext):
         scale = dynamic_yarn_scale(ctx.seq_len, ctx.original_max_position_embeddings)
@@ -41,8 +33,22 @@ class DynamicYarn(Yarn):
     def stock_method(self):
         return YARN  # written (and loaded by stock loaders) as static YaRN at the full factor
 
-    def engine_rule(self, engine, plan, version):
-        rule = super().engine_rule(engine, plan, version)
+    def marker_note(self, spec) -> str | None:
+        return (
+            f"static yarn x{spec.factor:g} (equal to dynamic-yarn only at {spec.target_length} tokens); "
+            "call rope_extend.patch_model(model) after loading to restore dynamic YaRN"
+        )
+
+    def loader_notes(self, spec) -> list[str]:
+        return [
+            "dynamic-yarn is not reproduced by stock loaders (transformers, vLLM, llama.cpp): they load the "
+            f"checkpoint as static YaRN x{spec.factor:g}; call rope_extend.patch_model(model) after loading"
+        ]
+
+
+class DynamicYarnEngines(YarnEngines):
+    def rule(self, engine, plan, version):
+        rule = super().rule(engine, plan, version)
         s, target = plan.spec.factor, plan.spec.target_length
         if engine == "transformers":
             rule.warnings.append(
@@ -58,17 +64,12 @@ class DynamicYarn(Yarn):
             )
         return rule
 
-    def marker_note(self, spec) -> str | None:
-        return (
-            f"static yarn x{spec.factor:g} (equal to dynamic-yarn only at {spec.target_length} tokens); "
-            "call rope_extend.patch_model(model) after loading to restore dynamic YaRN"
-        )
 
-    def loader_notes(self, spec) -> list[str]:
-        return [
-            "dynamic-yarn is not reproduced by stock loaders (transformers, vLLM, llama.cpp): they load the "
-            f"checkpoint as static YaRN x{spec.factor:g}; call rope_extend.patch_model(model) after loading"
-        ]
+class DynamicYarnAdvice(Advice):  # dynamic: not compared by `--recommend` as a static method, not searched by tune
+    def alternative(self, factor: float, recommended: str) -> str | None:
+        return ("when short-context quality matters and you serve in-process with rope_extend.patch_model: the "
+                "original model below L, YaRN beyond (stock loaders load it as static yarn)")
 
 
-DYNAMIC_YARN = register(DynamicYarn())
+# the default GGUF rules: dynamic, refused
+DYNAMIC_YARN = register(DynamicYarn(), engines=DynamicYarnEngines, advice=DynamicYarnAdvice)

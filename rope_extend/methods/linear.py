@@ -1,6 +1,16 @@
 """Position interpolation (Chen et al. 2023): every frequency divided by s."""
 
-from .registry import EngineRule, RopeContext, RopeMethod, default_inv_freq, fmt, register
+from .registry import (
+    Advice,
+    EngineRule,
+    EngineRules,
+    GgufRules,
+    RopeContext,
+    RopeMethod,
+    default_inv_freq,
+    fmt,
+    register,
+)
 
 
 class Linear(RopeMethod):
@@ -10,18 +20,25 @@ class Linear(RopeMethod):
     formula = "θ_i / s"
     use_when = "Baseline; after fine-tuning at the new length. Without fine-tuning it hurts short contexts most."
     paper = "https://arxiv.org/abs/2306.15595"
-    preference = 2
-
-    def engine_rule(self, engine, plan, version):
-        if engine == "llama.cpp":
-            return EngineRule(flags=f"--rope-scaling linear --rope-scale {fmt(plan.spec.factor)}")
-        return EngineRule()
-
-    def gguf_rope(self, spec, base, rope_dim, inv_freq, attention_factor):
-        return {"rope.scaling.type": "linear", "rope.scaling.factor": float(spec.factor)}, None, []
 
     def _compute(self, ctx: RopeContext):
         return default_inv_freq(ctx.rotary_dim, ctx.base, ctx.device) / ctx.factor, 1.0
 
 
-LINEAR = register(Linear())
+class LinearEngines(EngineRules):
+    def rule(self, engine, plan, version):
+        if engine == "llama.cpp":
+            return EngineRule(flags=f"--rope-scaling linear --rope-scale {fmt(plan.spec.factor)}")
+        return EngineRule()
+
+
+class LinearGguf(GgufRules):
+    def rope(self, spec, base, rope_dim, inv_freq, attention_factor):
+        return {"rope.scaling.type": "linear", "rope.scaling.factor": float(spec.factor)}, None, []
+
+
+class LinearAdvice(Advice):
+    preference = 2
+
+
+LINEAR = register(Linear(), engines=LinearEngines, gguf=LinearGguf, advice=LinearAdvice)

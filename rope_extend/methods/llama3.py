@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import math
 
-from .registry import EngineRule, Param, RopeContext, RopeMethod, default_inv_freq, register
+from .registry import (
+    Advice,
+    EngineRule,
+    EngineRules,
+    Param,
+    RopeContext,
+    RopeMethod,
+    default_inv_freq,
+    register,
+)
 
 
 class Llama3(RopeMethod):
@@ -22,8 +31,6 @@ class Llama3(RopeMethod):
     formula = "λ<L/h: θ; λ>L/l: θ/s; else (1−a)·θ/s + a·θ, a=(L/λ−l)/(h−l)"
     use_when = "Llama 3.x checkpoints (ships with s=8, l=1, h=4, L=8192); a smooth PI/extrapolation split."
     paper = "https://ai.meta.com/blog/meta-llama-3-1/"
-    preference = 3
-    kept_when_shipped = True  # Llama 3.x was tuned with it
 
     def _compute(self, ctx: RopeContext):
         import torch
@@ -43,22 +50,6 @@ class Llama3(RopeMethod):
         is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
         return torch.where(is_medium, smoothed, scaled), 1.0
 
-    def engine_rule(self, engine, plan, version):
-        if engine == "llama.cpp":
-            return EngineRule(flags=None, warnings=[
-                "llama.cpp cannot serve llama3 on the original GGUF: no flag sets per-dimension factors; convert this "
-                "checkpoint with convert_hf_to_gguf.py, which writes the llama3 rope_freqs tensor (served "
-                "identically), or write the GGUF directly with `rope-extend patch model.gguf`"
-            ])
-        return EngineRule()
-
-    def tune_candidates(self, factor):
-        return [
-            (f"llama3 x{factor:g}", {"method": "llama3", "factor": factor}),
-            (f"llama3 x{factor:g} low 2 high 8",
-             {"method": "llama3", "factor": factor, "low_freq_factor": 2.0, "high_freq_factor": 8.0}),
-        ]
-
     def validate(self, spec) -> None:
         low = spec.low_freq_factor if spec.low_freq_factor is not None else self.params["low_freq_factor"].default
         high = spec.high_freq_factor if spec.high_freq_factor is not None else self.params["high_freq_factor"].default
@@ -68,4 +59,28 @@ class Llama3(RopeMethod):
             )
 
 
-LLAMA3 = register(Llama3())
+class Llama3Engines(EngineRules):
+    def rule(self, engine, plan, version):
+        if engine == "llama.cpp":
+            return EngineRule(flags=None, warnings=[
+                "llama.cpp cannot serve llama3 on the original GGUF: no flag sets per-dimension factors; convert this "
+                "checkpoint with convert_hf_to_gguf.py, which writes the llama3 rope_freqs tensor (served "
+                "identically), or write the GGUF directly with `rope-extend patch model.gguf`"
+            ])
+        return EngineRule()
+
+
+class Llama3Advice(Advice):
+    preference = 3
+    kept_when_shipped = True  # Llama 3.x was tuned with it
+
+    def tune_candidates(self, factor):
+        return [
+            (f"llama3 x{factor:g}", {"method": "llama3", "factor": factor}),
+            (f"llama3 x{factor:g} low 2 high 8",
+             {"method": "llama3", "factor": factor, "low_freq_factor": 2.0, "high_freq_factor": 8.0}),
+        ]
+
+
+# the default GGUF rules: per-dimension rope_freqs
+LLAMA3 = register(Llama3(), engines=Llama3Engines, advice=Llama3Advice)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from ..errors import SpecError
-from .registry import EngineRule, Param, RopeContext, RopeMethod, register
+from .registry import Advice, EngineRule, EngineRules, GgufRules, Param, RopeContext, RopeMethod, register
 
 LISTS = ("short_factor", "long_factor")
 
@@ -40,7 +40,6 @@ class LongRope(RopeMethod):
     attention = "√(1 + ln s / ln L) (or explicit attention_factor)"
     use_when = "Models published with LongRoPE factors (Phi-3/3.5), or factors found by `rope-extend tune`."
     paper = "https://arxiv.org/abs/2402.13753"
-    kept_when_shipped = True  # its factors were searched (and Phi-3 tuned) for the model
 
     def _compute(self, ctx: RopeContext):
         import torch
@@ -51,7 +50,30 @@ class LongRope(RopeMethod):
         shape = torch.arange(0, ctx.rotary_dim, 2, dtype=torch.int64, device=ctx.device).float() / ctx.rotary_dim
         return 1.0 / (ext * ctx.base**shape), longrope_attention_factor(ctx)
 
-    def engine_rule(self, engine, plan, version):
+    def config_slot(self, spec, base_slot, rotary_dim, base_theta):
+        slot = super().config_slot(spec, base_slot, rotary_dim, base_theta)
+        explicit = spec.method_params()
+        for key in LISTS:
+            values = explicit.get(key) or base_slot.get(key)
+            if not values or len(values) != rotary_dim // 2:
+                raise SpecError(
+                    f"longrope needs {key} with {rotary_dim // 2} values (rotary_dim / 2), got "
+                    f"{len(values) if values else 'none'}; copy the published lists (e.g. Phi-3's config.json)",
+                    field=key,
+                    value=values,
+                )
+            slot[key] = [float(v) for v in values]
+        return slot
+
+    def context_params(self, spec, slot):
+        params = spec.method_params()
+        for key in LISTS:
+            params.setdefault(key, slot.get(key))
+        return params
+
+
+class LongRopeEngines(EngineRules):
+    def rule(self, engine, plan, version):
         L, target = plan.spec.original_max_position_embeddings, plan.spec.target_length
         if engine == "vllm":
             return EngineRule(warnings=[
@@ -76,8 +98,16 @@ class LongRope(RopeMethod):
             ])
         return EngineRule()
 
-    def gguf_rope(self, spec, base, rope_dim, inv_freq, attention_factor):
-        keys, factors, warnings = super().gguf_rope(spec, base, rope_dim, inv_freq, attention_factor)
+    def table_spec(self, factor: float, half: int) -> dict:
+        """Illustrative factors: 1 .. s across the frequencies, the short ones milder."""
+        return {"method": self.method.name, "factor": factor,
+                "long_factor": [1.0 + (factor - 1.0) * i / (half - 1) for i in range(half)],
+                "short_factor": [1.0 + 0.5 * i / (half - 1) for i in range(half)]}
+
+
+class LongRopeGguf(GgufRules):
+    def rope(self, spec, base, rope_dim, inv_freq, attention_factor):
+        keys, factors, warnings = super().rope(spec, base, rope_dim, inv_freq, attention_factor)
         L = spec.original_max_position_embeddings
         warnings.append(
             "llama.cpp applies the GGUF's rope_freqs at every position, so this GGUF uses the long factors "
@@ -85,26 +115,9 @@ class LongRope(RopeMethod):
         )
         return keys, factors, warnings
 
-    def config_slot(self, spec, base_slot, rotary_dim, base_theta):
-        slot = super().config_slot(spec, base_slot, rotary_dim, base_theta)
-        explicit = spec.method_params()
-        for key in LISTS:
-            values = explicit.get(key) or base_slot.get(key)
-            if not values or len(values) != rotary_dim // 2:
-                raise SpecError(
-                    f"longrope needs {key} with {rotary_dim // 2} values (rotary_dim / 2), got "
-                    f"{len(values) if values else 'none'}; copy the published lists (e.g. Phi-3's config.json)",
-                    field=key,
-                    value=values,
-                )
-            slot[key] = [float(v) for v in values]
-        return slot
 
-    def context_params(self, spec, slot):
-        params = spec.method_params()
-        for key in LISTS:
-            params.setdefault(key, slot.get(key))
-        return params
+class LongRopeAdvice(Advice):
+    kept_when_shipped = True  # its factors were searched (and Phi-3 tuned) for the model
 
 
-LONGROPE = register(LongRope())
+LONGROPE = register(LongRope(), engines=LongRopeEngines, gguf=LongRopeGguf, advice=LongRopeAdvice)

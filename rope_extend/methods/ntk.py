@@ -4,7 +4,17 @@ b' = b * s^(d/(d-2)); the highest frequency (i=0) is unchanged. Written to confi
 `rope_theta` change, so every loader reproduces it.
 """
 
-from .registry import EngineRule, RopeContext, RopeMethod, default_inv_freq, fmt, register
+from .registry import (
+    Advice,
+    EngineRule,
+    EngineRules,
+    GgufRules,
+    RopeContext,
+    RopeMethod,
+    default_inv_freq,
+    fmt,
+    register,
+)
 
 
 def ntk_base(base: float, factor: float, dim: int) -> float:
@@ -18,15 +28,18 @@ class Ntk(RopeMethod):
     formula = "(b·s^(d/(d-2)))^(-2i/d)"
     use_when = "Quick training-free extension to ~2-4x; keeps high frequencies, so short contexts suffer little."
     paper = "https://www.reddit.com/r/LocalLLaMA/comments/14lz7j5/"
-    preference = 1
-
-    def alternative(self, factor: float, recommended: str) -> str | None:
-        return "at small factors (<= 2) a plain rope_theta change every loader reads" if factor <= 2 else None
 
     def _compute(self, ctx: RopeContext):
         return default_inv_freq(ctx.rotary_dim, ntk_base(ctx.base, ctx.factor, ctx.rotary_dim), ctx.device), 1.0
 
-    def engine_rule(self, engine, plan, version):
+    def config_slot(self, spec, base_slot, rotary_dim, base_theta):
+        slot = super().config_slot(spec, base_slot, rotary_dim, base_theta)
+        slot["rope_theta"] = ntk_base(base_theta, spec.factor, rotary_dim)
+        return slot
+
+
+class NtkEngines(EngineRules):
+    def rule(self, engine, plan, version):
         if engine == "llama.cpp":
             base = plan.slots[plan.targets[0]]["rope_theta"]
             return EngineRule(flags=f"--rope-freq-base {fmt(base)}")
@@ -37,16 +50,20 @@ class Ntk(RopeMethod):
             ])
         return EngineRule()
 
-    def gguf_rope(self, spec, base, rope_dim, inv_freq, attention_factor):
+
+class NtkGguf(GgufRules):
+    def rope(self, spec, base, rope_dim, inv_freq, attention_factor):
         return {"rope.freq_base": ntk_base(base, float(spec.factor), rope_dim)}, None, []
+
+
+class NtkAdvice(Advice):
+    preference = 1
+
+    def alternative(self, factor: float, recommended: str) -> str | None:
+        return "at small factors (<= 2) a plain rope_theta change every loader reads" if factor <= 2 else None
 
     def tune_candidates(self, factor):
         return [(f"ntk x{f:g}", {"method": "ntk", "factor": round(f, 4)}) for f in (1.5 * factor, factor, 2 * factor)]
 
-    def config_slot(self, spec, base_slot, rotary_dim, base_theta):
-        slot = super().config_slot(spec, base_slot, rotary_dim, base_theta)
-        slot["rope_theta"] = ntk_base(base_theta, spec.factor, rotary_dim)
-        return slot
 
-
-NTK = register(Ntk())
+NTK = register(Ntk(), engines=NtkEngines, gguf=NtkGguf, advice=NtkAdvice)

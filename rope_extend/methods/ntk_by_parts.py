@@ -1,10 +1,11 @@
 """NTK-by-parts (bloc97): YaRN's per-dimension blend without the attention temperature.
 
-Written to config.json as `yarn` with an explicit `attention_factor: 1.0`, so stock loaders rebuild it exactly.
+Written to config.json as `yarn` with an explicit `attention_factor: 1.0`, so stock loaders rebuild it exactly; engines
+and llama.cpp serve it by YaRN's rules.
 """
 
-from .registry import RopeContext, RopeMethod, register
-from .yarn import RAMP_PARAMS, Yarn, yarn_inv_freq
+from .registry import RopeContext, register
+from .yarn import RAMP_PARAMS, Yarn, YarnEngines, YarnGguf, yarn_inv_freq
 
 
 class NtkByParts(Yarn):
@@ -15,15 +16,11 @@ class NtkByParts(Yarn):
     attention = "1"
     use_when = "Ablation of YaRN's temperature; prefer yarn."
     paper = "https://github.com/jquesnelle/yarn/pull/1"
-    preference = None  # YaRN without its temperature: compared as yarn
-
-    def alternative(self, factor: float, recommended: str) -> str | None:
-        return None
-
-    tune_candidates = RopeMethod.tune_candidates  # one candidate at s, not YaRN's grid
 
     def _compute(self, ctx: RopeContext):
         return yarn_inv_freq(ctx, ctx.factor), 1.0
 
 
-NTK_BY_PARTS = register(NtkByParts())
+# YaRN's engine and GGUF rules; the default advice: not compared by `--recommend` (YaRN without its temperature is
+# compared as yarn), one tune candidate at s (not YaRN's grid)
+NTK_BY_PARTS = register(NtkByParts(), engines=YarnEngines, gguf=YarnGguf)

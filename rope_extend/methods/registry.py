@@ -1,19 +1,29 @@
-"""The method registry: one `RopeMethod` object per scaling method, registered once by name.
+"""The method registry: one `RopeMethod` object per scaling method, registered once by name, with its adapters.
 
-A method object owns everything about its method, so nothing outside `methods/` branches on a method name:
+A method object owns its math and what it writes, so nothing outside `methods/` branches on a method name:
 
-- `params`: the parameters it reads, with defaults, checks and docs (the spec's keys derive from these);
+- `params`: the parameters it reads, with defaults, checks and docs (each method's spec class derives from these:
+  `rope_extend.spec.spec_class`);
 - `compute(ctx) -> (inv_freq, attention_factor)`: the math, one contract like transformers' `ROPE_INIT_FUNCTIONS`;
 - `config_slot(...)`: how it is written into a config's `rope_parameters` slot, and `stock_method`: what stock
-  loaders build from that slot (dynamic-yarn is read as static YaRN);
-- `max_position_embeddings(spec)`: the length written to the config;
-- `loader_notes(spec)`, `engine_rule(engine, plan, version)`: what stock loaders and each serving engine
-  (transformers, vLLM, SGLang, llama.cpp) need to reproduce it, or why they cannot;
+  loaders build from that slot (dynamic-yarn is read as static YaRN); `max_position_embeddings(spec)`: the length
+  written to the config; `loader_notes(spec)` / `marker_note(spec)`: what stock loaders make of it;
 - `formula`, `use_when`, `paper`: the docs behind `rope-extend methods` and the method table in docs/methods.md.
+
+What other parts of the project need to know about a method lives in small adapters registered beside it (in the
+method's own file, like transformers' `ROPE_INIT_FUNCTIONS` and `ROPE_VALIDATION_FUNCTIONS` are separate tables
+keyed by rope type), each a class bound to its method with defaults here:
+
+- `EngineRules` (`engine_rules(method)`): what each serving engine (transformers, vLLM, SGLang, llama.cpp) needs to
+  reproduce it, or why it cannot; the engine modules in `rope_extend.engines` apply it;
+- `GgufRules` (`gguf_rules(method)`): the llama.cpp GGUF metadata that makes llama.cpp serve it, or the refusal;
+- `Advice` (`advice(method)`): what `inspect --recommend` and `tune` say and try (preference, alternatives, tune
+  candidates).
 
 `RopeContext` carries everything `compute` may read: rotary dimension, base, original (pretraining) length, factor,
 method parameters, and, for dynamic methods, the current sequence length. Absent parameters take the method's
-defaults. Adding a method = one file with a `RopeMethod` subclass registered here, plus rows in the test tables.
+defaults. Adding a method = one file with a `RopeMethod` subclass (and the adapters it needs) registered here, plus
+rows in the test tables.
 
 No heavy import at module top, here or in any `methods/*.py`: `import torch` (numpy, transformers) goes inside the
 function that computes, so `rope-extend --help`, `methods` and `validate` read the registry without loading torch
@@ -34,6 +44,7 @@ if TYPE_CHECKING:  # torch and numpy are imported inside the functions that comp
     import numpy as np
     import torch
 
+    from ..facts import RopeFacts
     from ..spec import RopeSpec
 
 
@@ -163,11 +174,6 @@ class RopeMethod:
     attention: ClassVar[str] = "1"  # the attention factor (multiplies cos and sin)
     use_when: ClassVar[str]
     paper: ClassVar[str]
-    # `rope-extend inspect --recommend` (rope_extend.inspect.recommend): the static methods it compares by their
-    # short-context cost, in this order of preference where the model's config accepts them (None: not compared);
-    # and whether a model that ships this scheme keeps it when extended further (it was tuned with it)
-    preference: ClassVar[int | None] = None
-    kept_when_shipped: ClassVar[bool] = False
 
     # -- math -------------------------------------------------------------------------------------------------
     def compute(self, ctx: RopeContext) -> tuple[torch.Tensor, float]:
@@ -233,6 +239,11 @@ class RopeMethod:
         """The parameters `compute` reads for one config slot (explicit spec values; lists may come from the slot)."""
         return spec.method_params()
 
+    def original_length(self, facts: RopeFacts, slot: str | None) -> int | None:
+        """The original length L a spec that names none counts its factor from on a model (`facts`): the model's
+        pretraining length (a shipped scheme's original length)."""
+        return facts.original_length(slot)
+
     def max_position_embeddings(self, spec: RopeSpec) -> int:
         """`max_position_embeddings` written to the config: the target length (dynamic methods: the threshold L)."""
         return int(spec.target_length)
@@ -240,46 +251,6 @@ class RopeMethod:
     def loader_notes(self, spec: RopeSpec) -> list[str]:
         """Warnings for users of stock loaders, printed when patching."""
         return []
-
-    def engine_rule(self, engine: str, plan, version: str) -> EngineRule:
-        """What `engine` (one of ENGINES) needs to serve this method as rope-extend computes it, or why it cannot.
-        Default: the engine reads the written config and reproduces the method."""
-        return EngineRule()
-
-    def gguf_rope(self, spec: RopeSpec, base: float, rope_dim: int, inv_freq: np.ndarray, attention_factor: float):
-        """The llama.cpp GGUF metadata (keys relative to `<arch>.`) and `rope_freqs` factors that make llama.cpp
-        serve this method as rope-extend computes it: (keys, rope_freqs or None, warnings). Raises SpecError for what
-        llama.cpp cannot express (checked against llama.cpp as vendored in llama-cpp-python 0.3.36).
-
-        Default: a static method as per-dimension `rope_freqs` (llama.cpp divides each frequency by its factor) plus
-        the attention factor key (without YaRN, llama.cpp serves the key as the magnitude)."""
-        if self.dynamic and not self.switches_at_original:
-            raise gguf_refusal(
-                self.name,
-                "it recomputes the frequencies as the sequence grows, and llama.cpp applies one static RoPE",
-                f"use the static counterpart (--method {self.static_counterpart or 'ntk'}), or serve the patched "
-                "Hugging Face checkpoint with rope_extend.patch_model",
-            )
-        import numpy as np
-
-        theta = base ** (-2.0 * np.arange(rope_dim // 2) / rope_dim)
-        factors = (theta / inv_freq.astype(np.float64)).astype(np.float32)
-        keys: dict[str, Any] = {}
-        if not math.isclose(attention_factor, 1.0, rel_tol=1e-7):
-            keys["rope.scaling.attn_factor"] = attention_factor
-        return keys, factors, []
-
-    def tune_candidates(self, factor: float) -> list[tuple[str, dict[str, Any]]]:
-        """Closed-form candidates `rope-extend tune` screens around the nominal factor s = N/L, most promising first
-        (empty: not searched as a closed form, e.g. dynamic methods)."""
-        if self.dynamic:
-            return []
-        return [(f"{self.name} x{factor:g}", {"method": self.name, "factor": factor})]
-
-    def alternative(self, factor: float, recommended: str) -> str | None:
-        """Why to choose this method instead of `recommended` at `factor` (an alternative `recommend` lists), or
-        None."""
-        return None
 
     def marker_note(self, spec: RopeSpec) -> str | None:
         """What stock loaders build from the written config, when it is not this method (kept in the marker)."""
@@ -306,11 +277,106 @@ class RopeMethod:
         return f"<RopeMethod {self.name}>"
 
 
+# --- adapters: what the rest of the project needs to know about a method, beside it --------------------------------
+class Adapter:
+    """A small object bound to one method (`self.method`), registered with it (`register(..., engines=...)`)."""
+
+    def __init__(self, method: RopeMethod):
+        self.method = method
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self.method.name}>"
+
+
+class EngineRules(Adapter):
+    """What each serving engine (`ENGINES`) needs to reproduce a method as rope-extend computes it, or why it
+    cannot; the engine modules in `rope_extend.engines` apply it (each rule was checked against that engine's
+    source at the version named there). Default: the engine reads the written config and reproduces the method."""
+
+    def rule(self, engine: str, plan, version: str) -> EngineRule:
+        return EngineRule()
+
+    def not_served(self, plan) -> str | None:
+        """Why an engine route does not serve what rope-extend runs even where its RoPE is the same (a method that
+        acts on attention), or None."""
+        return None
+
+    def table_spec(self, factor: float, half: int) -> dict[str, Any]:
+        """The spec of this method in the engine table of docs/serving.md (a model with `half` rotary frequencies,
+        served at `factor`; a method that works inside the window has no factor)."""
+        if self.method.works_inside_window:
+            return {"method": self.method.name}
+        return {"method": self.method.name, "factor": factor}
+
+
+class GgufRules(Adapter):
+    """The llama.cpp GGUF metadata that makes llama.cpp serve a method as rope-extend computes it (checked against
+    llama.cpp as vendored in llama-cpp-python 0.3.36), or the refusal."""
+
+    def rope(self, spec: RopeSpec, base: float, rope_dim: int, inv_freq: np.ndarray, attention_factor: float):
+        """(keys relative to `<arch>.`, rope_freqs factors or None, warnings); raises SpecError for what llama.cpp
+        cannot express.
+
+        Default: a static method as per-dimension `rope_freqs` (llama.cpp divides each frequency by its factor) plus
+        the attention factor key (without YaRN, llama.cpp serves the key as the magnitude)."""
+        method = self.method
+        if method.dynamic and not method.switches_at_original:
+            raise gguf_refusal(
+                method.name,
+                "it recomputes the frequencies as the sequence grows, and llama.cpp applies one static RoPE",
+                f"use the static counterpart (--method {method.static_counterpart or 'ntk'}), or serve the patched "
+                "Hugging Face checkpoint with rope_extend.patch_model",
+            )
+        import numpy as np
+
+        theta = base ** (-2.0 * np.arange(rope_dim // 2) / rope_dim)
+        factors = (theta / inv_freq.astype(np.float64)).astype(np.float32)
+        keys: dict[str, Any] = {}
+        if not math.isclose(attention_factor, 1.0, rel_tol=1e-7):
+            keys["rope.scaling.attn_factor"] = attention_factor
+        return keys, factors, []
+
+
+class Advice(Adapter):
+    """What `rope-extend inspect --recommend` (`rope_extend.inspect`) and `rope-extend tune` say about a method and
+    try with it.
+
+    preference: the static methods `--recommend` compares by their short-context cost, in this order of preference
+        where the model's config accepts them (None: not compared);
+    kept_when_shipped: a model that ships this scheme keeps it when extended further (it was tuned with it).
+    """
+
+    preference: ClassVar[int | None] = None
+    kept_when_shipped: ClassVar[bool] = False
+
+    def alternative(self, factor: float, recommended: str) -> str | None:
+        """Why to choose this method instead of `recommended` at `factor` (an alternative `recommend` lists), or
+        None."""
+        return None
+
+    def inside_window(self) -> str | None:
+        """Why to choose this method when the model already serves the target length (no scaling needed), or
+        None."""
+        return None
+
+    def tune_candidates(self, factor: float) -> list[tuple[str, dict[str, Any]]]:
+        """Closed-form candidates `rope-extend tune` screens around the nominal factor s = N/L, most promising first
+        (empty: not searched as a closed form, e.g. dynamic methods)."""
+        if self.method.dynamic:
+            return []
+        return [(f"{self.method.name} x{factor:g}", {"method": self.method.name, "factor": factor})]
+
+
 _REGISTRY: dict[str, RopeMethod] = {}
 ALIASES: dict[str, str] = {}
+ENGINE_RULES: dict[str, EngineRules] = {}
+GGUF_RULES: dict[str, GgufRules] = {}
+ADVICE: dict[str, Advice] = {}
 
 
-def register(method: RopeMethod) -> RopeMethod:
+def register(method: RopeMethod, *, engines: type[EngineRules] = EngineRules, gguf: type[GgufRules] = GgufRules,
+             advice: type[Advice] = Advice) -> RopeMethod:
+    """Register `method` under its name and aliases, with its adapters (the defaults where it needs none)."""
     if method.name in _REGISTRY:
         raise ValueError(f"RoPE method {method.name!r} is already registered; pick another name")
     for alias in method.aliases:
@@ -322,6 +388,7 @@ def register(method: RopeMethod) -> RopeMethod:
             raise ValueError(f"parameter {key!r} of {method.name!r} has a different type in another method")
     _REGISTRY[method.name] = method
     ALIASES.update(dict.fromkeys(method.aliases, method.name))
+    ENGINE_RULES[method.name], GGUF_RULES[method.name], ADVICE[method.name] = engines(method), gguf(method), advice(method)
     return method
 
 
@@ -369,6 +436,25 @@ def get_method(name: str) -> RopeMethod:
 
 def compute(name: str, ctx: RopeContext) -> tuple[torch.Tensor, float]:
     return get_method(name).compute(ctx)
+
+
+def engine_rules(method: RopeMethod | str) -> EngineRules:
+    """The serving-engine rules registered with `method` (an object or a name)."""
+    return ENGINE_RULES[_name(method)]
+
+
+def gguf_rules(method: RopeMethod | str) -> GgufRules:
+    """The GGUF rules registered with `method` (an object or a name)."""
+    return GGUF_RULES[_name(method)]
+
+
+def advice(method: RopeMethod | str) -> Advice:
+    """What `inspect --recommend` and `tune` say about `method` (an object or a name)."""
+    return ADVICE[_name(method)]
+
+
+def _name(method: RopeMethod | str) -> str:
+    return method.name if isinstance(method, RopeMethod) else canonical_name(method)
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from ..errors import SpecError
-from .attention import LOG_N, AttentionMethod
+from .attention import LOG_N, AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
 LARGEST_SHARE = 0.625  # the largest distance the defaults aim for, as a share of L
@@ -53,21 +53,6 @@ class SelfExtend(AttentionMethod):
                 "at 4x with its defaults (docs/results-retrieval.md)")
     paper = "https://arxiv.org/abs/2401.01325"
 
-    def alternative(self, factor: float, recommended: str) -> str | None:
-        return (
-            "for retrieval and perplexity beyond L without training, in-process (rope_extend.patch_model; it remaps "
-            "attention positions and keeps the model's own RoPE), best at 2x on SmolLM2-135M"
-            + ("; beyond 2x add --set log_n=true (measured at 4x: it then ties dynamic on retrieval, with lower "
-               "perplexity than any frequency method)" if factor > 2 else "; at 4x add --set log_n=true")
-            + ". Measured fast on CPU, not yet on a GPU (use a frequency method there); engines serve the model "
-            "without it (serve yarn there)"
-        )
-    llama_cpp_note = (
-        "llama.cpp's own self-extend is `-gan G -gaw W` in llama-completion (`-gan G` in llama-passkey, whose window "
-        "is the batch size -b; not in llama-server): a block-wise approximation that divides the cached KV positions "
-        "by G batch by batch, not the paper's two-map merge, so its numbers differ from rope-extend's"
-    )
-
     def validate(self, spec) -> None:
         super().validate(spec)
         original = spec.original_max_position_embeddings
@@ -100,9 +85,17 @@ class SelfExtend(AttentionMethod):
 
         return SelfExtendMap(int(spec.group_size), int(spec.neighbor_window))
 
+
+class SelfExtendEngines(AttentionEngines):
+    llama_cpp_note = (
+        "llama.cpp's own self-extend is `-gan G -gaw W` in llama-completion (`-gan G` in llama-passkey, whose window "
+        "is the batch size -b; not in llama-server): a block-wise approximation that divides the cached KV positions "
+        "by G batch by batch, not the paper's two-map merge, so its numbers differ from rope-extend's"
+    )
+
     def llama_cpp_flags(self, spec) -> str:
         try:
-            filled = self.fill_params(spec)
+            filled = self.method.fill_params(spec)
             flags = f"-gan {filled.group_size} -gaw {filled.neighbor_window}"
         except (SpecError, TypeError):  # an unresolved or impossible spec: name the flags only
             flags = "-gan G -gaw W"
@@ -119,4 +112,16 @@ class SelfExtend(AttentionMethod):
         return rule
 
 
-SELF_EXTEND = register(SelfExtend())
+class SelfExtendAdvice(AttentionAdvice):
+    def alternative(self, factor: float, recommended: str) -> str | None:
+        return (
+            "for retrieval and perplexity beyond L without training, in-process (rope_extend.patch_model; it remaps "
+            "attention positions and keeps the model's own RoPE), best at 2x on SmolLM2-135M"
+            + ("; beyond 2x add --set log_n=true (measured at 4x: it then ties dynamic on retrieval, with lower "
+               "perplexity than any frequency method)" if factor > 2 else "; at 4x add --set log_n=true")
+            + ". Measured fast on CPU, not yet on a GPU (use a frequency method there); engines serve the model "
+            "without it (serve yarn there)"
+        )
+
+
+SELF_EXTEND = register(SelfExtend(), engines=SelfExtendEngines, gguf=AttentionGguf, advice=SelfExtendAdvice)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from .attention import AttentionMethod
+from .attention import AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
 SHIFTED_SHARE = 0.33  # the authors' default shifted_offset, as a share of the window (they suggest 0.25-0.4)
@@ -67,11 +67,6 @@ class String(AttentionMethod):
                 "3.1 and Qwen2 at 128k); keeps a shipped scheme; in-process with rope_extend.patch_model (stock "
                 "engines serve the model without it); targets up to 2L − W")
     paper = "https://arxiv.org/abs/2410.18745"
-    llama_cpp_note = (
-        "llama.cpp has no STRING (the authors ship a fork of vLLM 0.5 only); serve the model as it is, or in-process "
-        "with rope_extend.patch_model"
-    )
-
     def validate(self, spec) -> None:
         super().validate(spec)
         offset, local, factor = spec.shifted_offset, spec.local_value, spec.attention_factor
@@ -147,9 +142,23 @@ class String(AttentionMethod):
 
         return StringMap(int(spec.shifted_offset), int(spec.local_value), float(spec.attention_factor) ** 2)
 
+
+class StringEngines(AttentionEngines):
+    llama_cpp_note = (
+        "llama.cpp has no STRING (the authors ship a fork of vLLM 0.5 only); serve the model as it is, or in-process "
+        "with rope_extend.patch_model"
+    )
+
     def no_stock_engine(self, L: int) -> str:
         return ("no stock engine has STRING (the authors' fork of vLLM 0.5 is not stock vLLM); only "
                 "rope_extend.patch_model serves it")
 
 
-STRING = register(String())
+class StringAdvice(AttentionAdvice):
+    def inside_window(self) -> str | None:
+        return ("if the model misses distant keys inside the window it already has: STRING, in-process "
+                "(rope_extend.patch_model), keeps its RoPE and remaps the rarely trained large distances onto small "
+                "ones (docs/attention-methods.md, 'STRING')")
+
+
+STRING = register(String(), engines=StringEngines, gguf=AttentionGguf, advice=StringAdvice)

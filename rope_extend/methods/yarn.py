@@ -12,7 +12,10 @@ import math
 from typing import TYPE_CHECKING
 
 from .registry import (
+    Advice,
     EngineRule,
+    EngineRules,
+    GgufRules,
     Param,
     RopeContext,
     RopeMethod,
@@ -107,10 +110,6 @@ class Yarn(RopeMethod):
     attention = "0.1·ln s + 1 (DeepSeek: mscale ratio; or explicit attention_factor)"
     use_when = "Best training-free static extension (and the usual fine-tuning recipe). Costs a little at short lengths."
     paper = "https://arxiv.org/abs/2309.00071"
-    preference = 0  # the best training-free static method, loaded by every stock engine
-
-    def alternative(self, factor: float, recommended: str) -> str | None:
-        return "if you need a scheme every engine reproduces, with an attention temperature"
 
     def _compute(self, ctx: RopeContext):
         return yarn_inv_freq(ctx, ctx.factor), yarn_attention_factor(ctx, ctx.factor)
@@ -118,43 +117,15 @@ class Yarn(RopeMethod):
     def validate(self, spec) -> None:
         check_betas(spec)
 
-    def gguf_rope(self, spec, base, rope_dim, inv_freq, attention_factor):
-        if spec.truncate is False:
-            raise gguf_refusal(
-                f"{self.name} with truncate: false",
-                "llama.cpp always floors/ceils the YaRN correction range (ggml_rope_yarn_corr_dims)",
-                "drop truncate (the default, true) or serve the Hugging Face checkpoint",
-            )
-        betas = (spec.beta_fast or RAMP_PARAMS["beta_fast"].default, spec.beta_slow or RAMP_PARAMS["beta_slow"].default)
-        if betas != (32.0, 1.0):
-            raise gguf_refusal(
-                f"{self.name} with beta_fast={betas[0]:g}, beta_slow={betas[1]:g}",
-                "the llama architecture reads no GGUF key for the YaRN betas (ggml uses 32 and 1)",
-                f"write the default betas and pass --yarn-beta-fast {betas[0]:g} --yarn-beta-slow {betas[1]:g} "
-                "to llama.cpp at run time",
-            )
-        s = float(spec.factor)
-        keys = {
-            "rope.scaling.type": "yarn",
-            "rope.scaling.factor": s,
-            "rope.scaling.original_context_length": int(spec.original_max_position_embeddings),
-            # llama.cpp serves attn_factor x (1 + 0.1 ln s): write the ratio that yields the method's factor
-            "rope.scaling.attn_factor": attention_factor / yarn_get_mscale(s),
-        }
-        return keys, None, []
+    def config_slot(self, spec, base_slot, rotary_dim, base_theta):
+        slot = super().config_slot(spec, base_slot, rotary_dim, base_theta)
+        explicit = spec.method_params()
+        slot.update({key: explicit[key] for key in self.explicit_slot_keys if key in explicit})
+        return slot
 
-    def tune_candidates(self, factor):
-        doubled = round(1 + 2 * (yarn_get_mscale(factor) - 1), 4)  # twice YaRN's temperature correction
-        return [
-            (f"yarn x{factor:g}", {"method": "yarn", "factor": factor}),
-            (f"yarn x{1.25 * factor:g}", {"method": "yarn", "factor": round(1.25 * factor, 4)}),
-            (f"yarn x{factor:g} beta 64/2", {"method": "yarn", "factor": factor, "beta_fast": 64.0, "beta_slow": 2.0}),
-            (f"yarn x{factor:g} attn {doubled:.3f}", {"method": "yarn", "factor": factor, "attention_factor": doubled}),
-            (f"yarn x{1.5 * factor:g}", {"method": "yarn", "factor": round(1.5 * factor, 4)}),
-            (f"yarn x{factor:g} beta 16/1", {"method": "yarn", "factor": factor, "beta_fast": 16.0, "beta_slow": 1.0}),
-        ]
 
-    def engine_rule(self, engine, plan, version):
+class YarnEngines(EngineRules):
+    def rule(self, engine, plan, version):
         if engine != "llama.cpp":
             return EngineRule()  # transformers, vLLM and SGLang read the yarn slot (SGLang's magnitude: see engines)
         s, L = plan.spec.factor, plan.spec.original_max_position_embeddings
@@ -188,11 +159,51 @@ class Yarn(RopeMethod):
             )
         return rule
 
-    def config_slot(self, spec, base_slot, rotary_dim, base_theta):
-        slot = super().config_slot(spec, base_slot, rotary_dim, base_theta)
-        explicit = spec.method_params()
-        slot.update({key: explicit[key] for key in self.explicit_slot_keys if key in explicit})
-        return slot
+
+class YarnGguf(GgufRules):
+    def rope(self, spec, base, rope_dim, inv_freq, attention_factor):
+        name = self.method.name
+        if spec.truncate is False:
+            raise gguf_refusal(
+                f"{name} with truncate: false",
+                "llama.cpp always floors/ceils the YaRN correction range (ggml_rope_yarn_corr_dims)",
+                "drop truncate (the default, true) or serve the Hugging Face checkpoint",
+            )
+        betas = (spec.beta_fast or RAMP_PARAMS["beta_fast"].default, spec.beta_slow or RAMP_PARAMS["beta_slow"].default)
+        if betas != (32.0, 1.0):
+            raise gguf_refusal(
+                f"{name} with beta_fast={betas[0]:g}, beta_slow={betas[1]:g}",
+                "the llama architecture reads no GGUF key for the YaRN betas (ggml uses 32 and 1)",
+                f"write the default betas and pass --yarn-beta-fast {betas[0]:g} --yarn-beta-slow {betas[1]:g} "
+                "to llama.cpp at run time",
+            )
+        s = float(spec.factor)
+        keys = {
+            "rope.scaling.type": "yarn",
+            "rope.scaling.factor": s,
+            "rope.scaling.original_context_length": int(spec.original_max_position_embeddings),
+            # llama.cpp serves attn_factor x (1 + 0.1 ln s): write the ratio that yields the method's factor
+            "rope.scaling.attn_factor": attention_factor / yarn_get_mscale(s),
+        }
+        return keys, None, []
 
 
-YARN = register(Yarn())
+class YarnAdvice(Advice):
+    preference = 0  # the best training-free static method, loaded by every stock engine
+
+    def alternative(self, factor: float, recommended: str) -> str | None:
+        return "if you need a scheme every engine reproduces, with an attention temperature"
+
+    def tune_candidates(self, factor):
+        doubled = round(1 + 2 * (yarn_get_mscale(factor) - 1), 4)  # twice YaRN's temperature correction
+        return [
+            (f"yarn x{factor:g}", {"method": "yarn", "factor": factor}),
+            (f"yarn x{1.25 * factor:g}", {"method": "yarn", "factor": round(1.25 * factor, 4)}),
+            (f"yarn x{factor:g} beta 64/2", {"method": "yarn", "factor": factor, "beta_fast": 64.0, "beta_slow": 2.0}),
+            (f"yarn x{factor:g} attn {doubled:.3f}", {"method": "yarn", "factor": factor, "attention_factor": doubled}),
+            (f"yarn x{1.5 * factor:g}", {"method": "yarn", "factor": round(1.5 * factor, 4)}),
+            (f"yarn x{factor:g} beta 16/1", {"method": "yarn", "factor": factor, "beta_fast": 16.0, "beta_slow": 1.0}),
+        ]
+
+
+YARN = register(Yarn(), engines=YarnEngines, gguf=YarnGguf, advice=YarnAdvice)

@@ -1,7 +1,7 @@
 """The last stage of a training run: OUT written from the trained model, throwing nothing trained away.
 
 `write_trained` merges LoRA, writes OUT with the run's plan through the checkpoint writer `patch --mode full` uses
-(`checkpoint.write_model_checkpoint`: portable config, stock reload verified against the trained model, the card
+(`checkpoint.write_checkpoint`: portable config, stock reload verified against the trained model, the card
 with its training section from `training_card`), then evaluates OUT when --eval-suite asked (`evaluation`).
 Trainer saved the last step's checkpoint in `OUT.train-state/` before this runs; it is removed only once OUT is
 written, so whatever fails here (verification, a full disk, a signal) keeps the trained weights and says how to
@@ -15,7 +15,7 @@ import contextlib
 import shutil
 from pathlib import Path
 
-from ..checkpoint import write_model_checkpoint
+from ..checkpoint import WriteOptions, write_checkpoint
 from . import evaluation, lora, training_card
 from .prepare import Prepared
 from .progress import TrainingInterrupted, complete_checkpoints
@@ -119,11 +119,11 @@ def write_trained(prep: Prepared, trainer, model, base, summary: dict, eval_befo
             if spec.save_adapter:
                 shutil.copytree(adapter, folder / "adapter")
 
-        result = write_model_checkpoint(final, prep.source, prep.out, prep.plan, overwrite=spec.overwrite,
-                                        verify=spec.verify, extra=extra, keep_unverified=kept,
-                                        training=training_card.section(
-                                            summary, None if eval_before is None
-                                            else evaluation.section(prep, eval_before, None)))
+        training = training_card.section(summary, None if eval_before is None
+                                         else evaluation.section(prep, eval_before, None))
+        options = WriteOptions(overwrite=spec.overwrite, verify=spec.verify, extra=extra, keep_unverified=kept,
+                               training=training, engines_report=False)
+        result = write_checkpoint(prep.loaded, prep.plan, prep.out, options, model=final)
     shutil.rmtree(state_dir, ignore_errors=True)  # OUT holds the trained model now
     if (kept / "rope_extend.yaml").is_file():  # a previous run's unverified copy of the same training
         shutil.rmtree(kept, ignore_errors=True)

@@ -15,11 +15,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import compat, files, memory
+from .. import compat, memory
 from ..checkpoint import check_output_path
 from ..errors import SpecError
 from ..hub import resolve_source
-from ..plan import check_rope_model, plan_patch
+from ..plan import check_rope_model
+from ..source import Source, plan_source, read_source
 from . import data, sequence_parallel, sharding
 from .recipe import TrainSpec, batch_split, check_numbers, check_static, default_window
 
@@ -29,9 +30,8 @@ class Prepared:
     """Everything validated before any model is loaded."""
 
     spec: TrainSpec
-    source: Path
+    loaded: Source  # SOURCE: its folder and its config as read and as transformers loads it (read once, here)
     out: Path
-    config: object  # SOURCE's config, as transformers loads it (read once, here)
     plan: object  # the run's one PatchPlan: applied to the model, written with the trained weights
     tokenizer: object
     corpus: data.Corpus
@@ -44,6 +44,14 @@ class Prepared:
     compute_dtype: str  # "float32", or the autocast dtype of mixed precision ("bfloat16", "float16")
     deepspeed: dict | None = None  # the DeepSpeed config rope-extend gives a --sequence-parallel run (None: none,
     # or the accelerate launch's own)
+
+    @property
+    def source(self) -> Path:
+        return self.loaded.folder
+
+    @property
+    def config(self):
+        return self.loaded.config
 
     @property
     def text(self):
@@ -111,10 +119,11 @@ def prepare(spec: TrainSpec) -> Prepared:
     state = spec.state_dir()
     if source.resolve() in state.resolve().parents:
         raise ValueError(f"the training state folder {str(state)!r} would be inside SOURCE; choose another -o")
-    config = files.load_config(source)
+    loaded = read_source(spec.source, source)
+    config = loaded.config
     text = compat.text_config(config)
     check_rope_model(text)
-    plan = plan_patch(config, rope)
+    plan = plan_source(loaded, rope)
     if plan.is_identity():
         raise SpecError(f"{rope.method} x{rope.factor:g} changes nothing on this model; choose a factor > 1",
                         field="factor", value=rope.factor)
@@ -167,7 +176,7 @@ def prepare(spec: TrainSpec) -> Prepared:
     if plan.changed:  # stock transformers rebuilds the planned RoPE (as `patch_model(verify=True)`), before loading
         verify_or_explain(plan, text)
     compute = "bfloat16" if trains_in_bf16(spec, where) else "float16" if spec.dtype == "float16" else "float32"
-    return Prepared(spec, source, out, config, plan, tokenizer, corpus, window, processes, accumulation,
+    return Prepared(spec, loaded, out, plan, tokenizer, corpus, window, processes, accumulation,
                     global_windows, digest, where, compute, deepspeed)
 
 

@@ -1,7 +1,7 @@
 """The second stage of a training run: the model and transformers' `Trainer` that trains it.
 
 From `Prepared` (the run's plan, config, window and batch split, `prepare.py`): the model loaded from SOURCE with
-the plan applied as planned (`patch_model(model, plan)`: the frequencies are rebuilt in the modules, not just the
+the plan applied as planned (`patch.apply_patch(model, plan)`: the frequencies are rebuilt in the modules, not just the
 config), LoRA-wrapped when asked; the `TrainingArguments` of the recipe; gradient checkpointing when the window
 needs it; the memory plan (a memory-efficient attention kernel, `attention.py`; the loss in chunks, `loss.py`);
 the resume state in `OUT.train-state/`; and `RopeExtendTrainer`, the Trainer subclass (sequential sampling, the
@@ -38,13 +38,13 @@ def load_patched_model(prep: Prepared):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from ..patch import patch_model
+    from ..patch import apply_patch
 
     hf_logging.disable_progress_bar()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_pretrained(prep.source, **compat.dtype_kwargs(torch.float32))
-        patch_model(model, prep.plan, verify=False)
+        apply_patch(model, prep.plan)
     model.config.use_cache = False
     if prep.sequence_parallel > 1:  # a model class without sdpa loads eager whatever its config says
         sequence_parallel.check_attention(prep.sequence_parallel, model.config._attn_implementation,

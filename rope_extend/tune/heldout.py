@@ -27,6 +27,7 @@ from ..eval.perplexity import token_losses
 from ..eval.texts import LICENSES_DIR, license_files
 from ..methods import get_method
 from ..patch import patch_model, unpatch_model
+from ..plan import PatchPlan
 from .log import SearchLog
 from .search import _clock
 
@@ -81,18 +82,16 @@ def _is_static(spec: dict[str, Any] | None) -> bool:
     return spec is None or not get_method(spec["method"]).depends_on_length(spec)
 
 
-def original_inside(model, spec: dict[str, Any] | None, length: int) -> bool:
-    """True when `spec` gives the model exactly its original RoPE for a sequence of `length` tokens (dynamic NTK
-    below the window, for example), so an unpatched evaluation at that length is this variant's too."""
-    if spec is None:
+def original_inside(plan: PatchPlan | None, length: int) -> bool:
+    """True when `plan` (None: the unpatched model) gives the model exactly its original RoPE for a sequence of
+    `length` tokens (dynamic NTK below the window, for example), so an unpatched evaluation at that length is this
+    variant's too."""
+    if plan is None:
         return True
-    from .. import compat
     from ..methods import default_inv_freq
-    from ..plan import plan_patch
 
-    plan = plan_patch(compat.text_config(model.config), spec)
     for slot in plan.targets:
-        inv_freq, attention = get_method(plan.spec.method).compute(plan.context(slot, seq_len=length))
+        inv_freq, attention = plan.method.compute(plan.context(slot, seq_len=length))
         original = default_inv_freq(plan.rotary_dims[slot], plan.base_theta)
         if float(attention) != 1.0 or not torch.equal(inv_freq.float(), original.float()):
             return False
@@ -130,11 +129,10 @@ def evaluate_variant(
         )
     start = time.perf_counter()
     windows = tuple(sorted({w for w in windows if w < original_length} | {original_length}))
-    reuse = {w: unpatched is not None and not _is_static(variant.spec) and original_inside(model, variant.spec, w)
-             for w in windows}
-    if variant.spec is not None:
-        patch_model(model, variant.spec)
+    plan = patch_model(model, variant.spec).plan if variant.spec is not None else None
     try:
+        reuse = {w: unpatched is not None and not _is_static(variant.spec) and original_inside(plan, w)
+                 for w in windows}
         full = token_losses(model, ids[:target_length])
         out: dict[str, Any] = {
             "beyond": _blocks(full[original_length - 1 :], block),

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..eval.stats import wilson_interval
+from ..formatting import fmt_tokens
 from ..methods import default_inv_freq
 from . import heldout as ho
 
@@ -56,10 +57,6 @@ def _passkey(r: dict) -> str:
     return f"{r['passkey']:.0%} [{lo:.0%}, {hi:.0%}] {r['passkey_k']:g}/{r['passkey_n']}"
 
 
-def _len(n: int) -> str:
-    return f"{n / 1024:g}k" if n >= 1024 and n % 512 == 0 else str(n)
-
-
 def heldout_markdown(rows: list[dict], original: int, target: int, reference: str | None = None) -> str:
     if not rows:
         return ""
@@ -67,11 +64,11 @@ def heldout_markdown(rows: list[dict], original: int, target: int, reference: st
     ref = reference or next((r["name"] for r in rows if r["name"].startswith("yarn x")), "reference")
     head = [
         "variant",
-        f"ppl {_len(original)}–{_len(target)}",
-        f"ppl 0–{_len(target)}",
-        *[f"ppl @{_len(int(k.split('_')[1]))}" for k in inside],
-        f"{_len(original)}–{_len(target)} vs {ref}",
-        *[f"@{_len(int(k.split('_')[1]))} vs unpatched" for k in inside],
+        f"ppl {fmt_tokens(original, quantum=0.5)}–{fmt_tokens(target, quantum=0.5)}",
+        f"ppl 0–{fmt_tokens(target, quantum=0.5)}",
+        *[f"ppl @{fmt_tokens(int(k.split('_')[1]), quantum=0.5)}" for k in inside],
+        f"{fmt_tokens(original, quantum=0.5)}–{fmt_tokens(target, quantum=0.5)} vs {ref}",
+        *[f"@{fmt_tokens(int(k.split('_')[1]), quantum=0.5)} vs unpatched" for k in inside],
         "passkey",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

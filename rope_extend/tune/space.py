@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..methods import RopeContext, all_methods, compute, default_inv_freq, get_method
+from ..methods import RopeContext, advice, all_methods, compute, default_inv_freq
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,10 @@ def closed_form_grid(geom: Geometry, methods: list[str] | None = None) -> list[C
     s = geom.factor
     methods = methods or ["yarn", "llama3", "ntk", "ntk-by-parts", "linear"]
     out: list[Candidate] = []
-    grid = {m: get_method(m).tune_candidates(s) for m in methods}
+    grid = {m: advice(m).tune_candidates(s) for m in methods}
     unknown = [m for m in methods if not grid[m]]
     if unknown:
-        searchable = [m.name for m in all_methods() if m.tune_candidates(s)]
+        searchable = [m.name for m in all_methods() if advice(m).tune_candidates(s)]
         raise ValueError(
             f"tune cannot search method {unknown[0]!r} as a closed form (dynamic methods change with the length); "
             f"choose from {', '.join(searchable)}"

@@ -5,7 +5,7 @@ stays L: it is the threshold, not the new maximum.
 """
 
 from .ntk import ntk_base
-from .registry import EngineRule, RopeContext, RopeMethod, default_inv_freq, register
+from .registry import Advice, EngineRule, EngineRules, RopeContext, RopeMethod, default_inv_freq, register
 
 
 def dynamic_scale(factor: float, seq_len: int | None, original: int) -> float:
@@ -23,15 +23,16 @@ class DynamicNtk(RopeMethod):
     use_when = "Serving mixed lengths without fine-tuning: exact original model below L."
     paper = "https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/"
 
-    def alternative(self, factor: float, recommended: str) -> str | None:
-        return ("when short-context quality matters with stock transformers: exact original model below L (on "
-                "SmolLM2-135M the best frequency method at retrieval, its perplexity far above yarn's at 4x)")
-
     def _compute(self, ctx: RopeContext):
         scale = dynamic_scale(ctx.factor, ctx.seq_len, ctx.original_max_position_embeddings)
         return default_inv_freq(ctx.rotary_dim, ntk_base(ctx.base, scale, ctx.rotary_dim), ctx.device), 1.0
 
-    def engine_rule(self, engine, plan, version):
+    def max_position_embeddings(self, spec) -> int:
+        return int(spec.original_max_position_embeddings)  # the threshold L, as transformers reads it
+
+
+class DynamicNtkEngines(EngineRules):
+    def rule(self, engine, plan, version):
         L, target = plan.spec.original_max_position_embeddings, plan.spec.target_length
         if engine == "vllm":
             return EngineRule(max_len=L, warnings=[
@@ -54,8 +55,11 @@ class DynamicNtk(RopeMethod):
             ])
         return EngineRule()
 
-    def max_position_embeddings(self, spec) -> int:
-        return int(spec.original_max_position_embeddings)  # the threshold L, as transformers reads it
+
+class DynamicNtkAdvice(Advice):
+    def alternative(self, factor: float, recommended: str) -> str | None:
+        return ("when short-context quality matters with stock transformers: exact original model below L (on "
+                "SmolLM2-135M the best frequency method at retrieval, its perplexity far above yarn's at 4x)")
 
 
-DYNAMIC = register(DynamicNtk())
+DYNAMIC = register(DynamicNtk(), engines=DynamicNtkEngines, advice=DynamicNtkAdvice)

@@ -421,6 +421,6 @@ def ensure_llamacpp(
     return LlamaCpp(root, src, bin_dir)
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m rope_extend.llamacpp` builds (or reuses) it
+if __name__ == "__main__":  # pragma: no cover - `python -m rope_extend.llamacpp_build` builds (or reuses) it
     lc = ensure_llamacpp(sys.argv[1:] or DEFAULT_TARGETS)
     print(lc.bin_dir)
