@@ -304,8 +304,8 @@ def test_defaults_follow_the_reach_rule():
         assert largest <= 0.625 * 8192
     plan = plan_patch(config, method="self-extend", factor=2, group_size=16)
     assert plan.spec.group_size == 16  # explicit values override
-    plan = plan_patch(config, method="dual-chunk")
-    assert (plan.spec.chunk_size, plan.spec.local_window) == (6144, 512)
+    plan = plan_patch(config, method="dual-chunk")  # ChunkLlama at 847ae71: 3L/4, L // 8, 0.05·ln(n/L) + 1
+    assert (plan.spec.chunk_size, plan.spec.local_window, plan.spec.length_scale) == (6144, 1024, 0.05)
 
 
 def test_every_attention_method_hands_the_kernel_a_position_map():

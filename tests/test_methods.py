@@ -235,12 +235,12 @@ def test_attention_methods_list_the_defaults_they_derive(original, target, capsy
 
     assert run(["methods"]) == 0
     listed = " ".join(capsys.readouterr().out.split())  # wrapped at 80 columns between words
-    assert "parameters: chunk_size=3L/4, local_window=L/16, log_n=False" in listed
+    assert "parameters: chunk_size=3L/4, local_window=L/8, log_n=False, length_scale=0.05" in listed
     assert "parameters: group_size=smallest G ≥ 2 with W + (N−W)/G ≤ 5L/8, neighbor_window=L/8, log_n=False" in listed
     L, N = original, target
     spec = RopeSpec(method="dual-chunk", target_length=N, original_max_position_embeddings=L)
     filled = spec.rope_method.fill_params(spec)
-    assert (filled.chunk_size, filled.local_window) == (3 * L // 4, L // 16)
+    assert (filled.chunk_size, filled.local_window, filled.length_scale) == (3 * L // 4, L // 8, 0.05)
     spec = RopeSpec(method="self-extend", target_length=N, original_max_position_embeddings=L)
     filled = spec.rope_method.fill_params(spec)
     W = L // 8

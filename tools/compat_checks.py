@@ -169,7 +169,8 @@ def cli_patch(work: Path) -> None:
         raise AssertionError(f"out/config.json: rope {scaling}, max_position_embeddings {config['max_position_embeddings']}")
 
 
-ATTENTION = {"self-extend": {"group_size": 4, "neighbor_window": 8}, "dual-chunk": {"chunk_size": 20, "local_window": 6}}
+ATTENTION = {"self-extend": {"group_size": 4, "neighbor_window": 8},  # dual-chunk: the map alone (length scale off:
+             "dual-chunk": {"chunk_size": 20, "local_window": 6, "length_scale": 0.0}}  # pieces != one forward with it)
 
 
 def small_llama(impl: str):

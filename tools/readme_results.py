@@ -33,8 +33,10 @@ PASSKEY = ["smollm2-passkey-2x", "smollm2-passkey-2x-attn", "smollm2-passkey-2x-
 PERPLEXITY = [["smollm2-paper", "smollm2-ppl-attn", "smollm2-ppl-2x-freq"], ["smollm2-ppl-4x", "smollm2-ppl-4x-attn"]]
 NEEDLES = ["smollm2-needles-2x", "smollm2-needles-ceiling"]
 # STRING inside the window (bf16 on the CPU): the same prompts for the unpatched model and each STRING variant
-STRING = ["smollm2-string-filler-cpu-bfloat16", "smollm2-string-prose-cpu-bfloat16"]
-STRING_VARIANTS = [("string", "`string` (S 2703, W 128)"), ("string-2", "`string` W 512")]
+# and the authors' evaluation recipe (S = int(0.33 N) per test length N, their factor 0.1 ln 2 + 1) on those prompts
+STRING = ["smollm2-string-filler-cpu-bfloat16", "smollm2-string-prose-cpu-bfloat16", "smollm2-string-authors-cpu-bfloat16"]
+STRING_VARIANTS = [("string", "`string` (S 2703, W 128)"), ("string-2", "`string` W 512"),
+                   ("string-authors", "the authors' recipe (S = 0.33·N, factor 1.0693)")]
 TEXTS = ("pydoc_topics", "debian_licenses")  # docs / licences, the order of every perplexity cell
 REFERENCE = "dynamic"  # paired differences against the best frequency method at 2L and 4L (by its passkey)
 
@@ -49,8 +51,9 @@ ROWS = [
     ("`dynamic` (NTK)", "dynamic-x2", "dynamic-x4", "dynamic-x8"),
     ("`self-extend`", "self-extend-x2", "self-extend-x4", None),
     ("`self-extend` + `log_n`", None, "self-extend-x4-logn", None),
-    ("`dual-chunk`", "dual-chunk-x2", "dual-chunk-x4", None),
-    ("`dual-chunk` + `log_n`", None, "dual-chunk-x4-logn", None),
+    # dual-chunk's records ran the defaults before issue 51 (local_window L/16, no length scale): labelled so
+    ("`dual-chunk` (L/16, no scale)", "dual-chunk-x2", "dual-chunk-x4", None),
+    ("`dual-chunk` + `log_n` (L/16, no scale)", None, "dual-chunk-x4-logn", None),
 ]
 # Records measured on a GPU (folder suffix -DEVICE-DTYPE, as tools/run_retrieval_evidence.sh names them with DEVICE
 # and DTYPE set): the 8L column comes from GPU_8L alone, and the note under the table counts, over every GPU folder,
@@ -254,8 +257,8 @@ def string_table(reports: Path = REPORTS) -> str:
             base = by[(BASELINE, h, L)]
             row = [f"{names.get(h, h)} {L // 1024}k", _count([float(r["metrics"]["score"]) for r in base])]
             for variant, _ in STRING_VARIANTS:
-                mine = by[(variant, h, L)]
-                row += [_count([float(r["metrics"]["score"]) for r in mine]), _paired_cell(mine, base)]
+                mine = by[(variant, h, L)]  # (a cell not run: "–")
+                row += [_count([float(r["metrics"]["score"]) for r in mine]) if mine else "–", _paired_cell(mine, base)]
             rows.append(row)
     head = ["passkey", "unpatched"]
     for _, label in STRING_VARIANTS:

@@ -4,8 +4,10 @@ Keys sit at their position modulo the chunk length s = chunk_size - local_window
 chunk sees keys of its own chunk at the original distance (intra-chunk), keys of the previous chunk from position
 min(t + s, chunk_size) (successive-chunk: the first local_window queries keep exact distances across the
 boundary), and keys of older chunks from position chunk_size (inter-chunk). The largest distance is chunk_size,
-whatever the length, so there is no reach limit. Defaults as in the authors' code: chunk_size = 3L/4,
-local_window = L/16.
+whatever the length, so there is no reach limit. Defaults as in the authors' code as it stands
+(HKUNLP/ChunkLlama chunkllama_attn_replace.py at 847ae71): chunk_size = 3L/4, local_window = L // 8 (since d304027;
+L // 16 before, and in rope-extend before issue 51), and the length scale 0.05 (added at a4835cf, 0.05 since
+7b8ef1e); docs/attention-methods.md has the measurements behind them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 from .attention import LOG_N, AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
-DEFAULT_LENGTH_SCALE = 0.0
+DEFAULT_LENGTH_SCALE = 0.05  # ChunkLlama's get_mscale: 0.05·ln(n/L) + 1 (a4835cf; 0.05 since 7b8ef1e)
 MAX_LENGTH_SCALE = 0.5  # c above this multiplies the logits by more than 4x at 4L: a softmax change, not a correction
 
 
@@ -27,11 +29,11 @@ class DualChunk(AttentionMethod):
         "chunk_size": Param(int, None, "the largest distance attention sees; chunks are chunk_size - local_window "
                             "long (default 3L/4)", positive=True, derived="3L/4"),
         "local_window": Param(int, None, "queries this close to a chunk boundary keep exact distances to the "
-                              "previous chunk (default L/16)", positive=True, derived="L/16"),
+                              "previous chunk (default L // 8)", positive=True, derived="L/8"),
         "log_n": LOG_N,
         "length_scale": Param(float, None, "c: cos and sin of every query and key times c·ln(n/L) + 1 once the "
-                              "sequence n exceeds L, so every logit times its square (the authors' code: 0.05; 0: "
-                              "off)", derived="0"),
+                              "sequence n exceeds L, so every logit times its square (default 0.05, the authors' "
+                              "code; 0: off)", derived="0.05"),
     }
     formula = "original θ_i; keys at j mod s; queries intra / successive / inter-chunk (largest distance chunk_size)"
     use_when = ("Retrieval and perplexity beyond L without training, served in-process with rope_extend.patch_model "
@@ -58,7 +60,7 @@ class DualChunk(AttentionMethod):
     def fill_params(self, spec):
         L = spec.original_max_position_embeddings
         chunk = spec.chunk_size if spec.chunk_size is not None else (3 * L) // 4
-        local = spec.local_window if spec.local_window is not None else max(1, L // 16)
+        local = spec.local_window if spec.local_window is not None else max(1, L // 8)
         if chunk >= L:
             raise self._error(
                 f"chunk_size {chunk} is the largest distance dual-chunk attention keeps and must be below the "
@@ -66,7 +68,7 @@ class DualChunk(AttentionMethod):
         if local >= chunk:
             raise self._error(
                 f"local_window {local} must be below chunk_size {chunk} (chunks are chunk_size - local_window "
-                f"tokens long); choose e.g. {max(1, L // 16)}", "local_window", local)
+                f"tokens long); choose e.g. {max(1, L // 8)}", "local_window", local)
         scale = spec.length_scale if spec.length_scale is not None else DEFAULT_LENGTH_SCALE
         return spec.model_copy(update={"chunk_size": int(chunk), "local_window": int(local),
                                        "length_scale": float(scale)})

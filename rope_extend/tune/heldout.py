@@ -79,7 +79,7 @@ def default_variants(factor: float) -> list[Variant]:
 
 
 def _is_static(spec: dict[str, Any] | None) -> bool:
-    return spec is None or not get_method(spec["method"]).dynamic
+    return spec is None or not get_method(spec["method"]).depends_on_length(spec)
 
 
 def original_inside(plan: PatchPlan | None, length: int) -> bool:
