@@ -112,6 +112,31 @@ def test_resume_after_crash(ckpt, tmp_path):
     assert changed and {r["variant"] for r in changed} == {"yarn-x3"}
 
 
+def test_resume_refuses_records_whose_method_defaults_moved(ckpt, tmp_path):
+    """The fingerprint is the spec as written; when a method's defaults change between runs (dual-chunk's
+    local_window L/16 -> L/8 did), the same spec resolves to another model: resuming must refuse, not pool."""
+    suite = {"name": "t", "short_context": [200], "passkey": {"lengths": [200], "depths": [0.0, 1.0]}}
+    spec = {"method": "dual-chunk", "factor": 2.0}
+    run_eval(ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False)
+    path = tmp_path / "results.jsonl"
+    recs = [json.loads(ln) for ln in _lines(path)]
+    first = next(r for r in recs if "patch_report" in r)
+    resolved = first["patch_report"]["spec"]
+    assert resolved["local_window"] == 256 // 8  # dual-chunk's default (L // 8), filled in by the plan
+    new = []  # as recorded: the same parameters resume, nothing computed
+    run_eval(ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False, on_record=new.append)
+    assert new == []
+    resolved["local_window"] = 256 // 16  # as recorded by the release before issue 51 (L // 16)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    with pytest.raises(ValueError, match=r"dual-chunk-x2.*local_window 16 then, 32 now.*--no-resume"):
+        run_eval(ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False)
+    assert [json.loads(ln) for ln in _lines(path)] == recs  # nothing appended
+    redone = []
+    run_eval(ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False, resume=False,
+             on_record=redone.append)
+    assert len(redone) == 2
+
+
 def test_another_seed_is_other_cases_not_a_resume(ckpt, tmp_path):
     """A suite's seed picks the probes' keys: rerunning a folder with another seed must compute its prompts (with
     other keys), never resume the first seed's records as if they were done, and the seeds' records stay apart."""

@@ -196,6 +196,7 @@ def run_eval(
                 print(f"rope-extend: eval --engine vllm: {len(s.left_out)} case(s) of {name} left out: {s.why}",
                       file=sys.stderr, flush=True)
     done = {_key(r): r for r in read_results(results_path)} if resume else {}
+    _check_resumed_plans(out, done, variants, plans)
     jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave, excluded=excluded)
     if loader is None:
         check_memory(str(model_path), folder, compat.text_config(config), [c for j in jobs for c in j.cases], dtype,
@@ -277,6 +278,27 @@ def _tokenizer(model_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_path))
+
+
+def _check_resumed_plans(out: Path, done: dict, variants: list[Variant], plans: dict[str, Any]) -> None:
+    """A variant's fingerprint is its spec as written; the parameters it resolves to (a method's defaults) can move
+    between releases. Resuming records whose resolved parameters differ from this run's plan would pool two models
+    under one name: refused, naming what changed."""
+    for v in variants:
+        plan = plans.get(v.name)
+        if plan is None:
+            continue
+        now = _jsonable(plan.spec)
+        for rec in done.values():
+            then = (rec.get("patch_report") or {}).get("spec")
+            if (rec["variant"], rec.get("fingerprint")) != (v.name, v.fingerprint) or not isinstance(then, dict):
+                continue
+            changed = sorted(k for k in then.keys() & now.keys() if then[k] != now[k])
+            if changed:
+                what = ", ".join(f"{k} {then[k]!r} then, {now[k]!r} now" for k in changed)
+                raise ValueError(f"{out}: variant {v.name!r} was evaluated with other resolved parameters ({what}: "
+                                 "the method's defaults changed); resuming would pool two models under one name: "
+                                 "use another output folder, name the parameters in the spec, or --no-resume")
 
 
 def _check_same_engine(out: Path, engine: str, resume: bool) -> None:
