@@ -56,6 +56,10 @@ def at_ratio(factor: float, method: str | None = None) -> Measured:
         ], f"not measured by this project at x{factor:.4g}")
     entry = ratios[match]
     methods = entry["methods"]
+
+    def shown(name: str) -> str:  # a row that ran other parameters than the method's defaults today says which
+        return f"{name} ({methods[name]['ran']})" if "ran" in methods[name] else name
+
     passkey = {name: m["passkey"] for name, m in methods.items() if "passkey" in m}
     order = sorted(passkey, key=lambda n: (n != method, -passkey[n]["found"] / passkey[n]["prompts"], n))
     devices = sorted({p["device"] for p in passkey.values()})
@@ -63,14 +67,14 @@ def at_ratio(factor: float, method: str | None = None) -> Measured:
     if passkey:
         lines.append(
             f"measured by this project at x{match:g} ({where.format(length=entry['length'])}): passkey found "
-            + ", ".join(f"{name} {passkey[name]['found']}/{passkey[name]['prompts']}" for name in order)
+            + ", ".join(f"{shown(name)} {passkey[name]['found']}/{passkey[name]['prompts']}" for name in order)
             + f" ({'; '.join(devices)})"
         )
     ppl = {name: m["perplexity"] for name, m in methods.items() if "perplexity" in m}
     if ppl:
         texts = data["texts"]
         lines.append(f"perplexity at {entry['length']} tokens ({' / '.join(texts)}): "
-                     + ", ".join(f"{name} " + " / ".join(f"{ppl[name][t]:.2f}" for t in texts)
+                     + ", ".join(f"{shown(name)} " + " / ".join(f"{ppl[name][t]:.2f}" for t in texts)
                                  for name in sorted(ppl, key=lambda n: sum(ppl[n].values()))))
     unmeasured = [kind for kind, test in (("frequency", lambda n: not _is_attention_level(n)),
                                           ("attention-level", _is_attention_level))

@@ -263,6 +263,11 @@ def test_recommend_on_the_demo_model_carries_what_the_project_measured_at_that_r
     assert at_2x.caveat is None
     yarn2 = _passkeys("smollm2-passkey-2x-attn", "yarn-x2", 16384)
     assert any(f"passkey found yarn {yarn2[0]}/{yarn2[1]}, self-extend 20/20" in line for line in at_2x.reasons)
+    # dual-chunk's records ran its earlier defaults (local_window L/16, no length scale): quoted as such, not as
+    # today's dual-chunk
+    dc2 = _passkeys("smollm2-passkey-2x-20", "dual-chunk-x2", 16384)  # its 20 prompts (2x-attn ran 10 of them)
+    assert any(f"dual-chunk (its defaults before ChunkLlama 847ae71: L/16, no scale) {dc2[0]}/{dc2[1]}" in line
+               for line in at_2x.reasons)
     at_3x = recommend(config, 25000)
     assert at_3x.caveat == "not measured by this project at x3.052"
     assert any(line.startswith("nothing was measured by this project at x3.052 (measured on SmolLM2-135M: x2, x4, "

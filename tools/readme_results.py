@@ -52,9 +52,12 @@ ROWS = [
     ("`self-extend`", "self-extend-x2", "self-extend-x4", None),
     ("`self-extend` + `log_n`", None, "self-extend-x4-logn", None),
     # dual-chunk's records ran the defaults before issue 51 (local_window L/16, no length scale): labelled so
-    ("`dual-chunk` (L/16, no scale)", "dual-chunk-x2", "dual-chunk-x4", None),
-    ("`dual-chunk` + `log_n` (L/16, no scale)", None, "dual-chunk-x4-logn", None),
+    ("`dual-chunk`" + (DC_EARLIER := " (L/16, no scale)"), "dual-chunk-x2", "dual-chunk-x4", None),
+    ("`dual-chunk` + `log_n`" + DC_EARLIER, None, "dual-chunk-x4-logn", None),
 ]
+# What a row ran when it is not the method's defaults today, by the label's qualifier: measured.json carries it as
+# the entry's "ran", which `inspect --recommend` prints beside the numbers.
+RAN = {DC_EARLIER: "its defaults before ChunkLlama 847ae71: L/16, no scale"}
 # Records measured on a GPU (folder suffix -DEVICE-DTYPE, as tools/run_retrieval_evidence.sh names them with DEVICE
 # and DTYPE set): the 8L column comes from GPU_8L alone, and the note under the table counts, over every GPU folder,
 # the prompts that the CPU float32 folders ran too and how many of them scored the same on both devices.
@@ -304,6 +307,9 @@ def measured(reports: Path = REPORTS) -> dict:
             if values:
                 entry["perplexity"] = dict(zip(TEXTS, values))
             if entry:
+                for qualifier, ran in RAN.items():
+                    if label.endswith(qualifier):
+                        entry["ran"] = ran
                 ratio = ratios.setdefault(str(factor), {"length": factor * orig, "methods": {}})
                 ratio["methods"][_method_of(label)] = entry
     return {"model": "SmolLM2-135M", "original_length": orig, "made_by": "tools/readme_results.py from eval/reports",
