@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
 import os
@@ -30,6 +32,11 @@ class Variant:
     plan: Any = None
 
     def spec_dict(self) -> dict | None:
+        """The spec as a plain dict (parsed once per variant: every record carries it and its fingerprint)."""
+        return copy.deepcopy(self._spec_dict)
+
+    @functools.cached_property
+    def _spec_dict(self) -> dict | None:
         return spec_to_dict(self.spec)
 
     def rope_spec(self):
@@ -40,9 +47,9 @@ class Variant:
 
         return self.spec if isinstance(self.spec, RopeSpec) else load_spec(self.spec)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
-        d = self.spec_dict()
+        d = self._spec_dict
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
