@@ -44,7 +44,11 @@ def test_table_matches_formulas_without_spec(tiny_dir):
         assert row.wavelength == pytest.approx(2 * math.pi / theta, rel=1e-6)
         assert row.rotations == pytest.approx(ORIGINAL * theta / (2 * math.pi), rel=1e-6)
         assert row.regime == "unchanged"
-    assert any("less than one turn" in note for note in view.notes)
+    assert any("less than one turn" in note and "angles never seen in pretraining" in note for note in view.notes)
+    # an attention-level method keeps every distance inside the window: no unseen angle is claimed
+    view = inspect_rope(load_config(tiny_dir), method="self-extend", factor=2)
+    slow = [note for note in view.notes if "less than one turn" in note]
+    assert len(slow) == 1 and "never seen" not in slow[0] and f"into {ORIGINAL} tokens" in slow[0]
 
 
 def test_table_with_yarn_matches_method(tiny_dir):

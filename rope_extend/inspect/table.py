@@ -151,6 +151,7 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
     params = slots[slot]
     current_type = params.get("rope_type", "default")
     notes: list[str] = []
+    keeps = False  # an attention-level method: the model's RoPE kept, every distance mapped inside the window
     if spec is None and not kwargs:
         dim = compat.rotary_dim(config, params, slot)
         base = float(params["rope_theta"])
@@ -213,10 +214,10 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
     rows = _rows(old.float(), new.float(), original, target, factor)
     unseen = [r.index for r in rows if r.rotations < 1]
     if unseen:
-        notes.append(
-            f"disks {unseen[0]}..{unseen[-1]} make less than one turn in {original} tokens: positions beyond "
-            f"{original} show them angles never seen in pretraining"
-        )
+        beyond = (f"{method} maps every distance the model attends over into {original} tokens, so no position "
+                  "shows them an angle unseen in pretraining" if keeps else
+                  f"positions beyond {original} show them angles never seen in pretraining")
+        notes.append(f"disks {unseen[0]}..{unseen[-1]} make less than one turn in {original} tokens: {beyond}")
     return RopeInspection(
         model_type=str(getattr(config, "model_type", "?")),
         slot=slot,
