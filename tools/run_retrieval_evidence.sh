@@ -57,6 +57,8 @@
 #   tools/run_retrieval_evidence.sh dc-passkey-today  # ... the earlier defaults alone, in their own folder, side by side
 #                                               # with VARIANTS='--spec eval/reports/smollm2-dc/dc-847ae71.yaml' dc-passkey
 #   tools/run_retrieval_evidence.sh dc-ppl-2k   # ... dc-ppl's 2k cells from 2k forwards, beside the unpatched model
+#   tools/run_retrieval_evidence.sh dc-ppl-8k   # ... its 8k cells from 8k forwards (dc-ppl's earlier defaults share one
+#   tools/run_retrieval_evidence.sh dc-ppl-16k  # 32k forward, which rounds otherwise in bf16), and its 16k cells
 #   The string and dc steps run in bfloat16 unless DTYPE is set (on this project's CPUs, with AMX, 3x faster than float32).
 #   Every step appends its command, start, wall time, exit status, commit and machine to OUT/steps.log.
 #   The 8L/16L steps run on DEVICE (cpu unless set, e.g. DEVICE=cuda) in DTYPE (float32 unless set, e.g.
@@ -171,7 +173,7 @@ case "$1" in
   dc-passkey) evd $DC/suite-passkey.yaml eval/reports/smollm2-dc-passkey --no-baseline \
                 ${VARIANTS:---spec $DC/dc-847ae71.yaml --spec $DC/dc-today.yaml} ;;  # 847ae71 first: its 16k jobs pair with
                                                                                  # today's, whose 2k twins come free
-  dc-ppl-2k)  evd $DC/suite-ppl-2k.yaml eval/reports/smollm2-dc-ppl-2k $DC_VARIANTS ;;
+  dc-ppl-2k|dc-ppl-8k|dc-ppl-16k) evd $DC/suite-${1#dc-}.yaml eval/reports/smollm2-$1 $DC_VARIANTS ;;
   dc-passkey-today) evd $DC/suite-passkey.yaml eval/reports/smollm2-dc-passkey-today --no-baseline --spec $DC/dc-today.yaml ;;
-  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|ppl-2x-freq|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper|2x-dynyarn|8x-freq|8x-se|8x-dc|16x-freq|16x-se|16x-dc|ppl-8x|string-filler|string-prose|string-ppl|string-ruler|string-authors|dc-ppl|dc-passkey|dc-passkey-today|dc-ppl-2k" >&2; exit 2 ;;
+  *) echo "usage: $0 ceiling|ceiling-prose|2x|2x-attn|2x-freq|ppl-attn|ppl-2x-freq|2x-20-attn|2x-20-dyn|4x-attn|4x-freq|4x-dc|4x-yarn|4x-calib|4x-logn|4x-dc-logn|ppl-4x|ppl-4x-attn|needles-2x|needles-ceiling|2x-tune|2x-paper|2x-dynyarn|8x-freq|8x-se|8x-dc|16x-freq|16x-se|16x-dc|ppl-8x|string-filler|string-prose|string-ppl|string-ruler|string-authors|dc-ppl|dc-passkey|dc-passkey-today|dc-ppl-2k|dc-ppl-8k|dc-ppl-16k" >&2; exit 2 ;;
 esac
