@@ -57,8 +57,8 @@
 #   tools/run_retrieval_evidence.sh dc-passkey-today  # ... the earlier defaults alone, in their own folder, side by side
 #                                               # with VARIANTS='--spec eval/reports/smollm2-dc/dc-847ae71.yaml' dc-passkey
 #   tools/run_retrieval_evidence.sh dc-ppl-2k   # ... dc-ppl's 2k cells from 2k forwards, beside the unpatched model
-#   tools/run_retrieval_evidence.sh dc-ppl-8k   # ... its 8k cells from 8k forwards (dc-ppl's earlier defaults share one
-#   tools/run_retrieval_evidence.sh dc-ppl-16k  # 32k forward, which rounds otherwise in bf16), and its 16k cells
+#   tools/run_retrieval_evidence.sh dc-ppl-8k   # ... its 8k cells from 8k forwards (DTYPE=float32: without bf16 rounding)
+#   tools/run_retrieval_evidence.sh dc-ppl-16k  # ... and its 16k cells from 16k forwards
 #   The string and dc steps run in bfloat16 unless DTYPE is set (on this project's CPUs, with AMX, 3x faster than float32).
 #   Every step appends its command, start, wall time, exit status, commit and machine to OUT/steps.log.
 #   The 8L/16L steps run on DEVICE (cpu unless set, e.g. DEVICE=cuda) in DTYPE (float32 unless set, e.g.
