@@ -128,7 +128,8 @@ def run_eval(
         text: perplexity text file(s) replacing the suite's texts.
         include_baseline: also evaluate the unpatched model (the "before" column).
         resume: skip cases already in ``results.jsonl`` (``False`` starts a fresh file).
-        share: one forward for all perplexity lengths of a text on length-independent variants (same numbers).
+        share: one forward for all perplexity lengths of a text on length-independent variants (the same numbers up
+            to rounding: in bfloat16 dual-chunk's tokens in its first chunk round otherwise inside a longer forward).
         interleave: evaluate round by round across variants (see :func:`~rope_extend.eval.jobs.plan_jobs`).
         loader: optional ``() -> (model, tokenizer)`` replacing ``load_model`` (tests, custom loading).
         on_record: called with every new record after it has been written.
