@@ -36,7 +36,7 @@ from .plan import PatchPlan, check_rope_model
 from .serving import ServeHint, ServingHints
 from .source import Source, plan_source, read_source
 from .spec import RopeSpec, load_spec
-from .verify import model_dtype, probe_outputs, verify_plan
+from .verify import model_dtype, probe_outputs, verify_plan, verify_tokenizer
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SKIP_NAMES = {".git", ".gitattributes", ".cache", ".huggingface"}
@@ -337,11 +337,13 @@ def verify_output(
 ) -> None:
     """Load `folder` with stock transformers and verify it (`rope_extend.verify.verify_plan`): the RoPE it builds
     equals rope-extend's numbers and a forward beyond the original length runs and agrees with rope-extend's
-    patched model (the real one on the full path, a small random-weight one of the same config otherwise)."""
+    patched model (the real one on the full path, a small random-weight one of the same config otherwise); and its
+    tokenizer loads and its chat templates compile (`rope_extend.verify.verify_tokenizer`)."""
     import warnings
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    verify_tokenizer(folder)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = AutoConfig.from_pretrained(folder)
@@ -544,7 +546,7 @@ def write_checkpoint(
         result.written += ["rope_extend.yaml", "README.md"]
         if options.verify:
             step("verifying: stock transformers reload equals the trained model" if model is not None
-                 else "verifying: stock transformers reload and a forward beyond the original length")
+                 else "verifying: stock transformers reload, the tokenizer and a forward beyond the original length")
             try:
                 verify_output(tmp, plan, mode, source_config=source.config, patched_outputs=result.patched_outputs,
                               patched_dtype=result.patched_dtype)
