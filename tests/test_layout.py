@@ -156,3 +156,45 @@ def test_test_modules_share_helpers_not_each_other():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.startswith("test_"):
                 offenders.append(f"{path.name}:{node.lineno} calls {node.func.id}")
     assert not offenders, offenders
+
+
+ENGINE_NAMES = {"transformers", "vllm", "vllm-server", "sglang", "sglang-server", "llama.cpp", "llamacpp"}
+
+
+def engine_name_comparisons(source: str) -> list[int]:
+    """Lines of `source` that compare something with an engine's name (`engine == "vllm"`, `name in ("vllm",
+    "sglang")`, `row.engine.startswith("transformers")`), in any letter case: what the run-engine registry
+    (`engines.runs`) answers instead. Dictionary keys and messages are not comparisons."""
+    def named(values) -> bool:
+        return any(isinstance(v, str) and v.lower() in ENGINE_NAMES for v in values)
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and named(v for o in [node.left, *node.comparators] for v in _constants(o)):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("startswith", "endswith") and named(v for a in node.args for v in _constants(a))):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_eval_and_the_parity_report_compare_no_engine_name():
+    """`eval --engine NAME` and `engines --run NAME` go through the run-engine registry: no module of eval/, the
+    parity report or the two commands compares a string with an engine's name (adding SGLang is one adapter file)."""
+    checked = [path for name, path in _modules().items()
+               if name.startswith("rope_extend.eval") or name in (
+                   "rope_extend.engines.parity", "rope_extend.engines.runs", "rope_extend.engines.reference",
+                   "rope_extend.cli.eval_cmd", "rope_extend.cli.engines_cmd")]
+    assert len(checked) > 10
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in checked
+                 for line in engine_name_comparisons(path.read_text())]
+    assert not offenders, offenders
+
+
+def test_the_engine_name_check_sees_the_forms_it_forbids():
+    caught = ['x = engine == "vllm"', 'x = engine != "transformers"', 'x = name in ("vllm", "sglang")',
+              'x = row.engine.startswith("transformers")', 'x = "vLLM" == hint.engine', 'x = e not in {"SGLang"}']
+    for source in caught:
+        assert engine_name_comparisons(source) == [1], source
+    for source in ('x = hints["vLLM"]', 'x = {"vllm": "offline"}', 'f("--engine vllm")', 'x = kind == "port"'):
+        assert engine_name_comparisons(source) == [], source

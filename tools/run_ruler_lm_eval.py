@@ -93,8 +93,8 @@ def run_step(model_path, spec, task, length, limit, dtype, device) -> dict:
 def run_step_vllm(model_path, spec, task, length, limit, work: Path) -> dict:
     """The same step through lm-eval's vLLM backend (see the module docstring)."""
     from rope_extend import compat
-    from rope_extend.engines.parity import vllm_eval_serving
-    from rope_extend.engines.vllm_run import linked_folder
+    from rope_extend.engines.runs import linked_folder
+    from rope_extend.engines.vllm_run import VLLM
     from rope_extend.eval.lm_tasks import run_lm_eval_vllm
     from rope_extend.source import load_source, plan_source
     from rope_extend.spec import load_spec
@@ -103,7 +103,7 @@ def run_step_vllm(model_path, spec, task, length, limit, work: Path) -> dict:
     raw = source.raw
     plan = None if spec is None else plan_source(source, load_spec(spec))  # the one plan of this step
     max_model_len = length + ANSWER_BUDGET
-    served = vllm_eval_serving(plan, raw, max_model_len, [max_model_len - 1])
+    served = VLLM.eval_serving(plan, raw, max_model_len, [max_model_len - 1])
     why = served.verdicts[max_model_len - 1]
     if why:
         raise SystemExit(f"vLLM does not serve {spec or 'the unpatched model'} as rope-extend computes it at "
@@ -116,7 +116,7 @@ def run_step_vllm(model_path, spec, task, length, limit, work: Path) -> dict:
         folder = work / f"checkpoint-{hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]}"
         if not folder.exists():
             linked_folder(Path(model_path), out, folder)
-    os.environ.update(served.env)
+    os.environ.update(served.settings.env)
     result = run_lm_eval_vllm(folder, [task], lengths=[length], max_model_len=max_model_len, limit=limit,
                               log_samples=True)
     import lm_eval

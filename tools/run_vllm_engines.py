@@ -65,7 +65,7 @@ def run(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
 
 def table(records: list[dict]) -> str:
     """The README's table: one line per (method, engine row) of the real runs, with the port's verdict beside."""
-    from rope_extend.engines.vllm_run import LOGPROB_TOL, MEAN_TOL
+    from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL
 
     lines = ["| method | engine (run) | route | short request | long request | port says |", "|---|---|---|---|---|---|"]
     for rec in records:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -22,7 +23,12 @@ EXAMPLES = """Examples:
   ROPE_EXTEND_OTHER_PYTHON=.venv4/bin/python rope-extend engines out/smollm2-yarn2
 
   rope-extend engines out/smollm2-yarn2 --run vllm --run vllm-server
+
+Exit status: 0 when every run agrees with the card; 3 (CONTRADICTED) when a real engine (--run) measured otherwise a
+route the card lists as identical (the lines starting "contradicted:" name each); 2 on a usage error.
 """
+
+CONTRADICTED = 3  # a run engine measured otherwise a request the card lists as identical
 
 
 @app.command(epilog=EXAMPLES)
@@ -38,11 +44,13 @@ def engines(
     ] = None,
     runs: Annotated[list[str] | None, typer.Option(
         "--run", help="Also serve it in a real engine: vllm (offline LLM) or vllm-server (OpenAI server); "
-        "repeatable. Builds vLLM's own virtualenv once (`make vllm`).")] = None,
+        "repeatable. Builds the engine's own virtualenv once (`make vllm`). Progress goes to stderr; exits 3 when "
+        "a run measures otherwise a route the card lists as identical.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Per engine and route, max |Δcos|, |Δsin| against rope-extend for a short and a long request, or why not."""
-    from ..engines.parity import check_runs, parity, ports_note
+    """Per engine and route, max |Δcos|, |Δsin| against rope-extend (a port), or |Δ logprob| against transformers (a
+    run), for a short and a long request, or why not. Exits 3 when a run contradicts the card."""
+    from ..engines.parity import check_runs, parity
 
     check_runs(runs or [])  # a bad name fails before anything is loaded
     if method is None and config is None and not sets and factor is None and target_length is None:
@@ -50,15 +58,30 @@ def engines(
     else:
         spec = build_spec(method, factor, target_length, config, sets or [])
         report = parity(source=checkpoint, spec=spec, other_python=other_python, runs=runs or ())
+    contradicted = report.contradictions()
     if as_json:
         out.print_json(report.to_json())
-        return
-    say(f"{report.method} x{report.factor:g}: {report.original} -> {report.target} tokens. Each cell: max |Δcos|, "
-        "|Δsin| against rope-extend's RoPE, for a short and a long request.")
+    else:
+        _print_table(report)
+    for line in contradicted:  # one line each, as an error line: what a CI log shows and a script greps
+        print(f"contradicted: {' '.join(line.split())}", file=sys.stderr, flush=True)
+    if contradicted:
+        raise typer.Exit(CONTRADICTED)
+
+
+def _print_table(report) -> None:
+    from ..engines.parity import ports_note
+
+    measures = "a port row: max |Δcos|, |Δsin| against rope-extend's RoPE"
+    if any(row.served_by_engine for row in report.rows):
+        measures = ("a run row: max / mean |Δ logprob| of the prompt tokens against transformers running "
+                    "rope-extend's RoPE; " + measures)
+    say(f"{report.method} x{report.factor:g}: {report.original} -> {report.target} tokens. Each cell, for a short "
+        f"and a long request: {measures}.")
     # Borderless, so that the columns' longest words (`--json-model-override-args`) fit 80 columns: a cell wraps
     # between words, never inside one.
     notes: list[str] = []  # why a request was not run or not served: below the table, where it has the full width
-    rows = [(f"{row.engine} ({row.checked})", row.route, _cell(row.short, notes), _cell(row.long, notes),
+    rows = [(f"{row.engine} ({row.label})", row.route, _cell(row.short, notes), _cell(row.long, notes),
              "identical" if row.identical else ("not run" if row.skipped else "differs")) for row in report.rows]
     header = ("engine", "route", f"short ({report.original})", f"long ({report.target})", "result")
     widths = column_widths([header, *rows], out.width)
@@ -85,8 +108,8 @@ def engines(
 
 def _cell(result, notes: list[str]) -> str:
     """A measured request's deltas, or a reference to its reason in *notes* (one note per distinct reason)."""
+    from ..engines.runs import LogprobDelta
     from ..engines.served import NotServed
-    from ..engines.vllm_run import LogprobDelta
 
     if isinstance(result, NotServed):
         if result.reason not in notes:

@@ -44,7 +44,7 @@ def eval_command(
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
     interleave: Annotated[bool, typer.Option("--interleave", help="Sample round by round across variants, so a stopped run compares like with like.")] = False,
     no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the model even if the memory estimate says it does not fit.")] = False,
-    engine: Annotated[str, typer.Option(help="transformers (in this process) or vllm (a real vLLM serving each variant; builds its virtualenv once).")] = "transformers",
+    engine: Annotated[str, typer.Option(help="transformers (the reference, in this process) or a run engine serving each variant: vllm (a real vLLM; builds its virtualenv once). Variants the engine does not serve identically are refused before loading.")] = "transformers",
     tensor_parallel_size: Annotated[int | None, typer.Option("--tensor-parallel-size", help="--engine vllm: vLLM's tensor parallelism (GPUs).")] = None,
     pipeline_parallel_size: Annotated[int | None, typer.Option("--pipeline-parallel-size", help="--engine vllm: vLLM's pipeline parallelism (GPUs or nodes).")] = None,
 ) -> None:
@@ -52,10 +52,11 @@ def eval_command(
     from ..eval.runner import run_eval, summary_markdown
     from ..eval.variants import parse_spec_arg
 
+    from ..engines.runs import check_engine_args
+
     engine_args = {key: value for key, value in (("tensor_parallel_size", tensor_parallel_size),
                                                  ("pipeline_parallel_size", pipeline_parallel_size)) if value}
-    if engine_args and engine != "vllm":
-        raise ValueError("--tensor-parallel-size and --pipeline-parallel-size are vLLM's: add --engine vllm")
+    check_engine_args(engine_args, engine)  # an unknown --engine, or an argument it does not take: before loading
     variants = [parse_spec_arg(s) for s in specs or []]
     if name is not None:
         from ..eval.variants import BASELINE

@@ -1,6 +1,7 @@
 """Run the CLI: register the commands, parse, and turn every outcome into an exit code.
 
-Exit codes: 0 success; 2 a user error (one line on stderr: `rope-extend: error: ...`); 130 Ctrl-C (SIGINT) and
+Exit codes: 0 success; 2 a user error (one line on stderr: `rope-extend: error: ...`); 3 `engines --run` contradicted
+the card (a real engine measured otherwise a route it lists as identical); 130 Ctrl-C (SIGINT) and
 143 SIGTERM, with one line saying what was left at the output path.
 """
 

@@ -25,11 +25,21 @@ from ..methods import engine_rules
 from ..plan import PatchPlan
 from ..spec import RopeSpec, load_spec
 from . import llama_cpp, sglang, transformers_engine, vllm
-from .served import Delta, EngineHint, NotServed, Served, compare, positions
-from .vllm_run import LOGPROB_TOL, MEAN_TOL, RUN_NAMES, LogprobDelta, VllmWorker
+from .runs import (
+    LOGPROB_TOL,
+    MEAN_TOL,
+    EngineWorker,
+    LogprobDelta,
+    RunEngine,
+    RunProgress,
+    linked_folder,
+    resolve_runs,
+    serve_and_compare,
+)
+from .served import Delta, EngineHint, NotServed, compare, own_rope
 
 Result = Delta | LogprobDelta | NotServed  # cos/sin of a library or port, prompt log-probabilities of a real engine
-PORT, RUN = "port", "run"
+PORT, RUN, NOT_RUN = "port", "run", "not run"
 
 if TYPE_CHECKING:
     from ..serving import ServingHints
@@ -39,9 +49,10 @@ if TYPE_CHECKING:
 class Row:
     """One serving route of one engine, compared for the short and the long request.
 
-    checked: "port" (rope-extend's port of the engine's RoPE, cos/sin compared) or "run" (the engine itself ran:
-    transformers' rotary module, cos/sin compared; or a real vLLM serving the checkpoint, prompt log-probabilities
-    compared with transformers running rope-extend's RoPE)."""
+    checked: "port" (rope-extend's port of the engine's RoPE, cos/sin compared) or "run" (the engine itself: the
+    installed transformers' rotary module, cos/sin compared; or a run engine (`engines.runs`) serving the checkpoint,
+    prompt log-probabilities compared with transformers running rope-extend's RoPE). `label` says what was done:
+    `checked`, or "not run" where a request was not run."""
 
     engine: str  # the engine as a user names it, with its version (and, for a real engine, its device and route)
     route: str  # how the checkpoint reaches it
@@ -49,6 +60,10 @@ class Row:
     long: Result
     warnings: list[str] = field(default_factory=list)  # the hint's warnings for this engine
     checked: str = PORT
+    serves: str = ""  # the serving line the row checks: the EngineHint's engine ("vLLM"), with `route`
+    version: str | None = None  # the engine's version (a port: the source version it follows)
+    device: str | None = None  # where it computed (a port: none, rope-extend's numpy copy)
+    served_by_engine: bool = False  # a run engine served the checkpoint (its log-probabilities are the evidence)
 
     @property
     def identical(self) -> bool:
@@ -57,6 +72,23 @@ class Row:
     @property
     def skipped(self) -> bool:
         return any(isinstance(r, NotServed) and r.reason.startswith("not run") for r in (self.short, self.long))
+
+    @property
+    def label(self) -> str:
+        """What was done: "port", "run", or "not run" (a request was not run: "run" never stands on such a row)."""
+        return NOT_RUN if self.skipped else self.checked
+
+    def evidence(self) -> dict[str, Any]:
+        """The row's measurement over its served requests: the largest |Δ logprob| (max, mean) of a run engine, the
+        largest |Δcos|, |Δsin| otherwise; None where no request was served."""
+        served = [r for r in (self.short, self.long) if not isinstance(r, NotServed)]
+        if self.served_by_engine:
+            return {"measure": "prompt log-probability against transformers running rope-extend's RoPE",
+                    "max_abs_dlogprob": max((r.max_abs for r in served), default=None),
+                    "mean_abs_dlogprob": max((r.mean_abs for r in served), default=None)}
+        return {"measure": "cos/sin against rope-extend's RoPE",
+                "max_abs_dcos": max((r.max_cos for r in served), default=None),
+                "max_abs_dsin": max((r.max_sin for r in served), default=None)}
 
     def reasons(self) -> list[str]:
         out = []
@@ -93,7 +125,11 @@ class Row:
             "engine": self.engine,
             "route": self.route,
             "checked": self.checked,
+            "label": self.label,
+            "version": self.version,
+            "device": self.device,
             "identical": self.identical,
+            "evidence": self.evidence(),
             "short": one(self.short),
             "long": one(self.long),
             "reasons": self.reasons(),
@@ -142,8 +178,30 @@ class ParityReport:
             "|---|---|---|---|---|",
         ]
         for row in self.rows:
-            lines.append(f"| {row.engine} | {row.route} | {row.checked} | {cell_text(row.short)} | {cell_text(row.long)} |")
+            lines.append(f"| {row.engine} | {row.route} | {row.label} | {cell_text(row.short)} | {cell_text(row.long)} |")
         return "\n".join(lines)
+
+    def contradictions(self) -> list[str]:
+        """Where a run engine measured otherwise what the card lists as identical: a request its port row (the same
+        serving line) says is served identically, and the engine's run of it is not identical (it differs, gives NaN,
+        or the engine refused it). One line each; what `rope-extend engines` exits 3 on."""
+        claims = {(row.serves, row.route): row for row in self.rows if row.checked == PORT and row.serves}
+        out = []
+        for row in self.rows:
+            port = claims.get((row.serves, row.route))
+            if not row.served_by_engine or port is None:
+                continue
+            for request, said, got in (("short", port.short, row.short), ("long", port.long, row.long)):
+                if isinstance(said, NotServed) or not said.identical:
+                    continue  # the card does not claim it
+                if isinstance(got, NotServed) and got.reason.startswith("not run"):
+                    continue  # not measured
+                if isinstance(got, NotServed):
+                    out.append(f"{row.engine} ({row.route}), {request} request: the card says identical; {got.reason}")
+                elif not got.identical:
+                    out.append(f"{row.engine} ({row.route}), {request} request ({got.n} tokens): the card says "
+                               f"identical; measured {got.describe()}")
+        return out
 
 
 def ports_note(rows: Sequence[Row] = ()) -> str:
@@ -151,7 +209,7 @@ def ports_note(rows: Sequence[Row] = ()) -> str:
     text = (f"The transformers rows run the installed transformers. The vLLM, SGLang and llama.cpp rows run "
             f"rope-extend's ports of those engines' RoPE code ({vllm.VERSION}, {sglang.VERSION}, "
             f"{llama_cpp.VERSION}; rope_extend/engines/), not the engines themselves")
-    if not any(row.checked == RUN and not row.engine.startswith("transformers") for row in rows):
+    if not any(row.served_by_engine and row.label == RUN for row in rows):
         return text + "."
     return text + (", except the rows marked run: those served the checkpoint in that engine with the printed "
                    "command's settings and compared the log-probability of every prompt token with transformers "
@@ -222,13 +280,6 @@ def _from_source(source: str | os.PathLike | dict, spec: RopeSpec, tmp: Path) ->
 
 
 # --- the report --------------------------------------------------------------------------------------------------------
-def reference(plan: PatchPlan, n: int) -> Served:
-    """rope-extend's own RoPE for a request of n tokens (dynamic methods evaluated at n)."""
-    inv_freq, attention = plan.compute(plan.targets[0], seq_len=n)
-    cos, sin = Served(inv_freq=inv_freq, magnitude=float(attention)).cos_sin(positions(n))  # once for every row
-    return Served(inv_freq=inv_freq, magnitude=float(attention), cos=cos, sin=sin)
-
-
 def parity(
     checkpoint: str | os.PathLike | None = None,
     *,
@@ -242,9 +293,9 @@ def parity(
     """Compare every engine route with rope-extend's RoPE, for a rope-extend checkpoint or SOURCE + spec.
 
     other_python: the Python of the other transformers line (default: $ROPE_EXTEND_OTHER_PYTHON; without it that
-    row says "not run"). transformers_lines=False skips both transformers rows (the ports only). runs: real
-    engines to serve the checkpoint in as well ("vllm": vLLM's offline LLM, "vllm-server": its OpenAI server),
-    each adding "run" rows (`rope_extend.engines.vllm_run`).
+    row says "not run"). transformers_lines=False skips both transformers rows (the ports only). runs: `--run`
+    names of run engines (`engines.runs`: "vllm" is vLLM's offline LLM, "vllm-server" its OpenAI server) to serve
+    the checkpoint in as well, each adding "run" rows; their progress goes to stderr, a line per step.
     """
     if (checkpoint is None) == (source is None):
         raise ValueError("give either a rope-extend checkpoint or source= with a spec, not both")
@@ -257,13 +308,13 @@ def parity(
 
 def parity_many(
     items: list, other_python: str | None = None, transformers_lines: bool = True, other_line: bool = True,
-    runs: Sequence[str] = (), worker=None,
+    runs: Sequence[str] = (), progress: RunProgress | None = None,
 ) -> list[ParityReport]:
     """`parity` for many checkpoints (paths) or (source, spec) pairs, with one process for the other transformers
-    line (other_line=False leaves that row out) and one vLLM worker for every run (`worker`: a running
-    `vllm_run.VllmWorker` to use instead of starting one). Each is planned once here; the reports execute those
-    plans."""
-    check_runs(runs)
+    line (other_line=False leaves that row out) and one worker per run engine for every run (`runs`: `--run`
+    names; `progress`: where their progress lines go, stderr by default). Each is planned once here; the reports
+    execute those plans."""
+    planned_runs = resolve_runs(runs)
     with tempfile.TemporaryDirectory(prefix="rope-extend-engines-") as tmp:
         inputs = []
         for i, item in enumerate(items):
@@ -274,16 +325,14 @@ def parity_many(
                 inputs.append(_from_source(source, spec if isinstance(spec, RopeSpec) else load_spec(spec), work))
             else:
                 inputs.append(_from_checkpoint(item))
+        workers = _Workers(progress or _run_progress(inputs, planned_runs)) if planned_runs else None
         reports = _reports(inputs, other_python, transformers_lines, other_line)
-        if runs:
-            own = worker is None
-            worker = worker or VllmWorker()
+        if workers is not None:
             try:
                 for i, (x, report) in enumerate(zip(inputs, reports)):
-                    report.rows += _run_rows(x, report, runs, worker, Path(tmp) / f"run-{i}")
+                    report.rows += _run_rows(x, planned_runs, workers, Path(tmp) / f"run-{i}")
             finally:
-                if own:
-                    worker.close()
+                workers.close()
         return reports
 
 
@@ -297,41 +346,69 @@ def _reports(inputs: list[_Inputs], other_python: str | None, transformers_lines
 
 def check_runs(runs: Sequence[str]) -> None:
     """Every name is a real engine rope-extend runs (`--run`), or ValueError naming the choices."""
-    unknown = [name for name in runs if name not in RUN_NAMES]
-    if unknown:
-        raise ValueError(f"--run {unknown[0]!r}: the real engines rope-extend runs are {', '.join(RUN_NAMES)}")
+    resolve_runs(runs)
 
 
-def _run_rows(inputs: _Inputs, report: ParityReport, runs: Sequence[str], worker, tmp: Path) -> list[Row]:
-    """The "run" rows: the checkpoint served in a real vLLM (each route of `runs`) through both routes the card
-    lists, with its printed command's settings; prompt log-probabilities against transformers running
-    rope-extend's RoPE on the same tokens (`vllm_run`)."""
+def _run_progress(inputs: list[_Inputs], runs: list[tuple[RunEngine, str]]) -> RunProgress:
+    """Progress for the runs, its estimate from the tokens every request will run: the reference's and each run
+    engine's (two card routes each)."""
+    tokens = sum(sum(_lengths(x.plan)) for x in inputs if x.weights is not None)
+    routes = sum(len(engine.card_routes(x.plan)[0]) for engine, _ in runs for x in inputs[:1])
+    progress = RunProgress(tokens * (1 + routes))
+    names = ", ".join(f"{engine.title} ({route})" for engine, route in runs)
+    progress.say(f"--run: {names}: each engine started, the transformers reference run, then each engine on each "
+                 "route the card lists")
+    return progress
+
+
+class _Workers:
+    """One worker per run engine, started on first use (a line before and after), closed at the end."""
+
+    def __init__(self, progress: RunProgress):
+        self.progress, self.open = progress, {}
+
+    def __call__(self, engine: RunEngine) -> EngineWorker:
+        if engine.name not in self.open:
+            with self.progress.step(f"{engine.title}: starting its worker (the engine's environment is built first "
+                                    "when missing)"):
+                self.open[engine.name] = engine.open()
+        return self.open[engine.name]
+
+    def close(self) -> None:
+        for worker in self.open.values():
+            worker.close()
+
+
+def _run_rows(inputs: _Inputs, runs: list[tuple[RunEngine, str]], workers: _Workers, tmp: Path) -> list[Row]:
+    """The "run" rows: the checkpoint served in each run engine (through the route of each `--run`) on both routes
+    the card lists, with its printed command's settings; prompt log-probabilities against transformers running
+    rope-extend's RoPE on the same tokens (`engines.reference`)."""
     from ..hub import resolve_source
-    from . import vllm_run
+    from .reference import reference, text_ids
 
-    hint = next(h for h in report.hints if h.engine == "vLLM")
-    v = hint.args
-    routes = (("this checkpoint", v["out_overrides"]), ("original model + --hf-overrides", v["original_overrides"]))
+    planned = [(engine, route, *engine.card_routes(inputs.plan)) for engine, route in runs]
     if inputs.weights is None:
         reason = NotServed("not run: a config without weights")
-        return [Row(worker.label(RUN_NAMES[run]), route, reason, reason, list(hint.warnings), RUN)
-                for run in runs for route, _ in routes]
+        return [Row(f"{engine.title}, {route} route", card.label, reason, reason, warnings, RUN, engine.title,
+                    served_by_engine=True)
+                for engine, route, cards, warnings in planned for card in cards]
     weights = resolve_source(inputs.weights)
-    this = weights if inputs.written else vllm_run.linked_folder(weights, inputs.out_config, tmp / "this")
-    original = vllm_run.linked_folder(weights, inputs.original_config, tmp / "original")
+    this = weights if inputs.written else linked_folder(weights, inputs.out_config, tmp / "this")
+    original = linked_folder(weights, inputs.original_config, tmp / "original")
     lengths = _lengths(inputs.plan)
-    ids = vllm_run.text_ids(weights, max(lengths))
+    ids = text_ids(weights, max(lengths))
     requests = {n: ids[: n - 1] for n in lengths}  # n - 1 prompt tokens + 1 generated: n tokens
-    truth = vllm_run.reference(original, inputs.plan, requests)
+    started = {engine.name: workers(engine) for engine, *_ in planned}  # each engine starts first (a few seconds
+    truth = reference(original, inputs.plan, requests, workers.progress)  # to minutes), then the reference runs
     rows = []
-    for run in runs:
-        route = RUN_NAMES[run]
-        for label, overrides in routes:
-            results = vllm_run.serve_and_compare(
-                worker, route, this if label == "this checkpoint" else original, max_model_len=v["max_model_len"],
-                hf_overrides=overrides, env=v["env"], requests=requests, reference=truth)
+    for engine, route, cards, warnings in planned:
+        worker = started[engine.name]
+        for card in cards:
+            results = serve_and_compare(engine, worker, route, original if card.original else this, card.settings,
+                                        requests=requests, reference=truth, progress=workers.progress)
             short, long = (r if isinstance(r, LogprobDelta) else NotServed(r) for r in (results[n] for n in lengths))
-            rows.append(Row(worker.label(route), label, short, long, list(hint.warnings), RUN))
+            rows.append(Row(worker.label(route), card.label, short, long, list(warnings), RUN, engine.title,
+                            worker.version, worker.device, served_by_engine=True))
     return rows
 
 
@@ -345,23 +422,24 @@ def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -
     plan = inputs.plan
     spec = plan.spec
     lengths = _lengths(plan)
-    refs = {n: reference(plan, n) for n in lengths}
+    refs = {n: own_rope(plan, n) for n in lengths}
     serving = serving or ServingHints.of(plan)
     hints = {hint.engine: hint for hint in serving.named(inputs.out_name)}
     rows: list[Row] = []
     not_served = engine_rules(plan.method).not_served(plan)
 
-    def row(engine, route, results, hint_engine, checked=PORT):
+    def row(engine, route, results, hint_engine, checked=PORT, version=None, device=None):
         if not_served:  # the RoPE matches, the attention is the model's own
             results = [r if isinstance(r, NotServed) else NotServed(not_served) for r in results]
         short, long = (r if isinstance(r, NotServed) else compare(r, refs[n], n) for n, r in zip(lengths, results))
-        rows.append(Row(engine, route, short, long, list(hints[hint_engine].warnings), checked))
+        rows.append(Row(engine, route, short, long, list(hints[hint_engine].warnings), checked, hint_engine,
+                        version or engine, device))
 
     for probed in (here, other):
         if probed is not None:
             version, served = probed
             row(f"transformers {version or '(other line)'}", "config.json", [served[n] for n in lengths], "transformers",
-                RUN)
+                RUN, version, "cpu" if version else None)
 
     v = hints["vLLM"].args
     for route, config, overrides in (
@@ -407,46 +485,6 @@ def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -
         rows=rows,
         hints=list(hints.values()),
     )
-
-
-@dataclass(frozen=True)
-class VllmEvalServing:
-    """How `eval --engine vllm` serves the original model with a plan's method (`plan` None: unpatched)."""
-
-    overrides: dict | None  # --hf-overrides (the card's, for the original model)
-    env: dict  # VLLM_ALLOW_LONG_MAX_MODEL_LEN when max_model_len exceeds what vLLM derives from the config
-    verdicts: dict  # request length n -> None when served as rope-extend computes it at positions 0..n-1, else why
-
-
-def vllm_eval_serving(plan: PatchPlan | None, original_config: dict, max_model_len: int,
-                      lengths) -> VllmEvalServing:
-    """For `eval --engine vllm`: the original model served with plan's method and --max-model-len max_model_len,
-    checked through the vLLM port at every request length (positions 0..n-1) against rope-extend's own RoPE. The
-    unpatched model is checked against its own RoPE (vLLM's cache holds max_position_embeddings positions)."""
-    from ..serving import engine_hints
-
-    overrides = None
-    if plan is not None:
-        overrides = next(h for h in engine_hints(plan, "OUT") if h.engine == "vLLM").args["original_overrides"]
-    fields, rope = vllm.load_config(original_config, overrides)
-    env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if max_model_len > vllm.derived_max_model_len(fields, rope) else {}
-    verdicts = {}
-    for n in sorted(set(lengths)):
-        served = vllm.served(fields, rope, max_model_len, n)
-        if plan is not None and plan.method.acts_on_attention:
-            verdicts[n] = f"{plan.spec.method} acts on attention, which vLLM does not apply"
-            continue
-        if isinstance(served, NotServed):
-            verdicts[n] = served.reason
-            continue
-        if plan is None:
-            verdicts[n] = None  # the original RoPE, within vLLM's cache
-            continue
-        delta = compare(served, reference(plan, n), n)
-        verdicts[n] = None if delta.identical else (
-            f"{vllm.VERSION} builds cos/sin {max(delta.max_cos, delta.max_sin):.2g} away from rope-extend's"
-            + (f": {served.note}" if served.note else ""))
-    return VllmEvalServing(overrides, env, verdicts)
 
 
 def compat_model_type(config: dict) -> str:

@@ -104,6 +104,14 @@ def compare(engine: Served, reference: Served, n: int) -> Delta:
     )
 
 
+def own_rope(plan, n: int) -> Served:
+    """rope-extend's own RoPE for a request of n tokens (`plan`: a PatchPlan; dynamic methods evaluated at n): what
+    every engine is compared with."""
+    inv_freq, attention = plan.compute(plan.targets[0], seq_len=n)
+    cos, sin = Served(inv_freq=inv_freq, magnitude=float(attention)).cos_sin(positions(n))  # once for every row
+    return Served(inv_freq=inv_freq, magnitude=float(attention), cos=cos, sin=sin)
+
+
 def default_inv_freq(dim: int, base: float) -> torch.Tensor:
     """base^(-2i/d) with the float32 op order vLLM, SGLang and transformers share."""
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))

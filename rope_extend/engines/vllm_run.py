@@ -1,4 +1,5 @@
-"""A real vLLM, run: rope-extend's client of `vllm_worker.py`, and the engines report's "run" rows.
+"""A real vLLM, run: the run-engine adapter of vLLM (`VllmEngine`, registered as `vllm`) and its client of
+`vllm_worker.py` (`VllmWorker`). The worked example of `rope_extend.engines.runs.RunEngine`.
 
 `VllmWorker` starts the worker under the vLLM environment's Python (`vllm_env`) and sends it requests (JSON lines):
 load a checkpoint through a route (`offline`: `vllm.LLM` in the worker; `server`: the OpenAI-compatible server in a
@@ -6,16 +7,16 @@ subprocess of it, queried with the `openai` client), get prompt log-probabilitie
 serves many checkpoints in turn. What vLLM refuses (a config, a request longer than --max-model-len) comes back as
 `VllmRefused` with vLLM's own message: for the report that is a result.
 
-`run_rows` serves a checkpoint the way `rope-extend patch` says to (its vLLM command: --max-model-len,
-VLLM_ALLOW_LONG_MAX_MODEL_LEN, `--hf-overrides`), for both routes the card lists (this checkpoint; the original
-model + `--hf-overrides`), a short request (L tokens) and a long one (the target length), and compares vLLM's
-log-probability of every prompt token with transformers running rope-extend's RoPE (`patch.apply_patch` on the original
-model) on the same token ids, float32 both. Identical: no NaN, max |Δ logprob| <= `LOGPROB_TOL` and their mean <= `MEAN_TOL`.
+`VllmEngine` tells the two commands what vLLM is to them: `--run vllm` (the offline LLM) and `--run vllm-server`
+(the OpenAI server); the card's two routes with its printed command's settings (`VllmServing`: --max-model-len,
+VLLM_ALLOW_LONG_MAX_MODEL_LEN, `--hf-overrides`); for `eval --engine vllm`, what vLLM serves as rope-extend computes
+it, checked through the vLLM port (`engines.vllm`) before anything loads; and how a folder is loaded with those
+settings. The comparison itself (prompt log-probabilities against transformers running rope-extend's RoPE) is
+the same for every run engine: `engines.runs`.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -24,26 +25,24 @@ import tempfile
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from . import vllm
+from .runs import CardRoute, EngineRefused, EvalServing, register
+from .served import NotServed, compare, own_rope
 from .vllm_env import VllmEnv, ensure_vllm
 
-# Identical within: every prompt token's |Δ logprob| (nats) <= LOGPROB_TOL and their mean <= MEAN_TOL, no NaN. Kernels
-# and the float32 rounding of the rotation angle differ between engines. Measured on the demo model (30 layers) at
-# 12288 tokens, 2026-12-05: YaRN x1.5 (vLLM computes p·θ as transformers does) max 2.3e-4, mean 6.9e-6; linear x1.5
-# (vLLM rounds p/s, transformers θ/s: the angle rounding the port's float32 tolerance admits, ~7e-4 rad at the
-# fastest frequency) max 1.6e-2 on one token, mean 2.6e-4, mean signed difference 1.8e-5 (the perplexities agree
-# to 2e-5). A RoPE that differs moves every token: by 0.05 to 1 and more on the suite's 2-layer model.
-LOGPROB_TOL = 5e-2
-MEAN_TOL = 1e-3
+if TYPE_CHECKING:
+    from ..plan import PatchPlan
+
 ROUTES = ("offline", "server")
-RUN_NAMES = {"vllm": "offline", "vllm-server": "server"}  # `rope-extend engines --run NAME`
 
 
 class VllmError(RuntimeError):
     """The vLLM worker itself failed (it exited, or answered nonsense); the message ends with its log's tail."""
 
 
-class VllmRefused(ValueError):
+class VllmRefused(EngineRefused):
     """vLLM refused a load or a request; the message is vLLM's own (e.g. the prompt exceeds --max-model-len)."""
 
 
@@ -167,52 +166,6 @@ class VllmWorker:
         self.close()
 
 
-# --- comparison with transformers ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LogprobDelta:
-    """vLLM's prompt log-probabilities against transformers' for one request of n tokens (n - 1 prompt tokens, each
-    but the first scored, and one generated token); the statistics are over the tokens where vLLM gave a number."""
-
-    n: int
-    max_abs: float  # max |Δ logprob|
-    mean_abs: float  # mean |Δ logprob|
-    mean: float  # mean Δ logprob (vLLM - transformers): minus the change of the mean loss
-    nan: int  # tokens where vLLM gave NaN
-    first_nan: int | None  # the first of them (its position in the prompt)
-
-    @property
-    def identical(self) -> bool:
-        return self.nan == 0 and self.max_abs <= LOGPROB_TOL and self.mean_abs <= MEAN_TOL
-
-    def describe(self) -> str:
-        text = f"|Δ logprob| max {self.max_abs:.2g}, mean {self.mean_abs:.2g} (mean Δ {self.mean:+.2g})"
-        if self.nan:
-            return f"NaN log-probabilities from token {self.first_nan} on ({self.nan} of {self.n - 2}); elsewhere {text}"
-        return text
-
-
-def compare_logprobs(engine: list[float], reference) -> LogprobDelta:
-    """`engine`: vLLM's log-probabilities of tokens 1..n-1; `reference`: transformers' (a tensor or list)."""
-    ref = [float(x) for x in reference]
-    if len(engine) != len(ref):
-        raise VllmError(f"vLLM returned {len(engine)} log-probabilities for {len(ref)} prompt tokens")
-    nans = [i for i, v in enumerate(engine) if math.isnan(v)]
-    diffs = [v - r for v, r in zip(engine, ref) if not math.isnan(v)]
-    count = max(1, len(diffs))
-    return LogprobDelta(n=len(ref) + 2, max_abs=max(map(abs, diffs), default=0.0),
-                        mean_abs=sum(map(abs, diffs)) / count, mean=sum(diffs) / count, nan=len(nans),
-                        first_nan=nans[0] + 1 if nans else None)
-
-
-def reference_logprobs(model, ids: list[int]):
-    """transformers' log p(token i | tokens < i), i = 1..n-1, float32, from a (patched) model's forward."""
-    import torch
-
-    from ..eval.perplexity import token_losses
-
-    return (-token_losses(model, torch.tensor(ids, dtype=torch.long))).tolist()
-
-
 # --- what was run: the evidence the card quotes -------------------------------------------------------------------------
 RUNS_FILE = Path(__file__).with_name("vllm_runs.json")  # tools/run_vllm_engines.py --summarize, from eval/reports
 
@@ -225,78 +178,71 @@ def recorded_runs(method: str) -> list[dict]:
     return json.loads(RUNS_FILE.read_text())["methods"].get(method, [])
 
 
-# --- serving a checkpoint the way its hint says --------------------------------------------------------------------------
-def linked_folder(weights: Path, config: dict, folder: Path) -> Path:
-    """`folder` holding `config` as config.json and links to every other file of `weights` (a checkpoint served
-    with another config.json: the original model's, or one planned in memory); nothing is copied."""
-    folder.mkdir(parents=True)
-    for item in Path(weights).iterdir():
-        if item.name != "config.json" and not item.name.startswith("."):
-            (folder / item.name).symlink_to(item.resolve())
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    return folder
 
 
-def text_ids(tokenizer_dir: Path, n: int, text: str | None = None) -> list[int]:
-    """The first n token ids of the evaluation text (`eval.texts`; default pydoc_topics, with the debian_licenses
-    text appended when it is too short) under the checkpoint's tokenizer. Only a prefix is tokenised."""
-    return list(_text_ids(str(Path(tokenizer_dir).resolve()), n, text))
+# --- the run-engine adapter ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VllmServing:
+    """`vllm serve FOLDER --max-model-len N [--hf-overrides JSON]` with `env` (VLLM_ALLOW_LONG_MAX_MODEL_LEN)."""
+
+    max_model_len: int
+    hf_overrides: dict | None
+    env: dict
 
 
-@functools.lru_cache(maxsize=8)
-def _text_ids(tokenizer_dir: str, n: int, text: str | None) -> tuple[int, ...]:
-    from transformers import AutoTokenizer
+class VllmEngine:
+    """vLLM as a run engine (`rope_extend.engines.runs.RunEngine`)."""
 
-    from ..eval.perplexity import tokenize_text
-    from ..eval.texts import LICENSES_TEXT, load_text
+    name = "vllm"
+    title = "vLLM"
+    runs = {"vllm": "offline", "vllm-server": "server"}
+    eval_route = "offline"
+    options = ("tensor_parallel_size", "pipeline_parallel_size")
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    full = load_text(text) if text is not None else load_text(None) + "\n\n" + load_text(LICENSES_TEXT)
-    chars = 8 * n
-    while True:  # a token is rarely more than 8 characters: tokenise a prefix, longer only if it falls short
-        ids = tokenize_text(tokenizer, full[:chars]).tolist()
-        if len(ids) >= n + 64 or chars >= len(full):  # the cut word (at the end) is left out
-            break
-        chars *= 2
-    if len(ids) < n:
-        raise ValueError(f"the evaluation text has {len(ids)} tokens under this tokenizer; the long request needs {n}")
-    return tuple(ids[:n])
+    def card_routes(self, plan: PatchPlan) -> tuple[list[CardRoute], list[str]]:
+        """The card's vLLM lines: this checkpoint as written, and the original model with `--hf-overrides`; both
+        with the printed command's --max-model-len and environment."""
+        hint = vllm.serving_rule(plan)
+        v = hint.args
+        return [CardRoute("this checkpoint", False, VllmServing(v["max_model_len"], v["out_overrides"], v["env"])),
+                CardRoute("original model + --hf-overrides", True,
+                          VllmServing(v["max_model_len"], v["original_overrides"], v["env"]))], list(hint.warnings)
+
+    def eval_serving(self, plan: PatchPlan | None, original_config: dict, max_len: int, lengths) -> EvalServing:
+        """The original model served with plan's method and --max-model-len max_len, checked through the vLLM port
+        at every request length (positions 0..n-1) against rope-extend's own RoPE. The unpatched model is checked
+        against its own RoPE (vLLM's cache holds max_position_embeddings positions)."""
+        overrides = None if plan is None else vllm.serving_rule(plan).args["original_overrides"]
+        fields, rope = vllm.load_config(original_config, overrides)
+        env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if max_len > vllm.derived_max_model_len(fields, rope) else {}
+        verdicts = {}
+        for n in sorted(set(lengths)):
+            served = vllm.served(fields, rope, max_len, n)
+            if plan is not None and plan.method.acts_on_attention:
+                verdicts[n] = f"{plan.spec.method} acts on attention, which vLLM does not apply"
+                continue
+            if isinstance(served, NotServed):
+                verdicts[n] = served.reason
+                continue
+            if plan is None:
+                verdicts[n] = None  # the original RoPE, within vLLM's cache
+                continue
+            delta = compare(served, own_rope(plan, n), n)
+            verdicts[n] = None if delta.identical else (
+                f"{vllm.VERSION} builds cos/sin {max(delta.max_cos, delta.max_sin):.2g} away from rope-extend's"
+                + (f": {served.note}" if served.note else ""))
+        return EvalServing(VllmServing(int(max_len), overrides, env), verdicts)
+
+    def open(self) -> VllmWorker:
+        return VllmWorker()
+
+    def load(self, worker: VllmWorker, folder: Path, settings: VllmServing, *, route: str,
+             engine_args: dict | None = None) -> float:
+        return worker.load(folder, settings.max_model_len, route=route, hf_overrides=settings.hf_overrides,
+                           env=settings.env, engine_args=engine_args)
+
+    def describe(self, settings: VllmServing) -> dict:
+        return {"hf_overrides": settings.hf_overrides, "max_model_len": settings.max_model_len, "env": settings.env}
 
 
-def reference(model_dir: Path, plan, requests: dict[int, list[int]]) -> dict[int, list[float]]:
-    """transformers running rope-extend's RoPE (`plan` applied to the model in `model_dir`), float32: the
-    log-probabilities of each request's prompt tokens. A request of n tokens is a prompt of n - 1 tokens and one
-    generated token (vLLM refuses a prompt of --max-model-len tokens: nothing could be generated); a dynamic method
-    holds its scale at n, as rope-extend serves such a request (`fixed_rope_length`)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from ..compat import dtype_kwargs
-    from ..dynamic import fixed_rope_length
-    from ..patch import apply_patch
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), **dtype_kwargs(torch.float32)).eval()
-    apply_patch(model, plan)  # the RoPE rope-extend computes; the writer's verification is not at stake
-    out = {}
-    for n, ids in requests.items():
-        with fixed_rope_length(model, n):
-            out[n] = reference_logprobs(model, ids)
-    return out
-
-
-def serve_and_compare(worker: VllmWorker, route: str, model: Path, *, max_model_len: int, hf_overrides: dict | None,
-                      env: dict, requests: dict[int, list[int]],
-                      reference: dict[int, list[float]]) -> dict[int, LogprobDelta | str]:
-    """Load `model` in `worker` as the hint says and run every request ({n: the n - 1 prompt tokens of a request
-    of n tokens}): a LogprobDelta each, or vLLM's refusal (a string: why the load or the request was refused)."""
-    try:
-        worker.load(model, max_model_len, route=route, hf_overrides=hf_overrides, env=env)
-    except VllmRefused as exc:
-        return {n: f"vLLM refused to start: {exc}" for n in requests}
-    out: dict[int, LogprobDelta | str] = {}
-    for n, ids in requests.items():
-        try:
-            out[n] = compare_logprobs(worker.prompt_logprobs(ids), reference[n])
-        except VllmRefused as exc:
-            out[n] = f"vLLM refused the request: {exc}"
-    return out
+VLLM = register(VllmEngine())

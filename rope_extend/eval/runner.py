@@ -111,7 +111,7 @@ def run_eval(
     memory_check: bool = True,
     engine: str = "transformers",
     engine_args: dict | None = None,
-    vllm_worker=None,
+    worker=None,
 ) -> list[dict]:
     """Evaluate the unpatched model and each spec on *suite*; write results, report and plots.
 
@@ -134,25 +134,26 @@ def run_eval(
         loader: optional ``() -> (model, tokenizer)`` replacing ``load_model`` (tests, custom loading).
         on_record: called with every new record after it has been written.
         memory_check: refuse, before loading, a run that needs more memory than the device has
-            (``rope_extend.memory``; ``--no-memory-check`` turns it off). Transformers' estimate: not made for
-            ``engine="vllm"``, whose engine sizes its own KV cache at start.
-        engine: ``transformers`` (each variant patched in this process) or ``vllm`` (each variant served by a real
-            vLLM as the card serves the original model with the method; see :mod:`rope_extend.eval.backends`:
-            variants vLLM does not serve identically are refused before anything loads, and the unpatched
-            model's cases beyond its window are left out). ``engine_args``: vLLM engine arguments passed through
-            (``tensor_parallel_size``, ``pipeline_parallel_size``...); ``vllm_worker``: a running
-            ``VllmWorker`` to use (the caller closes it).
+            (``rope_extend.memory``; ``--no-memory-check`` turns it off). Transformers' estimate: not made for a
+            run engine, which sizes its own KV cache at start.
+        engine: ``transformers`` (the reference: each variant patched in this process) or a run engine registered
+            in :mod:`rope_extend.engines.runs` (``vllm``: each variant served by a real vLLM as the card serves the
+            original model with the method; see :mod:`rope_extend.eval.backends`: variants it does not serve
+            identically are refused before anything loads, and the unpatched model's cases beyond its window are
+            left out). ``engine_args``: the run engine's arguments passed through (its ``options``: for vLLM
+            ``tensor_parallel_size``, ``pipeline_parallel_size``); ``worker``: a running worker of that engine to
+            use (the caller closes it).
 
     Returns:
         All records for this run's variants (resumed + new), in suite order.
     """
-    from .backends import ENGINES
+    from ..engines.runs import REFERENCE, check_engine_args, lookup
 
-    if engine not in ENGINES:
-        raise ValueError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
-    if engine != "transformers" and (loader is not None or device_map or device or dtype != "float32"):
-        raise ValueError(f"--engine {engine}: the model is served by {engine} in float32 (--dtype, --device, "
-                         "--device-map and a custom loader apply to transformers)")
+    served_by = lookup(engine)  # a run engine's adapter; None: the reference, transformers in this process
+    check_engine_args(engine_args or {}, engine)
+    if served_by is not None and (loader is not None or device_map or device or dtype != "float32"):
+        raise ValueError(f"--engine {engine}: the model is served by {served_by.title} in float32 (--dtype, "
+                         f"--device, --device-map and a custom loader apply to {REFERENCE})")
     out = Path(out_dir)
     check_replaceable(out, "eval")  # a new or empty folder, or an eval output (resumed): never a user's folder
     _check_same_engine(out, engine, resume)
@@ -184,24 +185,25 @@ def run_eval(
         del m
     cases = suite_obj.cases(original)
     serving, excluded = {}, frozenset()
-    if engine == "vllm":  # planned once, before anything loads: refuses what vLLM does not serve identically
-        from .backends import plan_vllm
+    if served_by is not None:  # planned once, before anything loads: refuses what it does not serve identically
+        from .backends import plan_engine
 
         preflight_tok = preflight_tok or _tokenizer(folder)
         sampler = Evaluator(None, preflight_tok, original, suite_obj.seed)
-        serving = plan_vllm(folder, variants, plans, {v.name: [c for c in cases if applies(c, v)] for v in variants},
-                            lambda c: sampler.probe(c).max_new_tokens)
+        serving = plan_engine(served_by, folder, variants, plans,
+                              {v.name: [c for c in cases if applies(c, v)] for v in variants},
+                              lambda c: sampler.probe(c).max_new_tokens)
         excluded = frozenset((name, case_id) for name, s in serving.items() for case_id in s.left_out)
         for name, s in serving.items():
             if s.left_out and progress:
-                print(f"rope-extend: eval --engine vllm: {len(s.left_out)} case(s) of {name} left out: {s.why}",
+                print(f"rope-extend: eval --engine {engine}: {len(s.left_out)} case(s) of {name} left out: {s.why}",
                       file=sys.stderr, flush=True)
     done = {_key(r): r for r in read_results(results_path)} if resume else {}
     _check_resumed_plans(out, done, variants, plans)
     jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave, excluded=excluded)
     if loader is None:
         check_memory(str(model_path), folder, compat.text_config(config), [c for j in jobs for c in j.cases], dtype,
-                     device, device_map, skip=not memory_check or engine != "transformers")
+                     device, device_map, skip=not memory_check or served_by is not None)
 
     out.mkdir(parents=True, exist_ok=True)  # only now: a bad suite, spec, model or size leaves no empty folder
     if not resume and results_path.exists():
@@ -210,8 +212,8 @@ def run_eval(
     meta["device"] = None if device_map else (device or "cpu")
     meta["expected_records"] = sum(applies(c, v) and (v.name, c.case_id) not in excluded
                                    for c in cases for v in variants)
-    meta["engine"] = engine if engine != "transformers" else f"transformers {_transformers_version()}"
-    if engine == "vllm":
+    meta["engine"] = engine if served_by is not None else f"{REFERENCE} {_transformers_version()}"
+    if served_by is not None:
         meta["left_out"] = {name: f"{len(s.left_out)} case(s): {s.why}" for name, s in serving.items() if s.left_out}
     (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
 
@@ -220,23 +222,19 @@ def run_eval(
         pending = {c.case_id: c for j in jobs for c in j.cases}
         Evaluator(None, preflight_tok, original, suite_obj.seed).preflight(list(pending.values()))
 
-    own_worker = engine == "vllm" and vllm_worker is None and bool(jobs)
+    own_worker = served_by is not None and worker is None and bool(jobs)
 
     def load(v: Variant) -> Evaluator:
-        nonlocal vllm_worker
-        if engine == "vllm":
-            from .backends import VllmBackend
+        nonlocal worker
+        if served_by is not None:  # the variant served by the run engine, with the settings planned above
+            from .backends import EngineBackend
 
-            if vllm_worker is None:
-                from ..engines.vllm_run import VllmWorker
-
-                vllm_worker = VllmWorker()
-            s = serving[v.name]
-            vllm_worker.load(folder, s.max_model_len, hf_overrides=s.hf_overrides, env=s.env,
-                             engine_args=engine_args)
-            ev = Evaluator(None, preflight_tok, original, suite_obj.seed, backend=VllmBackend(vllm_worker, preflight_tok))
-            ev.patch_report = {"engine": vllm_worker.label("offline"), "hf_overrides": s.hf_overrides,
-                               "max_model_len": s.max_model_len, "env": s.env}
+            if worker is None:
+                worker = served_by.open()
+            settings = serving[v.name].settings
+            served_by.load(worker, folder, settings, route=served_by.eval_route, engine_args=engine_args)
+            ev = Evaluator(None, preflight_tok, original, suite_obj.seed, backend=EngineBackend(worker, preflight_tok))
+            ev.patch_report = {"engine": worker.label(served_by.eval_route), **served_by.describe(settings)}
             return ev
         model, tok = loader() if loader is not None else load_model(
             folder, dtype=dtype, device_map=device_map, device=device
@@ -259,10 +257,10 @@ def run_eval(
     try:
         run_jobs(jobs, load, original, record, progress)
     finally:
-        if own_worker and vllm_worker is not None:
-            vllm_worker.close()
-    if engine == "vllm" and vllm_worker is not None:
-        meta["engine"] = vllm_worker.label("offline")
+        if own_worker and worker is not None:
+            worker.close()
+    if served_by is not None and worker is not None:
+        meta["engine"] = worker.label(served_by.eval_route)
         (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
     records = [done[k] for v in variants for c in cases if (k := (v.name, v.fingerprint, c.case_id)) in done]
     write_outputs(records, out, plots=plots, meta=meta)
@@ -304,10 +302,12 @@ def _check_resumed_plans(out: Path, done: dict, variants: list[Variant], plans: 
 
 def _check_same_engine(out: Path, engine: str, resume: bool) -> None:
     """A resumed folder holds one engine's records: mixing transformers and vLLM numbers would compare engines,
-    not variants."""
+    not variants. run.json's `engine` starts with the engine's name (its label: 'vLLM 0.32.0 ...')."""
+    from ..engines.runs import REFERENCE
+
     if not resume or not (out / RUN_FILE).is_file() or not read_results(out):
         return
-    previous = json.loads((out / RUN_FILE).read_text()).get("engine") or "transformers"
+    previous = json.loads((out / RUN_FILE).read_text()).get("engine") or REFERENCE
     if previous.split()[0].lower() != engine:
         raise ValueError(f"{out} holds an evaluation run with {previous}; --engine {engine} needs another output "
                          "folder (or --no-resume to start over)")

