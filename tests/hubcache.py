@@ -201,6 +201,28 @@ def build(cache: Path, repo_id: str, config_update: dict | None = None) -> Path:
     return snapshot
 
 
+def build_config(cache: Path, repo_id: str, config_update: dict | None = None) -> Path:
+    """Only config.json of `repo_id` (tests/data/hub/<org--name>/config.json, which need not be one of `MODELS`) in
+    the Hub cache folder `cache`, as `hf_hub_download(repo_id, "config.json")` leaves it (what `rope-extend engines`
+    and `inspect` fetch); returns its snapshot folder."""
+    root = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+    commit = commit_of(repo_id)
+    snapshot = root / "snapshots" / commit
+    (root / "blobs").mkdir(parents=True, exist_ok=True)
+    (root / "refs").mkdir(exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    config = config_path(repo_id).read_bytes()
+    if config_update:
+        config = (json.dumps({**json.loads(config), **config_update}, indent=2) + "\n").encode()
+    blob = root / "blobs" / git_blob_sha1(config)
+    blob.write_bytes(config)
+    link = snapshot / "config.json"
+    if not link.is_symlink():
+        os.symlink(os.path.relpath(blob, snapshot), link)
+    (root / "refs" / "main").write_text(commit)
+    return snapshot
+
+
 def build_all(cache: Path) -> Path:
     """Every one of `MODELS` into the Hub cache folder `cache`; returns it."""
     for repo_id in MODELS:
