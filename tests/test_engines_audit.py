@@ -150,9 +150,9 @@ def test_gemma3_sliding_layers_use_the_local_rope_and_full_layers_the_scaled_one
 
 def test_ministral3_yarn_mscale_ratio_is_one_in_both_ports(tmp_path):
     """sgl-project/sglang#22711: SGLang ignored mscale / mscale_all_dim and scaled Ministral 3's cos/sin by
-    0.1 ln 16 + 1 = 1.277 instead of transformers' 1.0 (vLLM the same before vllm#48623). The ports follow the
-    fixed versions (their docstrings: SGLang 0.5.23's yarn reads mscale, mscale_all_dim; vLLM 0.33.0's
-    attention_factor > mscale/mscale_all_dim > 0.1 ln s + 1)."""
+    0.1 ln 16 + 1 = 1.277 instead of transformers' 1.0 (vLLM 0.25.0 the same: vllm#48621, PR #48623). What the
+    ports say for the versions they follow (their docstrings): SGLang 0.5.23's yarn reads mscale, mscale_all_dim;
+    vLLM 0.33.0's attention_factor > mscale/mscale_all_dim > 0.1 ln s + 1."""
     folder = tmp_path / "ministral3"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "ministral3",
@@ -205,3 +205,27 @@ def test_cli_audit_prints_verdicts_and_json_and_keeps_rope_extend_outputs_on_par
     assert all("worst_position" in row["short"] for row in data["rows"] if row["short"]["served"])
     assert run(["engines", PHI, "--run", "vllm"]) == 2  # the audit runs ports only
     assert "drop --run" in capsys.readouterr().err
+
+
+def test_docs_serving_audit_example_is_current(tmp_path, monkeypatch, capsys):
+    """docs/serving.md's worked example is what the audit prints today (at 100 columns, the transformers version
+    aside: the suite also runs under the 4.x line)."""
+    import re
+    from pathlib import Path
+
+    cache = tmp_path / "hub"
+    hubcache.build_config(cache, QWEN, hubcache.QWEN_YARN)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert run(["engines", QWEN]) == 0
+    printed = capsys.readouterr().out.rstrip("\n")
+    text = (Path(__file__).parent.parent / "docs" / "serving.md").read_text()
+    block = text.split("<!-- AUDIT-EXAMPLE:BEGIN -->\n")[1].split("<!-- AUDIT-EXAMPLE:END -->")[0]
+    shown = block.split("\n", 2)[2].rsplit("\n```", 1)[0]  # after the fence and the command line
+
+    def versionless(s):
+        return re.sub(r"transformers \d+\.\d+\.\d+\S*", "transformers X", s)
+
+    assert versionless(shown) == versionless(printed), "rerun the command in docs/serving.md and paste its output"

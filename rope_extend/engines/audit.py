@@ -185,7 +185,8 @@ class AuditReport:
                             f"Otherwise DIFFERS: {verdict.why}", width, hang="    ")
             else:
                 out += wrap(f"{verdict.engine}: DIFFERS on every route: {verdict.why}", width, hang="    ")
-        out += [""] + wrap(ports_note(self.rows), width)
+        out += [""] + wrap(f"Identical: within float32 tolerance (magnitude within 1e-5, every frequency within "
+                           f"2^-18 relative). {ports_note(self.rows)}", width)
         return out
 
 
@@ -200,7 +201,7 @@ def _first_reason(row: Row) -> str:
 
 def _cell(result) -> str:
     if isinstance(result, NotServed):
-        return "not run" if result.reason.startswith("not run") else "not served"
+        return next((w for w in ("not run", "not modelled") if result.reason.startswith(w)), "not served")
     return f"{max(result.max_cos, result.max_sin):.2g}"
 
 
