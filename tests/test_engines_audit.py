@@ -203,6 +203,8 @@ def test_cli_audit_prints_verdicts_and_json_and_keeps_rope_extend_outputs_on_par
     assert data["audit"] and data["identical"] is True
     assert {row["layers"] for row in data["rows"]} >= {"full 5, 11, 17, 23, 29"}
     assert all("worst_position" in row["short"] for row in data["rows"] if row["short"]["served"])
+    evidence = [row["evidence"] for row in data["rows"] if row["engine"] == VLLM]
+    assert evidence and all(e["measure"].startswith("cos/sin against transformers' own") for e in evidence)
     assert run(["engines", PHI, "--run", "vllm"]) == 2  # the audit runs ports only
     assert "drop --run" in capsys.readouterr().err
 

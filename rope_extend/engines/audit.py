@@ -75,8 +75,16 @@ class AuditRow(Row):
                            f"{result.worst_dim}; beyond float32 tolerance from position {result.first_position}")
         return out
 
+    def evidence(self) -> dict[str, Any]:
+        """The row's measurement over its served requests: the largest |Δcos|, |Δsin| against transformers' own
+        RoPE of the config (None where no request was served)."""
+        served = [r for r in (self.short, self.long) if not isinstance(r, NotServed)]
+        return {"measure": f"cos/sin against {REFERENCE}",
+                "max_abs_dcos": max((r.max_cos for r in served), default=None),
+                "max_abs_dsin": max((r.max_sin for r in served), default=None)}
+
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "layers": self.layers, "command": self.command,
+        return {**super().to_dict(), "evidence": self.evidence(), "layers": self.layers, "command": self.command,
                 "short": _evidence(self.short), "long": _evidence(self.long)}
 
 
