@@ -238,6 +238,9 @@ def audit(model: str | os.PathLike, *, other_python: str | None = None) -> Audit
     text = compat.text_config(source.config)
     facts = read_rope(text)
     long = facts.window
+    if long is None:
+        raise ValueError(f"{str(model)!r}: its config has no max_position_embeddings, so the length its RoPE reaches "
+                         "is not known; the audit checks a model whose config gives it")
     short = min(facts.original_length() or long, long)
     lengths = sorted({short, long})
     groups = _groups(text)
