@@ -311,6 +311,12 @@ def _scheme(facts, groups: list[Group], short: int, long: int) -> str:
     return f"{text}, original length {short}, window {long} tokens, {sum(len(g.layers) for g in groups)} layers"
 
 
+def _layer_rope(loaded: dict, full: dict, group: Group) -> dict:
+    """The RoPE an engine builds for the layers of `group`: the (overridden) full-attention one, or the layer type's
+    own (`hf_config.load_layer`: Gemma 3's sliding layers)."""
+    return full if group.layer_type in (None, "full_attention") else hf_config.load_layer(loaded, group.layer_type)[1]
+
+
 def _env_prefix(env: dict) -> str:
     return "".join(f"{key}={value} " for key, value in env.items())
 
@@ -329,7 +335,7 @@ def _vllm_rows(loaded: dict, name: str, groups: list[Group], short: int, long: i
         f, r = vllm.load_config(loaded, overrides)
         command = f"{_env_prefix(env_for(max_len, r))}{base} --max-model-len {max_len}{extra}"
         for group in groups:
-            rope = r if group.layer_type in (None, "full_attention") else hf_config.load_layer(loaded, group.layer_type)[1]
+            rope = _layer_rope(loaded, r, group)
             results = [NotServed(f"the command serves --max-model-len {max_len}") if n > max_len
                        else vllm.served(f, rope, max_len, n) for n in (short, long)]
             add(vllm.VERSION, route, command, group, results)
@@ -355,7 +361,7 @@ def _sglang_rows(loaded: dict, name: str, groups: list[Group], short: int, long:
         extra = f" --json-model-override-args '{vllm._json(overrides)}'" if overrides else ""
         f, r = sglang.load_config(loaded, overrides)
         for group in groups:
-            rope = r if group.layer_type in (None, "full_attention") else hf_config.load_layer(loaded, group.layer_type)[1]
+            rope = _layer_rope(loaded, r, group)
             add(sglang.VERSION, route, f"{env}{base}{extra}", group, [sglang.served(f, rope, n) for n in (short, long)])
 
     run("this checkpoint", None)
