@@ -94,7 +94,9 @@ def test_llama31_llama3_scaling_is_identical_in_every_engine(hub):
     assert (report.short, report.long) == (8192, 131072) and "llama3 x8" in report.scheme
     assert all(verdict(report, e).identical for e in (VLLM, SGLANG, LLAMA_CPP))
     assert verdict(report, VLLM).command == "vllm serve meta-llama/Llama-3.1-8B --max-model-len 131072"
-    assert verdict(report, LLAMA_CPP).command.endswith("llama-server -m model.gguf -c 131072")
+    assert verdict(report, LLAMA_CPP).command.endswith(
+        "llama-server -m model.gguf -c 131072 (the GGUF's RoPE keys: llama.context_length 131072, "
+        "llama.rope.dimension_count 128, llama.rope.freq_base 500000, rope_freqs tensor (64 factors))")
 
 
 def test_phi3_longrope_vllm_serves_long_factors_on_short_requests(hub):

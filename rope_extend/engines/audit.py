@@ -381,8 +381,17 @@ def _llama_cpp_rows(raw: dict, model_type: str, groups: list[Group], short: int,
             add(engine, "GGUF converted from this checkpoint", command, group, [reason, reason])
             continue
         meta = llama_cpp.convert(raw)
-        add(engine, "GGUF converted from this checkpoint", command, group,
-            [llama_cpp.served(meta, flags, n) for n in (short, long)])
+        add(engine, "GGUF converted from this checkpoint", f"{command} (the GGUF's RoPE keys: {_gguf_keys(meta)})",
+            group, [llama_cpp.served(meta, flags, n) for n in (short, long)])
+
+
+def _gguf_keys(meta: dict) -> str:
+    """The RoPE metadata convert_hf_to_gguf.py writes (`llama_cpp.convert`), as llama.cpp names it."""
+    keys = [f"{llama_cpp.ARCH}.{key} {value:g}" if isinstance(value, float) else f"{llama_cpp.ARCH}.{key} {value}"
+            for key, value in meta.items() if key != "rope_freqs"]
+    if "rope_freqs" in meta:
+        keys.append(f"rope_freqs tensor ({len(meta['rope_freqs'])} factors)")
+    return ", ".join(keys)
 
 
 
