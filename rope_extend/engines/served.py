@@ -87,6 +87,15 @@ def tolerance(reference_inv_freq: torch.Tensor, n: int) -> np.ndarray:
     return ABS_TOL + FREQ_RTOL * (n - 1) * np.abs(reference_inv_freq.double().numpy())
 
 
+def reference_freqs(reference: Served, cos: np.ndarray) -> torch.Tensor:
+    """The reference's rotary frequencies: its inv_freq, or (a library's cos/sin taken at positions 0, 1, ...) the
+    angle at position 1 (what the per-frequency tolerance needs)."""
+    if reference.inv_freq is not None:
+        return reference.inv_freq
+    sin = np.asarray(reference.sin, dtype=np.float64)
+    return torch.from_numpy(np.abs(np.arctan2(sin[1], cos[1])))
+
+
 def compare(engine: Served, reference: Served, n: int) -> Delta:
     """Compare an engine's cos/sin with rope-extend's over positions 0..n-1."""
     at = positions(n)
@@ -108,14 +117,6 @@ def compare(engine: Served, reference: Served, n: int) -> Delta:
         first_position=int(at[beyond[0]]) if beyond.size else None,
     )
 
-
-def reference_freqs(reference: Served, cos: np.ndarray) -> torch.Tensor:
-    """The reference's rotary frequencies: its inv_freq, or (a library's cos/sin taken at positions 0, 1, ...) the
-    angle at position 1 (what the per-frequency tolerance needs)."""
-    if reference.inv_freq is not None:
-        return reference.inv_freq
-    sin = np.asarray(reference.sin, dtype=np.float64)
-    return torch.from_numpy(np.abs(np.arctan2(sin[1], cos[1])))
 
 
 def default_inv_freq(dim: int, base: float) -> torch.Tensor:
