@@ -55,8 +55,15 @@ MODELS = {
 }
 
 
+# config.json of models the suite reads only the config of (`build_config`; no weight layout modelled here, and not
+# among tests/test_verify.py's small-model configs: gemma-3-4b-it's is multimodal, with a vision tower).
+CONFIG_ONLY = DATA.parent / "hub-config-only"
+
+
 def config_path(repo_id: str) -> Path:
-    return DATA / repo_id.replace("/", "--") / "config.json"
+    name = repo_id.replace("/", "--")
+    path = DATA / name / "config.json"
+    return path if path.exists() or repo_id in MODELS else CONFIG_ONLY / name / "config.json"
 
 
 def tensors(repo_id: str) -> list[tuple[str, str, list[int]]]:
@@ -198,6 +205,28 @@ def build(cache: Path, repo_id: str, config_update: dict | None = None) -> Path:
         if not link.is_symlink():
             os.symlink(os.path.relpath(blob, snapshot), link)  # ../../blobs/<hash>, as huggingface_hub links
     (root / "refs" / "main").write_text(commit)  # huggingface_hub writes the commit without a newline
+    return snapshot
+
+
+def build_config(cache: Path, repo_id: str, config_update: dict | None = None) -> Path:
+    """Only config.json of `repo_id` (tests/data/hub/<org--name>/config.json, which need not be one of `MODELS`) in
+    the Hub cache folder `cache`, as `hf_hub_download(repo_id, "config.json")` leaves it (what `rope-extend engines`
+    and `inspect` fetch); returns its snapshot folder."""
+    root = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+    commit = commit_of(repo_id)
+    snapshot = root / "snapshots" / commit
+    (root / "blobs").mkdir(parents=True, exist_ok=True)
+    (root / "refs").mkdir(exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    config = config_path(repo_id).read_bytes()
+    if config_update:
+        config = (json.dumps({**json.loads(config), **config_update}, indent=2) + "\n").encode()
+    blob = root / "blobs" / git_blob_sha1(config)
+    blob.write_bytes(config)
+    link = snapshot / "config.json"
+    if not link.is_symlink():
+        os.symlink(os.path.relpath(blob, snapshot), link)
+    (root / "refs" / "main").write_text(commit)
     return snapshot
 
 

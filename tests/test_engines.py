@@ -374,8 +374,8 @@ def test_engines_command_and_model_card(tmp_path, capsys, monkeypatch):
     assert all(row["identical"] for row in report["rows"] if not row["reasons"] or "not run" not in row["reasons"][0])
     assert run(["engines", str(source), "--method", "longrope", "--factor", "4"]) == 2  # needs factor lists
     assert capsys.readouterr().err.count("\n") == 1
-    assert run(["engines", str(source)]) == 2  # not a rope-extend checkpoint
-    assert "not written by rope-extend" in capsys.readouterr().err
+    assert run(["engines", str(source)]) == 0  # not a rope-extend checkpoint: its own RoPE audited
+    assert "own rotary embedding of this config.json" in " ".join(capsys.readouterr().out.split())
     assert run(["engines", str(source), "--method", "dynamic", "--factor", "4"]) == 0
     printed = capsys.readouterr().out
     assert "differs" in printed and "warning" in printed

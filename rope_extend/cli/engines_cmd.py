@@ -18,6 +18,8 @@ EXAMPLES = """Examples:
 
   rope-extend engines out/llama-yarn8
 
+  rope-extend engines Qwen/Qwen2.5-7B-Instruct
+
   rope-extend engines ./my-model --method ntk-by-parts --factor 4 --json
 
   ROPE_EXTEND_OTHER_PYTHON=.venv4/bin/python rope-extend engines out/smollm2-yarn2
@@ -33,7 +35,8 @@ CONTRADICTED = 3  # a run engine measured otherwise a request the card lists as 
 
 @app.command(epilog=EXAMPLES)
 def engines(
-    checkpoint: Annotated[str, typer.Argument(help="A checkpoint written by rope-extend, or SOURCE with --method.")],
+    checkpoint: Annotated[str, typer.Argument(
+        help="A checkpoint written by rope-extend, SOURCE with --method, or any model (its own RoPE audited).")],
     method: Annotated[str | None, typer.Option("--method", "-m", help="Plan this method on SOURCE in memory.")] = None,
     factor: Annotated[float | None, typer.Option("--factor", "-f", help="Scale factor s >= 1.")] = None,
     target_length: Annotated[int | None, typer.Option("--target-length", "-t", help="New context length.")] = None,
@@ -54,6 +57,8 @@ def engines(
 
     check_runs(runs or [])  # a bad name fails before anything is loaded
     if method is None and config is None and not sets and factor is None and target_length is None:
+        if _audit(checkpoint, other_python, runs or [], as_json):  # a model rope-extend did not write
+            return
         report = parity(checkpoint, other_python=other_python, runs=runs or ())
     else:
         spec = build_spec(method, factor, target_length, config, sets or [])
@@ -119,3 +124,21 @@ def _cell(result, notes: list[str]) -> str:
     if isinstance(result, LogprobDelta):  # a real engine: log-probabilities, NaN counted
         return f"{result.max_abs:.2g} / {result.mean_abs:.2g} logprob" + (f", {result.nan} NaN" if result.nan else "")
     return f"{max(result.max_cos, result.max_sin):.2g}"
+
+
+def _audit(checkpoint: str, other_python: str | None, runs: list[str], as_json: bool) -> bool:
+    """Audit the model's own RoPE per engine (`engines.audit`) when rope-extend did not write it; False otherwise."""
+    from ..engines.audit import audit, is_own_scheme
+
+    if not is_own_scheme(checkpoint):
+        return False
+    if runs:
+        raise ValueError(f"--run {runs[0]}: the audit of a model's own RoPE runs the engine ports only; drop --run "
+                         "(a checkpoint rope-extend wrote takes it)")
+    report = audit(checkpoint, other_python=other_python)
+    if as_json:
+        out.print_json(report.to_json())
+    else:
+        for line in report.lines(out.width):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+    return True

@@ -45,3 +45,19 @@ def load(config: dict) -> tuple[dict, dict]:
     if theta is None:
         theta = config.get("rotary_emb_base")  # vLLM's patch_rope_parameters also reads this legacy name
     return config, standardize(config, rope, theta)
+
+
+def load_layer(config: dict, layer_type: str | None) -> tuple[dict, dict]:
+    """(fields, rope_parameters) of the layers of `layer_type` (None or "full_attention": `load`). Gemma 3's sliding
+    layers: `rope_parameters["sliding_attention"]` of a transformers-5 config, or in a 4.x config.json the default
+    RoPE at `rope_local_base_freq` -- what vLLM's and SGLang's gemma3.py build for a sliding layer ("Local attention.
+    Override the values in config.json": rope_type default, base rope_local_base_freq)."""
+    fields, full = load(config)
+    if layer_type in (None, "full_attention"):
+        return fields, full
+    nested = fields.get("rope_parameters")
+    if isinstance(nested, dict) and isinstance(nested.get(layer_type), dict):
+        return fields, standardize(fields, nested[layer_type], full.get("rope_theta"))
+    if layer_type == "sliding_attention" and fields.get("rope_local_base_freq") is not None:
+        return fields, standardize(fields, {"rope_type": "default"}, fields["rope_local_base_freq"])
+    return fields, full

@@ -36,8 +36,9 @@ def rotary_module(config):
         return cls(config=config)
 
 
-def probe(folder: str, requests: dict) -> dict:
-    """{n: positions} -> cos/sin at those positions of a request of n tokens (the positions end at n - 1)."""
+def probe(folder: str, requests: dict, layer_type: str | None = None) -> dict:
+    """{n: positions} -> cos/sin at those positions of a request of n tokens (the positions end at n - 1), for the
+    layers of `layer_type` (default: full attention) where the rotary module takes one."""
     import torch
     import transformers
     from transformers import AutoConfig
@@ -47,9 +48,18 @@ def probe(folder: str, requests: dict) -> dict:
         config = AutoConfig.from_pretrained(folder)
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
         module = rotary_module(config).eval()
-    kwargs = {}
-    if "layer_type" in inspect.signature(module.forward).parameters and getattr(config, "layer_types", None):
-        kwargs["layer_type"] = "full_attention"
+        kwargs = {}
+        if "layer_type" in inspect.signature(module.forward).parameters and getattr(config, "layer_types", None):
+            kwargs["layer_type"] = layer_type or "full_attention"
+        elif layer_type == "sliding_attention" and getattr(config, "rope_local_base_freq", None) is not None:
+            # transformers 4.x Gemma 3 (Gemma3TextModel.__init__): the sliding layers' `rotary_emb_local` is the
+            # same class built from a copy of the config with rope_theta = rope_local_base_freq and default RoPE
+            import copy
+
+            config = copy.deepcopy(config)
+            config.rope_theta = config.rope_local_base_freq
+            config.rope_scaling = {"rope_type": "default"}
+            module = rotary_module(config).eval()
     out = {"version": transformers.__version__, "requests": {}}
     for n, at in requests.items():
         x = torch.zeros(1, dtype=torch.float32)
@@ -63,12 +73,13 @@ def probe(folder: str, requests: dict) -> dict:
 
 
 def probe_many(jobs: list[dict]) -> list[dict]:
-    """probe() for each {"folder", "requests": [[n, positions], ...]} job; a config the library refuses gives
+    """probe() for each {"folder", "requests": [[n, positions], ...], "layer_type" (optional)} job; a config the
+    library refuses gives
     {"error": message}."""
     results = []
     for job in jobs:
         try:
-            results.append(probe(job["folder"], {int(n): at for n, at in job["requests"]}))
+            results.append(probe(job["folder"], {int(n): at for n, at in job["requests"]}, job.get("layer_type")))
         except Exception as exc:  # reported per job, like a loader error the user would see
             results.append({"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"})
     return results

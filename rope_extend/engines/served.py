@@ -60,6 +60,8 @@ class Delta:
     max_sin: float
     identical: bool
     worst_dim: int
+    worst_position: int = -1  # the position of the largest excess over the tolerance
+    first_position: int | None = None  # the first position beyond the tolerance (None: within it everywhere)
 
 
 # Within tolerance: magnitude within 1e-5 and every frequency within 2^-18 (3.8e-6) relative. Expressed on cos/sin
@@ -85,6 +87,15 @@ def tolerance(reference_inv_freq: torch.Tensor, n: int) -> np.ndarray:
     return ABS_TOL + FREQ_RTOL * (n - 1) * np.abs(reference_inv_freq.double().numpy())
 
 
+def reference_freqs(reference: Served, cos: np.ndarray) -> torch.Tensor:
+    """The reference's rotary frequencies: its inv_freq, or (a library's cos/sin taken at positions 0, 1, ...) the
+    angle at position 1 (what the per-frequency tolerance needs)."""
+    if reference.inv_freq is not None:
+        return reference.inv_freq
+    sin = np.asarray(reference.sin, dtype=np.float64)
+    return torch.from_numpy(np.abs(np.arctan2(sin[1], cos[1])))
+
+
 def compare(engine: Served, reference: Served, n: int) -> Delta:
     """Compare an engine's cos/sin with rope-extend's over positions 0..n-1."""
     at = positions(n)
@@ -92,15 +103,18 @@ def compare(engine: Served, reference: Served, n: int) -> Delta:
     cos_r, sin_r = reference.cos_sin(at)
     if cos_e.shape != cos_r.shape:
         return Delta(n, math.inf, math.inf, False, -1)
-    dcos = np.abs(cos_e - cos_r).max(axis=0)
-    dsin = np.abs(sin_e - sin_r).max(axis=0)
-    excess = np.maximum(dcos, dsin) / tolerance(reference.inv_freq, n)
+    diff = np.maximum(np.abs(cos_e - cos_r), np.abs(sin_e - sin_r))  # [positions, frequencies]
+    excess = diff / tolerance(reference_freqs(reference, cos_r), n)[None, :]
+    worst = np.unravel_index(int(excess.argmax()), excess.shape)
+    beyond = np.flatnonzero((excess > 1.0).any(axis=1))
     return Delta(
         n=n,
-        max_cos=float(dcos.max()),
-        max_sin=float(dsin.max()),
-        identical=bool((excess <= 1.0).all()),
-        worst_dim=int(excess.argmax()),
+        max_cos=float(np.abs(cos_e - cos_r).max()),
+        max_sin=float(np.abs(sin_e - sin_r).max()),
+        identical=not beyond.size,
+        worst_dim=int(worst[1]),
+        worst_position=int(at[worst[0]]),
+        first_position=int(at[beyond[0]]) if beyond.size else None,
     )
 
 

@@ -168,3 +168,24 @@ def serving_rule(plan) -> EngineHint:
         warnings=rule.warnings,
         notes=notes,
     )
+
+
+def own_fix(rope: dict) -> dict:
+    """What SGLang 0.5.23 needs added to a model's own rope_parameters to give the magnitude transformers gives it.
+    YaRN: SGLang reads no `attention_factor`; its magnitude is (mscale / mscale_all_dim ratio, else 0.1 ln s + 1) x
+    attn_factor, so an explicit attention_factor becomes attn_factor = attention_factor / that (copying
+    attention_factor into attn_factor squares the scale: sgl-project/sglang#33558). longrope: short_mscale /
+    long_mscale."""
+    attention = rope.get("attention_factor")
+    if attention is None:
+        return {}
+    if rope.get("rope_type") == "yarn":
+        factor = float(rope.get("factor", 1.0))
+        if rope.get("mscale") is not None and rope.get("mscale_all_dim") is not None:
+            own = _mscale(factor, rope["mscale"]) / _mscale(factor, rope["mscale_all_dim"])
+        else:
+            own = _mscale(factor)
+        return {} if math.isclose(float(attention), own, rel_tol=1e-9) else {"attn_factor": float(attention) / own}
+    if rope.get("rope_type") == "longrope" and rope.get("short_mscale") is None and rope.get("long_mscale") is None:
+        return {"short_mscale": attention, "long_mscale": attention}
+    return {}

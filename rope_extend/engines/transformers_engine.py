@@ -32,8 +32,11 @@ def _results(result: dict, lengths: list[int], version: str | None) -> Results:
     return result["version"], {n: Served(inv_freq=None, cos=c.numpy(), sin=s.numpy()) for n, (c, s) in requests}
 
 
-def _job(folder: Path, lengths: list[int]) -> dict:
-    return {"folder": str(folder), "requests": [[n, positions(n).tolist()] for n in lengths]}
+def _job(folder: Path, lengths: list[int], layer_type: str | None = None) -> dict:
+    job = {"folder": str(folder), "requests": [[n, positions(n).tolist()] for n in lengths]}
+    if layer_type is not None:  # the layers of that type (Gemma 3's sliding layers); default: full attention
+        job["layer_type"] = layer_type
+    return job
 
 
 def here_version() -> str:
@@ -42,23 +45,23 @@ def here_version() -> str:
     return transformers.__version__
 
 
-def run_here(jobs: list[tuple[Path, list[int]]]) -> list[Results]:
-    """The running transformers' served cos/sin for each (config folder, request lengths)."""
-    raw = hf_probe.probe_many([_job(folder, lengths) for folder, lengths in jobs])
-    return [_results(result, lengths, here_version()) for result, (_, lengths) in zip(raw, jobs)]
+def run_here(jobs: list[tuple]) -> list[Results]:
+    """The running transformers' served cos/sin for each (config folder, request lengths[, layer type])."""
+    raw = hf_probe.probe_many([_job(*job) for job in jobs])
+    return [_results(result, job[1], here_version()) for result, job in zip(raw, jobs)]
 
 
-def run_other(jobs: list[tuple[Path, list[int]]], python: str | None = None) -> list[Results]:
+def run_other(jobs: list[tuple], python: str | None = None) -> list[Results]:
     """The same with another Python (the other transformers line), in one subprocess for all jobs."""
     python = python or os.environ.get(OTHER_PYTHON_ENV)
     if not python:
         reason = f"not run: set {OTHER_PYTHON_ENV} to a Python with the other transformers line"
-        return [(None, {n: NotServed(reason) for n in lengths}) for _, lengths in jobs]
+        return [(None, {n: NotServed(reason) for n in job[1]}) for job in jobs]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_HUB_OFFLINE"] = "1"
     with tempfile.TemporaryDirectory(prefix="rope-extend-probe-") as tmp:
         jobs_file, target = Path(tmp) / "jobs.json", Path(tmp) / "probe.pt"
-        jobs_file.write_text(json.dumps([_job(folder, lengths) for folder, lengths in jobs]))
+        jobs_file.write_text(json.dumps([_job(*job) for job in jobs]))
         proc = subprocess.run(
             [python, "-I", str(Path(hf_probe.__file__)), str(jobs_file), str(target)],
             capture_output=True,
@@ -69,9 +72,9 @@ def run_other(jobs: list[tuple[Path, list[int]]], python: str | None = None) -> 
         if proc.returncode != 0 or "probe-ok" not in proc.stdout:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
             reason = f"not run: {python} failed: {last}"
-            return [(None, {n: NotServed(reason) for n in lengths}) for _, lengths in jobs]
+            return [(None, {n: NotServed(reason) for n in job[1]}) for job in jobs]
         raw = torch.load(target)
-    return [_results(result, lengths, None) for result, (_, lengths) in zip(raw, jobs)]
+    return [_results(result, job[1], None) for result, job in zip(raw, jobs)]
 
 
 def serving_rule(plan) -> EngineHint:

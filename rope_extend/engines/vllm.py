@@ -208,3 +208,12 @@ def full_slot(plan) -> dict:
 
 def _json(value) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+def own_fix(rope: dict) -> dict:
+    """What vLLM 0.33 needs added to a model's own rope_parameters to give the magnitude transformers gives it:
+    longrope's explicit attention_factor, which vLLM does not read (it reads short_mscale / long_mscale)."""
+    if rope.get("rope_type") == "longrope" and rope.get("attention_factor") is not None:
+        if rope.get("short_mscale") is None and rope.get("long_mscale") is None:
+            return {"short_mscale": rope["attention_factor"], "long_mscale": rope["attention_factor"]}
+    return {}

@@ -1,0 +1,404 @@
+"""The audit: does each serving engine serve a model's OWN RoPE as transformers computes it?
+
+`rope-extend engines MODEL` on a model rope-extend did not write (a Hub id or a folder; only config.json is read).
+The reference is the running transformers' own rotary embedding built from that config.json (`hf_probe`: the
+model's rotary class, its forward at the request's positions, per layer type where the model has several: Gemma 3's
+sliding layers use the local RoPE, its full layers the scaled one). Each engine route -- the checkpoint as it is,
+and, where an engine needs them, the overrides that make it serve what transformers computes -- goes through the
+same version-pinned ports and the same comparison as the parity report of a patched checkpoint
+(`engines.parity.Row`, `served.compare`): max |Δcos|, |Δsin| for a short request (the pretraining length L) and a
+long one (the length the model reaches, its window), with the layers, the worst position and rotary frequency, and
+the first position beyond float32 tolerance as evidence. vLLM and SGLang read the config through transformers 5 (the
+ports say so), so their rows start from the config as transformers loads it (class defaults filled in, e.g. Gemma
+3's rope_theta); llama.cpp's from the config.json convert_hf_to_gguf.py reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from . import hf_config, llama_cpp, sglang, transformers_engine, vllm
+from .parity import PORT, RUN, Row, ports_note
+from .served import Delta, NotServed, Served, compare
+
+REFERENCE = "transformers' own rotary embedding of this config.json"
+
+
+@dataclass(frozen=True)
+class Group:
+    """Layers that share one RoPE (one per layer type; a model without layer types is one group)."""
+
+    layer_type: str | None
+    layers: tuple[int, ...]
+
+    @property
+    def label(self) -> str:
+        kind = "" if self.layer_type is None else f"{self.layer_type.removesuffix('_attention')} "
+        if len(self.layers) and self.layers == tuple(range(self.layers[0], self.layers[-1] + 1)) and kind == "":
+            return f"all {len(self.layers)}"
+        return f"{kind}{_ranges(self.layers)}"
+
+
+def _ranges(layers: tuple[int, ...]) -> str:
+    """0, 1, 2, 4 -> "0-2, 4"."""
+    out, start = [], None
+    for i, layer in enumerate(layers):
+        start = layer if start is None else start
+        if i + 1 == len(layers) or layers[i + 1] != layer + 1:
+            out.append(str(start) if start == layer else f"{start}-{layer}")
+            start = None
+    return ", ".join(out)
+
+
+@dataclass
+class AuditRow(Row):
+    """A parity row (`parity.Row`: engine, route, short, long, checked) for one layer group, with the exact command
+    or flags of its route."""
+
+    layers: str = ""
+    command: str = ""
+
+    def reasons(self) -> list[str]:
+        """Why this route is not identical, with the evidence: the deltas, where they peak (position, rotary
+        frequency) and the first position beyond float32 tolerance."""
+        out = []
+        for label, result in (("short", self.short), ("long", self.long)):
+            if isinstance(result, NotServed):
+                out.append(f"{label} request: {result.reason}")
+            elif not result.identical:
+                out.append(f"{label} request ({result.n} tokens): max |Δcos| {result.max_cos:.3g}, |Δsin| "
+                           f"{result.max_sin:.3g}, largest at position {result.worst_position}, rotary frequency "
+                           f"{result.worst_dim}; beyond float32 tolerance from position {result.first_position}")
+        return out
+
+    def evidence(self) -> dict[str, Any]:
+        """The row's measurement over its served requests: the largest |Δcos|, |Δsin| against transformers' own
+        RoPE of the config (None where no request was served)."""
+        served = [r for r in (self.short, self.long) if not isinstance(r, NotServed)]
+        return {"measure": f"cos/sin against {REFERENCE}",
+                "max_abs_dcos": max((r.max_cos for r in served), default=None),
+                "max_abs_dsin": max((r.max_sin for r in served), default=None)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "evidence": self.evidence(), "layers": self.layers, "command": self.command,
+                "short": _evidence(self.short), "long": _evidence(self.long)}
+
+
+def _evidence(result) -> dict[str, Any]:
+    if isinstance(result, NotServed):
+        return {"served": False, "reason": result.reason}
+    out = {"served": True, "tokens": result.n, "max_abs_dcos": result.max_cos, "max_abs_dsin": result.max_sin,
+           "identical": result.identical}
+    if isinstance(result, Delta):
+        out.update({"worst_position": result.worst_position, "worst_rotary_frequency": result.worst_dim,
+                    "first_position_beyond_tolerance": result.first_position})
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One engine's answer: the route (and its exact command) that serves what transformers computes, or why none
+    does."""
+
+    engine: str
+    identical: bool | None  # None: not checked (an engine not modelled for this architecture, a line not run)
+    route: str | None
+    command: str | None
+    why: str
+    up_to: int | None = None  # not identical: the short request is, on `route` with `command`
+
+
+@dataclass
+class AuditReport:
+    model: str
+    model_type: str
+    scheme: str  # the model's own RoPE in a few words
+    reference: str  # "transformers 5.25.0"
+    short: int
+    long: int
+    groups: list[Group]
+    rows: list[AuditRow]
+
+    def verdicts(self) -> list[Verdict]:
+        out = []
+        for engine in dict.fromkeys(row.engine for row in self.rows):
+            rows = [row for row in self.rows if row.engine == engine]
+            routes = list(dict.fromkeys(row.route for row in rows))
+            by_route = {route: [row for row in rows if row.route == route] for route in routes}
+            good = [route for route in routes if all(row.identical for row in by_route[route])]
+            if good:
+                first = by_route[good[0]][0]
+                out.append(Verdict(engine, True, good[0], first.command, "serves it as transformers computes it"))
+                continue
+            if all(row.skipped or _not_checked(row) for row in rows):
+                out.append(Verdict(engine, None, None, None, _first_reason(rows[0])))
+                continue
+            why = "; ".join(f"{row.route} ({row.layers} layers): {'; '.join(row.reasons())}" for row in rows
+                            if not row.identical)
+            short = [route for route in routes if all(isinstance(row.short, Delta) and row.short.identical
+                                                      for row in by_route[route])]
+            if short:
+                first = by_route[short[0]][0]
+                out.append(Verdict(engine, False, short[0], first.command, why, up_to=self.short))
+            else:
+                out.append(Verdict(engine, False, None, None, why))
+        return out
+
+    @property
+    def identical(self) -> bool:
+        """Every engine checked serves the model's own RoPE as transformers computes it on some route."""
+        return all(v.identical is not False for v in self.verdicts())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "audit": True,
+            "model": self.model,
+            "model_type": self.model_type,
+            "scheme": self.scheme,
+            "reference": f"{self.reference}: {REFERENCE}",
+            "short_tokens": self.short,
+            "long_tokens": self.long,
+            "layer_groups": [{"layer_type": g.layer_type, "layers": list(g.layers)} for g in self.groups],
+            "rows": [row.to_dict() for row in self.rows],
+            "verdicts": [v.__dict__ for v in self.verdicts()],
+            "identical": self.identical,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def lines(self, width: int) -> list[str]:
+        """The report as the terminal shows it: what was checked, the table, each engine's verdict with the exact
+        command, and the evidence of every difference."""
+        from ..terminal import table_lines, wrap
+
+        out = wrap(f"{self.model} ({self.model_type}): {self.scheme}. Each cell: max |Δcos|, |Δsin| against "
+                   f"{self.reference}'s own rotary embedding of this config.json, for a short request ({self.short} "
+                   f"tokens) and a long one ({self.long} tokens).", width)
+        header = ["engine", "route", "layers", f"short ({self.short})", f"long ({self.long})", "result"]
+        rows = [[row.engine, row.route, row.layers, _cell(row.short), _cell(row.long), _result(row)]
+                for row in self.rows]
+        out += [""] + table_lines(header, rows, width) + [""]
+        for verdict in self.verdicts():
+            if verdict.identical:
+                out += wrap(f"{verdict.engine}: identical with: {verdict.command}", width, hang="    ")
+            elif verdict.identical is None:
+                out += wrap(f"{verdict.engine}: not checked: {verdict.why}", width, hang="    ")
+            elif verdict.up_to:
+                out += wrap(f"{verdict.engine}: identical only up to {verdict.up_to} tokens, with: {verdict.command}. "
+                            f"Otherwise DIFFERS: {verdict.why}", width, hang="    ")
+            else:
+                out += wrap(f"{verdict.engine}: DIFFERS on every route: {verdict.why}", width, hang="    ")
+        out += [""] + wrap(f"Identical: within float32 tolerance (magnitude within 1e-5, every frequency within "
+                           f"2^-18 relative). {ports_note(self.rows)}", width)
+        return out
+
+
+def _not_checked(row: Row) -> bool:
+    return all(isinstance(r, NotServed) and r.reason.startswith("not ") for r in (row.short, row.long))
+
+
+def _first_reason(row: Row) -> str:
+    result = row.short if isinstance(row.short, NotServed) else row.long
+    return result.reason if isinstance(result, NotServed) else ""
+
+
+def _cell(result) -> str:
+    if isinstance(result, NotServed):
+        return next((w for w in ("not run", "not modelled") if result.reason.startswith(w)), "not served")
+    return f"{max(result.max_cos, result.max_sin):.2g}"
+
+
+def _result(row: Row) -> str:
+    if row.identical:
+        return "identical"
+    if row.skipped or _not_checked(row):
+        return "not checked"
+    return "differs" if any(isinstance(r, Delta) and not r.identical for r in (row.short, row.long)) else "not served"
+
+
+# --- the audit --------------------------------------------------------------------------------------------------------
+def audit(model: str | os.PathLike, *, other_python: str | None = None) -> AuditReport:
+    """Audit the model's own RoPE (a Hub id resolved from the cache or the Hub, or a folder; config.json only): per
+    engine, route and layer group, the port's cos/sin against transformers' own rotary embedding of the config."""
+    from .. import compat
+    from ..errors import CheckpointError
+    from ..facts import read_rope
+    from ..plan import recorded_spec
+    from ..source import load_source
+
+    source = load_source(model, config_only=True)
+    if recorded_spec(source.config) is not None:
+        raise CheckpointError(f"{str(model)!r} was written by rope-extend: `rope-extend engines {model}` checks it "
+                              "against its own plan (the audit is for models rope-extend did not write)")
+    text = compat.text_config(source.config)
+    facts = read_rope(text)
+    long = facts.window
+    if long is None:
+        raise ValueError(f"{str(model)!r}: its config has no max_position_embeddings, so the length its RoPE reaches "
+                         "is not known; the audit checks a model whose config gives it")
+    short = min(facts.original_length() or long, long)
+    lengths = sorted({short, long})
+    groups = _groups(text)
+    jobs = [(source.folder, lengths, g.layer_type) for g in groups]
+    here = transformers_engine.run_here(jobs)
+    version = here[0][0]
+    refs = []
+    for _, served in here:
+        refused = next((r for r in served.values() if isinstance(r, NotServed)), None)
+        if refused is not None:
+            raise ValueError(f"{model!r}: {refused.reason}; the audit compares engines with transformers' own RoPE")
+        refs.append(served)
+    loaded = text.to_dict()  # as transformers loads config.json: what vLLM and SGLang read (class defaults included)
+    raw = compat.text_part(source.raw)  # what convert_hf_to_gguf.py reads
+    name = str(model)
+    rows: list[AuditRow] = []
+
+    def add(engine, route, command, group, results, checked=PORT):
+        short_r, long_r = (r if isinstance(r, NotServed) else _compare(r, ref_at(group, n), n)
+                           for n, r in zip((short, long), results))
+        rows.append(AuditRow(engine, route, short_r, long_r, [], checked, layers=group.label, command=command))
+
+    def ref_at(group, n) -> Served:
+        return refs[groups.index(group)][n]
+
+    other = transformers_engine.run_other(jobs, other_python)
+    for group, (other_version, served) in zip(groups, other):
+        add(f"transformers {other_version or '(other line)'}", "config.json", "AutoModelForCausalLM.from_pretrained"
+            f"({name!r})", group, [served[short], served[long]], RUN)
+    _vllm_rows(loaded, name, groups, short, long, add)
+    _sglang_rows(loaded, name, groups, short, long, add)
+    _llama_cpp_rows(raw, facts.model_type, groups, short, long, add)
+    return AuditReport(name, facts.model_type, _scheme(facts, groups, short, long), f"transformers {version}",
+                       short, long, groups, rows)
+
+
+def _compare(engine: Served, reference: Served, n: int) -> Delta | NotServed:
+    """`served.compare`, or why not: a port that rotates another number of dimensions than transformers (DeepSeek's
+    MLA rotates qk_rope_head_dim, which the ports do not read) is not modelled, not "different"."""
+    columns = reference.cos.shape[-1]
+    if engine.inv_freq is not None and engine.inv_freq.numel() != columns:
+        return NotServed(f"not modelled: the port rotates {2 * engine.inv_freq.numel()} dimensions, transformers "
+                         f"{2 * columns} (a rotary dimension the port does not read)")
+    return compare(engine, reference, n)
+
+
+def _groups(text) -> list[Group]:
+    n = int(getattr(text, "num_hidden_layers", 0) or 0)
+    types = list(getattr(text, "layer_types", None) or [])
+    if len(set(types)) <= 1:
+        return [Group(None, tuple(range(n)))]
+    order = list(dict.fromkeys(types))
+    order.sort(key=lambda t: t != "full_attention")  # full attention first: it carries the model's length
+    return [Group(t, tuple(i for i, x in enumerate(types) if x == t)) for t in order]
+
+
+def _scheme(facts, groups: list[Group], short: int, long: int) -> str:
+    def one(params: dict) -> str:
+        kind = params.get("rope_type", "default")
+        factor = f" x{float(params['factor']):g}" if params.get("factor") and kind != "default" else ""
+        return f"{kind}{factor} (θ {float(params.get('rope_theta') or 0):g})"
+
+    slots = facts.slots
+    if len(slots) > 1:
+        text = ", ".join(f"{key.removesuffix('_attention')} layers {one(p)}" for key, p in slots.items())
+    else:
+        text = one(next(iter(slots.values())))
+    return f"{text}, original length {short}, window {long} tokens, {sum(len(g.layers) for g in groups)} layers"
+
+
+def _layer_rope(loaded: dict, full: dict, group: Group) -> dict:
+    """The RoPE an engine builds for the layers of `group`: the (overridden) full-attention one, or the layer type's
+    own (`hf_config.load_layer`: Gemma 3's sliding layers)."""
+    return full if group.layer_type in (None, "full_attention") else hf_config.load_layer(loaded, group.layer_type)[1]
+
+
+def _env_prefix(env: dict) -> str:
+    return "".join(f"{key}={value} " for key, value in env.items())
+
+
+def _vllm_rows(loaded: dict, name: str, groups: list[Group], short: int, long: int, add) -> None:
+    """vLLM: `vllm serve MODEL --max-model-len W` (the window); where it differs, `--max-model-len L` (vLLM picks
+    longrope's factors from max_model_len) and the overrides `vllm.own_fix` names."""
+    fields, full = vllm.load_config(loaded)
+    base = f"vllm serve {shlex.quote(name)}"
+
+    def env_for(max_len, rope):
+        return {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if max_len > vllm.derived_max_model_len(fields, rope) else {}
+
+    def run(route, max_len, overrides):
+        extra = f" --hf-overrides '{vllm._json(overrides)}'" if overrides else ""
+        f, r = vllm.load_config(loaded, overrides)
+        command = f"{_env_prefix(env_for(max_len, r))}{base} --max-model-len {max_len}{extra}"
+        for group in groups:
+            rope = _layer_rope(loaded, r, group)
+            results = [NotServed(f"the command serves --max-model-len {max_len}") if n > max_len
+                       else vllm.served(f, rope, max_len, n) for n in (short, long)]
+            add(vllm.VERSION, route, command, group, results)
+
+    run("this checkpoint", long, None)
+    fix = vllm.own_fix(full)
+    if fix:
+        run("+ --hf-overrides", long, {"rope_parameters": {**full, **fix}})
+    if full.get("rope_type") == "longrope" and short < long:
+        run(f"--max-model-len {short}", short, None)
+
+
+def _sglang_rows(loaded: dict, name: str, groups: list[Group], short: int, long: int, add) -> None:
+    """SGLang: `python -m sglang.launch_server --model-path MODEL --context-length W`; where its port needs one, the
+    override `sglang.own_fix` names, written as rope_parameters with rope_theta (an override written only as
+    rope_scaling drops rope_theta in SGLang 0.5.15: issue 56)."""
+    fields, full = sglang.load_config(loaded)
+    base = f"python -m sglang.launch_server --model-path {shlex.quote(name)} --context-length {long}"
+    env = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 " if long > sglang.context_length(
+        int(fields.get("max_position_embeddings", long)), full) else ""
+
+    def run(route, overrides):
+        extra = f" --json-model-override-args '{vllm._json(overrides)}'" if overrides else ""
+        f, r = sglang.load_config(loaded, overrides)
+        for group in groups:
+            rope = _layer_rope(loaded, r, group)
+            add(sglang.VERSION, route, f"{env}{base}{extra}", group, [sglang.served(f, rope, n) for n in (short, long)])
+
+    run("this checkpoint", None)
+    fix = sglang.own_fix(full)
+    if fix:
+        run("+ --json-model-override-args", {"rope_parameters": {**full, **fix}})
+
+
+def _llama_cpp_rows(raw: dict, model_type: str, groups: list[Group], short: int, long: int, add) -> None:
+    """llama.cpp: the GGUF convert_hf_to_gguf.py writes from this checkpoint, run with `-c W`."""
+    engine = "llama.cpp (llama-cpp-python 0.3.36)"
+    flags = f"-c {long}"
+    command = f"python convert_hf_to_gguf.py MODEL --outfile model.gguf && llama-server -m model.gguf {flags}"
+    for group in groups:
+        if model_type not in llama_cpp.LLAMA_ARCH_MODEL_TYPES:
+            reason = NotServed(f"not modelled: the port covers llama.cpp's LLaMA architecture, not {model_type!r}")
+            add(engine, "GGUF converted from this checkpoint", command, group, [reason, reason])
+            continue
+        meta = llama_cpp.convert(raw)
+        add(engine, "GGUF converted from this checkpoint", f"{command} (the GGUF's RoPE keys: {_gguf_keys(meta)})",
+            group, [llama_cpp.served(meta, flags, n) for n in (short, long)])
+
+
+def _gguf_keys(meta: dict) -> str:
+    """The RoPE metadata convert_hf_to_gguf.py writes (`llama_cpp.convert`), as llama.cpp names it."""
+    keys = [f"{llama_cpp.ARCH}.{key} {value:g}" if isinstance(value, float) else f"{llama_cpp.ARCH}.{key} {value}"
+            for key, value in meta.items() if key != "rope_freqs"]
+    if "rope_freqs" in meta:
+        keys.append(f"rope_freqs tensor ({len(meta['rope_freqs'])} factors)")
+    return ", ".join(keys)
+
+
+
+def is_own_scheme(model: str | os.PathLike) -> bool:
+    """True for a model rope-extend did not write (`rope-extend engines MODEL` audits it); False for a checkpoint
+    whose config carries rope-extend's marker (checked against its plan: `parity`)."""
+    from ..plan import recorded_spec
+    from ..source import load_source
+
+    return recorded_spec(load_source(model, config_only=True).config) is None

@@ -1,0 +1,235 @@
+"""`rope-extend engines MODEL` on a model rope-extend did not write: the audit of the model's own RoPE per engine.
+
+Fixtures: the models' real config.json files in Hub-shaped caches (tests/hubcache.py; config.json only, as
+`hf_hub_download` leaves it). Every verdict is checked against numbers computed here from transformers' own rotary
+classes (the model's `...RotaryEmbedding` built from the config and called at the request's positions), never
+against the report's own reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import hubcache
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig
+
+from rope_extend.cli import run
+from rope_extend.engines import sglang, vllm
+from rope_extend.engines.audit import audit
+from rope_extend.engines.served import positions, tolerance
+
+QWEN, LLAMA, PHI, GEMMA = ("Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.1-8B", "microsoft/Phi-3.5-mini-instruct",
+                           "google/gemma-3-4b-it")
+VLLM, SGLANG, LLAMA_CPP = vllm.VERSION, sglang.VERSION, "llama.cpp (llama-cpp-python 0.3.36)"
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """A Hub cache with the real configs (Qwen2.5 with the YaRN x4 its model card tells users to add), offline."""
+    cache = tmp_path / "hub"
+    hubcache.build_config(cache, QWEN, hubcache.QWEN_YARN)
+    for repo in (LLAMA, PHI, GEMMA):
+        hubcache.build_config(cache, repo)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)
+    return cache
+
+
+def rows(report, engine):
+    return [row for row in report.rows if row.engine == engine]
+
+
+def verdict(report, engine):
+    return next(v for v in report.verdicts() if v.engine == engine)
+
+
+def snapshot(hub, repo):
+    return hub / f"models--{repo.replace('/', '--')}" / "snapshots" / hubcache.commit_of(repo)
+
+
+def hf_cos_sin(folder, at, last=None, layer_type=None):
+    """transformers' own rotary embedding of the config.json in `folder` at positions `at` (in a batch whose last
+    position is `last`: dynamic schemes switch on it), as (cos, sin) [len(at), rotary_dim / 2] in float64."""
+    from rope_extend.engines.hf_probe import rotary_module
+
+    config = AutoConfig.from_pretrained(folder).get_text_config()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = rotary_module(config)
+    ids = list(at) + ([last] if last is not None else [])
+    kwargs = {"layer_type": layer_type} if layer_type else {}
+    with torch.no_grad():
+        cos, sin = module(torch.zeros(1), torch.tensor(ids)[None, :], **kwargs)
+    half = cos.shape[-1] // 2
+    return cos[0, : len(at), :half].double().numpy(), sin[0, : len(at), :half].double().numpy()
+
+
+def test_qwen25_yarn_x4_is_served_identically_with_the_printed_flags(hub):
+    report = audit(QWEN)
+    assert (report.short, report.long) == (32768, 131072)  # L = original_max_position_embeddings, window = 4 L
+    assert "yarn x4" in report.scheme and [g.layer_type for g in report.groups] == [None]
+    v = verdict(report, VLLM)
+    assert v.identical and v.command == ("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vllm serve Qwen/Qwen2.5-7B-Instruct "
+                                         "--max-model-len 131072")
+    g = verdict(report, SGLANG)
+    assert g.identical and g.command.startswith("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 python -m "
+                                                "sglang.launch_server") and "--context-length 131072" in g.command
+    assert verdict(report, LLAMA_CPP).identical is None  # qwen2 is not the LLaMA architecture the port models
+    # the evidence: transformers' YaRN magnitude 0.1 ln 4 + 1 at position 0, which both ports serve
+    cos, _ = hf_cos_sin(snapshot(hub, QWEN), [0])
+    assert cos[0, 0] == pytest.approx(0.1 * math.log(4) + 1, rel=1e-6)
+    for row in rows(report, VLLM) + rows(report, SGLANG):
+        assert row.short.max_cos < 2e-3 and row.short.first_position is None
+
+
+def test_llama31_llama3_scaling_is_identical_in_every_engine(hub):
+    report = audit(LLAMA)
+    assert (report.short, report.long) == (8192, 131072) and "llama3 x8" in report.scheme
+    assert all(verdict(report, e).identical for e in (VLLM, SGLANG, LLAMA_CPP))
+    assert verdict(report, VLLM).command == "vllm serve meta-llama/Llama-3.1-8B --max-model-len 131072"
+    assert verdict(report, LLAMA_CPP).command.endswith(
+        "llama-server -m model.gguf -c 131072 (the GGUF's RoPE keys: llama.context_length 131072, "
+        "llama.rope.dimension_count 128, llama.rope.freq_base 500000, rope_freqs tensor (64 factors))")
+
+
+def test_phi3_longrope_vllm_serves_long_factors_on_short_requests(hub):
+    """transformers picks LongRoPE's short factors up to L = 4096 tokens and the long ones beyond; vLLM picks by
+    --max-model-len, so with the window it rotates a 4096-token request with the long factors."""
+    report = audit(PHI)
+    L, n = 4096, report.long
+    assert (report.short, report.long) == (L, 131072) and "longrope" in report.scheme
+    as_is = next(row for row in rows(report, VLLM) if row.route == "this checkpoint")
+    assert not as_is.short.identical and as_is.long.identical
+    # independently: transformers' own classes, the same positions 0..4095 in a batch up to 4095 (short factors)
+    # and in one reaching past L (long factors): the difference is what vLLM serves wrong
+    at = np.arange(L)
+    short_cos, short_sin = hf_cos_sin(snapshot(hub, PHI), at)
+    long_cos, long_sin = hf_cos_sin(snapshot(hub, PHI), at, last=L + 1)
+    expected = np.abs(long_cos - short_cos).max()
+    assert expected > 1.0  # a real difference, not rounding
+    assert as_is.short.max_cos == pytest.approx(expected, abs=1e-3)
+    diff = np.maximum(np.abs(long_cos - short_cos), np.abs(long_sin - short_sin))
+    freqs = torch.from_numpy(np.abs(np.arctan2(short_sin[1], short_cos[1])))
+    first = int(np.flatnonzero((diff > tolerance(freqs, L)[None, :]).any(axis=1))[0])
+    assert as_is.short.first_position == first
+    # the verdict: no route serves both; --max-model-len 4096 serves up to L with the short factors
+    v = verdict(report, VLLM)
+    assert v.identical is False and v.up_to == L
+    assert v.command == "vllm serve microsoft/Phi-3.5-mini-instruct --max-model-len 4096"
+    assert "position" in v.why and "rotary frequency" in v.why
+    # SGLang picks per batch (long once a position exceeds L): identical at 4096 and 131072 tokens
+    assert verdict(report, SGLANG).identical
+    assert positions(n)[-1] == n - 1
+
+
+def test_gemma3_sliding_layers_use_the_local_rope_and_full_layers_the_scaled_one(hub):
+    report = audit(GEMMA)
+    config = AutoConfig.from_pretrained(snapshot(hub, GEMMA)).get_text_config()
+    sliding = tuple(i for i, t in enumerate(config.layer_types) if t == "sliding_attention")
+    assert sliding == tuple(i for i in range(34) if i % 6 != 5)  # Gemma 3's 5:1 pattern
+    groups = {g.layer_type: g.layers for g in report.groups}
+    assert groups == {"full_attention": (5, 11, 17, 23, 29), "sliding_attention": sliding}
+    assert "sliding layers default (θ 10000)" in report.scheme and "full layers linear x8 (θ 1e+06)" in report.scheme
+    for engine in (VLLM, SGLANG):
+        assert verdict(report, engine).identical
+        assert {row.layers for row in rows(report, engine)} == {"full 5, 11, 17, 23, 29",
+                                                                 "sliding 0-4, 6-10, 12-16, 18-22, 24-28, 30-33"}
+    # the check can fail: the sliding layers' RoPE (θ 1e4, unscaled) is far from the full layers' (θ 1e6, /8)
+    at = np.arange(1024)
+    full, _ = hf_cos_sin(snapshot(hub, GEMMA), at, layer_type="full_attention")
+    local, _ = hf_cos_sin(snapshot(hub, GEMMA), at, layer_type="sliding_attention")
+    assert np.abs(full - local).max() > 1.0
+    inv = 1.0 / 10000 ** (torch.arange(0, 256, 2, dtype=torch.float64) / 256)  # default RoPE, θ = 1e4
+    assert np.abs(local - np.cos(at[:, None] * inv.numpy()[None, :])).max() < 1e-3
+
+
+def test_ministral3_yarn_mscale_ratio_is_one_in_both_ports(tmp_path):
+    """sgl-project/sglang#22711: SGLang ignored mscale / mscale_all_dim and scaled Ministral 3's cos/sin by
+    0.1 ln 16 + 1 = 1.277 instead of transformers' 1.0 (vLLM 0.25.0 the same: vllm#48621, PR #48623). What the
+    ports say for the versions they follow (their docstrings): SGLang 0.5.23's yarn reads mscale, mscale_all_dim;
+    vLLM 0.33.0's attention_factor > mscale/mscale_all_dim > 0.1 ln s + 1."""
+    folder = tmp_path / "ministral3"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "ministral3",
+                                                    "architectures": ["Ministral3ForCausalLM"]}))
+    report = audit(folder)  # transformers' Ministral3Config defaults: Ministral 3's YaRN x16 from 16384
+    assert (report.short, report.long) == (16384, 262144)
+    cos, _ = hf_cos_sin(folder, [0])
+    assert cos[0, 0] == pytest.approx(1.0, abs=1e-6)  # transformers: get_mscale(16, 1) / get_mscale(16, 1)
+    assert 0.1 * math.log(16) + 1 == pytest.approx(1.277, abs=1e-3)  # what the unfixed engines served
+    for engine in (VLLM, SGLANG):
+        v = verdict(report, engine)
+        assert v.identical and "this checkpoint" == v.route
+        assert all(row.short.max_cos < 1e-3 for row in rows(report, engine))
+    assert "mscale" in sglang.__doc__ and "mscale_all_dim" in vllm.__doc__
+
+
+def test_an_explicit_yarn_attention_factor_needs_sglangs_override(tmp_path):
+    """SGLang reads no attention_factor (its magnitude is 0.1 ln s + 1 times attn_factor): the checkpoint as it
+    is differs by exactly that at position 0, and the override attn_factor = attention_factor / (0.1 ln s + 1),
+    written as rope_parameters with rope_theta, makes it identical (copying attention_factor into attn_factor
+    would square the scale: sgl-project/sglang#33558)."""
+    folder = tmp_path / "qwen-af"
+    folder.mkdir()
+    config = json.loads(hubcache.config_path(QWEN).read_text())
+    config["rope_scaling"] = {**hubcache.QWEN_YARN["rope_scaling"], "attention_factor": 1.0}
+    (folder / "config.json").write_text(json.dumps(config))
+    report = audit(folder)
+    own = 0.1 * math.log(4) + 1
+    as_is, fixed = rows(report, SGLANG)
+    assert as_is.route == "this checkpoint" and not as_is.identical
+    assert as_is.short.max_cos == pytest.approx(own - 1.0, abs=1e-4) and as_is.short.first_position == 0
+    assert fixed.identical and fixed.route == "+ --json-model-override-args"
+    override = json.loads(fixed.command.split("--json-model-override-args ")[1].strip("'"))
+    assert override["rope_parameters"]["attn_factor"] == pytest.approx(1.0 / own)
+    assert override["rope_parameters"]["rope_theta"] == 1e6  # rope_theta written with it
+    assert verdict(report, SGLANG).command == fixed.command
+    assert verdict(report, VLLM).identical  # vLLM 0.33 reads attention_factor
+
+
+def test_cli_audit_prints_verdicts_and_json_and_keeps_rope_extend_outputs_on_parity(hub, capsys, tmp_path):
+    assert run(["engines", PHI]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "transformers 5" in printed and "own rotary embedding of this config.json" in printed
+    assert ("vLLM 0.33.0: identical only up to 4096 tokens, with: vllm serve microsoft/Phi-3.5-mini-instruct "
+            "--max-model-len 4096") in printed
+    assert run(["engines", GEMMA, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["audit"] and data["identical"] is True
+    assert {row["layers"] for row in data["rows"]} >= {"full 5, 11, 17, 23, 29"}
+    assert all("worst_position" in row["short"] for row in data["rows"] if row["short"]["served"])
+    evidence = [row["evidence"] for row in data["rows"] if row["engine"] == VLLM]
+    assert evidence and all(e["measure"].startswith("cos/sin against transformers' own") for e in evidence)
+    assert run(["engines", PHI, "--run", "vllm"]) == 2  # the audit runs ports only
+    assert "drop --run" in capsys.readouterr().err
+
+
+def test_docs_serving_audit_example_is_current(tmp_path, monkeypatch, capsys):
+    """docs/serving.md's worked example is what the audit prints today (at 100 columns, the transformers version
+    aside: the suite also runs under the 4.x line)."""
+    import re
+    from pathlib import Path
+
+    cache = tmp_path / "hub"
+    hubcache.build_config(cache, QWEN, hubcache.QWEN_YARN)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert run(["engines", QWEN]) == 0
+    printed = capsys.readouterr().out.rstrip("\n")
+    text = (Path(__file__).parent.parent / "docs" / "serving.md").read_text()
+    block = text.split("<!-- AUDIT-EXAMPLE:BEGIN -->\n")[1].split("<!-- AUDIT-EXAMPLE:END -->")[0]
+    shown = block.split("\n", 2)[2].rsplit("\n```", 1)[0]  # after the fence and the command line
+
+    def versionless(s):
+        return re.sub(r"transformers \d+\.\d+\.\d+\S*", "transformers X", s)
+
+    assert versionless(shown) == versionless(printed), "rerun the command in docs/serving.md and paste its output"
