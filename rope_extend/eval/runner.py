@@ -21,7 +21,7 @@ from typing import Any
 from ..outputs import EVAL_RUN_FILE, check_replaceable
 from .jobs import Evaluator, Job, plan_jobs
 from .suite import Suite, load_suite
-from .variants import Variant, applies, apply_spec, load_model, make_variants, original_length
+from .variants import Variant, applies, apply_spec, load_model, make_variants, original_length, spec_words
 
 RESULTS_FILE = "results.jsonl"
 REPORT_FILE = "report.md"
@@ -72,6 +72,17 @@ def _config_original_length(source) -> int:
 
     loaded = source if isinstance(source, Source) else load_source(source, config_only=True)
     return read_rope(loaded.config).original_length()
+
+
+def _plan(loaded, spec):
+    """The plan of a variant's spec on SOURCE; a refusal's suggestions in --spec keys, not `patch`'s flags."""
+    from ..errors import Suggests
+    from ..source import plan_source
+
+    try:
+        return plan_source(loaded, spec)
+    except Suggests as exc:
+        raise exc.worded(spec_words(spec)) from None
 
 
 def check_memory(name: str, folder: Path, config, cases: list, dtype: str, device: str | None,
@@ -166,7 +177,7 @@ def run_eval(
     if loader is None:
         from .. import compat
         from ..patch import verify_or_explain
-        from ..source import load_source, plan_source
+        from ..source import load_source
 
         loaded = load_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
         folder, config = loaded.folder, loaded.config
@@ -174,7 +185,7 @@ def run_eval(
         for variant in variants:  # each spec planned once (or its plan given), on SOURCE's config, before any
             if variant.spec is not None and not callable(variant.spec):  # weights load: a spec the model refuses (a
                 plan = variant.plan  # shipped scheme without replace_existing...) is one line now
-                plan = plan if plan is not None else plan_source(loaded, variant.rope_spec())
+                plan = plan if plan is not None else _plan(loaded, variant.rope_spec())
                 if plan.changed:  # checked as patch_model checks it (stock transformers rebuilds it, a forward runs)
                     verify_or_explain(plan, config)
                 plans[variant.name] = plan

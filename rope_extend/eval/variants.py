@@ -76,6 +76,31 @@ def parse_spec_arg(text: str) -> dict | str:
     return out
 
 
+def inline_spec(data: dict) -> str | None:
+    """The ``--spec`` argument ``parse_spec_arg`` reads back as `data` (``method=yarn,factor=2``); None where a value
+    cannot be written inline (a list: its commas would split it)."""
+    if any(isinstance(value, (list, tuple, dict)) for value in data.values()):
+        return None
+    def word(value) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+    return ",".join(f"{key}={word(value)}" for key, value in data.items())
+
+
+def spec_words(spec):
+    """How `eval` words a suggestion of spec keys (`errors.Suggests.worded`): the whole ``--spec`` with the keys in
+    place (a suggested length replaces the factor and target length given), or the keys alone where the spec cannot
+    be written inline."""
+    def words(keys: dict) -> str:
+        given = {k: v for k, v in spec.to_dict().items() if "target_length" not in keys or k not in ("factor", "target_length")}
+        whole = inline_spec({**given, **keys})
+        return f"--spec {whole}" if whole else f"the spec keys {inline_spec(keys)}"
+
+    return words
+
+
 def spec_to_dict(spec) -> dict | None:
     if spec is None:
         return None
