@@ -166,7 +166,7 @@ def generate_main(args) -> None:
         mask[1, : length // 4] = 0
         factor = max(2.0, (length + args.steps + 2) / model.config.max_position_embeddings)
         specs = {"yarn": {"method": "yarn", "factor": factor}, "self-extend": {"method": "self-extend", "factor": factor},
-                 "dual-chunk": {"method": "dual-chunk"}, "string": {"method": "string"}}
+                 "dual-chunk": {"method": "dual-chunk", "factor": factor}, "string": {"method": "string"}}
         for batch in (1, 2):
             for name, spec in specs.items():
                 with warnings.catch_warnings():

@@ -472,15 +472,7 @@ def plan_checkpoint(source: str | os.PathLike, spec: RopeSpec, out: str | os.Pat
             "original_max_position_embeddings in the spec (--set original_max_position_embeddings=N)",
             field="original_max_position_embeddings",
         )
-    plan = plan_source(loaded, spec)
-    if plan.spec.factor == 1 and plan.is_identity():
-        raise SpecError(
-            f"factor 1 (target length {plan.spec.target_length} = the original length) makes {plan.spec.method} "
-            "change nothing; choose a factor > 1 or a longer --target-length",
-            field="factor",
-            value=1,
-        )
-    return loaded, plan
+    return loaded, plan_source(loaded, spec)  # a spec that extends nothing is refused by the plan
 
 
 def write_checkpoint(

@@ -24,24 +24,64 @@ class UnsupportedModelError(RopeExtendError, ValueError):
     """The model has no rotary position embedding that rope-extend can rescale."""
 
 
-class AlreadyScaledError(RopeExtendError, ValueError):
-    """The model already carries a RoPE scaling scheme and the spec would silently stack on top of it.
+class Suggests(RopeExtendError):
+    """An error whose message suggests spec keys (a way forward), worded for the front end that prints it.
 
-    `fix`: the spec keys of a way forward that really extends the model (e.g. {"target_length": 262144,
-    "replace_existing": True}), for front ends that print a whole command."""
+    `fix`: the spec keys of the way forward that really extends the model (e.g. {"target_length": 262144,
+    "replace_existing": True}), for front ends that print a whole command. `compose(words)`: the message with every
+    suggested set of keys written by `words(keys) -> str` (the plan writes `patch`'s flags; `eval` its --spec keys);
+    `worded(words)` is the same error in those words."""
 
-    def __init__(self, message: str, *, fix: dict | None = None):
-        super().__init__(message)
+    fix: dict
+    compose = None
+
+    def _suggests(self, fix: dict | None, compose) -> None:
         self.fix = fix or {}
+        self.compose = compose
+
+    def worded(self, words):
+        """This error with its suggestions written by `words` (itself when it has no composer)."""
+        if self.compose is None:
+            return self
+        exc = self._copy(self.compose(words))
+        exc._suggests(self.fix, self.compose)
+        return exc
+
+    def _copy(self, message: str):
+        return type(self)(message, fix=self.fix)
 
 
-class ShorterWindowError(SpecError):
+class AlreadyScaledError(Suggests, ValueError):
+    """The model already carries a RoPE scaling scheme and the spec would silently stack on top of it (`fix`,
+    `worded`: see `Suggests`)."""
+
+    def __init__(self, message: str, *, fix: dict | None = None, compose=None):
+        super().__init__(message)
+        self._suggests(fix, compose)
+
+
+class ShorterWindowError(Suggests, SpecError):
     """The patch would write a checkpoint whose window is shorter than the source's, and the spec does not ask for
     that (`shorten_window: true`). `fix` as in `AlreadyScaledError`."""
 
-    def __init__(self, message: str, *, fix: dict | None = None, value: object = None):
+    def __init__(self, message: str, *, fix: dict | None = None, value: object = None, compose=None):
         super().__init__(message, field="target_length", value=value)
-        self.fix = fix or {}
+        self._suggests(fix, compose)
+
+    def _copy(self, message: str):
+        return type(self)(message, fix=self.fix, value=self.value)
+
+
+class NoExtensionError(Suggests, SpecError):
+    """The spec reaches no further than the length it counts from (factor 1, a factor that rounds to it, a target
+    equal to the original length): it would extend nothing (`plan._check_reach`). `fix` as in `AlreadyScaledError`."""
+
+    def __init__(self, message: str, *, fix: dict | None = None, value: object = None, compose=None):
+        super().__init__(message, field="factor", value=value)
+        self._suggests(fix, compose)
+
+    def _copy(self, message: str):
+        return type(self)(message, fix=self.fix, value=self.value)
 
 
 class ModelConfigError(RopeExtendError, ValueError):

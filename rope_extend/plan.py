@@ -18,6 +18,7 @@ import torch
 from . import compat
 from .errors import (
     AlreadyScaledError,
+    NoExtensionError,
     ShorterWindowError,
     SpecError,
     UnsupportedModelError,
@@ -231,6 +232,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
             )
     resolved = spec.resolve(spec.original_max_position_embeddings or spec.rope_method.original_length(facts, targets[0]))
     method = resolved.rope_method
+    _check_reach(facts, resolved, spec)
     resolved = method.fill_params(resolved)  # derived parameters written out (self-extend's G and W, ...)
     base_theta = float(resolved.rope_theta or pristine[targets[0]]["rope_theta"])
 
@@ -309,44 +311,77 @@ def _changes(facts, slots: dict, max_position_embeddings: int, marker: dict, met
     )
 
 
+def _check_reach(facts, spec: RopeSpec, given: RopeSpec) -> None:
+    """Refuse a spec (`given`, resolved to `spec`) that reaches no further than the length it counts from (factor 1, a
+    factor that rounds to it, a target length equal to it): it would extend nothing (an attention-level method would
+    still change the model inside its window). A method meant for use inside the window (`works_inside_window`:
+    STRING) is exempt. One rule for every method, said in lengths, whatever command planned it."""
+    method, original, target = spec.rope_method, spec.original_max_position_embeddings, spec.target_length
+    if target > original or method.works_inside_window:
+        return
+    longer = 2 * max(original, facts.window or 0)
+    fix = {"target_length": longer}
+    if facts.is_scaled and not method.keeps_scheme and not spec.replace_existing:
+        fix["replace_existing"] = True
+    if spec.factor != 1:
+        asked = f"{spec.factor:.10g} x {original} rounds to {target}"
+    else:
+        asked = f"target length {target}" if given.factor is None else "factor 1"
+
+    def compose(words) -> str:
+        return (f"{spec.method} x{spec.factor:.10g}: {original} -> {target} tokens extends nothing ({asked}): it "
+                f"reaches no further than the {original} tokens it counts from; to extend it: {words(fix)} ({spec.method} x{longer / original:g} over {original} -> {longer} tokens)")
+
+    raise NoExtensionError(compose(_flags), fix=fix, value=spec.factor, compose=compose)
+
+
 def _check_window(facts, spec: RopeSpec, targets, base_theta: float) -> None:
     """Refuse a patch that would stack on a scheme the model already carries, or write a window shorter than the
     source's (unless the spec says `shorten_window: true`), saying in lengths what the model reaches now, what the
-    spec would reach, and the spec keys that really extend it (the error's `fix`)."""
+    spec would reach, and the spec keys that really extend it (the error's `fix`; each message is composed for
+    `patch`'s flags and reworded by front ends with other words for spec keys: `errors.Suggests`)."""
     window, original, target = facts.window or 0, spec.original_max_position_embeddings, spec.target_length
     reach = f"{spec.method} x{spec.factor:g} over the original {original} tokens"
     longer = target if target > window else 2 * window
     extend = {"target_length": longer, "replace_existing": True} if facts.is_scaled else {"target_length": longer}
-    extend_text = f"{_flags(extend)} ({spec.method} x{longer / original:g} over {original} -> {longer} tokens)"
+
+    def extend_text(words) -> str:
+        return f"{words(extend)} ({spec.method} x{longer / original:g} over {original} -> {longer} tokens)"
+
     if facts.is_scaled and not spec.replace_existing:
         scheme = _describe(facts.slots, targets, facts.marker)
         now = f"the model already carries RoPE scaling ({scheme}), {window} tokens now"
         if target >= window:
-            raise AlreadyScaledError(
-                f"{now}; {reach} reaches {target}, but applying it on top would double-scale: add "
-                f"{_flags({'replace_existing': True})} (spec: replace_existing: true) to re-derive {spec.method} from "
-                f"the original length {original} and base {base_theta:g} instead"
-                + (", or unpatch_model() first" if facts.marker else ""),
-                fix={"replace_existing": True},
-            )
-        raise AlreadyScaledError(
-            f"{now}; {reach} would reach only {target}, shorter than now. To extend it: {extend_text}; to replace the "
-            f"scheme at {window} tokens: {_flags({'target_length': window, 'replace_existing': True})} "
-            f"({spec.method} x{window / original:g})" + ("; or unpatch_model() first" if facts.marker else ""),
-            fix=extend,
-        )
+            def on_top(words) -> str:
+                return (f"{now}; {reach} reaches {target}, but applying it on top would double-scale: add "
+                        f"{words({'replace_existing': True})}"
+                        + (" (spec: replace_existing: true)" if words is _flags else "")
+                        + f" to re-derive {spec.method} from the original length {original} and base {base_theta:g} "
+                        "instead" + (", or unpatch_model() first" if facts.marker else ""))
+
+            raise AlreadyScaledError(on_top(_flags), fix={"replace_existing": True}, compose=on_top)
+
+        def shorter_than_now(words) -> str:
+            return (f"{now}; {reach} would reach only {target}, shorter than now. To extend it: {extend_text(words)}; "
+                    f"to replace the scheme at {window} tokens: "
+                    f"{words({'target_length': window, 'replace_existing': True})} ({spec.method} "
+                    f"x{window / original:g})" + ("; or unpatch_model() first" if facts.marker else ""))
+
+        raise AlreadyScaledError(shorter_than_now(_flags), fix=extend, compose=shorter_than_now)
     if target < window and not spec.shorten_window:
-        raise ShorterWindowError(
-            f"{reach} reaches {target} tokens, shorter than the source's window of {window}; to extend it: "
-            f"{extend_text}; to write the shorter window on purpose: {_flags({'shorten_window': True})}",
-            fix=extend,
-            value=target,
-        )
+        def shorter(words) -> str:
+            return (f"{reach} reaches {target} tokens, shorter than the source's window of {window}; to extend it: "
+                    f"{extend_text(words)}; to write the shorter window on purpose: "
+                    f"{words({'shorten_window': True})}")
+
+        raise ShorterWindowError(shorter(_flags), fix=extend, value=target, compose=shorter)
 
 
 def _flags(keys: dict) -> str:
-    """CLI flags setting spec `keys` (--target-length N, --set key=true)."""
-    return " ".join(f"--target-length {value}" if key == "target_length" else f"--set {key}={str(value).lower()}"
+    """`patch`'s flags setting spec `keys` (--target-length N, --factor S, --set key=true): how the plan's messages
+    word a suggestion (`errors.Suggests.worded` rewords them for other front ends)."""
+    words = {"target_length": "--target-length {}", "factor": "--factor {:g}"}
+    return " ".join(words[key].format(value) if key in words else f"--set {key}={str(value).lower()}"
                     for key, value in keys.items())
 
 

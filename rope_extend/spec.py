@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -90,6 +91,11 @@ class RopeSpec(BaseModel):
         return super().model_validate(obj, **kwargs)
 
     # -- field rules -------------------------------------------------------------------------------------------
+    @field_validator("factor", "target_length", "original_max_position_embeddings", "rope_theta", mode="before")
+    @classmethod
+    def _core_numbers(cls, value: Any, info) -> Any:  # (`_numbers` is the method parameters' own, below)
+        return _refuse_booleans(cls, value, info)  # `factor: true` is an error, not 1
+
     @field_validator("method", mode="before")
     @classmethod
     def _method(cls, value: Any) -> str:
@@ -150,7 +156,7 @@ class RopeSpec(BaseModel):
         if self.target_length is not None and self.target_length < original:
             raise ValueError(
                 f"target_length {self.target_length} is shorter than the original length {original}; "
-                f"choose a target >= {original}"
+                f"choose a target above {original}"
             )
         if self.factor is not None and self.target_length is not None:
             if abs(self.factor * original - self.target_length) >= 1:
@@ -184,10 +190,19 @@ class RopeSpec(BaseModel):
             raise SpecError(str(exc), field="target_length", value=self.target_length) from None
         factor = self.factor if self.factor is not None else (self.target_length or original) / original
         target = self.target_length if self.target_length is not None else int(round(factor * original))
-        if target > MAX_TOKENS or factor > MAX_FACTOR:
+        if factor > MAX_FACTOR:  # only a target length can make it (a factor is checked when given)
             raise SpecError(
-                f"factor {factor:g} x original length {original} = {factor * original:g} tokens is beyond the sane "
-                f"range (factor <= {MAX_FACTOR:g}, length <= {MAX_TOKENS}); choose a smaller factor or target",
+                f"target_length {target} over the original length {original} is x{factor:g}, outside the factor "
+                f"range [1, {MAX_FACTOR:g}] (no model extends its window more than that); choose a target of at most "
+                f"{int(MAX_FACTOR * original)} tokens",
+                field="target_length",
+                value=target,
+            )
+        if target > MAX_TOKENS:  # only a factor can make it (a target length is checked when given)
+            raise SpecError(
+                f"factor {factor:g} x the original length {original} = {target} tokens, beyond {MAX_TOKENS} "
+                "(positions are 32-bit in serving engines); choose a factor of at most "
+                f"{math.floor(MAX_TOKENS / original * 1000) / 1000:g}",
                 field="factor",
                 value=factor,
             )
@@ -433,9 +448,14 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
         data = _load_yaml_text(text, f"spec file {str(path)!r}")
     except SpecError as exc:
         raise SpecError(f"{exc}; fix it (key: value per line)", field="config", value=str(path)) from None
+    if data is None:
+        raise SpecError(f"spec file {str(path)!r} is empty (or only comments); write the spec in it, one key: value "
+                        "per line, e.g. 'method: yarn' and 'factor: 2'", field="config", value=str(path))
     if not isinstance(data, dict):
+        kind = {list: "a list", str: "a single value", int: "a number", float: "a number", bool: "a boolean"}
         raise SpecError(
-            f"spec file {str(path)!r} must be a YAML mapping such as 'method: yarn', got {type(data).__name__}",
+            f"spec file {str(path)!r} holds {kind.get(type(data), type(data).__name__)} ({str(data)[:40]!r}), not a "
+            "YAML mapping: write one key: value per line, e.g. 'method: yarn' and 'factor: 2'",
             field="config",
             value=str(path),
         )

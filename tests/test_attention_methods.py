@@ -304,7 +304,7 @@ def test_defaults_follow_the_reach_rule():
         assert largest <= 0.625 * 8192
     plan = plan_patch(config, method="self-extend", factor=2, group_size=16)
     assert plan.spec.group_size == 16  # explicit values override
-    plan = plan_patch(config, method="dual-chunk")  # ChunkLlama at 847ae71: 3L/4, L // 8, 0.05·ln(n/L) + 1
+    plan = plan_patch(config, method="dual-chunk", factor=2)  # ChunkLlama at 847ae71: 3L/4, L // 8, 0.05·ln(n/L) + 1
     assert (plan.spec.chunk_size, plan.spec.local_window, plan.spec.length_scale) == (6144, 1024, 0.05)
 
 
@@ -343,14 +343,15 @@ def test_every_attention_method_hands_the_kernel_a_position_map():
     [
         ({"method": "self-extend", "factor": 4, "group_size": 2}, r"reach rule is N <= \(L - W\)·G \+ W"),
         ({"method": "self-extend", "factor": 2, "neighbor_window": 8192}, "below the original length"),
-        ({"method": "dual-chunk", "chunk_size": 8192}, "must be below the original length"),
-        ({"method": "dual-chunk", "chunk_size": 100, "local_window": 100}, "must be below chunk_size"),
+        ({"method": "dual-chunk", "factor": 2, "chunk_size": 8192}, "must be below the original length"),
+        ({"method": "dual-chunk", "factor": 2, "chunk_size": 100, "local_window": 100}, "must be below chunk_size"),
         ({"method": "self-extend", "factor": 2, "group_size": 0}, "must be > 0"),
         ({"method": "self-extend", "factor": 2, "group_size": 2.5}, "group_size"),
         ({"method": "self-extend"}, "needs 'factor' or 'target_length'"),
         ({"method": "dual-chunk", "factor": 2, "beta_fast": 3.0}, "does not apply to method 'dual-chunk'"),
-        ({"method": "dual-chunk", "length_scale": 0.9}, r"length_scale 0.9 must lie in \[0, 0.5\]"),
-        ({"method": "dual-chunk", "length_scale": -0.05}, r"must lie in \[0, 0.5\]"),
+        ({"method": "dual-chunk", "factor": 2, "length_scale": 0.9}, r"length_scale 0.9 must lie in \[0, 0.5\]"),
+        ({"method": "dual-chunk", "factor": 2, "length_scale": -0.05}, r"must lie in \[0, 0.5\]"),
+        ({"method": "dual-chunk"}, "needs 'factor' or 'target_length'"),  # issue 57: it reached L -> L
     ],
 )
 def test_spec_errors_name_the_rule(kwargs, match):
@@ -367,7 +368,7 @@ def test_refusals_name_why():
     with pytest.raises(SpecError, match="-gan G -gaw W"):
         gguf_rules("self-extend").rope(load_spec(method="self-extend", factor=2), 1e4, 16, None, 1.0)
     with pytest.raises(SpecError, match="no dual chunk attention"):
-        gguf_rules("dual-chunk").rope(load_spec(method="dual-chunk"), 1e4, 16, None, 1.0)
+        gguf_rules("dual-chunk").rope(load_spec(method="dual-chunk", factor=2), 1e4, 16, None, 1.0)
     if not EAGER_THROUGH_ATTENTION_REGISTRY:
         with pytest.raises(UnsupportedModelError, match="calls its eager attention directly"):
             patch_model(tiny.make_model("llama"), method="self-extend", factor=4)
@@ -412,8 +413,8 @@ def test_smollm2_smoke_with_small_windows(smollm2_path):
     ids = torch.randint(100, 20000, (1, 150), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         base, short = model(ids).logits, model(ids[:, :40]).logits
-    for spec in ({"method": "self-extend", "factor": 1, "group_size": 2, "neighbor_window": 48},
-                 {"method": "dual-chunk", "chunk_size": 96, "local_window": 16}):
+    for spec in ({"method": "self-extend", "factor": 1.5, "group_size": 2, "neighbor_window": 48},
+                 {"method": "dual-chunk", "factor": 1.5, "chunk_size": 96, "local_window": 16}):
         patch_model(model, **spec)
         with torch.no_grad():
             full = model(ids).logits

@@ -234,7 +234,7 @@ class ChunkLlamaPort:
 def _rope_extend(coefficient: float):
     model = tiny_llama()
     model.set_attn_implementation("sdpa")
-    patch_model(model, method="dual-chunk", chunk_size=CHUNK_SIZE, local_window=LOCAL_WINDOW,
+    patch_model(model, method="dual-chunk", factor=4, chunk_size=CHUNK_SIZE, local_window=LOCAL_WINDOW,
                 length_scale=coefficient)
     return model
 

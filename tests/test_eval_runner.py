@@ -310,3 +310,113 @@ def test_demo_ends_with_output_serve_command_and_report(ckpt, tmp_path, capsys, 
     words = " ".join(printed.replace(" \\\n", " ").split())
     assert words.endswith(f"output: {out} serve: vllm serve {out} --max-model-len 512 report: {report} (the "
                           f"comparison); {out / 'README.md'} (model card: every engine's command)") and report.is_file()
+
+
+# --- issue 57 §1: the window the model serves; §4: a one-block perplexity interval ---------------------------------
+LLAMA3_X8 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+             "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+
+
+def test_a_shipped_scheme_is_measured_against_the_window_it_serves(tmp_path):
+    """A tiny model shipping llama3 x8 over 64 (max_position_embeddings 512): the suite's 1x and 2x are 512 and
+    1024 tokens, the report says 512 (naming the pre-scaling 64), and only 1024 is beyond the window (it said
+    "original context window: 64 tokens" and "128 (beyond original)")."""
+    from rope_extend.eval.tiny import tiny_llama, tiny_tokenizer
+
+    folder = tmp_path / "llama3-x8"
+    tok = tiny_tokenizer()
+    model = tiny_llama(len(tok), 512, rope_parameters=dict(LLAMA3_X8))
+    assert model.config.max_position_embeddings == 512
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    suite = {"name": "w", "short_context": [], "perplexity": {"lengths": ["1x", "2x"], "bucket_size": 256,
+                                                               "chunk_size": 256}}
+    recs = run_eval(folder, None, suite, tmp_path / "r", progress=False, plots=False)
+    assert sorted(r["length"] for r in recs) == [512, 1024] and {r["original_length"] for r in recs} == {512}
+    meta = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert (meta["original_length"], meta["pre_scaling_length"], meta["shipped_scheme"]) == (512, 64, "llama3 x8")
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert ("original context window: 512 tokens (the window the model serves: llama3 x8 over a pre-scaling 64"
+            in report), report
+    assert "| 1k (beyond original)" in report and "512 (beyond original)" not in report
+    assert "128 (beyond original)" not in report and "64 tokens" not in report
+
+
+def test_llama_3_1_suite_is_planned_from_its_131072_token_window(tmp_path):
+    """The real Llama-3.1-8B config in a Hub-shaped cache (no weights read): the paper suite's 1x/2x perplexity and
+    1.5x/2x passkey lengths count from 131072, not llama3's 8192; only lengths above 131072 are labelled beyond the
+    original; the ceiling is the window itself."""
+    import hubcache
+
+    from rope_extend.eval.report import _len_label
+    from rope_extend.eval.runner import _config_window
+    from rope_extend.eval.suite import load_suite
+
+    snapshot = hubcache.build(tmp_path / "hub", "meta-llama/Llama-3.1-8B")
+    window = _config_window(snapshot)
+    assert (window.length, window.pre_scaling, window.scheme) == (131072, 8192, "llama3 x8")
+    cases = load_suite("paper").cases(window.length)
+    ppl = sorted({c.length for c in cases if c.kind == "perplexity"})
+    passkey = sorted({c.length for c in cases if c.kind == "passkey" and not c.ceiling_only})
+    assert ppl == [2048, 131072, 262144] and passkey == [2048, 196608, 262144]
+    assert {c.length for c in cases if c.ceiling_only} == {131072}
+    assert [_len_label(n, window.length) for n in (16384, 131072, 262144)] == ["16k", "128k",
+                                                                             "256k (beyond original)"]
+
+
+def test_a_128_token_perplexity_suite_writes_its_report(ckpt, tmp_path):
+    """One 128-token block: its bootstrap interval is the estimate itself, never a hair beside it (it rounded below
+    it and matplotlib refused the error bar after all the model work: exit 2, no report.md); and a plot that fails
+    for any reason leaves report.md written, naming it."""
+    suite = {"name": "b", "short_context": [128], "perplexity": {"lengths": [128], "bucket_size": 64,
+                                                                  "chunk_size": 64}}
+    recs = run_eval(ckpt, SPECS[:1], suite, tmp_path / "r", progress=False)
+    for r in recs:
+        m = r["metrics"]
+        assert len(m["block_losses"]) == 1
+        assert m["loss_ci"][0] <= m["loss"] <= m["loss_ci"][1] and m["ppl_ci"][0] <= m["ppl"] <= m["ppl_ci"][1]
+    assert (tmp_path / "r" / "perplexity_vs_length.png").stat().st_size > 1000
+
+    from rope_extend.eval import plots
+    from rope_extend.eval.runner import rebuild_report
+
+    broken = list(plots.PLOTS)
+    broken[1] = (broken[1][0], broken[1][1], lambda records: 1 / 0)
+    old = plots.PLOTS
+    plots.PLOTS = tuple(broken)
+    try:
+        (tmp_path / "r" / "report.md").unlink()
+        rebuild_report(tmp_path / "r")
+    finally:
+        plots.PLOTS = old
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "Perplexity vs context length: not drawn (ZeroDivisionError: division by zero)" in report
+    assert "loss_vs_position.png" in report
+
+
+def test_intervals_hold_their_estimate():
+    from rope_extend.eval.stats import bootstrap_mean, paired_bootstrap_interval, wilson_interval
+
+    values = [2.0000001192092896]
+    assert bootstrap_mean(values, [128]) == (values[0], values[0], values[0])
+    est, lo, hi = paired_bootstrap_interval([1.1, 3.0, 0.2], [1.0, 1.0, 1.0], [128, 128, 5])
+    assert lo <= est <= hi
+    for k, n in ((0, 7), (3, 7), (7, 7), (1, 3)):
+        lo, hi = wilson_interval(k, n)
+        assert lo <= k / n <= hi
+
+
+def test_a_model_without_a_tokenizer_is_one_line_naming_the_folder_and_files(tmp_path, capsys):
+    """issue 57 §8: transformers' own message ("Couldn't instantiate the backend tokenizer ...") named neither the
+    model nor the missing files, and came after run.json was written."""
+    from rope_extend.cli import run
+    from rope_extend.eval.tiny import tiny_llama
+
+    folder = tmp_path / "no-tokenizer"
+    tiny_llama(1000, 256).save_pretrained(folder)
+    capsys.readouterr()  # transformers' save progress
+    assert run(["eval", str(folder), "-o", str(tmp_path / "r"), "--suite", "smoke"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"rope-extend: error: {folder}: no tokenizer transformers can load (it "
+                                               "has none of tokenizer.json, tokenizer_config.json"), err
+    assert "copy the tokenizer files" in err[0] and not (tmp_path / "r").exists()

@@ -288,6 +288,44 @@ def shipped_cache(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.parametrize("repo", SHIPPED)
+def test_a_spec_that_extends_nothing_is_refused_in_one_line_naming_the_reach(shipped_cache, tmp_path, monkeypatch,
+                                                                               capsys, repo):
+    """issue 57 §3: on a model that ships a scheme (the real Llama-3.1-8B, Qwen2.5-7B-Instruct with its card's YaRN),
+    self-extend --factor 1 counted from the 131072-token window it serves reaches 131072: refused in one line naming
+    the reach and the command that extends it (2 x 131072); dual-chunk needs a factor as every method but STRING
+    does; yarn x1.0000001 over the pre-scaling 8192/32768 rounds to it. Nothing is written; `eval` words the same
+    refusals in its --spec keys (issue 57 §8: it suggested patch's flags)."""
+    _hub_env(monkeypatch, shipped_cache, tmp_path)
+    pre = {"meta-llama/Llama-3.1-8B": 8192, "Qwen/Qwen2.5-7B-Instruct": 32768}[repo]
+    out = tmp_path / "out"
+    code, _, err = _patch(["patch", repo, "--method", "self-extend", "--factor", "1", "-o", str(out)], capsys)
+    assert code == 2 and not out.exists()
+    assert (f"self-extend x1: {STOCK_WINDOW} -> {STOCK_WINDOW} tokens extends nothing (factor 1)" in err
+            and f"--target-length {2 * STOCK_WINDOW} (self-extend x2 over {STOCK_WINDOW} -> {2 * STOCK_WINDOW} tokens)"
+            in err), err
+    assert err.endswith(f"Run: rope-extend patch {repo} --method self-extend --target-length {2 * STOCK_WINDOW} "
+                        f"-o {out}"), err
+    code, _, err = _patch(["patch", repo, "--method", "dual-chunk", "-o", str(out)], capsys)
+    assert code == 2 and "method 'dual-chunk' needs 'factor' or 'target_length'" in err and not out.exists()
+    code, _, err = _patch(["patch", repo, "--method", "yarn", "--factor", "1.0000001", "--set", "replace_existing=true",
+                           "-o", str(out)], capsys)
+    assert code == 2 and not out.exists()
+    assert f"yarn x1.0000001: {pre} -> {pre} tokens extends nothing (1.0000001 x {pre} rounds to {pre})" in err, err
+
+    args = ["eval", repo, "-o", str(tmp_path / "report"), "--no-memory-check"]
+    code, _, err = _patch([*args, "--spec", "method=dual-chunk,factor=1,local_window=512"], capsys)
+    assert code == 2 and not (tmp_path / "report").exists()
+    assert (f"dual-chunk x1: {STOCK_WINDOW} -> {STOCK_WINDOW} tokens extends nothing" in err and "to extend it: "
+            f"--spec method=dual-chunk,local_window=512,target_length={2 * STOCK_WINDOW} (dual-chunk x2" in err), err
+    code, _, err = _patch([*args, "--spec", "method=yarn,factor=8"], capsys)
+    assert code == 2 and "--target-length" not in err and "--set" not in err, err
+    if pre == 8192:  # yarn x8 over 8192 is 65536, shorter than the window it has
+        assert f"To extend it: --spec method=yarn,target_length={2 * STOCK_WINDOW},replace_existing=true (yarn" in err
+    else:  # over 32768 it reaches 262144: only replace_existing is missing
+        assert "add --spec method=yarn,factor=8,replace_existing=true to re-derive yarn" in err, err
+
+
 def _stock_window(folder: Path) -> tuple[int, dict, object]:
     """What stock transformers reads from `folder`'s config.json: the window, the RoPE slots, the built RoPE."""
     from transformers import AutoConfig

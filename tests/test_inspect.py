@@ -11,6 +11,7 @@ import pytest
 from tiny import ORIGINAL, make_config
 from transformers import AutoConfig
 
+from rope_extend import NoExtensionError
 from rope_extend.cli import run
 from rope_extend.inspect import classify, inspect_rope, load_config, plot_methods, recommend
 from rope_extend.methods import RopeContext, compute, default_inv_freq
@@ -90,8 +91,9 @@ def test_regimes_of_other_methods():
     assert {r.regime for r in inspect_rope(config, method="linear", factor=4).rows} == {"interpolated"}
     ntk = [r.regime for r in inspect_rope(config, method="ntk", factor=4).rows]
     assert ntk[0] == "extrapolated" and ntk[-1] == "interpolated" and set(ntk[1:-1]) == {"blended"}
-    same = inspect_rope(config, method="yarn", factor=1)
-    assert {r.regime for r in same.rows} == {"unchanged"}
+    assert {r.regime for r in inspect_rope(config).rows} == {"unchanged"}  # the bare model
+    with pytest.raises(NoExtensionError, match="yarn x1: 2048 -> 2048 tokens extends nothing"):
+        inspect_rope(config, method="yarn", factor=1)  # refused as patch refuses it (issue 57)
     assert classify(1.5, 4) == "other" and classify(0.1, 4) == "other"
     # dynamic methods are shown at the target length: dynamic-yarn there is static yarn
     dyn = inspect_rope(config, method="dynamic-yarn", factor=4)

@@ -59,7 +59,7 @@ def test_llama_passkey_self_extend_next_to_rope_extend(llamacpp, demo_gguf, smol
                                                  attn_implementation="sdpa").eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        patch_model(model, method="self-extend", factor=1, group_size=GROUP, neighbor_window=BATCH)
+        patch_model(model, method="self-extend", factor=1.5, group_size=GROUP, neighbor_window=BATCH)
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
                              pad_token_id=tokenizer.eos_token_id or 0)

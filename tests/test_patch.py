@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rope_extend import (
     AlreadyScaledError,
+    NoExtensionError,
     ShorterWindowError,
     SpecError,
     UnsupportedModelError,
@@ -78,6 +79,52 @@ def test_target_length_derives_factor():
     model = tiny.make_model("llama")
     report = patch_model(model, method="yarn", target_length=3 * tiny.ORIGINAL)
     assert report.factor == 3.0 and report.new_max_position_embeddings == 3 * tiny.ORIGINAL
+
+
+def _registry_spec(method, **length) -> dict:
+    """A spec of a registered method with the parameters it needs besides a length (longrope's lists)."""
+    from rope_extend.methods import get_method
+
+    kwargs = {"method": method.name, **length}
+    if "short_factor" in method.params:
+        half = tiny.rotary_dim("llama") // 2
+        kwargs.update(short_factor=[1.0] * half, long_factor=[2.0] * half)
+    if "local_value" in method.params:  # STRING's W (default 128) below the tiny window of 32
+        kwargs.update(local_value=4)
+    assert get_method(method.name) is method
+    return kwargs
+
+
+@pytest.mark.parametrize("factor, words", [(1, "factor 1"), (1.0000001, "1.0000001 x 32 rounds to 32")])
+def test_every_method_refuses_a_factor_that_extends_nothing(factor, words):
+    """issue 57: factor 1 (and one that rounds to it) reaches no further than the length the method counts from, for
+    every registered method, frequency and attention-level alike: refused by the plan in one line naming the reach
+    (`x1: 32 -> 32 tokens`) and a way that extends it. STRING, which works inside the window (`works_inside_window`),
+    is the one method planned there; every other method needs a factor or a target length."""
+    from rope_extend.methods import all_methods
+    from rope_extend.plan import plan_patch
+
+    config = tiny.make_config("llama")
+    refused = []
+    for method in all_methods():
+        spec = _registry_spec(method, factor=factor)
+        if method.works_inside_window:
+            plan = plan_patch(config, spec)
+            assert plan.spec.target_length == tiny.ORIGINAL and plan.changed, method.name
+            continue
+        assert method.needs_factor, f"{method.name} takes no factor, so a spec of it would reach only L"
+        with pytest.raises(NoExtensionError) as info:
+            plan_patch(config, spec)
+        message = str(info.value)
+        assert "\n" not in message and f"{method.name} x{factor}: 32 -> 32 tokens extends nothing ({words})" in message
+        assert f"--target-length 64 ({method.name} x2 over 32 -> 64 tokens)" in message, message
+        assert info.value.fix == {"target_length": 64} and isinstance(info.value, SpecError)
+        with pytest.raises(NoExtensionError):
+            plan_patch(config, _registry_spec(method, target_length=tiny.ORIGINAL))
+        plan = plan_patch(config, _registry_spec(method, target_length=tiny.ORIGINAL + 1))  # one token more: planned
+        assert plan.spec.target_length == tiny.ORIGINAL + 1
+        refused.append(method.name)
+    assert {"yarn", "linear", "longrope", "self-extend", "dual-chunk"} <= set(refused)
 
 
 def test_same_spec_twice_changes_nothing():

@@ -243,7 +243,9 @@ CASES += [
     ("set-empty-value", lambda t: YARN + ["--set", "beta_fast="], None, ["empty value"], SpecError),
     ("set-conflicts-with-flag", lambda t: YARN + ["--set", "factor=8"], None, ["--factor 2", "disagree"], SpecError),
     ("set-twice", lambda t: YARN + ["--set", "beta_fast=64", "--set", "beta_fast=32"], None, ["given twice"], SpecError),
-    ("factor-one-is-a-no-op", lambda t: ["--method", "yarn", "--factor", "1"], None, ["change nothing"], SpecError),
+    ("factor-one-is-a-no-op", lambda t: ["--method", "yarn", "--factor", "1"], None, ["yarn x1: 32 -> 32 tokens extends nothing", "--target-length 64"], SpecError),
+    ("factor-rounding-to-one", lambda t: ["--method", "yarn", "--factor", "1.0000001"], None, ["yarn x1.0000001: 32 -> 32", "rounds to 32"], SpecError),
+    ("target-beyond-factor-range", lambda t: ["--method", "yarn", "--target-length", "2147483647"], None, ["target_length 2147483647", "x6.71089e+07", "outside the factor range [1, 1024]", "at most 32768 tokens"], SpecError),
     # flags that would be silently ignored or write where the user did not ask
     ("revision-with-local-folder", lambda t: YARN + ["--revision", "main"], None, ["--revision 'main'", "local folder"], CheckpointError),
     ("eval-dir-inside-source", lambda t: YARN + ["--eval", "smoke", "--eval-dir", str(t / "src" / "report")], None, ["inside SOURCE"], CheckpointError),
@@ -448,15 +450,15 @@ def test_fuzz_yaml_text_gives_spec_or_spec_error(tmp_path_factory, text):
     assert isinstance(spec, RopeSpec) and load_spec(spec.to_dict()) == spec
 
 
+FACTORS = st.floats(1.0 + 1 / 32, 64.0, allow_nan=False)  # every one reaches beyond L = 32 (factor 1 is refused)
 VALID_SPECS = st.one_of(
-    st.builds(dict, method=st.sampled_from(["linear", "ntk", "dynamic", "llama3"]),
-              factor=st.floats(1.0, 64.0, allow_nan=False)),
+    st.builds(dict, method=st.sampled_from(["linear", "ntk", "dynamic", "llama3"]), factor=FACTORS),
     st.builds(dict, method=st.sampled_from(["yarn", "ntk-by-parts", "dynamic-yarn"]),
-              factor=st.floats(1.0, 64.0), beta_fast=st.floats(2.0, 256.0), beta_slow=st.floats(0.01, 1.9),
+              factor=FACTORS, beta_fast=st.floats(2.0, 256.0), beta_slow=st.floats(0.01, 1.9),
               truncate=st.booleans()),
-    st.builds(dict, method=st.just("yarn"), factor=st.floats(1.0, 64.0), mscale=st.floats(0.1, 2.0),
+    st.builds(dict, method=st.just("yarn"), factor=FACTORS, mscale=st.floats(0.1, 2.0),
               mscale_all_dim=st.floats(0.1, 2.0)),
-    st.builds(dict, method=st.just("yarn"), target_length=st.integers(32, 32 * 1024),  # factor <= 1024 on L = 32
+    st.builds(dict, method=st.just("yarn"), target_length=st.integers(33, 32 * 1024),  # factor <= 1024 on L = 32
               attention_factor=st.floats(0.5, 3.0)),
 )
 

@@ -42,6 +42,10 @@ CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
         ({"method": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}, None, ["high_freq_factor"]),
         ({"method": "yarn", "factor": 2, "rope_theta": -1}, "rope_theta", ["> 0"]),
         ({"method": "yarn", "factor": 2, "original_max_position_embeddings": 0}, "original_max_position_embeddings", ["positive"]),
+        ({"method": "yarn", "factor": True}, "factor", ["got true (a boolean)"]),
+        ({"method": "yarn", "factor": 2, "rope_theta": False}, "rope_theta", ["got false (a boolean)"]),
+        ({"method": "yarn", "factor": 2, "original_max_position_embeddings": True}, "original_max_position_embeddings",
+         ["a boolean"]),
         ({"method": "longrope", "factor": 2, "short_factor": []}, "short_factor", ["non-empty"]),
         ({"method": "yarn", "factor": 2, "layer_types": []}, "layer_types", ["at least one"]),
         ({"method": 7, "factor": 2}, "method", ["must be a string"]),
@@ -96,8 +100,11 @@ def test_yaml_roundtrip_and_overrides(tmp_path):
     "text, words",
     [
         ("method: yarn\nfactor: [2\n", ["not valid YAML", "line"]),
-        ("- method\n- yarn\n", ["must be a YAML mapping"]),
-        ("", ["must be a YAML mapping"]),
+        ("- method\n- yarn\n", ["holds a list", "not a YAML mapping", "method: yarn"]),
+        ("", ["is empty", "method: yarn"]),  # issue 57: said "got NoneType"
+        ("# a comment only\n", ["is empty (or only comments)"]),
+        ("method: yarn\nfactor: true\n", ["'factor' has bad value True", "a boolean"]),  # issue 57: read as 1
+        ("method: yarn\ntarget_length: yes\n", ["'target_length' has bad value True", "a boolean"]),
         ("factor: 2\n", ["no 'method'"]),
         ("method: yarn\nfactor: .nan\n", ["NaN"]),
         ("method: yarn\nfactor: 2\nunknown: 1\n", ["unknown spec key 'unknown'"]),

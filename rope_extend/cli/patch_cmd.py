@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..errors import AlreadyScaledError, CheckpointError, ShorterWindowError, SpecError
+from ..errors import AlreadyScaledError, CheckpointError, NoExtensionError, ShorterWindowError, SpecError
 from ..terminal import shell_path
 from .app import Progress, app, console, fail, say, say_command
 
@@ -63,7 +63,7 @@ def build_spec(
 
 
 def with_command(exc: Exception, source: str, output: Path, spec_args: dict) -> Exception:
-    """An AlreadyScaledError / ShorterWindowError with the whole command of its way forward appended (the same SOURCE,
+    """An AlreadyScaledError / ShorterWindowError / NoExtensionError with the whole command of its way forward appended (the same SOURCE,
     OUT, --config, --method, --revision and --set keys, with the spec keys of `exc.fix` in place of the factor or
     target length), ready to paste."""
     import shlex
@@ -148,7 +148,7 @@ def patch(
                    memory_check=not no_memory_check)
     try:
         _patch(source, output, spec, run)
-    except (AlreadyScaledError, ShorterWindowError) as exc:
+    except (AlreadyScaledError, ShorterWindowError, NoExtensionError) as exc:
         raise with_command(exc, source, output, spec_args) from None
 
 

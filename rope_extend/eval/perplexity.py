@@ -102,12 +102,11 @@ def perplexity_metrics(
     blocks of ``block_size`` losses (see :mod:`rope_extend.eval.stats` for why); the block means are kept in
     the record so paired differences between variants can be computed later.
     """
-    from .stats import RESAMPLES, block_means, bootstrap_mean_interval
+    from .stats import RESAMPLES, block_means, bootstrap_mean
 
     length = losses.numel() + 1
-    mean = float(losses.mean())
     means, sizes = block_means(losses.tolist(), block_size)
-    lo, hi = bootstrap_mean_interval(means, sizes)
+    mean, lo, hi = bootstrap_mean(means, sizes)  # the mean and an interval that holds it (float64)
     res = {
         "length": length,
         "loss": mean,

@@ -380,8 +380,9 @@ def perplexity_vs_length(records: list[dict]):
             ys = [m["ppl"] for _, m in pts]
             err = None
             if all("ppl_ci" in m for _, m in pts):
-                err = [[y - m["ppl_ci"][0] for y, (_, m) in zip(ys, pts)],
-                       [m["ppl_ci"][1] - y for y, (_, m) in zip(ys, pts)]]
+                # (records written before intervals were made to hold their estimate can miss it in the last bits)
+                err = [[max(0.0, y - m["ppl_ci"][0]) for y, (_, m) in zip(ys, pts)],
+                       [max(0.0, m["ppl_ci"][1] - y) for y, (_, m) in zip(ys, pts)]]
             _link(ax, [L for L, _ in pts], xs, ys, st["color"], orig)
             bars = ax.errorbar(xs, ys, yerr=err, color=st["color"], marker=st["marker"], ls="none", ms=6,
                                capsize=3, elinewidth=1, mfc="none" if v in notes else st["color"], mew=1.3)
@@ -561,9 +562,10 @@ PLOTS = (  # (title, file, builder)
 )
 
 
-def make_plots(records: list[dict], out_dir) -> dict[str, str]:
+def make_plots(records: list[dict], out_dir, failed: dict | None = None) -> dict[str, str]:
     """Write the PNGs that have data into *out_dir*; returns ``{title: filename}`` (empty without matplotlib,
-    an optional extra)."""
+    an optional extra). A plot that fails is left out and its error put in *failed* (``{title: reason}``): the
+    records and the report never depend on a drawing."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -571,8 +573,13 @@ def make_plots(records: list[dict], out_dir) -> dict[str, str]:
     out = Path(out_dir)
     written = {}
     for title, name, build in PLOTS:
-        fig = build(records)
-        if fig is not None:
-            fig.savefig(out / name, dpi=DPI, bbox_inches="tight")
-            written[title] = name
+        try:
+            fig = build(records)
+            if fig is not None:
+                fig.savefig(out / name, dpi=DPI, bbox_inches="tight")
+                written[title] = name
+        except Exception as exc:  # any drawing error: the report is still written, naming it
+            if failed is None:
+                raise
+            failed[title] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     return written

@@ -21,7 +21,7 @@ from .stats import (
     wilson_interval,
 )
 from .texts import DEFAULT_TEXT
-from .variants import BASELINE
+from .variants import BASELINE, Window
 
 
 def ci_note(records: list[dict]) -> str:
@@ -399,7 +399,8 @@ def _header(meta: dict, records: list[dict]) -> list[str]:
     if suite.get("smoke"):
         lines += [smoke_banner(suite.get("name")), ""]
     lines.append(f"- model: `{meta.get('model_path')}`")
-    lines.append(f"- original context window: {meta.get('original_length')} tokens")
+    window = Window(meta.get("original_length"), meta.get("pre_scaling_length"), meta.get("shipped_scheme"))
+    lines.append(f"- original context window: {window.describe()}")
     lines.append(f"- suite: `{suite.get('name')}`" + (f" ({meta['suite_source']})" if meta.get("suite_source") else "")
                  + (f": {suite['description']}" if suite.get("description") else ""))
     lines.append(f"- dtype: {meta.get('dtype')}")
@@ -418,8 +419,10 @@ def _header(meta: dict, records: list[dict]) -> list[str]:
     return lines
 
 
-def write_report(records: list[dict], out_dir, images: dict | None = None, meta: dict | None = None) -> Path:
-    """report.md in `out_dir`, linking `images` ({title: file name}, drawn by `plots.make_plots`)."""
+def write_report(records: list[dict], out_dir, images: dict | None = None, meta: dict | None = None,
+                 failed_plots: dict | None = None) -> Path:
+    """report.md in `out_dir`, linking `images` ({title: file name}, drawn by `plots.make_plots`) and naming the
+    plots that could not be drawn (`failed_plots`: {title: reason})."""
     out = Path(out_dir)
     meta = meta or {}
     lines = ["# RoPE context-extension evaluation", ""]
@@ -444,10 +447,12 @@ def write_report(records: list[dict], out_dir, images: dict | None = None, meta:
     for title, body in sections:
         if body:
             lines += [f"## {title}", "", body, ""]
-    if images:
+    if images or failed_plots:
         lines += ["## Plots", ""]
-        for title, name in images.items():
+        for title, name in (images or {}).items():
             lines += [f"![{title}]({name})", ""]
+        for title, why in (failed_plots or {}).items():
+            lines += [f"_{title}: not drawn ({why})._", ""]
     total = sum(r.get("seconds", 0) for r in records)
     lines.append(f"_{len(records)} cases, {total:.0f} s of compute._")
     path = out / "report.md"

@@ -21,7 +21,16 @@ from typing import Any
 from ..outputs import EVAL_RUN_FILE, check_replaceable
 from .jobs import Evaluator, Job, plan_jobs
 from .suite import Suite, load_suite
-from .variants import Variant, applies, apply_spec, load_model, make_variants, original_length
+from .variants import (
+    Variant,
+    Window,
+    applies,
+    apply_spec,
+    load_model,
+    make_variants,
+    model_window,
+    spec_words,
+)
 
 RESULTS_FILE = "results.jsonl"
 REPORT_FILE = "report.md"
@@ -63,15 +72,25 @@ def _append(path: Path, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
-def _config_original_length(source) -> int:
-    """The original (pretraining) length L of SOURCE's config, its text part's (a shipped scheme counts from its own
-    original length): what the suite's lengths are laid out from. `source`: a `source.Source`, or what
-    `source.load_source` takes."""
-    from ..facts import read_rope
+def _config_window(source) -> Window:
+    """The window SOURCE's config (its text part) serves as shipped (`variants.model_window`: Llama 3.1's 131072,
+    with llama3's pre-scaling 8192 beside it): what the suite's lengths are laid out from. `source`: a
+    `source.Source`, or what `source.load_source` takes."""
     from ..source import Source, load_source
 
     loaded = source if isinstance(source, Source) else load_source(source, config_only=True)
-    return read_rope(loaded.config).original_length()
+    return model_window(loaded.config)
+
+
+def _plan(loaded, spec):
+    """The plan of a variant's spec on SOURCE; a refusal's suggestions in --spec keys, not `patch`'s flags."""
+    from ..errors import Suggests
+    from ..source import plan_source
+
+    try:
+        return plan_source(loaded, spec)
+    except Suggests as exc:
+        raise exc.worded(spec_words(spec)) from None
 
 
 def check_memory(name: str, folder: Path, config, cases: list, dtype: str, device: str | None,
@@ -167,22 +186,23 @@ def run_eval(
     if loader is None:
         from .. import compat
         from ..patch import verify_or_explain
-        from ..source import load_source, plan_source
+        from ..source import load_source
 
         loaded = load_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
         folder, config = loaded.folder, loaded.config
-        original, preflight_tok = _config_original_length(loaded), None
+        window, preflight_tok = _config_window(loaded), None
         for variant in variants:  # each spec planned once (or its plan given), on SOURCE's config, before any
             if variant.spec is not None and not callable(variant.spec):  # weights load: a spec the model refuses (a
                 plan = variant.plan  # shipped scheme without replace_existing...) is one line now
-                plan = plan if plan is not None else plan_source(loaded, variant.rope_spec())
+                plan = plan if plan is not None else _plan(loaded, variant.rope_spec())
                 if plan.changed:  # checked as patch_model checks it (stock transformers rebuilds it, a forward runs)
                     verify_or_explain(plan, config)
                 plans[variant.name] = plan
     else:
         m, preflight_tok = loader()
-        original = original_length(m)
+        window = model_window(m.config)
         del m
+    original = window.length  # what every length, label and ceiling counts from (records: "original_length")
     cases = suite_obj.cases(original)
     serving, excluded = {}, frozenset()
     if served_by is not None:  # planned once, before anything loads: refuses what it does not serve identically
@@ -205,10 +225,14 @@ def run_eval(
         check_memory(str(model_path), folder, compat.text_config(config), [c for j in jobs for c in j.cases], dtype,
                      device, device_map, skip=not memory_check or served_by is not None)
 
+    if jobs and loader is None:  # a model without a tokenizer is one line before the output folder appears
+        preflight_tok = preflight_tok or _tokenizer(folder)
     out.mkdir(parents=True, exist_ok=True)  # only now: a bad suite, spec, model or size leaves no empty folder
     if not resume and results_path.exists():
         results_path.rename(out / f"results.{int(time.time())}.jsonl.bak")
     meta = _run_meta(model_path, original, suite_obj, variants, dtype, device_map)
+    if window.pre_scaling is not None:
+        meta.update(pre_scaling_length=window.pre_scaling, shipped_scheme=window.scheme)
     meta["device"] = None if device_map else (device or "cpu")
     meta["expected_records"] = sum(applies(c, v) and (v.name, c.case_id) not in excluded
                                    for c in cases for v in variants)
@@ -274,9 +298,9 @@ def _transformers_version() -> str:
 
 
 def _tokenizer(model_path):
-    from transformers import AutoTokenizer
+    from .variants import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_path))
+    return load_tokenizer(model_path)
 
 
 def _check_resumed_plans(out: Path, done: dict, variants: list[Variant], plans: dict[str, Any]) -> None:
@@ -499,12 +523,18 @@ def compare_records(records: list[dict], folders, variants=()) -> list[dict]:
 def write_outputs(records: list[dict], out: Path, plots: bool = True, meta: dict | None = None,
                   plot_records: list[dict] | None = None) -> Path:
     """report.md and, with `plots`, the PNGs it links (drawn first, so the report names only files that exist),
-    from *plot_records* when given (the report's records with others beside them)."""
+    from *plot_records* when given (the report's records with others beside them). A plot that fails is left out:
+    the report is written from the records all the same, names it, and a warning line says so."""
     from .plots import make_plots
     from .report import write_report
 
-    images = make_plots(records if plot_records is None else plot_records, out) if plots else {}
-    return write_report(records, out, images=images, meta=meta)
+    failed: dict[str, str] = {}
+    images = make_plots(records if plot_records is None else plot_records, out, failed) if plots else {}
+    path = write_report(records, out, images=images, meta=meta, failed_plots=failed)
+    for title, why in failed.items():
+        print(f"rope-extend: warning: plot {title!r} could not be drawn ({why}); {path} was written without it",
+              file=sys.stderr, flush=True)
+    return path
 
 
 def run_records(out_dir: str | os.PathLike) -> tuple[dict, list[dict]]:

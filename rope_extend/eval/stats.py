@@ -17,7 +17,9 @@ Choices (and why):
   Newcombe 1998), built from the two Wilson intervals and the correlation of the pairs; fractional scores
   (multi-value recall) use a paired bootstrap over prompts.
 
-A difference is called significant when its 95 % interval excludes 0.
+A difference is called significant when its 95 % interval excludes 0. Every interval holds its own estimate
+(a one-block bootstrap, or a percentile interval of a skewed resample, can otherwise fall just beside it in the last
+bits, and a plot's error bar would be negative).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def wilson_interval(successes: float, n: int, level: float = LEVEL) -> tuple[flo
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     lo = 0.0 if successes == 0 else max(0.0, centre - half)
     hi = 1.0 if successes == n else min(1.0, centre + half)
-    return lo, hi
+    return min(lo, p), max(hi, p)
 
 
 def _weighted_means(values: np.ndarray, weights: np.ndarray, resamples: int, seed: int) -> np.ndarray:
@@ -65,15 +67,16 @@ def _weighted_means(values: np.ndarray, weights: np.ndarray, resamples: int, see
     return (values[idx] * w).sum(axis=1) / w.sum(axis=1)
 
 
-def bootstrap_mean_interval(
+def bootstrap_mean(
     values: Sequence[float],
     weights: Sequence[float] | None = None,
     *,
     level: float = LEVEL,
     resamples: int = RESAMPLES,
     seed: int = SEED,
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of a (weighted) mean, resampling the given units (blocks) with replacement.
+) -> tuple[float, float, float]:
+    """``(mean, lo, hi)``: the (weighted) mean and its percentile bootstrap interval, resampling the given units
+    (blocks) with replacement; the interval always holds the mean (one unit: ``[mean, mean]``).
 
     ``weights`` are the units' sizes (tokens per block) so a short last block counts for what it holds.
     Deterministic for a given ``seed``.
@@ -84,12 +87,18 @@ def bootstrap_mean_interval(
     w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=np.float64)
     if w.shape != v.shape or (w <= 0).any():
         raise ValueError(f"weights must be positive, one per value ({v.size}), got {w.shape}")
+    mean = float((v * w).sum() / w.sum())
     if v.size == 1:
-        return float(v[0]), float(v[0])
+        return mean, mean, mean
     means = _weighted_means(v, w, resamples, seed)
     a = (1 - level) / 2
     lo, hi = np.quantile(means, [a, 1 - a])
-    return float(lo), float(hi)
+    return mean, min(float(lo), mean), max(float(hi), mean)
+
+
+def bootstrap_mean_interval(values: Sequence[float], weights: Sequence[float] | None = None, **kwargs) -> tuple[float, float]:
+    """The interval of :func:`bootstrap_mean` alone."""
+    return bootstrap_mean(values, weights, **kwargs)[1:]
 
 
 def block_means(losses: Sequence[float], block_size: int) -> tuple[list[float], list[int]]:
@@ -148,11 +157,7 @@ def paired_bootstrap_interval(
     a, b = np.asarray(variant, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     if a.shape != b.shape:
         raise ValueError(f"paired samples must have the same length, got {a.size} and {b.size}")
-    d = a - b
-    w = np.ones_like(d) if weights is None else np.asarray(weights, dtype=np.float64)
-    est = float((d * w).sum() / w.sum())
-    lo, hi = bootstrap_mean_interval(d, w, level=level, resamples=resamples, seed=seed)
-    return est, lo, hi
+    return bootstrap_mean(a - b, weights, level=level, resamples=resamples, seed=seed)
 
 
 def newcombe_paired_interval(

@@ -76,6 +76,31 @@ def parse_spec_arg(text: str) -> dict | str:
     return out
 
 
+def inline_spec(data: dict) -> str | None:
+    """The ``--spec`` argument ``parse_spec_arg`` reads back as `data` (``method=yarn,factor=2``); None where a value
+    cannot be written inline (a list: its commas would split it)."""
+    if any(isinstance(value, (list, tuple, dict)) for value in data.values()):
+        return None
+    def word(value) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+    return ",".join(f"{key}={word(value)}" for key, value in data.items())
+
+
+def spec_words(spec):
+    """How `eval` words a suggestion of spec keys (`errors.Suggests.worded`): the whole ``--spec`` with the keys in
+    place (a suggested length replaces the factor and target length given), or the keys alone where the spec cannot
+    be written inline."""
+    def words(keys: dict) -> str:
+        given = {k: v for k, v in spec.to_dict().items() if "target_length" not in keys or k not in ("factor", "target_length")}
+        whole = inline_spec({**given, **keys})
+        return f"--spec {whole}" if whole else f"the spec keys {inline_spec(keys)}"
+
+    return words
+
+
 def spec_to_dict(spec) -> dict | None:
     if spec is None:
         return None
@@ -146,7 +171,7 @@ def make_variants(specs: list | dict | None, include_baseline: bool = True) -> l
 def load_model(model_path, dtype: str = "float32", device_map: str | None = None, device: str | None = None):
     """Load an HF causal LM + tokenizer (fp32 by default; ``device_map`` needs accelerate)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
     kwargs: dict = {}
@@ -156,13 +181,69 @@ def load_model(model_path, dtype: str = "float32", device_map: str | None = None
     if device and not device_map:
         model.to(device)
     model.eval()
-    tok = AutoTokenizer.from_pretrained(str(model_path))
-    return model, tok
+    return model, load_tokenizer(model_path)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(model_path):
+    """The model's tokenizer, or one line naming the folder, the tokenizer files it lacks and transformers' reason."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_path))
+    except Exception as exc:  # whatever transformers raises for a missing or broken tokenizer
+        from ..errors import CheckpointError
+
+        folder = Path(model_path)
+        present = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+        reason = " ".join(str(exc).split())
+        reason = reason if len(reason) <= 200 else reason[:200].rsplit(" ", 1)[0] + " ..."
+        files = (f"it holds {', '.join(present)}; transformers: {reason}" if present else
+                 f"it has none of {', '.join(TOKENIZER_FILES)}")
+        raise CheckpointError(
+            f"{model_path}: no tokenizer transformers can load ({files}); eval reads "
+            "its texts and prompts through the model's own tokenizer: copy the tokenizer files of the model it came "
+            f"from into {model_path}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Window:
+    """The window an evaluation counts from: `length`, what the model serves as shipped (`RopeFacts.shipped_window`:
+    Llama 3.1's 131072, not llama3's 8192; a rope-extend checkpoint's source model's); `pre_scaling`, the length its
+    shipped scheme counts from where that is shorter (8192), and `scheme` in words ("llama3 x8"). Suite lengths
+    ("2x"), the "beyond original" labels, the retrieval ceiling and the report all count from `length`."""
+
+    length: int
+    pre_scaling: int | None = None
+    scheme: str | None = None
+
+    def describe(self) -> str:
+        """The report's words: "131072 tokens (the window the model serves: llama3 x8 over a pre-scaling 8192)"."""
+        if self.pre_scaling is None:
+            return f"{self.length} tokens"
+        return (f"{self.length} tokens (the window the model serves: {self.scheme} over a pre-scaling "
+                f"{self.pre_scaling}; suite lengths and labels count from {self.length})")
+
+
+def model_window(config) -> Window:
+    """The `Window` of a (text) config."""
+    facts = read_rope(config)
+    pre, window = facts.original_length(), facts.shipped_window
+    if window is None or pre is None or window <= pre:
+        return Window(int(window or pre))
+    params = facts.pristine_slots.get(facts.main_slot) or next(iter(facts.pristine_slots.values()))
+    factor = params.get("factor")
+    scheme = str(params.get("rope_type", "scaled")) + (f" x{float(factor):g}" if factor else "")
+    return Window(int(window), int(pre), scheme)
 
 
 def original_length(model) -> int:
-    """The unpatched model's context window (its scheme's ``original_max_position_embeddings`` if any)."""
-    return read_rope(model.config).original_length()
+    """The window the unpatched model serves as shipped (`model_window`: a shipped scheme's reach, not the length it
+    scales from)."""
+    return model_window(model.config).length
 
 
 def apply_spec(model, spec) -> Any:

@@ -11,7 +11,7 @@ A method replaces θ_i by θ'_i. The ratio θ'_i/θ_i classifies each disk:
 - interpolated: ratio ≈ 1/s, the disk is slowed down by the full factor (position interpolation);
 - blended: strictly between (YaRN/NTK-by-parts ramp, llama3 smooth band, NTK's geometric change);
 - other: outside [1/s, 1] (possible with LongRoPE's searched factors);
-- unchanged: no scaling at all (factor 1, or the bare model).
+- unchanged: no scaling at all (the bare model).
 
 Dynamic methods are shown at the target length (the frequencies they use when the sequence reaches it).
 """

@@ -4,7 +4,8 @@ Keys sit at their position modulo the chunk length s = chunk_size - local_window
 chunk sees keys of its own chunk at the original distance (intra-chunk), keys of the previous chunk from position
 min(t + s, chunk_size) (successive-chunk: the first local_window queries keep exact distances across the
 boundary), and keys of older chunks from position chunk_size (inter-chunk). The largest distance is chunk_size,
-whatever the length, so there is no reach limit. Defaults as in the authors' code as it stands
+whatever the length, so there is no reach limit; a spec still names the length it reaches (a factor or a target
+length beyond L: without one it would change the model and extend nothing, which the plan refuses). Defaults as in the authors' code as it stands
 (HKUNLP/ChunkLlama chunkllama_attn_replace.py at 847ae71): chunk_size = 3L/4, local_window = L // 8 (since d304027;
 L // 16 before, and in rope-extend before issue 51), and the length scale 0.05 (added at a4835cf, 0.05 since
 7b8ef1e); docs/attention-methods.md has the measurements behind them.
@@ -24,7 +25,6 @@ MAX_LENGTH_SCALE = 0.5  # c above this multiplies the logits by more than 4x at 
 class DualChunk(AttentionMethod):
     name = "dual-chunk"
     aliases = ("dca", "chunkllama", "dual-chunk-attention")
-    needs_factor = False
     params = {
         "chunk_size": Param(int, None, "the largest distance attention sees; chunks are chunk_size - local_window "
                             "long (default 3L/4)", positive=True, derived="3L/4"),

@@ -161,10 +161,11 @@ class RopeMethod:
     # 131072), and `PatchPlan.compute` is the model's own frequencies and attention factor, on which
     # `install_attention` builds.
     keeps_scheme: ClassVar[bool] = False
-    # Useful inside the window the model claims, without a longer target (STRING): a spec needs no factor.
+    # Useful inside the window the model claims, without a longer target (STRING): a spec needs no factor. Every
+    # other method must reach beyond the length it counts from (`plan._check_reach` refuses factor 1).
     works_inside_window: ClassVar[bool] = False
     static_counterpart: ClassVar[str | None] = None  # the static method a dynamic one becomes where it cannot run
-    needs_factor: ClassVar[bool] = True
+    needs_factor: ClassVar[bool] = True  # a spec names a factor or a target length (all but `works_inside_window`)
     # The transformers `rope_type` written to the config slot; stock loaders build this method from it.
     hf_rope_type: ClassVar[str] = "default"
     # Slot keys (besides rope_type/rope_theta) this method writes; explicit attention factor where it has one.
