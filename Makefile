@@ -12,7 +12,7 @@ CONSTRAINTS5 ?= .ci/constraints-transformers5.txt
 CONSTRAINTS4 ?= .ci/constraints-transformers4.txt
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: install install4 llamacpp vllm vllm-check test test5 test4 test-latest compat-matrix compat-check demo bench gpu-bundle lint clean
+.PHONY: install install4 llamacpp vllm vllm-check test test5 test4 test-latest compat-matrix compat-check compat-torch-floor demo bench gpu-bundle lint clean
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
@@ -67,6 +67,12 @@ compat-matrix: install
 # attention went through the registry and before `cache=`).
 compat-check: install
 	$(VENV)/bin/python tools/compat_matrix.py --venvs $(COMPAT_VENVS) --releases 5.0.0
+
+# The floor torch pyproject.toml declares (tools/compat_matrix.py's TORCH_FLOOR, 2.6.0) with the transformers a plain
+# install resolves beside it (CI's 5.x pin): PyPI's CUDA build of torch 2.6.0 and its nvidia wheels (~3 GB, built once
+# under COMPAT_VENVS), run on the CPU. Not part of `make test` (the download); last result in docs/development.md.
+compat-torch-floor: install
+	nice -n 5 $(VENV)/bin/python tools/compat_matrix.py --venvs $(COMPAT_VENVS) --torch torch==2.6.0 --releases 5.25.0
 
 # The same two runs against the newest transformers 5.x / 4.x releases, in separate virtualenvs (no constraints).
 # A failure here and not in `make test` is an upstream change: adapt, then bump the pins in .ci/constraints-*.txt.

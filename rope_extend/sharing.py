@@ -92,6 +92,11 @@ def share(real: Path, dst: Path) -> str:
     return COPIED
 
 
+HARD_LINK_NOTE = ("the hard-linked files are SOURCE's own bytes under a second name: a program that writes into one "
+                  "in place changes SOURCE too (saving a new file over the name is safe; `cp --reflink=never` first "
+                  "to edit in place)")
+
+
 def tally(placed: dict[str, str]) -> str:
     """How the files of `placed` (name -> how) got into OUT, in words: '4 hard-linked, 5 copied'."""
     counts = Counter(placed.values())

@@ -68,6 +68,9 @@ def test_fast_and_full_paths_load_to_identical_logits(source, tmp_path, capsys):
     fast = tmp_path / "fast"
     words = " ".join(out.replace(" \\\n", " ").split())
     assert "verified with stock transformers" in words and f"output: {fast} " in words
+    assert "(config-only: 1 hard-linked," in words  # issue 57: and what that means for an in-place write
+    assert "note: the hard-linked files are SOURCE's own bytes under a second name: a program that writes into one " \
+           "in place changes SOURCE too" in words
     assert f"serve: vllm serve {fast} --max-model-len {4 * tiny.ORIGINAL}" in words and "--rope-scaling yarn" not in out
     assert f"report: {fast / 'README.md'}" in words and "--rope-scaling yarn" in (fast / "README.md").read_text()
 

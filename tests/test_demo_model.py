@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,29 @@ def test_build_is_atomic_and_reused(monkeypatch, tmp_path):
     n = len(calls)
     assert demo_model.smollm2_path(target) == target  # reused, nothing downloaded
     assert len(calls) == n
+
+
+def test_the_conversion_bars_are_one_line_each_when_stderr_is_not_a_terminal(monkeypatch, tmp_path, capsys):
+    """Issue 57: the first conversion flooded a log with tqdm's carriage-return redraws (transformers' GGUF
+    conversion, weight loading, saving); off a terminal each bar ends as one line, and other output is kept."""
+    from tqdm.auto import tqdm
+
+    def converting(gguf_file, out_dir):
+        for _ in tqdm(range(272), desc="Converting and de-quantizing GGUF tensors...", mininterval=0):
+            pass
+        print("a warning line", file=sys.stderr)
+        _fake_convert(gguf_file, out_dir)
+
+    monkeypatch.setattr(demo_model, "_download_gguf",
+                        lambda w, then="": (w.mkdir(parents=True, exist_ok=True), w / "f.gguf")[1])
+    monkeypatch.setattr(demo_model, "convert_gguf", converting)
+    assert not sys.stderr.isatty()  # capsys: what a log or a pipe is
+    demo_model.smollm2_path(tmp_path / "smol")
+    err = capsys.readouterr().err
+    assert "\r" not in err, repr(err[:300])
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("Converting and de-quantizing GGUF tensors...: 100%"), lines
+    assert "272/272" in lines[0] and lines[1] == "a warning line"
 
 
 def test_incomplete_cache_is_rebuilt(monkeypatch, tmp_path):

@@ -334,6 +334,10 @@ def test_sequence_parallel_over_two_processes_trains_the_one_process_run(referen
     want, got = _losses(reference), _losses(out)
     assert len(got) == STEPS
     assert got == pytest.approx(want, rel=1e-5, abs=0), (got, want)
+    norms = {run: [row.get("grad_norm") for row in map(json.loads, (run / "training_log.jsonl").read_text().splitlines())
+                   if "loss" in row] for run in (reference, out)}  # issue 57: the 2-process log had none
+    assert None not in norms[reference] and norms[out] == pytest.approx(norms[reference], rel=1e-4, abs=0), norms
+    assert "Gradient accumulation steps mismatch" not in done.stderr  # rope-extend's own config: consistent
     _assert_same_weights(out, reference, atol=1e-5)
     summary = json.loads((out / "training.json").read_text())
     assert (summary["recipe"]["sequence_parallel"], summary["recipe"]["world_size"]) == (2, 2)
@@ -428,6 +432,73 @@ def test_sequence_parallel_refuses_what_cannot_work_in_one_line_before_any_work(
         assert len(err) == 1 and err[0].startswith("rope-extend: error:") and needle in err[0], (needle, err)
         assert time.perf_counter() - started < 20  # refused before a model is loaded
         assert not out.exists() and not (tmp_path / "out.train-state").exists()
+
+
+def test_a_refusal_under_torchrun_is_said_once_by_the_main_process(tiny_source, tmp_path):
+    """Issue 57: under `torchrun --nproc_per_node 2` every process refuses the same way; the line is printed once
+    (the main process's: the other waits for the launcher to stop it), then torchrun adds its own ChildFailedError
+    report, which names exit code 2, and exits 1 itself (what docs/train.md says the user sees)."""
+    source, text = tiny_source
+    out = tmp_path / "out"
+    command, env = _launch_command("torchrun", _args(source, text, out, "--sequence-parallel", "3"), tmp_path)
+    started = time.perf_counter()
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("rope-extend:")]
+    assert lines == ["rope-extend: error: --sequence-parallel 3: the model has 4 attention heads, which do not split "
+                     "over 3 processes (Ulysses gives each process heads/N of them); use --sequence-parallel 2 or 4"]
+    assert result.returncode == 1 and "ChildFailedError" in result.stderr, result.stderr[-3000:]
+    assert "exitcode  : 2" in result.stderr  # torchrun's report names the refusing process's exit code
+    assert time.perf_counter() - started < 60 + 60  # the other process did not wait out OTHER_RANK_WAIT_S
+    assert not out.exists() and not (tmp_path / "out.train-state").exists()
+
+
+def test_another_process_that_alone_refuses_still_says_why(tiny_source, tmp_path, capsys, monkeypatch):
+    """A process other than the main one waits for the main one to refuse first; still running afterwards (the
+    refusal was its own), it prints its line."""
+    import importlib
+
+    main = importlib.import_module("rope_extend.cli.main")  # the module (rope_extend.cli.main is also a function)
+    waited = []
+    monkeypatch.setattr(main, "_wait_for_main_process", lambda: waited.append(True))
+    source, text = tiny_source
+    for rank, wait in (("1", [True]), ("0", [])):
+        waited.clear()
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        assert run(_args(source, text, tmp_path / "out", "--sequence-parallel", "2")) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--sequence-parallel 2 splits each window over 2 processes, but this launch " \
+            "started 3" in err[0], err
+        assert waited == wait
+
+
+def test_the_first_run_says_deepspeed_compiles_its_shared_memory_op(tmp_path, monkeypatch):
+    """Issue 57: the first sequence-parallel run on CPU processes spent minutes compiling DeepSpeed's shared-memory
+    op without a word. The note names it while torch's extension folder lacks the built op, and not once it is
+    there."""
+    from rope_extend.train.sequence_parallel import compile_note
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    note = compile_note()
+    assert note is not None and "deepspeed_shm_comm" in note and str(tmp_path / "deepspeed_shm_comm") in note, note
+    (tmp_path / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"")
+    assert compile_note() is None
+
+
+def test_a_missing_deepspeed_names_the_extra_that_installs_it(monkeypatch):
+    import importlib.util
+
+    import tomllib
+
+    from rope_extend.train import sequence_parallel
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    reason = sequence_parallel.missing_support()
+    assert reason == ("DeepSpeed is not installed (pip install 'rope-extend[train,deepspeed]', or pip install "
+                      f"'deepspeed>={sequence_parallel.MIN_DEEPSPEED}')")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["deepspeed"] == [f"deepspeed>={sequence_parallel.MIN_DEEPSPEED}"]
 
 
 def test_eval_suite_runs_before_and_after_under_their_own_names_with_the_evals_numbers(tiny_source, tmp_path):

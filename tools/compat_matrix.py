@@ -1,14 +1,17 @@
 """The compatibility matrix: rope-extend's core checks (tools/compat_checks.py) in one virtualenv per transformers
 release, printed as a Markdown table. `make compat-matrix` runs every release below; `make compat-check` (part of
-`make test`) the oldest supported 5.x only.
+`make test`) the oldest supported 5.x only; `make compat-torch-floor` the floor torch pyproject.toml declares
+(TORCH_FLOOR) with the transformers a plain install resolves beside it.
 
-    python tools/compat_matrix.py [--releases 5.0.0 5.25.0] [--checks yarn probes] [--venvs DIR]
+    python tools/compat_matrix.py [--releases 5.0.0 5.25.0] [--checks yarn probes] [--venvs DIR] [--torch torch==2.6.0]
 
 Virtualenvs are built once under --venvs (default ~/.cache/rope-extend/compat-venvs) and reused while their
 install line is unchanged: `base` holds the CPU torch wheel (installed first, so pip never pulls a CUDA build) and
 rope-extend's other dependencies and `train` extra from pyproject.toml; each `<release>` holds that transformers
 (and the versions of its dependencies it asks for) over the base. The checks import this checkout's rope_extend
-(PYTHONPATH), not an installed copy. Exit status 1 when a check fails.
+(PYTHONPATH), not an installed copy. Exit status 1 when a check fails. Another `--torch` gets its own base
+(`base-torch==2.6.0`) and release virtualenvs: PyPI has only the CUDA build of older torch releases for Linux, which
+pip installs with its nvidia-* wheels (~3 GB; 766 MB of it torch 2.6.0) and which runs on the CPU.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"  # the CPU wheel the Makefile pins for CI
+# The oldest torch a plain `pip install rope-extend` honours: pyproject.toml's floor. transformers 5.x (what pip
+# resolves) disables torch < 2.6 ("Disabling PyTorch because PyTorch >= 2.6 is required", transformers 5.25).
+TORCH_FLOOR = "torch==2.6.0"
 # Releases and why each is here: the floor, the middle and the newest of each line, and every 5.x minor that
 # changed what rope-extend calls (the KV-cache keyword, the attention-function registry, the RoPE init functions).
 RELEASES = {
@@ -69,19 +75,20 @@ def _venv(folder: Path, line: str, build, say) -> Path:
     return python
 
 
-def ensure_venv(venvs: Path, release: str, say) -> Path:
+def ensure_venv(venvs: Path, release: str, say, torch: str = TORCH) -> Path:
     """The release's virtualenv: transformers (and the versions of the other dependencies it needs) over a shared
     base virtualenv that holds the CPU torch and every other dependency (a .pth file puts the base's site-packages
     after the release's own, so the release's packages win and the base's torch is installed once)."""
-    base_line = json.dumps({"python": sys.version.split()[0], "torch": TORCH, "requirements": requirements()})
+    base_line = json.dumps({"python": sys.version.split()[0], "torch": torch, "requirements": requirements()})
+    suffix = "" if torch == TORCH else f"-{torch}"
 
     def build_base(python: Path) -> None:
-        _pip(python, TORCH)  # first: the CPU wheel, so nothing later pulls a CUDA torch
+        _pip(python, torch)  # first: CI's CPU wheel, so nothing later pulls a CUDA torch
         deps = requirements()
-        _pip(python, *[dep for dep in deps if not dep.startswith("peft")], TORCH)
+        _pip(python, *[dep for dep in deps if not dep.startswith("peft")], torch)
         _pip(python, "--no-deps", *[dep for dep in deps if dep.startswith("peft")])  # peft would pull transformers
 
-    base = _venv(venvs / "base", base_line, build_base, say)
+    base = _venv(venvs / f"base{suffix}", base_line, build_base, say)
     base_site = subprocess.run([str(base), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                check=True, capture_output=True, text=True).stdout.strip()
 
@@ -91,13 +98,13 @@ def ensure_venv(venvs: Path, release: str, say) -> Path:
         Path(site, "rope_extend_compat_base.pth").write_text(base_site + "\n")
         # with the other requirements, so pip installs here what this release needs instead of the base's (4.x's
         # huggingface_hub < 1 and the datasets that accepts it)
-        _pip(python, f"transformers=={release}", *requirements(), TORCH)
+        _pip(python, f"transformers=={release}", *requirements(), torch)
 
     line = json.dumps({"base": base_line, "transformers": release, "with": requirements()})
-    return _venv(venvs / release, line, build_release, say)
+    return _venv(venvs / f"{release}{suffix}", line, build_release, say)
 
 
-def run_checks(python: Path, release: str, work: Path, checks: list[str], timeout: int) -> dict:
+def run_checks(python: Path, release: str, work: Path, checks: list[str], timeout: int, label: str | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     log = work / f"{release}.log"
     try:
@@ -105,10 +112,11 @@ def run_checks(python: Path, release: str, work: Path, checks: list[str], timeou
             result = subprocess.run([str(python), str(ROOT / "tools" / "compat_checks.py"), str(work / release),
                                      *checks], env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
                                     timeout=timeout)
-        return json.loads(result.stdout.strip().splitlines()[-1])
+        row = json.loads(result.stdout.strip().splitlines()[-1])
+        return {**row, "transformers": label or row["transformers"]}
     except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as exc:
         reason = f"timed out after {timeout} s" if isinstance(exc, subprocess.TimeoutExpired) else "no result"
-        return {"transformers": release, "checks": {name: f"FAIL: {reason} (see {log})" for name in checks}}
+        return {"transformers": label or release, "checks": {name: f"FAIL: {reason} (see {log})" for name in checks}}
 
 
 def header(checks: list[str]) -> str:
@@ -128,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a fresh one in /tmp)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per release's checks")
     parser.add_argument("--build-only", action="store_true", help="build the virtualenvs, run nothing")
+    parser.add_argument("--torch", default=TORCH, help=f"the torch requirement (default {TORCH}, CI's CPU wheel; "
+                        f"the floor row: {TORCH_FLOOR})")
     args = parser.parse_args(argv)
     checks = args.checks or ["yarn", "reload", "cli-patch", "cached-decode", "probes", "train"]
     work = args.work or Path(__import__("tempfile").mkdtemp(prefix="rope-extend-compat-"))
@@ -138,13 +148,14 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for release in args.releases:
-        python = ensure_venv(args.venvs, release, say)
+        python = ensure_venv(args.venvs, release, say, args.torch)
         if args.build_only:
             continue
         if not rows:
             print(header(checks), flush=True)
         started = time.perf_counter()
-        row = run_checks(python, release, work, checks, args.timeout)
+        label = release if args.torch == TORCH else f"{release} on {args.torch}"
+        row = run_checks(python, release, work, checks, args.timeout, label)
         say(f"{release}: {sum(v == 'ok' for v in row['checks'].values())}/{len(checks)} ok in "
             f"{time.perf_counter() - started:.0f} s")
         print(row_line(row, checks), flush=True)  # row by row: a long run shows its results as it goes

@@ -1,8 +1,8 @@
 """Run the CLI: register the commands, parse, and turn every outcome into an exit code.
 
-Exit codes: 0 success; 2 a user error (one line on stderr: `rope-extend: error: ...`); 3 `engines --run` contradicted
-the card (a real engine measured otherwise a route it lists as identical); 130 Ctrl-C (SIGINT) and
-143 SIGTERM, with one line saying what was left at the output path.
+Exit codes: 0 success; 2 a user error (one line on stderr: `rope-extend: error: ...`, from the main process only
+under a distributed launcher); 3 `engines --run` contradicted the card (a real engine measured otherwise a route it
+lists as identical); 130 Ctrl-C (SIGINT) and 143 SIGTERM, with one line saying what was left at the output path.
 """
 
 from __future__ import annotations
@@ -99,6 +99,30 @@ def _key_error_message(exc: KeyError) -> str:
             "case it does not handle (--debug shows the traceback)")
 
 
+OTHER_RANK_WAIT_S = 60.0  # how long another process waits for the main one to refuse first (see _other_rank)
+
+
+def _other_rank() -> bool:
+    """A process other than the main one of a distributed launch (torchrun, accelerate and deepspeed set RANK and
+    WORLD_SIZE). Every process runs the same command on the same files, so rope-extend's own refusals are the same
+    in each and the main process says it: another process waits (`_wait_for_main_process`) instead of exiting
+    first, since the launcher stops every process when one exits, and the main one could be stopped before it says
+    why. Other errors (an OS error on one node) are said at once by whichever process meets them."""
+    import os
+
+    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    return rank.isdigit() and int(rank) > 0 and world.isdigit() and int(world) > 1
+
+
+def _wait_for_main_process() -> None:
+    """Sleep while the main process refuses the same way and exits: the launcher then stops this process, so the
+    refusal is printed once. A process still alive after OTHER_RANK_WAIT_S says its own line (the main process did
+    not refuse: the error was this process's alone)."""
+    import time
+
+    time.sleep(OTHER_RANK_WAIT_S)
+
+
 BOOLEAN_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 
 
@@ -133,6 +157,8 @@ def run(argv: list[str], debug: bool = False) -> int:
         message = exc
         if isinstance(exc, KeyError) and not isinstance(exc, RopeExtendError):  # a bare key name says nothing
             message = _key_error_message(exc)
+        if isinstance(exc, RopeExtendError) and _other_rank():
+            _wait_for_main_process()
         print(f"rope-extend: error: {' '.join(str(message).split())}", file=sys.stderr)
         return 2
     except RecursionError:  # a user file nested beyond reason that escaped the boundary checks

@@ -182,7 +182,7 @@ class PatchRun:
 def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
     from ..checkpoint import plan_checkpoint, write_checkpoint
     from ..gguf import is_gguf
-    from ..sharing import tally
+    from ..sharing import HARD_LINK_NOTE, HARD_LINKED, tally
 
     if is_gguf(source):
         if run.push_to_hub or run.eval_suite or run.dtype or run.mode != "auto":
@@ -225,6 +225,8 @@ def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
     say(f"wrote {shell_path(result.out)} ({result.mode}: {tally(result.placed)}, {len(result.written)} written) in "
         f"{result.seconds:.2f} s; "
         f"{'verified with stock transformers (reload + a forward beyond the original length)' if result.verified else 'NOT verified (--no-verify)'}")
+    if HARD_LINKED in result.placed.values():
+        say(f"note: {HARD_LINK_NOTE}", hang="  ")
     say(plan.method.summary(plan))
     # What to do next, in three lines; every engine's command and where it serves identically are in the card.
     say_next_steps(result.out, result.serve)

@@ -61,6 +61,10 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     resume_from = trainer.open_state(prep, main)
     state_dir = spec.state_dir()
     checkpointing, checkpointing_line = trainer.gradient_checkpointing(prep)
+    if prep.sequence_parallel > 1 or sharding.asked() == "DeepSpeed":
+        note = sequence_parallel.compile_note()
+        if note:
+            say(note)
     args = trainer.training_arguments(prep, state_dir, checkpointing)
     choice, chunk = trainer.memory_plan(prep)
     say(f"attention: {choice.describe()}; {checkpointing_line}; loss in chunks of {chunk:,} positions")
@@ -94,7 +98,10 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     run.forward_autocast = trainer.forward_autocast(prep)
     run.clock_offset = trainer.previous_seconds(resume_from)
     run.clock_start = time.perf_counter()
-    scoped = sequence_parallel.attention_scoped() if prep.sequence_parallel > 1 else contextlib.nullcontext()
+    scoped = contextlib.ExitStack()
+    if prep.sequence_parallel > 1:
+        scoped.enter_context(sequence_parallel.attention_scoped())
+        scoped.enter_context(sequence_parallel.planned_accumulation_quiet(prep.accumulation))
     with stop_on_signals(control), attention.installed(choice), scoped, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)

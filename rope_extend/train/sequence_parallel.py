@@ -19,6 +19,9 @@ shifts its labels before the split); rope-extend adds what its own recipe needs,
   combined over the group by transformers' own token-weighted mean (`deepspeed_sp_compute_loss`, which also knows
   how each DeepSpeed release scales the gradients), the forward under rope-extend's autocast in mixed precision.
 - `resumed_dataloader`: a resumed run skips what it trained through DeepSpeed's data adapter.
+- `keep_grad_norm`, `planned_accumulation_quiet`: the log records `grad_norm` as the one-process log does, and
+  accelerate's accumulation-mismatch warning is not shown for the accumulation rope-extend planned.
+- `compile_note`: the line said before DeepSpeed compiles its shared-memory op for CPU processes (once).
 - `attention_scoped`: DeepSpeed replaces transformers' "sdpa" entry process-wide; it is put back after training, so
   the writer's verification (one process) runs the model's own attention.
 
@@ -38,7 +41,8 @@ from packaging.version import Version
 
 from ..errors import SpecError
 
-MIN_DEEPSPEED = "0.18.2"  # accelerate's floor for ALST/Ulysses
+MIN_DEEPSPEED = "0.18.2"  # accelerate's floor for ALST/Ulysses (pyproject.toml's `deepspeed` extra)
+INSTALL = f"pip install 'rope-extend[train,deepspeed]', or pip install 'deepspeed>={MIN_DEEPSPEED}'"
 ATTENTION = "sdpa"  # the kernel Ulysses wraps here (GPUs may use flash attention; eager cannot be sharded)
 SHARDABLE_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # The built-in DeepSpeed config (`--deepspeed` not given, and no accelerate DeepSpeed config): ZeRO stage 0, every
@@ -65,10 +69,10 @@ def _launch_hint(n: int) -> str:
 def missing_support() -> str | None:
     """What the installed transformers / accelerate / DeepSpeed lack for Ulysses sequence parallelism (None: none)."""
     if importlib.util.find_spec("deepspeed") is None:
-        return "DeepSpeed is not installed (pip install --no-build-isolation deepspeed)"
+        return f"DeepSpeed is not installed ({INSTALL})"
     deepspeed = importlib.metadata.version("deepspeed")
     if Version(deepspeed) < Version(MIN_DEEPSPEED):
-        return f"DeepSpeed {deepspeed} has no Ulysses for Hugging Face models (pip install 'deepspeed>={MIN_DEEPSPEED}')"
+        return f"DeepSpeed {deepspeed} has no Ulysses for Hugging Face models ({INSTALL})"
     try:
         from accelerate.utils import DeepSpeedSequenceParallelConfig  # noqa: F401
     except ImportError:
@@ -198,6 +202,37 @@ def join_deepspeed_comm() -> None:
         comm.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
 
 
+SHM_OP = "ShareMemCommBuilder"  # DeepSpeed's shared-memory collectives between CPU processes, compiled on first use
+
+
+def compile_note() -> str | None:
+    """The line to say before DeepSpeed compiles its shared-memory communication op (CPU processes only; torch's
+    JIT build, once per machine and torch, then reused), or None when it is built already or not used here."""
+    from pathlib import Path
+
+    try:
+        import deepspeed.ops
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.git_version_info import installed_ops
+        from deepspeed.ops.op_builder.builder import OpBuilder
+        from torch.utils.cpp_extension import _get_build_directory
+
+        builder = get_accelerator().create_op_builder(SHM_OP)
+        if (builder is None or builder.name in OpBuilder._loaded_ops or installed_ops.get(builder.name)
+                or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False)):
+            return None
+        folder = Path(_get_build_directory(builder.name, verbose=False))
+    except Exception:  # another DeepSpeed or torch layout: nothing to say, DeepSpeed builds it or not
+        return None
+    if (folder / f"{builder.name}.so").is_file():
+        return None
+    return (f"DeepSpeed compiles its shared-memory communication op ({builder.name}) for these CPU processes first: "
+            f"once per machine and torch, {SHM_COMPILE}, reused from {folder} afterwards")
+
+
+SHM_COMPILE = "2.5-7 min on 2 busy cores"  # measured: docs/train.md#sequence-parallelism
+
+
 def active(trainer) -> bool:
     pc = getattr(trainer.accelerator, "parallelism_config", None)
     return pc is not None and pc.sp_backend == "deepspeed" and pc.sp_enabled
@@ -232,6 +267,50 @@ def compute_loss(trainer, model, inputs: dict, chunk_tokens: int, return_outputs
 
     return deepspeed_sp_compute_loss(trainer.accelerator, forward, inputs, return_outputs,
                                      trainer.accelerator.parallelism_config)
+
+
+def keep_grad_norm(engine) -> None:
+    """transformers logs the gradient norm DeepSpeed reports (`get_global_grad_norm`), which DeepSpeed keeps only
+    from a ZeRO or mixed-precision optimizer: under the built-in ZeRO-0 config it clips float32 gradients by their
+    norm and drops the number, so the log of a sequence-parallel run had no `grad_norm` where the one-process log
+    has it. Within `engine`, the clipping keeps its norm (the same `clip_grad_norm_` on the same gradients). Other
+    engines (ZeRO >= 1, DeepSpeed's bf16) report their own and are left as they are."""
+    if getattr(engine, "_rope_extend_keeps_grad_norm", False) or not hasattr(engine, "clip_fp32_gradients"):
+        return
+    from deepspeed.runtime.utils import clip_grad_norm_
+
+    def clip_fp32_gradients():
+        norm = clip_grad_norm_(parameters=engine.module.parameters(), max_norm=engine.gradient_clipping(),
+                               mpu=engine.mpu)
+        engine._global_grad_norm = float(norm)
+
+    engine.clip_fp32_gradients = clip_fp32_gradients
+    engine._rope_extend_keeps_grad_norm = True
+
+
+@contextlib.contextmanager
+def planned_accumulation_quiet(accumulation: int):
+    """transformers' Trainer hands accelerate a DeepSpeed config whose accumulation it filled ("auto") and a plugin
+    of 1 (DeepSpeed accumulates), and accelerate warns "Gradient accumulation steps mismatch: GradientAccumulationPlugin
+    has 1, DeepSpeed config has N. Using DeepSpeed's value." for every run. Within the block the warning is dropped
+    when N is the accumulation rope-extend planned (nothing is wrong); any other N is shown."""
+    import logging
+    import re
+
+    mismatch = re.compile(r"Gradient accumulation steps mismatch: .* DeepSpeed config has (\d+)\.")
+
+    class Planned(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            found = mismatch.search(record.getMessage())
+            return not (found and int(found.group(1)) == accumulation)
+
+    logger = logging.getLogger("accelerate.accelerator")
+    planned = Planned()
+    logger.addFilter(planned)
+    try:
+        yield
+    finally:
+        logger.removeFilter(planned)
 
 
 def resumed_dataloader(adapter, micro_batches: int):

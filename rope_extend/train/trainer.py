@@ -271,6 +271,11 @@ def trainer_class():
                 loss = loss * (self.accelerator.num_processes if self.args.n_gpu <= 1 else self.args.n_gpu)
             return (loss, outputs) if return_outputs else loss
 
+        def training_step(self, model, inputs, *args, **kwargs):
+            if sequence_parallel.active(self):  # `model` is DeepSpeed's engine here
+                sequence_parallel.keep_grad_norm(model)
+            return super().training_step(model, inputs, *args, **kwargs)
+
         def _get_train_sampler(self, *args, **kwargs):
             return SequentialSampler(self.train_dataset)
 
