@@ -201,6 +201,7 @@ class PushPlan:
     written_now: bool = False  # `patch`/`train --push-to-hub`: OUT was just written, its command is news
     include: tuple[str, ...] = ()  # push's --include names (the push-later command repeats them)
     url: str = ""
+    transfer: object = None  # upload.Transfer of the push that ran (what was sent, what the Hub held)
 
     @property
     def files(self) -> list[str]:
@@ -217,7 +218,7 @@ class PushPlan:
         command that pushes it later; after an auth failure of `--push-to-hub`, the command to run once fixed."""
         where = f"; OUT {str(self.folder)!r} is kept as it is"
         if retry:
-            return f"{where}: push it later with `{self.later}`"
+            return f"{where}: push it later with `{self.later}` (it sends only what the Hub does not hold yet)"
         return f"{where}: once that is fixed, push it with `{self.later}`" if self.written_now else where
 
     def dry_run_lines(self) -> list[str]:
@@ -340,30 +341,23 @@ def check_reachable(plan: PushPlan) -> None:
                               f"{plan.kept(retry=True)}")
 
 
-def push(plan: PushPlan, token: str) -> bool | None:
-    """Create the repo (`exist_ok`: a later push adds a commit) and send exactly `plan.selection.sent` in one
-    commit (the card from `plan.card` when it names the repo); returns the visibility the Hub reports afterwards
-    (True: private; None: not reported). Sets `plan.url`. Every failure is one CheckpointError line saying why,
-    OUT is kept as it was (a push writes nothing into it), and only a failure a retry can fix offers the command."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+def push(plan: PushPlan, token: str, report=None, retry=None) -> bool | None:
+    """Create the repo (`exist_ok`: a later push adds a commit) and send exactly `plan.selection.sent`: the large
+    files as LFS objects the Hub does not hold yet, then one commit of every file (`rope_extend.upload`; the card
+    from `plan.card` when it names the repo); returns the visibility the Hub reports afterwards (True: private; None:
+    not reported). Sets `plan.url`. Every failure is one CheckpointError line saying why, OUT is kept as it was (a
+    push writes nothing into it), and a failure a retry can fix offers the command that resumes; Ctrl-C raises
+    `upload.PushInterrupted`, whose line says the same."""
+    from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
-    from .record import CARD, SPEC_FILE
+    from .upload import send
 
     refusal = plan.selection.refusal()
     if refusal is not None:
         raise refusal
-    rendered = {CARD: plan.card, SPEC_FILE: plan.record_text}  # sent from memory: OUT is never written
-    operations = [
-        CommitOperationAdd(path_in_repo=entry.name, path_or_fileobj=(
-            rendered[entry.name] if rendered.get(entry.name) is not None else str(entry.path)))
-        for entry in plan.selection.sent
-    ]
-    api = HfApi(token=token)
     try:
-        repo = api.create_repo(repo_id=plan.repo_id, private=plan.private, exist_ok=True, repo_type="model")
-        api.create_commit(repo_id=plan.repo_id, operations=operations, commit_message=plan.commit_message,
-                          repo_type="model")
+        transfer = send(plan, token, report, retry)
     except HfHubHTTPError as exc:
         status = _status(exc)
         said = " ".join(str(getattr(exc, "server_message", None) or "").split())[:200]
@@ -371,17 +365,21 @@ def push(plan: PushPlan, token: str) -> bool | None:
         if status in ("401", "403"):
             raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP {status}{said}; check that the token "
                                   f"has write access to it{plan.kept()}") from None
+        if status == "404":
+            raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP 404{said}; check the repo id and that "
+                                  f"the token may write to it{plan.kept()}") from None
         raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP {status}{said}"
                               f"{plan.kept(retry=status in RETRY_STATUSES)}") from None
-    except (KeyboardInterrupt, SystemExit, MemoryError):
+    except (KeyboardInterrupt, SystemExit, MemoryError, CheckpointError):
         raise
     except Exception as exc:  # connection errors and timeouts of whichever HTTP client huggingface_hub uses
         reason = " ".join(str(exc).split())[:200]
         raise CheckpointError(f"pushing to {plan.repo_id!r} failed ({type(exc).__name__}{': ' + reason if reason else ''})"
                               f"{plan.kept(retry=_network_error(exc))}") from None
-    plan.url = str(getattr(repo, "url", None) or f"{_endpoint()}/{plan.repo_id}")
+    plan.url = transfer.url or f"{_endpoint()}/{plan.repo_id}"
+    plan.transfer = transfer
     try:
-        return bool(api.repo_info(plan.repo_id, repo_type="model").private)
+        return bool(HfApi(token=token).repo_info(plan.repo_id, repo_type="model").private)
     except Exception:  # the push is done; only the visibility report is missing
         return None
 

@@ -367,8 +367,18 @@ class Selection:
         return CheckpointError(f"{what}; {'; '.join(fixes)}")
 
 
+def shown_name(name: str) -> str:
+    """A file name as printed: control characters, escape sequences, newlines and undecodable bytes escaped the way
+    Python writes them (`\\x1b`, `\\n`, `\\udcff`), so a name cannot move the cursor, recolour the terminal or
+    fake a line of output."""
+    if name.isprintable():
+        return name
+    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   if ord(c) < 0xD800 or ord(c) > 0xDFFF else f"\\u{ord(c):04x}" for c in name)
+
+
 def _named(items: list[tuple[str, str]]) -> str:
-    shown = ", ".join(f"{name} ({why})" for name, why in items[:SHOWN])
+    shown = ", ".join(f"{shown_name(name)} ({why})" for name, why in items[:SHOWN])
     return shown + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
 
 

@@ -51,10 +51,15 @@ def source(tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def hub(monkeypatch, tmp_path):
-    """The local Hub, with huggingface_hub pointed at it, HF_TOKEN set and no stored token."""
+    """The local Hub, with huggingface_hub pointed at it, HF_TOKEN set and no stored token; rope-extend's retries
+    record their waits in `hub.waits` instead of sleeping."""
     from huggingface_hub import constants
 
+    from rope_extend import upload
+
     with HubServer() as server:
+        server.waits = []
+        monkeypatch.setattr(upload, "sleep", server.waits.append)
         monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
         monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
@@ -168,8 +173,10 @@ def test_patch_push_to_hub_over_http(source, tmp_path):
     assert re.search(r"model\.safetensors: size \d+\n", uploaded)
     spec = "method: yarn factor: 2.0 target_length: 64 original_max_position_embeddings: 32"
     assert repo.commits == [f"rope-extend: {spec}"]
-    writes = [r for r in hub.requests if r.method == "POST"]
+    writes = [r for r in hub.requests if r.method == "POST" and not r.path.startswith("/lfs/")]  # the Hub's API
     assert writes and all(r.headers.get("authorization") == f"Bearer {SECRET}" for r in writes)
+    storage = [r for r in hub.requests if r.path.startswith("/lfs/")]  # the weights, as an LFS object
+    assert storage and all("authorization" not in r.headers for r in storage)
     data = card_data(repo.files["README.md"].decode(), tmp_path)
     assert data.library_name == "transformers"
     assert {"rope-scaling", "yarn", "long-context"} <= set(data.tags)
@@ -779,3 +786,129 @@ def test_a_pushed_output_downloaded_into_a_hub_cache_pushes_again_on_its_public_
     blob.write_text('{"max_length": 1}')
     assert cli("push", snapshot, "me/third") == 2
     assert "generation_config.json (edited)" in one_error(capsys.readouterr().err) and "me/third" not in hub.repos
+
+
+# --- large outputs: LFS objects first, one commit, resumed after faults (issue 59) -----------------------------------
+PART = 16 << 10  # the test Hub's multipart part size: every shard travels in several parts
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    """A checkpoint saved in 4 shards (as users' large ones are), bf16."""
+    import torch
+
+    folder = tmp_path_factory.mktemp("sharded") / "src"
+    tiny.make_model("llama").to(torch.bfloat16).save_pretrained(folder, max_shard_size="40KB")
+    assert len(list(folder.glob("model-*.safetensors"))) >= 3
+    return folder
+
+
+def shards(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("*.safetensors"))
+
+
+def sent_names(out: Path) -> list[str]:
+    return sorted(read_record(out).files)
+
+
+def test_an_interrupted_push_resumes_sending_only_what_the_hub_lacks(sharded, tmp_path, hub, capsys):
+    """Ctrl-C in the middle of a sharded push (after half of the shards' bytes arrived): exit 130, one line saying
+    what the Hub holds, that nothing was committed and the command that resumes; the repo shows nothing. Rerun: the
+    shards whose objects arrived are not sent again (the server counts the bytes it receives: exactly the missing
+    shards' sizes), and the one commit holds exactly the verified files, byte for byte."""
+    out = tmp_path / "out"
+    assert cli("patch", sharded, *YARN, "-o", out) == 0
+    names = shards(out)
+    sizes = {name: (out / name).stat().st_size for name in names}
+    total = sum(sizes.values())
+    hub.part_size = PART
+    hub.cut_after, hub.interrupt = total // 2, True
+    before = tree(out)
+    capsys.readouterr()
+    assert cli("push", out, "me/big") == 130
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "interrupted" in line]
+    assert len(lines) == 1, err
+    repo = hub.repos["me/big"]
+    held = [name for name in names if hashlib.sha256((out / name).read_bytes()).hexdigest() in repo.objects]
+    assert 0 < len(held) < len(names)
+    assert (f"push interrupted: {len(held)} of {len(names)} large files" in lines[0]
+            and "nothing was committed, so me/big shows no part of this checkpoint" in lines[0])
+    assert f"`rope-extend push {out} me/big` resumes" in lines[0]
+    assert repo.commits == [] and repo.tree == {} and tree(out) == before
+    first = hub.received
+    assert total // 2 <= first < total
+
+    assert cli("push", out, "me/big") == 0
+    printed = capsys.readouterr()
+    missing = sum(sizes[name] for name in names if name not in held)
+    assert hub.received - first == missing  # only the objects the Hub lacked, each once
+    assert (f"{len(names) - len(held)} of {len(names)} large files to send" in printed.err
+            and f"on the Hub already from an earlier push: {len(held)}" in printed.err)
+    assert repo.commits == [repo.commits[0]] and sorted(repo.tree) == sent_names(out)
+    assert repo.files == folder_bytes(out, sent_names(out), "me/big")
+    assert tree(out) == before
+
+
+def test_a_file_changed_between_an_interrupted_push_and_its_resumption_is_refused(sharded, tmp_path, hub, capsys):
+    """The record's hashes decide across a resume: a shard rewritten with other bytes after the interruption is
+    refused by name, in one line, before any byte is sent or anything committed."""
+    out = tmp_path / "out"
+    assert cli("patch", sharded, *YARN, "-o", out, "--mode", "full") == 0
+    names = shards(out)
+    assert names and read_record(out).entries[names[-1]].sha256  # written by rope-extend: recorded by content
+    hub.part_size = PART
+    hub.cut_after, hub.interrupt = sum((out / n).stat().st_size for n in names) // 2, True
+    assert cli("push", out, "me/edit") == 130
+    capsys.readouterr()
+    data = bytearray((out / names[-1]).read_bytes())
+    data[-1] ^= 1
+    (out / names[-1]).write_bytes(bytes(data))
+    received, requests = hub.received, len(hub.requests)
+    assert cli("push", out, "me/edit") == 2
+    error = one_error(capsys.readouterr().err)
+    assert f"changed since rope-extend verified it, so nothing was sent: {names[-1]} (edited)" in error
+    assert hub.received == received and len(hub.requests) == requests
+    assert hub.repos["me/edit"].commits == []
+
+
+def test_faults_are_retried_a_429_waits_its_retry_after_and_a_reset_resends_one_part(sharded, tmp_path, hub,
+                                                                                        capsys):
+    """A 500 on creating the repo (retried after 1 s), a 429 with Retry-After: 3 on the commit (waited 3 s, then
+    committed once), a connection reset in the middle of a shard (huggingface_hub resends that part, not the
+    file): the push succeeds with every file intact and says each retry."""
+    from hubserver import Fault
+
+    out = tmp_path / "out"
+    assert cli("patch", sharded, *YARN, "-o", out) == 0
+    names = shards(out)
+    total = sum((out / n).stat().st_size for n in names)
+    hub.part_size = PART
+    hub.fault(Fault(nth=1, status=500, path="/api/repos/create"))
+    hub.fault(Fault(nth=1, status=429, path="/commit/", retry_after=3))
+    hub.cut_after = PART + PART // 2  # in the middle of the second part
+    capsys.readouterr()
+    assert cli("push", out, "me/faults") == 0
+    err = capsys.readouterr().err
+    assert hub.waits == [1.0, 3.0]
+    assert "HTTP 500 on creating the repo: retrying in 1 s (try 2 of 5)" in err
+    assert "HTTP 429 on the commit: retrying in 3 s (try 2 of 5)" in err
+    assert total < hub.received <= total + PART  # the cut part again, not the whole shard
+    assert len([r for r in hub.requests if "/commit/" in r.path]) == 2
+    repo = hub.repos["me/faults"]
+    assert len(repo.commits) == 1 and repo.files == folder_bytes(out, sent_names(out), "me/faults")
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_an_auth_or_missing_repo_error_fails_at_once_in_one_line(source, tmp_path, hub, capsys, status):
+    from hubserver import Fault
+
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    fault = hub.fault(Fault(nth=1, status=status, path="/preupload/", times=None))
+    capsys.readouterr()
+    assert cli("push", out, "me/denied") == 2
+    error = one_error(capsys.readouterr().err)
+    assert f"pushing to 'me/denied' failed: HTTP {status}" in error and "retrying" not in error
+    assert fault.fired == 1 and hub.waits == [] and hub.received == 0
+    assert hub.repos["me/denied"].commits == []
