@@ -224,27 +224,36 @@ class PushPlan:
     def dry_run_lines(self) -> list[str]:
         """The dry run's report: the repo, its visibility, the commit message, every file sent (and why it may
         be), left out or refused (and why)."""
-        from .record import CARD, SPEC_FILE
+        from .record import CARD, SPEC_FILE, shown_name
 
-        lines = [
-            f"dry run: would push {files_count(len(self.files))} to {self.repo_id} "
-            f"({'private' if self.private else 'public'} if created; an existing repo keeps its visibility)",
-            f"commit message: {self.commit_message}",
-        ]
+        selection = self.selection
+        changed = {name for name, _ in selection.changed}
+        sendable = [entry for entry in selection.sent if entry.name not in changed]
+        if selection.refusal() is None:
+            head = (f"dry run: would push {files_count(len(sendable))} to {self.repo_id} "
+                    f"({'private' if self.private else 'public'} if created; an existing repo keeps its visibility)")
+        else:  # the push would be refused: nothing is sent, and the count says so
+            why = [f"{len(changed)} changed since verification (!)" if changed else "",
+                   f"{len(selection.refused)} refused (x)" if selection.refused else ""]
+            head = (f"dry run: a push to {self.repo_id} would send nothing: {files_count(len(changed) + len(selection.refused))} "
+                    f"it may not send, {' and '.join(w for w in why if w)}; the {files_count(len(sendable))} marked + "
+                    "would go once they are dealt with")
+        lines = [head, f"commit message: {self.commit_message}"]
         if self.card is not None:
             lines.append(f"{CARD}: sent with its Serving section naming {self.repo_id} (OUT's copy is not changed)")
-        elif self.selection.card_edited:
+        elif selection.card_edited:
             lines.append(f"{CARD}: edited since rope-extend wrote it: yours, sent as written")
-        if self.selection.record is not None and not self.selection.record.verified:
+        if selection.record is not None and not selection.record.verified:
             lines.append(f"not verified: OUT was written with --no-verify; `rope-extend verify "
                          f"{shlex.quote(str(self.folder))}` verifies it")
         if self.record_text is not None:
-            lines.append(f"{SPEC_FILE}: sent without this machine's data (inodes, times); OUT's copy is not changed")
-        lines += [f"  + {entry.name}   ({entry.how})" for entry in self.selection.sent]
-        lines += [f"  - {name}   (left out: {why})" for name, why in self.selection.left_out]
-        lines += [f"  x {name}   (refused: {why})" for name, why in self.selection.refused]
-        lines += [f"  ! {name}   (changed since rope-extend verified it: {why})"
-                  for name, why in self.selection.changed]
+            lines.append(f"{SPEC_FILE}: sent without this machine's data (inodes, times), its serving commands naming "
+                         f"{self.repo_id}; OUT's copy is not changed")
+        lines += [f"  + {shown_name(entry.name)}   ({entry.how})" for entry in sendable]
+        lines += [f"  - {shown_name(name)}   (left out: {why})" for name, why in selection.left_out]
+        lines += [f"  x {shown_name(name)}   (refused: {why})" for name, why in selection.refused]
+        lines += [f"  ! {shown_name(name)}   (changed since rope-extend verified it: {why})"
+                  for name, why in selection.changed]
         return lines
 
 
@@ -304,7 +313,7 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
     sends_record = record is not None and any(entry.name == SPEC_FILE for entry in selection.sent)
     return PushPlan(folder=folder, repo_id=repo_id, private=private, selection=selection,
                     commit_message=("rope-extend: " + what)[:1000], card=card,
-                    record_text=public_text(folder, record, card).encode("utf-8") if sends_record else None,
+                    record_text=public_text(folder, record, card, repo_id).encode("utf-8") if sends_record else None,
                     serve=record.serve_for(repo_id) if record is not None else None, written_now=written_now,
                     include=tuple(include))
 

@@ -277,6 +277,7 @@ def _upload(api, plan: PushPlan, operations: list, transfer: Transfer, report: R
 
         def one_file(op=op, reader=reader, item=item):
             action = batch([op])[0][0]  # fresh URLs on every try (they expire)
+            reader.seek(0)  # a failed try may have left it anywhere
             reader.counting = True
             try:
                 lfs_upload(operation=op, lfs_batch_action=action, headers=headers, endpoint=endpoint)
@@ -376,6 +377,6 @@ def _interrupted(plan: PushPlan, transfer: Transfer) -> str:
     done = sum(1 for item in transfer.items if item.lfs and item.uploaded)
     large = sum(1 for item in transfer.items if item.lfs)
     held = (f"{done} of {large} large files ({size_text(transfer.on_hub)} of "
-            f"{size_text(sum(item.size for item in transfer.items if item.lfs))}) are on the Hub as objects no commit names yet" if large else "nothing was uploaded")
+            f"{size_text(sum(item.size for item in transfer.items if item.lfs))}) are on the Hub as objects no commit names yet" if large else "nothing was sent in this run")
     return (f"push interrupted: {held}; nothing was committed, so {plan.repo_id} shows no part of this checkpoint, "
             f"and OUT is as it was; `{plan.later}` resumes, sending only what the Hub does not hold")

@@ -67,27 +67,37 @@ def hub(monkeypatch, tmp_path):
         yield server
 
 
-def folder_bytes(folder: Path, names=None, repo: str | None = None) -> dict[str, bytes]:
+def folder_bytes(folder: Path, names=None, repo: str | None = None, to: str | None = None) -> dict[str, bytes]:
     """What a push of OUT must deliver under each name, read independently of rope-extend's selection: OUT's bytes
     (a link's target), rope_extend.yaml without this machine's data (`expected_record`); with `repo`, the card whose
-    Serving section names it (`expected_card`) and the record holding that card's sha256."""
+    Serving section names it (`expected_card`) and the record holding that card's sha256; `to`: the repo pushed to
+    (`repo` when not given), whose name the uploaded record's serving commands carry."""
     card = expected_card(folder, repo) if repo else None
     sent = {name: Path(os.path.realpath(folder / name)).read_bytes() for name in names or CHECKPOINT}
     if "rope_extend.yaml" in sent:
-        sent["rope_extend.yaml"] = expected_record(folder, card)
+        sent["rope_extend.yaml"] = expected_record(folder, to or repo, card)
     return sent | ({"README.md": card} if card else {})
 
 
-def expected_record(folder: Path, card: bytes | None = None) -> bytes:
-    """OUT's rope_extend.yaml as a push must upload it: the same text, each shared weight's line reduced to its size
-    (no inode, modification time or how it was shared: this machine's, not the model's), and the card's line the
-    sha256 of the card sent (`card`, when the push renames its Serving section)."""
+def expected_record(folder: Path, repo_id: str, card: bytes | None = None) -> bytes:
+    """OUT's rope_extend.yaml as a push to `repo_id` must upload it: the same text, each shared weight's line reduced
+    to its size (no inode, modification time or how it was shared: this machine's, not the model's), the card's line
+    the sha256 of the card sent (`card`, when the push renames its Serving section), the serving commands naming
+    `repo_id` (recorded as `model_id`), and a note that speaks of what it holds (no inodes or times)."""
     shared = re.compile(r"^(    \S+: )(?:hard-linked|reflinked) size (\d+) mtime_ns \d+ inode \d+$")
     lines = []
     for line in (folder / "rope_extend.yaml").read_text().splitlines(keepends=True):
         match = shared.match(line.rstrip("\n"))
         if card is not None and line.startswith("    README.md: sha256 "):
             line = f"    README.md: sha256 {hashlib.sha256(card).hexdigest()}\n"
+        if line.startswith("# output_record:"):
+            line = ("# output_record: rope-extend's record of this checkpoint as it was pushed, not part of the spec: "
+                    "whether it was verified, every file with the sha256 of its bytes (weights shared with the base "
+                    "model by their size), the serving commands for model_id. `rope-extend push` of a download of "
+                    "this repo sends these files, as recorded, and no other.\n")
+        if line == "output_record:\n":
+            line += f"  model_id: {repo_id}\n"
+        line = line.replace(MODEL_ID, repo_id)
         lines.append(f"{match[1]}size {match[2]}\n" if match else line)
     return "".join(lines).encode()
 
@@ -165,7 +175,7 @@ def test_patch_push_to_hub_over_http(source, tmp_path):
     assert SECRET not in done.stdout + done.stderr
     repo = hub.repos["me/tiny-yarn"]
     assert repo.private is True
-    assert repo.files == folder_bytes(out)
+    assert repo.files == folder_bytes(out, to="me/tiny-yarn")
     uploaded = repo.files["rope_extend.yaml"].decode()  # no machine-local data: no inode, time or path
     local = re.compile(r"(inode|mtime_ns) \d+|hard-linked size")
     assert not local.search(uploaded) and str(tmp_path) not in uploaded and local.search((out / "rope_extend.yaml")
@@ -500,7 +510,7 @@ def test_push_with_the_hub_down_keeps_out_and_prints_the_push_later_command(sour
     before = tree(out)
     monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)  # the Hub is back: the printed command pushes OUT
     assert run(shlex.split(later)[1:]) == 0
-    assert hub.repos["me/c"].private is True and hub.repos["me/c"].files == folder_bytes(out)
+    assert hub.repos["me/c"].private is True and hub.repos["me/c"].files == folder_bytes(out, to="me/c")
     assert tree(out) == before
 
 
@@ -699,22 +709,39 @@ def test_a_changed_output_is_refused_naming_each_file_until_verify_reverifies_it
     assert cli("push", out, "me/w", "--dry-run") == 0
     assert "README.md: edited since rope-extend wrote it: yours, sent as written" in capsys.readouterr().out
     assert cli("push", out, "me/w") == 0
-    assert hub.repos["me/w"].files == folder_bytes(out)
+    assert hub.repos["me/w"].files == folder_bytes(out, to="me/w")
     assert hub.repos["me/w"].files["README.md"] == card.encode()
     shutil.rmtree(out)
 
 
-def test_a_hub_cache_blob_with_another_name_is_never_sent(source, tmp_path, hub, capsys):
-    """A Hub cache snapshot whose blob is also a file outside the cache (a hard link) sends nothing of it, even named."""
+def test_a_hub_cache_blob_is_sent_only_when_its_bytes_are_the_repos(source, tmp_path, hub, capsys):
+    """A snapshot patched from three times (rope-extend's hard links: its weights' blob has 4 names) pushes, sending
+    the blob's bytes (they hash to its name, as huggingface_hub names blobs); a blob replaced by a hard link to a
+    private file (its bytes no longer hash to its name) sends nothing of it, even named, and the advice is one that
+    can work for a blob (copy the snapshot), not "move it out"."""
     snapshot = hub_snapshot(source, tmp_path / "hub")
-    blob = Path(os.path.realpath(snapshot / "generation_config.json"))
-    os.link(blob, tmp_path / "elsewhere.json")
-    assert cli("push", snapshot, "me/blob") == 2
-    error = one_error(capsys.readouterr().err)
-    assert ("generation_config.json (a Hub cache blob with 2 names: its bytes are shared with a file outside the "
-            "cache (a hard link), so it is never sent, even when named)") in error
-    assert cli("push", snapshot, "me/blob", "--include", "generation_config.json") == 2  # named: still refused
-    assert hub.requests == []
+    for factor in (2, 3, 4):
+        assert cli("patch", snapshot, "--method", "yarn", "--factor", factor, "-o", tmp_path / f"out{factor}") == 0
+    blob = Path(os.path.realpath(snapshot / "model.safetensors"))
+    assert blob.stat().st_nlink == 4
+    capsys.readouterr()
+    assert cli("push", snapshot, "me/snap") == 0
+    assert hub.repos["me/snap"].files["model.safetensors"] == (source / "model.safetensors").read_bytes()
+
+    secret = tmp_path / "id_ed25519"
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    small = Path(os.path.realpath(snapshot / "generation_config.json"))
+    os.unlink(small)
+    os.link(secret, small)
+    received = len(hub.requests)
+    for named in ([], ["--include", "generation_config.json"]):
+        assert cli("push", snapshot, "me/blob", *named) == 2
+        error = one_error(capsys.readouterr().err)
+        assert ("generation_config.json (a Hub cache blob with 2 names whose bytes do not hash to its name: they are "
+                "another file's (a hard link), so it is never sent, even when named)") in error
+        assert f"copy the snapshot's files into a new folder (cp -rL {snapshot} NEW) and push NEW" in error
+        assert "move it out of OUT" not in error
+    assert len(hub.requests) == received and "me/blob" not in hub.repos
 
 
 def test_include_names_that_would_send_nothing_are_refused_and_counts_read_as_english(source, tmp_path, hub, capsys):
@@ -781,7 +808,8 @@ def test_a_pushed_output_downloaded_into_a_hub_cache_pushes_again_on_its_public_
     card = uploaded["README.md"].replace(b"me/first", b"me/second")
     first_sha, second_sha = (hashlib.sha256(c).hexdigest().encode() for c in (uploaded["README.md"], card))
     assert second == uploaded | {"README.md": card,
-                                 "rope_extend.yaml": uploaded["rope_extend.yaml"].replace(first_sha, second_sha)}
+                                 "rope_extend.yaml": uploaded["rope_extend.yaml"].replace(first_sha, second_sha)
+                                 .replace(b"me/first", b"me/second")}
     blob = Path(os.path.realpath(snapshot / "generation_config.json"))
     blob.write_text('{"max_length": 1}')
     assert cli("push", snapshot, "me/third") == 2
@@ -912,3 +940,64 @@ def test_an_auth_or_missing_repo_error_fails_at_once_in_one_line(source, tmp_pat
     assert f"pushing to 'me/denied' failed: HTTP {status}" in error and "retrying" not in error
     assert fault.fired == 1 and hub.waits == [] and hub.received == 0
     assert hub.repos["me/denied"].commits == []
+
+
+# --- publishing edges (issue 57 item 7) ------------------------------------------------------------------------------
+def test_the_dry_run_of_a_refused_push_counts_nothing_sent_and_lists_each_file_once(source, tmp_path, hub, capsys):
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    (out / "config.json").write_text((out / "config.json").read_text().replace("64", "65", 1))
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert cli("push", out, "me/dry", "--dry-run") == 2
+    printed = capsys.readouterr().out
+    head = " ".join(printed.split("commit message:")[0].split())
+    assert head == ("dry run: a push to me/dry would send nothing: 2 files it may not send, 1 changed since "
+                    "verification (!) and 1 refused (x); the 5 files marked + would go once they are dealt with")
+    marked = [line.split()[1] for line in printed.splitlines() if line.startswith(("  + ", "  ! ", "  x "))]
+    assert sorted(marked) == sorted([*CHECKPOINT, "notes.txt"])  # each once: config.json as changed only
+    assert dry_run_lines(printed, "!") == ["config.json"] and hub.requests == []
+
+
+def test_include_through_dot_dot_escaped_names_and_what_a_users_folder_sends_byte_for_byte(source, tmp_path, hub,
+                                                                                           capsys):
+    """OUT holding a user's notes (one of them named through `extra/..`), a private key, a symlink to a file outside
+    and a name with an escape sequence and a newline: the refusal prints the name escaped; once the name is gone,
+    `--include extra/../NOTES.md` sends NOTES.md; the server receives exactly the checkpoint and the notes (every
+    request body searched: no byte of the key or the outside file), and the uploaded rope_extend.yaml names the repo
+    in its serving commands, with no placeholder, and says what it holds."""
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    (out / "extra").mkdir()
+    (out / "NOTES.md").write_text("how I made it\n")
+    (out / "private").mkdir()
+    key = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n"
+    (out / "private" / "id_ed25519").write_bytes(key)
+    outside = tmp_path / "passwd"
+    outside.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+    (out / "passwd.txt").symlink_to(outside)
+    odd = "notes\x1b[31mRED\nrope-extend: pushed.txt"
+    (out / odd).write_text("x")
+    capsys.readouterr()
+    assert cli("push", out, "me/edges", "--include", "extra/../NOTES.md") == 2
+    printed = capsys.readouterr()
+    assert "\x1b" not in printed.err + printed.out and "notes\\x1b[31mRED\\nrope-extend: pushed.txt (not a file" in (
+        printed.err)
+    assert cli("push", out, "me/edges", "--include", "extra/../NOTES.md", "--dry-run") == 2
+    printed = capsys.readouterr()
+    assert "\x1b" not in printed.out and "  x notes\\x1b[31mRED\\nrope-extend: pushed.txt   (refused" in printed.out
+    os.unlink(out / odd)
+    import shutil
+
+    shutil.rmtree(out / "private")
+    os.unlink(out / "passwd.txt")
+    assert cli("push", out, "me/edges", "--include", "extra/../NOTES.md") == 0
+    files = hub.repos["me/edges"].files
+    assert files == folder_bytes(out, [*CHECKPOINT, "NOTES.md"], "me/edges")
+    wire = b"".join(r.body for r in hub.requests) + b"".join(
+        v for v in hub.repos["me/edges"].objects.values() if isinstance(v, bytes))
+    assert key not in wire and b"root:x:0:0" not in wire and b"BEGIN OPENSSH" not in wire
+    record = files["rope_extend.yaml"].decode()
+    assert MODEL_ID not in record and "vllm serve me/edges" in record and "model_id: me/edges" in record
+    note = next(line for line in record.splitlines() if line.startswith("# output_record:"))
+    assert "inode" not in record and "time" not in note and "model_id" in note
