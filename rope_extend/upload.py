@@ -147,7 +147,7 @@ class _Reader(io.BufferedIOBase):
 
     def __init__(self, path: Path, on_read: Callable[[int, int], None]):
         super().__init__()
-        self._file = open(path, "rb")  # noqa: SIM115 (closed by close())
+        self._file = open(path, "rb")  # closed by close()
         self._on_read = on_read
         self.counting = False
         self.digest = hashlib.sha256()
