@@ -201,6 +201,7 @@ class PushPlan:
     written_now: bool = False  # `patch`/`train --push-to-hub`: OUT was just written, its command is news
     include: tuple[str, ...] = ()  # push's --include names (the push-later command repeats them)
     url: str = ""
+    transfer: object = None  # upload.Transfer of the push that ran (what was sent, what the Hub held)
 
     @property
     def files(self) -> list[str]:
@@ -217,33 +218,42 @@ class PushPlan:
         command that pushes it later; after an auth failure of `--push-to-hub`, the command to run once fixed."""
         where = f"; OUT {str(self.folder)!r} is kept as it is"
         if retry:
-            return f"{where}: push it later with `{self.later}`"
+            return f"{where}: push it later with `{self.later}` (it sends only what the Hub does not hold yet)"
         return f"{where}: once that is fixed, push it with `{self.later}`" if self.written_now else where
 
     def dry_run_lines(self) -> list[str]:
         """The dry run's report: the repo, its visibility, the commit message, every file sent (and why it may
         be), left out or refused (and why)."""
-        from .record import CARD, SPEC_FILE
+        from .record import CARD, SPEC_FILE, shown_name
 
-        lines = [
-            f"dry run: would push {files_count(len(self.files))} to {self.repo_id} "
-            f"({'private' if self.private else 'public'} if created; an existing repo keeps its visibility)",
-            f"commit message: {self.commit_message}",
-        ]
+        selection = self.selection
+        changed = {name for name, _ in selection.changed}
+        sendable = [entry for entry in selection.sent if entry.name not in changed]
+        if selection.refusal() is None:
+            head = (f"dry run: would push {files_count(len(sendable))} to {self.repo_id} "
+                    f"({'private' if self.private else 'public'} if created; an existing repo keeps its visibility)")
+        else:  # the push would be refused: nothing is sent, and the count says so
+            why = [f"{len(changed)} changed since verification (!)" if changed else "",
+                   f"{len(selection.refused)} refused (x)" if selection.refused else ""]
+            head = (f"dry run: a push to {self.repo_id} would send nothing: {files_count(len(changed) + len(selection.refused))} "
+                    f"it may not send, {' and '.join(w for w in why if w)}; the {files_count(len(sendable))} marked + "
+                    "would go once they are dealt with")
+        lines = [head, f"commit message: {self.commit_message}"]
         if self.card is not None:
             lines.append(f"{CARD}: sent with its Serving section naming {self.repo_id} (OUT's copy is not changed)")
-        elif self.selection.card_edited:
+        elif selection.card_edited:
             lines.append(f"{CARD}: edited since rope-extend wrote it: yours, sent as written")
-        if self.selection.record is not None and not self.selection.record.verified:
+        if selection.record is not None and not selection.record.verified:
             lines.append(f"not verified: OUT was written with --no-verify; `rope-extend verify "
                          f"{shlex.quote(str(self.folder))}` verifies it")
         if self.record_text is not None:
-            lines.append(f"{SPEC_FILE}: sent without this machine's data (inodes, times); OUT's copy is not changed")
-        lines += [f"  + {entry.name}   ({entry.how})" for entry in self.selection.sent]
-        lines += [f"  - {name}   (left out: {why})" for name, why in self.selection.left_out]
-        lines += [f"  x {name}   (refused: {why})" for name, why in self.selection.refused]
-        lines += [f"  ! {name}   (changed since rope-extend verified it: {why})"
-                  for name, why in self.selection.changed]
+            lines.append(f"{SPEC_FILE}: sent without this machine's data (inodes, times), its serving commands naming "
+                         f"{self.repo_id}; OUT's copy is not changed")
+        lines += [f"  + {shown_name(entry.name)}   ({entry.how})" for entry in sendable]
+        lines += [f"  - {shown_name(name)}   (left out: {why})" for name, why in selection.left_out]
+        lines += [f"  x {shown_name(name)}   (refused: {why})" for name, why in selection.refused]
+        lines += [f"  ! {shown_name(name)}   (changed since rope-extend verified it: {why})"
+                  for name, why in selection.changed]
         return lines
 
 
@@ -303,7 +313,7 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
     sends_record = record is not None and any(entry.name == SPEC_FILE for entry in selection.sent)
     return PushPlan(folder=folder, repo_id=repo_id, private=private, selection=selection,
                     commit_message=("rope-extend: " + what)[:1000], card=card,
-                    record_text=public_text(folder, record, card).encode("utf-8") if sends_record else None,
+                    record_text=public_text(folder, record, card, repo_id).encode("utf-8") if sends_record else None,
                     serve=record.serve_for(repo_id) if record is not None else None, written_now=written_now,
                     include=tuple(include))
 
@@ -340,30 +350,23 @@ def check_reachable(plan: PushPlan) -> None:
                               f"{plan.kept(retry=True)}")
 
 
-def push(plan: PushPlan, token: str) -> bool | None:
-    """Create the repo (`exist_ok`: a later push adds a commit) and send exactly `plan.selection.sent` in one
-    commit (the card from `plan.card` when it names the repo); returns the visibility the Hub reports afterwards
-    (True: private; None: not reported). Sets `plan.url`. Every failure is one CheckpointError line saying why,
-    OUT is kept as it was (a push writes nothing into it), and only a failure a retry can fix offers the command."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+def push(plan: PushPlan, token: str, report=None, retry=None) -> bool | None:
+    """Create the repo (`exist_ok`: a later push adds a commit) and send exactly `plan.selection.sent`: the large
+    files as LFS objects the Hub does not hold yet, then one commit of every file (`rope_extend.upload`; the card
+    from `plan.card` when it names the repo); returns the visibility the Hub reports afterwards (True: private; None:
+    not reported). Sets `plan.url`. Every failure is one CheckpointError line saying why, OUT is kept as it was (a
+    push writes nothing into it), and a failure a retry can fix offers the command that resumes; Ctrl-C raises
+    `upload.PushInterrupted`, whose line says the same."""
+    from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
-    from .record import CARD, SPEC_FILE
+    from .upload import send
 
     refusal = plan.selection.refusal()
     if refusal is not None:
         raise refusal
-    rendered = {CARD: plan.card, SPEC_FILE: plan.record_text}  # sent from memory: OUT is never written
-    operations = [
-        CommitOperationAdd(path_in_repo=entry.name, path_or_fileobj=(
-            rendered[entry.name] if rendered.get(entry.name) is not None else str(entry.path)))
-        for entry in plan.selection.sent
-    ]
-    api = HfApi(token=token)
     try:
-        repo = api.create_repo(repo_id=plan.repo_id, private=plan.private, exist_ok=True, repo_type="model")
-        api.create_commit(repo_id=plan.repo_id, operations=operations, commit_message=plan.commit_message,
-                          repo_type="model")
+        transfer = send(plan, token, report, retry)
     except HfHubHTTPError as exc:
         status = _status(exc)
         said = " ".join(str(getattr(exc, "server_message", None) or "").split())[:200]
@@ -371,17 +374,21 @@ def push(plan: PushPlan, token: str) -> bool | None:
         if status in ("401", "403"):
             raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP {status}{said}; check that the token "
                                   f"has write access to it{plan.kept()}") from None
+        if status == "404":
+            raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP 404{said}; check the repo id and that "
+                                  f"the token may write to it{plan.kept()}") from None
         raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP {status}{said}"
                               f"{plan.kept(retry=status in RETRY_STATUSES)}") from None
-    except (KeyboardInterrupt, SystemExit, MemoryError):
+    except (KeyboardInterrupt, SystemExit, MemoryError, CheckpointError):
         raise
     except Exception as exc:  # connection errors and timeouts of whichever HTTP client huggingface_hub uses
         reason = " ".join(str(exc).split())[:200]
         raise CheckpointError(f"pushing to {plan.repo_id!r} failed ({type(exc).__name__}{': ' + reason if reason else ''})"
                               f"{plan.kept(retry=_network_error(exc))}") from None
-    plan.url = str(getattr(repo, "url", None) or f"{_endpoint()}/{plan.repo_id}")
+    plan.url = transfer.url or f"{_endpoint()}/{plan.repo_id}"
+    plan.transfer = transfer
     try:
-        return bool(api.repo_info(plan.repo_id, repo_type="model").private)
+        return bool(HfApi(token=token).repo_info(plan.repo_id, repo_type="model").private)
     except Exception:  # the push is done; only the visibility report is missing
         return None
 

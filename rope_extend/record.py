@@ -62,6 +62,10 @@ RECORD_NOTE = (f"# {OUTPUT_RECORD_KEY}: rope-extend's record of this folder, not
                "verified, every file it wrote or copied (sha256) and the weights it shared with SOURCE (how, size, "
                "time, inode), the card's serving commands. `rope-extend push` sends these files, as recorded, and no "
                "other.\n")
+PUBLIC_NOTE = (f"# {OUTPUT_RECORD_KEY}: rope-extend's record of this checkpoint as it was pushed, not part of the "
+               "spec: whether it was verified, every file with the sha256 of its bytes (weights shared with the base "
+               "model by their size), the serving commands for model_id. `rope-extend push` of a download of this "
+               "repo sends these files, as recorded, and no other.\n")
 SHOWN = 8  # files named in a refusal
 CHUNK = 1 << 20
 
@@ -135,9 +139,11 @@ _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
     "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
 
 
-def _text(spec_yaml: str, verified: bool, entries: Mapping[str, str], serve: str | None, serving: str | None) -> str:
+def _text(spec_yaml: str, verified: bool, entries: Mapping[str, str], serve: str | None, serving: str | None,
+          model_id: str | None = None) -> str:
     record = {"verified": verified, "files": dict(entries), "serve": serve, "serving": serving}
-    return spec_yaml + RECORD_NOTE + yaml.dump({OUTPUT_RECORD_KEY: record}, Dumper=_Dumper, sort_keys=False,
+    record = record if model_id is None else {"model_id": model_id, **record}
+    return spec_yaml + (RECORD_NOTE if model_id is None else PUBLIC_NOTE) + yaml.dump({OUTPUT_RECORD_KEY: record}, Dumper=_Dumper, sort_keys=False,
                                                width=1_000_000, allow_unicode=True)
 
 
@@ -210,6 +216,9 @@ def read_record(folder: Path) -> Record | None:
     raw = data.pop(OUTPUT_RECORD_KEY)
     raw = raw if isinstance(raw, dict) else {}
     names, texts = raw.get("files"), [raw.get("serve"), raw.get("serving")]
+    model_id = raw.get("model_id")  # a pushed record: its serving commands name the repo it was pushed to
+    if isinstance(model_id, str) and model_id:
+        texts = [t.replace(model_id, MODEL_ID) if isinstance(t, str) else t for t in texts]
     damaged = CheckpointError(f"{str(path)!r}: rope-extend's {OUTPUT_RECORD_KEY} is damaged (files must name files "
                               f"inside OUT, each with 'sha256 <hex>' or, for shared weights, 'size N mtime_ns N inode "
                               f"N'); {fix}")
@@ -259,13 +268,18 @@ def spec_text(folder: Path) -> str | None:
     return "".join(kept)
 
 
-def public_text(folder: Path, record: Record, card: bytes | None = None) -> str:
-    """OUT's rope_extend.yaml as a push uploads it: the spec as written, the record without this machine's data
-    (inodes, times, how files were shared: what identifies them here, not what they are); `card`: the card the push
-    sends instead of OUT's (its Serving section renamed), whose sha256 the uploaded record then holds."""
+def public_text(folder: Path, record: Record, card: bytes | None = None, repo_id: str | None = None) -> str:
+    """OUT's rope_extend.yaml as a push to `repo_id` uploads it: the spec as written, the record without this
+    machine's data (inodes, times, how files were shared: what identifies them here, not what they are), the serving
+    commands rendered for `repo_id` (named as `model_id`, so a later push of a download renders them again), and a
+    note that says what this record holds; `card`: the card the push sends instead of OUT's (its Serving section
+    renamed), whose sha256 the uploaded record then holds."""
     sent = {CARD: Entry(sha256=hashlib.sha256(card).hexdigest())} if card is not None and CARD in record.entries else {}
     entries = {name: entry.public() for name, entry in sorted({**record.entries, **sent}.items())}
-    return _text(spec_text(folder) or "", record.verified, entries, record.serve, record.serving)
+    if repo_id is None:
+        return _text(spec_text(folder) or "", record.verified, entries, record.serve, record.serving)
+    return _text(spec_text(folder) or "", record.verified, entries, record.serve_for(repo_id),
+                 record.serving_for(repo_id), model_id=repo_id)
 
 
 # --- what changed since verification -----------------------------------------------------------------------------------
@@ -360,15 +374,29 @@ class Selection:
             fixes.append(f"`rope-extend verify {shlex.quote(str(self.folder))}` re-verifies OUT as it is now (stock "
                          "reload and a forward beyond the original length) and refreshes its card and record; then "
                          "push again")
-        if self.refused:
-            them = "them" if count != 1 else "it"
+        blobs = sum(1 for _, why in self.refused if why.startswith("a Hub cache blob"))
+        if count > blobs:
+            them = "them" if count - blobs != 1 else "it"
             fixes.append(f"move {them} out of OUT, or send a file you added on purpose with "
                          f"{self.hint.format(name='NAME')}")
+        if blobs:  # a blob cannot be moved out of its snapshot
+            fixes.append(f"a Hub cache blob stays in its cache: copy the snapshot's files into a new folder "
+                         f"(cp -rL {shlex.quote(str(self.folder))} NEW) and push NEW")
         return CheckpointError(f"{what}; {'; '.join(fixes)}")
 
 
+def shown_name(name: str) -> str:
+    """A file name as printed: control characters, escape sequences, newlines and undecodable bytes escaped the way
+    Python writes them (`\\x1b`, `\\n`, `\\udcff`), so a name cannot move the cursor, recolour the terminal or
+    fake a line of output."""
+    if name.isprintable():
+        return name
+    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   if ord(c) < 0xD800 or ord(c) > 0xDFFF else f"\\u{ord(c):04x}" for c in name)
+
+
 def _named(items: list[tuple[str, str]]) -> str:
-    shown = ", ".join(f"{name} ({why})" for name, why in items[:SHOWN])
+    shown = ", ".join(f"{shown_name(name)} ({why})" for name, why in items[:SHOWN])
     return shown + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
 
 
@@ -473,6 +501,10 @@ def _resolve_include(root: Path, real_root: Path, include: Sequence[str], flag: 
             raise CheckpointError(f"{flag} {item!r} names nothing; give a file or folder inside OUT {example}")
         given = Path(item).expanduser()
         rel = Path(os.path.relpath(os.path.abspath(given), root)) if given.is_absolute() else given
+        plain = Path(os.path.normpath(rel))  # extra/../NOTES.md is NOTES.md, unless a link makes `..` go elsewhere
+        if (plain != rel and files._names_inside(plain) and os.path.lexists(root / rel)
+                and os.path.realpath(root / rel) == os.path.realpath(root / plain)):
+            rel = plain
         if rel.parts in ((), (".",)) or Path(os.path.normpath(rel)).parts in ((), (".",)):
             raise CheckpointError(f"{flag} {item!r} names OUT itself: a push already sends the checkpoint's files, "
                                   f"and {flag} adds one file or folder of OUT that is not one {example}")
@@ -483,7 +515,7 @@ def _resolve_include(root: Path, real_root: Path, include: Sequence[str], flag: 
         if not path.exists() and not path.is_symlink():
             raise CheckpointError(f"{flag} {item!r}: OUT {str(root)!r} has no {rel.as_posix()!r} {example}")
         real = Path(os.path.realpath(path))
-        if real != real_root and real_root not in real.parents:
+        if real != real_root and real_root not in real.parents and not _cache_link(root, rel):
             raise CheckpointError(f"{flag} {item!r} resolves to {str(real)!r}, outside OUT; a push sends files inside "
                                   "OUT only: copy it into OUT to send it")
         if rel.parts[0] in METADATA:
@@ -500,6 +532,15 @@ def _resolve_include(root: Path, real_root: Path, include: Sequence[str], flag: 
     return chosen
 
 
+def _cache_link(root: Path, rel: Path) -> bool:
+    """Whether `rel` is, in a Hub cache snapshot, a link to a blob of the same repo (its own file, not outside)."""
+    try:
+        files.source_file(root, rel)
+    except CheckpointError:
+        return False
+    return (root / rel).is_symlink()
+
+
 def _refused_name(rel: str, record: Record | None, included: bool) -> str | None:
     """Why a name may not be sent (None: it may, if its link checks pass)."""
     if included:
@@ -511,6 +552,22 @@ def _refused_name(rel: str, record: Record | None, included: bool) -> str | None
     if record is not None and rel not in record.files:
         return "not among the files rope-extend recorded in rope_extend.yaml; added to OUT later"
     return None
+
+
+def _is_cache_object(blob: Path) -> bool:
+    """Whether a Hub cache blob's bytes are the object its name says: huggingface_hub names an LFS file's blob by
+    the sha256 of its bytes and a small file's by its git blob id (sha1 of `blob <size>\\0` and the bytes). Then
+    other names of it (a hard link made from OUT, `patch`'s own) cannot have changed what is sent."""
+    name = blob.name
+    if len(name) == 64:
+        return sha256(blob) == name
+    if len(name) == 40:
+        digest = hashlib.sha1(f"blob {blob.stat().st_size}\0".encode())
+        with open(blob, "rb") as handle:
+            while chunk := handle.read(CHUNK):
+                digest.update(chunk)
+        return digest.hexdigest() == name
+    return False
 
 
 def _sendable(root: Path, real_root: Path, rel: str, path: Path, record: Record | None, included: bool) -> Sent | str:
@@ -526,9 +583,11 @@ def _sendable(root: Path, real_root: Path, rel: str, path: Path, record: Record 
             blob = None
         if blob is not None:
             names = os.stat(blob).st_nlink
-            if names > 1:
-                return (f"a Hub cache blob with {names} names: its bytes are shared with a file outside the cache (a "
-                        "hard link), so it is never sent, even when named")
+            if names > 1 and not _is_cache_object(blob):
+                return (f"a Hub cache blob with {names} names whose bytes do not hash to its name: they are another "
+                        "file's (a hard link), so it is never sent, even when named")
+            if names > 1:  # e.g. rope-extend's own hard links from the OUTs patched from this snapshot
+                return Sent(rel, blob, f"Hub cache blob, its bytes the repo's (they hash to its name; {names} names)")
             return Sent(rel, blob, "Hub cache blob")
         where = "outside OUT" if real_root not in target.parents else "inside OUT"
         if not target.exists():

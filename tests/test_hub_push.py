@@ -51,10 +51,15 @@ def source(tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def hub(monkeypatch, tmp_path):
-    """The local Hub, with huggingface_hub pointed at it, HF_TOKEN set and no stored token."""
+    """The local Hub, with huggingface_hub pointed at it, HF_TOKEN set and no stored token; rope-extend's retries
+    record their waits in `hub.waits` instead of sleeping."""
     from huggingface_hub import constants
 
+    from rope_extend import upload
+
     with HubServer() as server:
+        server.waits = []
+        monkeypatch.setattr(upload, "sleep", server.waits.append)
         monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
         monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
@@ -62,27 +67,37 @@ def hub(monkeypatch, tmp_path):
         yield server
 
 
-def folder_bytes(folder: Path, names=None, repo: str | None = None) -> dict[str, bytes]:
+def folder_bytes(folder: Path, names=None, repo: str | None = None, to: str | None = None) -> dict[str, bytes]:
     """What a push of OUT must deliver under each name, read independently of rope-extend's selection: OUT's bytes
     (a link's target), rope_extend.yaml without this machine's data (`expected_record`); with `repo`, the card whose
-    Serving section names it (`expected_card`) and the record holding that card's sha256."""
+    Serving section names it (`expected_card`) and the record holding that card's sha256; `to`: the repo pushed to
+    (`repo` when not given), whose name the uploaded record's serving commands carry."""
     card = expected_card(folder, repo) if repo else None
     sent = {name: Path(os.path.realpath(folder / name)).read_bytes() for name in names or CHECKPOINT}
     if "rope_extend.yaml" in sent:
-        sent["rope_extend.yaml"] = expected_record(folder, card)
+        sent["rope_extend.yaml"] = expected_record(folder, to or repo, card)
     return sent | ({"README.md": card} if card else {})
 
 
-def expected_record(folder: Path, card: bytes | None = None) -> bytes:
-    """OUT's rope_extend.yaml as a push must upload it: the same text, each shared weight's line reduced to its size
-    (no inode, modification time or how it was shared: this machine's, not the model's), and the card's line the
-    sha256 of the card sent (`card`, when the push renames its Serving section)."""
+def expected_record(folder: Path, repo_id: str, card: bytes | None = None) -> bytes:
+    """OUT's rope_extend.yaml as a push to `repo_id` must upload it: the same text, each shared weight's line reduced
+    to its size (no inode, modification time or how it was shared: this machine's, not the model's), the card's line
+    the sha256 of the card sent (`card`, when the push renames its Serving section), the serving commands naming
+    `repo_id` (recorded as `model_id`), and a note that speaks of what it holds (no inodes or times)."""
     shared = re.compile(r"^(    \S+: )(?:hard-linked|reflinked) size (\d+) mtime_ns \d+ inode \d+$")
     lines = []
     for line in (folder / "rope_extend.yaml").read_text().splitlines(keepends=True):
         match = shared.match(line.rstrip("\n"))
         if card is not None and line.startswith("    README.md: sha256 "):
             line = f"    README.md: sha256 {hashlib.sha256(card).hexdigest()}\n"
+        if line.startswith("# output_record:"):
+            line = ("# output_record: rope-extend's record of this checkpoint as it was pushed, not part of the spec: "
+                    "whether it was verified, every file with the sha256 of its bytes (weights shared with the base "
+                    "model by their size), the serving commands for model_id. `rope-extend push` of a download of "
+                    "this repo sends these files, as recorded, and no other.\n")
+        if line == "output_record:\n":
+            line += f"  model_id: {repo_id}\n"
+        line = line.replace(MODEL_ID, repo_id)
         lines.append(f"{match[1]}size {match[2]}\n" if match else line)
     return "".join(lines).encode()
 
@@ -160,7 +175,7 @@ def test_patch_push_to_hub_over_http(source, tmp_path):
     assert SECRET not in done.stdout + done.stderr
     repo = hub.repos["me/tiny-yarn"]
     assert repo.private is True
-    assert repo.files == folder_bytes(out)
+    assert repo.files == folder_bytes(out, to="me/tiny-yarn")
     uploaded = repo.files["rope_extend.yaml"].decode()  # no machine-local data: no inode, time or path
     local = re.compile(r"(inode|mtime_ns) \d+|hard-linked size")
     assert not local.search(uploaded) and str(tmp_path) not in uploaded and local.search((out / "rope_extend.yaml")
@@ -168,8 +183,10 @@ def test_patch_push_to_hub_over_http(source, tmp_path):
     assert re.search(r"model\.safetensors: size \d+\n", uploaded)
     spec = "method: yarn factor: 2.0 target_length: 64 original_max_position_embeddings: 32"
     assert repo.commits == [f"rope-extend: {spec}"]
-    writes = [r for r in hub.requests if r.method == "POST"]
+    writes = [r for r in hub.requests if r.method == "POST" and not r.path.startswith("/lfs/")]  # the Hub's API
     assert writes and all(r.headers.get("authorization") == f"Bearer {SECRET}" for r in writes)
+    storage = [r for r in hub.requests if r.path.startswith("/lfs/")]  # the weights, as an LFS object
+    assert storage and all("authorization" not in r.headers for r in storage)
     data = card_data(repo.files["README.md"].decode(), tmp_path)
     assert data.library_name == "transformers"
     assert {"rope-scaling", "yarn", "long-context"} <= set(data.tags)
@@ -493,7 +510,7 @@ def test_push_with_the_hub_down_keeps_out_and_prints_the_push_later_command(sour
     before = tree(out)
     monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)  # the Hub is back: the printed command pushes OUT
     assert run(shlex.split(later)[1:]) == 0
-    assert hub.repos["me/c"].private is True and hub.repos["me/c"].files == folder_bytes(out)
+    assert hub.repos["me/c"].private is True and hub.repos["me/c"].files == folder_bytes(out, to="me/c")
     assert tree(out) == before
 
 
@@ -692,22 +709,39 @@ def test_a_changed_output_is_refused_naming_each_file_until_verify_reverifies_it
     assert cli("push", out, "me/w", "--dry-run") == 0
     assert "README.md: edited since rope-extend wrote it: yours, sent as written" in capsys.readouterr().out
     assert cli("push", out, "me/w") == 0
-    assert hub.repos["me/w"].files == folder_bytes(out)
+    assert hub.repos["me/w"].files == folder_bytes(out, to="me/w")
     assert hub.repos["me/w"].files["README.md"] == card.encode()
     shutil.rmtree(out)
 
 
-def test_a_hub_cache_blob_with_another_name_is_never_sent(source, tmp_path, hub, capsys):
-    """A Hub cache snapshot whose blob is also a file outside the cache (a hard link) sends nothing of it, even named."""
+def test_a_hub_cache_blob_is_sent_only_when_its_bytes_are_the_repos(source, tmp_path, hub, capsys):
+    """A snapshot patched from three times (rope-extend's hard links: its weights' blob has 4 names) pushes, sending
+    the blob's bytes (they hash to its name, as huggingface_hub names blobs); a blob replaced by a hard link to a
+    private file (its bytes no longer hash to its name) sends nothing of it, even named, and the advice is one that
+    can work for a blob (copy the snapshot), not "move it out"."""
     snapshot = hub_snapshot(source, tmp_path / "hub")
-    blob = Path(os.path.realpath(snapshot / "generation_config.json"))
-    os.link(blob, tmp_path / "elsewhere.json")
-    assert cli("push", snapshot, "me/blob") == 2
-    error = one_error(capsys.readouterr().err)
-    assert ("generation_config.json (a Hub cache blob with 2 names: its bytes are shared with a file outside the "
-            "cache (a hard link), so it is never sent, even when named)") in error
-    assert cli("push", snapshot, "me/blob", "--include", "generation_config.json") == 2  # named: still refused
-    assert hub.requests == []
+    for factor in (2, 3, 4):
+        assert cli("patch", snapshot, "--method", "yarn", "--factor", factor, "-o", tmp_path / f"out{factor}") == 0
+    blob = Path(os.path.realpath(snapshot / "model.safetensors"))
+    assert blob.stat().st_nlink == 4
+    capsys.readouterr()
+    assert cli("push", snapshot, "me/snap") == 0
+    assert hub.repos["me/snap"].files["model.safetensors"] == (source / "model.safetensors").read_bytes()
+
+    secret = tmp_path / "id_ed25519"
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    small = Path(os.path.realpath(snapshot / "generation_config.json"))
+    os.unlink(small)
+    os.link(secret, small)
+    received = len(hub.requests)
+    for named in ([], ["--include", "generation_config.json"]):
+        assert cli("push", snapshot, "me/blob", *named) == 2
+        error = one_error(capsys.readouterr().err)
+        assert ("generation_config.json (a Hub cache blob with 2 names whose bytes do not hash to its name: they are "
+                "another file's (a hard link), so it is never sent, even when named)") in error
+        assert f"copy the snapshot's files into a new folder (cp -rL {snapshot} NEW) and push NEW" in error
+        assert "move it out of OUT" not in error
+    assert len(hub.requests) == received and "me/blob" not in hub.repos
 
 
 def test_include_names_that_would_send_nothing_are_refused_and_counts_read_as_english(source, tmp_path, hub, capsys):
@@ -774,8 +808,196 @@ def test_a_pushed_output_downloaded_into_a_hub_cache_pushes_again_on_its_public_
     card = uploaded["README.md"].replace(b"me/first", b"me/second")
     first_sha, second_sha = (hashlib.sha256(c).hexdigest().encode() for c in (uploaded["README.md"], card))
     assert second == uploaded | {"README.md": card,
-                                 "rope_extend.yaml": uploaded["rope_extend.yaml"].replace(first_sha, second_sha)}
+                                 "rope_extend.yaml": uploaded["rope_extend.yaml"].replace(first_sha, second_sha)
+                                 .replace(b"me/first", b"me/second")}
     blob = Path(os.path.realpath(snapshot / "generation_config.json"))
     blob.write_text('{"max_length": 1}')
     assert cli("push", snapshot, "me/third") == 2
     assert "generation_config.json (edited)" in one_error(capsys.readouterr().err) and "me/third" not in hub.repos
+
+
+# --- large outputs: LFS objects first, one commit, resumed after faults (issue 59) -----------------------------------
+PART = 16 << 10  # the test Hub's multipart part size: every shard travels in several parts
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    """A checkpoint saved in 4 shards (as users' large ones are), bf16."""
+    import torch
+
+    folder = tmp_path_factory.mktemp("sharded") / "src"
+    tiny.make_model("llama").to(torch.bfloat16).save_pretrained(folder, max_shard_size="40KB")
+    assert len(list(folder.glob("model-*.safetensors"))) >= 3
+    return folder
+
+
+def shards(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("*.safetensors"))
+
+
+def sent_names(out: Path) -> list[str]:
+    return sorted(read_record(out).files)
+
+
+def test_an_interrupted_push_resumes_sending_only_what_the_hub_lacks(sharded, tmp_path, hub, capsys):
+    """Ctrl-C in the middle of a sharded push (after half of the shards' bytes arrived): exit 130, one line saying
+    what the Hub holds, that nothing was committed and the command that resumes; the repo shows nothing. Rerun: the
+    shards whose objects arrived are not sent again (the server counts the bytes it receives: exactly the missing
+    shards' sizes), and the one commit holds exactly the verified files, byte for byte."""
+    out = tmp_path / "out"
+    assert cli("patch", sharded, *YARN, "-o", out) == 0
+    names = shards(out)
+    sizes = {name: (out / name).stat().st_size for name in names}
+    total = sum(sizes.values())
+    hub.part_size = PART
+    hub.cut_after, hub.interrupt = total // 2, True
+    before = tree(out)
+    capsys.readouterr()
+    assert cli("push", out, "me/big") == 130
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "interrupted" in line]
+    assert len(lines) == 1, err
+    repo = hub.repos["me/big"]
+    held = [name for name in names if hashlib.sha256((out / name).read_bytes()).hexdigest() in repo.objects]
+    assert 0 < len(held) < len(names)
+    assert (f"push interrupted: {len(held)} of {len(names)} large files" in lines[0]
+            and "nothing was committed, so me/big shows no part of this checkpoint" in lines[0])
+    assert f"`rope-extend push {out} me/big` resumes" in lines[0]
+    assert repo.commits == [] and repo.tree == {} and tree(out) == before
+    first = hub.received
+    assert total // 2 <= first < total
+
+    assert cli("push", out, "me/big") == 0
+    printed = capsys.readouterr()
+    missing = sum(sizes[name] for name in names if name not in held)
+    assert hub.received - first == missing  # only the objects the Hub lacked, each once
+    assert (f"{len(names) - len(held)} of {len(names)} large files to send" in printed.err
+            and f"on the Hub already from an earlier push: {len(held)}" in printed.err)
+    assert repo.commits == [repo.commits[0]] and sorted(repo.tree) == sent_names(out)
+    assert repo.files == folder_bytes(out, sent_names(out), "me/big")
+    assert tree(out) == before
+
+
+def test_a_file_changed_between_an_interrupted_push_and_its_resumption_is_refused(sharded, tmp_path, hub, capsys):
+    """The record's hashes decide across a resume: a shard rewritten with other bytes after the interruption is
+    refused by name, in one line, before any byte is sent or anything committed."""
+    out = tmp_path / "out"
+    assert cli("patch", sharded, *YARN, "-o", out, "--mode", "full") == 0
+    names = shards(out)
+    assert names and read_record(out).entries[names[-1]].sha256  # written by rope-extend: recorded by content
+    hub.part_size = PART
+    hub.cut_after, hub.interrupt = sum((out / n).stat().st_size for n in names) // 2, True
+    assert cli("push", out, "me/edit") == 130
+    capsys.readouterr()
+    data = bytearray((out / names[-1]).read_bytes())
+    data[-1] ^= 1
+    (out / names[-1]).write_bytes(bytes(data))
+    received, requests = hub.received, len(hub.requests)
+    assert cli("push", out, "me/edit") == 2
+    error = one_error(capsys.readouterr().err)
+    assert f"changed since rope-extend verified it, so nothing was sent: {names[-1]} (edited)" in error
+    assert hub.received == received and len(hub.requests) == requests
+    assert hub.repos["me/edit"].commits == []
+
+
+def test_faults_are_retried_a_429_waits_its_retry_after_and_a_reset_resends_one_part(sharded, tmp_path, hub,
+                                                                                        capsys):
+    """A 500 on creating the repo (retried after 1 s), a 429 with Retry-After: 3 on the commit (waited 3 s, then
+    committed once), a connection reset in the middle of a shard (huggingface_hub resends that part, not the
+    file): the push succeeds with every file intact and says each retry."""
+    from hubserver import Fault
+
+    out = tmp_path / "out"
+    assert cli("patch", sharded, *YARN, "-o", out) == 0
+    names = shards(out)
+    total = sum((out / n).stat().st_size for n in names)
+    hub.part_size = PART
+    hub.fault(Fault(nth=1, status=500, path="/api/repos/create"))
+    hub.fault(Fault(nth=1, status=429, path="/commit/", retry_after=3))
+    hub.cut_after = PART + PART // 2  # in the middle of the second part
+    capsys.readouterr()
+    assert cli("push", out, "me/faults") == 0
+    err = capsys.readouterr().err
+    assert hub.waits == [1.0, 3.0]
+    assert "HTTP 500 on creating the repo: retrying in 1 s (try 2 of 5)" in err
+    assert "HTTP 429 on the commit: retrying in 3 s (try 2 of 5)" in err
+    assert total < hub.received <= total + PART  # the cut part again, not the whole shard
+    assert len([r for r in hub.requests if "/commit/" in r.path]) == 2
+    repo = hub.repos["me/faults"]
+    assert len(repo.commits) == 1 and repo.files == folder_bytes(out, sent_names(out), "me/faults")
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_an_auth_or_missing_repo_error_fails_at_once_in_one_line(source, tmp_path, hub, capsys, status):
+    from hubserver import Fault
+
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    fault = hub.fault(Fault(nth=1, status=status, path="/preupload/", times=None))
+    capsys.readouterr()
+    assert cli("push", out, "me/denied") == 2
+    error = one_error(capsys.readouterr().err)
+    assert f"pushing to 'me/denied' failed: HTTP {status}" in error and "retrying" not in error
+    assert fault.fired == 1 and hub.waits == [] and hub.received == 0
+    assert hub.repos["me/denied"].commits == []
+
+
+# --- publishing edges (issue 57 item 7) ------------------------------------------------------------------------------
+def test_the_dry_run_of_a_refused_push_counts_nothing_sent_and_lists_each_file_once(source, tmp_path, hub, capsys):
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    (out / "config.json").write_text((out / "config.json").read_text().replace("64", "65", 1))
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert cli("push", out, "me/dry", "--dry-run") == 2
+    printed = capsys.readouterr().out
+    head = " ".join(printed.split("commit message:")[0].split())
+    assert head == ("dry run: a push to me/dry would send nothing: 2 files it may not send, 1 changed since "
+                    "verification (!) and 1 refused (x); the 5 files marked + would go once they are dealt with")
+    marked = [line.split()[1] for line in printed.splitlines() if line.startswith(("  + ", "  ! ", "  x "))]
+    assert sorted(marked) == sorted([*CHECKPOINT, "notes.txt"])  # each once: config.json as changed only
+    assert dry_run_lines(printed, "!") == ["config.json"] and hub.requests == []
+
+
+def test_include_through_dot_dot_escaped_names_and_what_a_users_folder_sends_byte_for_byte(source, tmp_path, hub,
+                                                                                           capsys):
+    """OUT holding a user's notes (one of them named through `extra/..`), a private key, a symlink to a file outside
+    and a name with an escape sequence and a newline: the refusal prints the name escaped; once the name is gone,
+    `--include extra/../NOTES.md` sends NOTES.md; the server receives exactly the checkpoint and the notes (every
+    request body searched: no byte of the key or the outside file), and the uploaded rope_extend.yaml names the repo
+    in its serving commands, with no placeholder, and says what it holds."""
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    (out / "extra").mkdir()
+    (out / "NOTES.md").write_text("how I made it\n")
+    (out / "private").mkdir()
+    key = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n"
+    (out / "private" / "id_ed25519").write_bytes(key)
+    outside = tmp_path / "passwd"
+    outside.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+    (out / "passwd.txt").symlink_to(outside)
+    odd = "notes\x1b[31mRED\nrope-extend: pushed.txt"
+    (out / odd).write_text("x")
+    capsys.readouterr()
+    assert cli("push", out, "me/edges", "--include", "extra/../NOTES.md") == 2
+    printed = capsys.readouterr()
+    assert "\x1b" not in printed.err + printed.out and "notes\\x1b[31mRED\\nrope-extend: pushed.txt (not a file" in (
+        printed.err)
+    assert cli("push", out, "me/edges", "--include", "extra/../NOTES.md", "--dry-run") == 2
+    printed = capsys.readouterr()
+    assert "\x1b" not in printed.out and "  x notes\\x1b[31mRED\\nrope-extend: pushed.txt   (refused" in printed.out
+    os.unlink(out / odd)
+    import shutil
+
+    shutil.rmtree(out / "private")
+    os.unlink(out / "passwd.txt")
+    assert cli("push", out, "me/edges", "--include", "extra/../NOTES.md") == 0
+    files = hub.repos["me/edges"].files
+    assert files == folder_bytes(out, [*CHECKPOINT, "NOTES.md"], "me/edges")
+    wire = b"".join(r.body for r in hub.requests) + b"".join(
+        v for v in hub.repos["me/edges"].objects.values() if isinstance(v, bytes))
+    assert key not in wire and b"root:x:0:0" not in wire and b"BEGIN OPENSSH" not in wire
+    record = files["rope_extend.yaml"].decode()
+    assert MODEL_ID not in record and "vllm serve me/edges" in record and "model_id: me/edges" in record
+    note = next(line for line in record.splitlines() if line.startswith("# output_record:"))
+    assert "inode" not in record and "time" not in note and "model_id" in note

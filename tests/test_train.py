@@ -625,7 +625,13 @@ def test_train_push_to_hub_uploads_the_written_checkpoint(tiny_source, tmp_path,
     local_card, sent_card = (hashlib.sha256(c).hexdigest() for c in ((out / "README.md").read_bytes(), card))
     record = (out / "rope_extend.yaml").read_text()  # the uploaded one vouches for the card it sends
     assert f"README.md: sha256 {local_card}\n" in record
+    from rope_extend.record import MODEL_ID, PUBLIC_NOTE, RECORD_NOTE
+
+    public = (record.replace(local_card, sent_card).replace(RECORD_NOTE, PUBLIC_NOTE)  # the record as pushed:
+              .replace("output_record:\n", "output_record:\n  model_id: me/tiny-trained\n", 1)  # names the repo
+              .replace(MODEL_ID, "me/tiny-trained"))
+    assert MODEL_ID in record and "model_id" not in record
     assert repo.files == {name: (out / name).read_bytes() for name in recorded.files} | {
-        "README.md": card, "rope_extend.yaml": record.replace(local_card, sent_card).encode()}
+        "README.md": card, "rope_extend.yaml": public.encode()}
     assert {"README.md", "config.json", "model.safetensors", "training.json", "training_log.jsonl"} <= set(repo.files)
     assert len(repo.commits) == 1 and f"pushed: {hub.endpoint}/me/tiny-trained" in printed.out

@@ -6,13 +6,15 @@ written is finished by the one command its error line prints.
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from .app import Progress, app, out, say
+from .app import app, console, out, say
 
 EXAMPLES = """Examples:
 
@@ -34,6 +36,7 @@ def publish(folder: Path, repo_id: str, private: bool, dry_run: bool, include: S
     `flag` names the repo id in errors (`REPO` for push, `--push-to-hub` for patch and train); `written_now`: OUT
     was just written by patch or train."""
     from ..hub import check_reachable, files_count, hub_token, plan_push, push
+    from ..record import shown_name
 
     plan = plan_push(folder, repo_id, private, include, flag=flag, written_now=written_now)
     if dry_run:  # wrapped at the terminal's width; a file's reason continues under its name
@@ -45,19 +48,122 @@ def publish(folder: Path, repo_id: str, private: bool, dry_run: bool, include: S
         raise refusal
     if dry_run:
         return
+    from ..upload import PushInterrupted
+
     token = hub_token(plan.kept())  # before anything is printed or sent
     check_reachable(plan)
-    with Progress("pushing", 1) as progress:
-        progress.step(f"uploading {files_count(len(plan.files))} to {repo_id}")
-        visibility = push(plan, token)
+    try:
+        with TransferReport(repo_id, len(plan.files)) as report:
+            visibility = push(plan, token, report)
+    except PushInterrupted as exc:
+        print(f"rope-extend: {exc.message}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None  # its own line said what is left; not the generic one
     shown = {True: "private", False: "public", None: "visibility not reported by the Hub"}[visibility]
     out.print(f"pushed: {plan.url} ({files_count(len(plan.files))}, {shown})", markup=False, highlight=False)
     if plan.selection.left_out:  # said, not silently skipped; the dry run gives each one's reason
-        names = [name for name, _ in plan.selection.left_out]
+        names = [shown_name(name) for name, _ in plan.selection.left_out]
         out.print(f"left out: {', '.join(names[:8])}{f' and {len(names) - 8} more' if len(names) > 8 else ''} "
                   f"(`{plan.later} --dry-run` says why)", markup=False, highlight=False)
     if plan.serve:
         out.print(f"serve:  {plan.serve}", markup=False, highlight=False)
+
+
+class TransferReport:
+    """A push's progress on stderr (`upload.Report`): what the Hub already holds, each large file as it is sent, and
+    the total (bytes, rate, time left). On a terminal one status line is updated; otherwise a line per file, one
+    every `EVERY_S` seconds while a file is sent, one per retry."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, repo_id: str, files: int):
+        self.repo_id, self.files = repo_id, files
+        self.status = None
+        self.started: float | None = None
+        self.last = 0.0
+        self.to_send = 0
+
+    def __enter__(self) -> TransferReport:
+        if console.is_terminal:
+            self.status = console.status(f"pushing {self.files} files to {self.repo_id}...")
+            self.status.__enter__()
+        else:
+            self._line(f"pushing {self.files} file{'s' if self.files != 1 else ''} to {self.repo_id}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.status is not None:
+            self.status.__exit__(*exc)
+
+    def _line(self, text: str) -> None:
+        if self.status is not None:
+            console.print(f"rope-extend: {text}", markup=False, highlight=False)
+        else:
+            print(f"rope-extend: {text}", file=sys.stderr, flush=True)
+
+    def hashing(self, item) -> None:
+        from ..record import shown_name
+        from ..upload import size_text
+
+        if self.status is not None:
+            self.status.update(f"hashing {shown_name(item.name)} ({size_text(item.size)})")
+        elif item.size >= 1 << 30:
+            self._line(f"hashing {shown_name(item.name)} ({size_text(item.size)})")
+
+    def planned(self, transfer) -> None:
+        from ..upload import size_text
+
+        large = [item for item in transfer.items if item.lfs]
+        held = [item for item in large if item.present]
+        self.to_send = sum(item.size for item in large if not item.present)
+        if large:
+            already = (f"; on the Hub already from an earlier push: {len(held)} ({size_text(transfer.already)}), "
+                       "not sent again" if held else "")
+            self._line(f"{len(large) - len(held)} of {len(large)} large files to send "
+                       f"({size_text(self.to_send)}){already}; the other files go in the commit")
+
+    def start(self, item, transfer) -> None:
+        from ..record import shown_name
+        from ..upload import size_text
+
+        self.started = self.started or time.monotonic()
+        self.sent_before = transfer.sent
+        self._line(f"sending {shown_name(item.name)} ({size_text(item.size)})")
+
+    def _total(self, transfer) -> tuple[str, float]:
+        from ..upload import size_text
+
+        done = sum(item.size if item.uploaded else item.done for item in transfer.items
+                   if item.lfs and not item.present)
+        elapsed = max(time.monotonic() - (self.started or time.monotonic()), 1e-6)
+        rate = transfer.sent / elapsed
+        left = (self.to_send - done) / rate if rate > 0 else float("inf")
+        eta = f"{left / 60:.0f} min left" if left >= 90 else f"{left:.0f} s left"
+        return (f"{size_text(done)} of {size_text(self.to_send)}, {size_text(rate)}/s, "
+                f"{eta if left != float('inf') else 'time left unknown'}"), rate
+
+    def advance(self, item, transfer) -> None:
+        from ..record import shown_name
+        from ..upload import size_text
+
+        now = time.monotonic()
+        if now - self.last < (0.2 if self.status is not None else self.EVERY_S):
+            return
+        self.last = now
+        total, _ = self._total(transfer)
+        text = f"{shown_name(item.name)} {size_text(item.done)} of {size_text(item.size)}; total {total}"
+        if self.status is not None:
+            self.status.update(text)
+        else:
+            self._line(text)
+
+    def finish(self, item, transfer) -> None:
+        from ..record import shown_name
+
+        total, _ = self._total(transfer)
+        self._line(f"sent {shown_name(item.name)}; total {total}")
+
+    def retry(self, what: str, why: str, wait: float, attempt: int, attempts: int) -> None:
+        self._line(f"{why} on {what}: retrying in {wait:.0f} s (try {attempt + 1} of {attempts})")
 
 
 @app.command(epilog=EXAMPLES)
