@@ -156,3 +156,71 @@ def test_test_modules_share_helpers_not_each_other():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.startswith("test_"):
                 offenders.append(f"{path.name}:{node.lineno} calls {node.func.id}")
     assert not offenders, offenders
+
+
+def test_a_new_probe_is_registered_in_one_place():
+    """`register_probe` alone makes a probe a needle task the suite accepts and expands into cases, that prompts and
+    scores dispatch to, that lm-eval's glue writes data for and that an interleaved run places with its section."""
+    from rope_extend.eval import lm_tasks, probes
+    from rope_extend.eval.jobs import section_rank
+    from rope_extend.eval.suite import Suite
+
+    made = []
+
+    def make(tokenizer, length, depth, index=0, seed=0, num_needles=4, haystack=None):
+        made.append((length, depth, index, num_needles, haystack))
+        return probes.ProbeSample("echo", length, None, index, list(range(length)), [str(num_needles)], [0])
+
+    class Tokenizer:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    probes.register_probe(probes.Probe("echo", "needle", make, probes.first_number, spread=True, needles=True))
+    try:
+        suite = Suite.from_dict({"short_context": [32], "needle": {"tasks": ["echo"], "lengths": [64], "samples": 2,
+                                                                   "depths": [0.1, 0.9], "num_needles": 3}})
+        cases = suite.cases(64)
+        assert [(c.kind, c.length, c.depth, c.params) for c in cases] == (
+            [("echo", 32, None, {"num_needles": 3, "haystack": "filler"})] * 4
+            + [("echo", 64, None, {"num_needles": 3, "haystack": "filler"})] * 4)
+        sample = probes.make_probe(Tokenizer(), "echo", 64, 0.5, index=1, num_needles=3, haystack="filler")
+        assert made[-1] == (64, 0.5, 1, 3, "filler") and sample.task == "echo"
+        assert probes.score(sample, "3 tokens") == 1.0 and probes.score(sample, "4") == 0.0
+        assert "echo" in lm_tasks.all_tasks()
+        docs = lm_tasks.build_docs(Tokenizer(), "echo", [16], depths=[0.2, 0.8], num_needles=5)
+        assert [(d["task"], d["length"], d["depth"], d["target"]) for d in docs] == [("echo", 16, -1.0, "5")]
+        assert section_rank("echo") == section_rank("niah_single") > section_rank("passkey")
+    finally:
+        del probes.PROBES["echo"]
+
+
+def test_a_new_method_is_registered_in_one_place():
+    """A method registered with its advice alone joins the closed forms tune searches by default, compares at
+    their defaults (held-out) and `inspect --plot` draws: no list of method names outside methods/ to extend."""
+    from transformers import AutoConfig
+
+    from rope_extend.inspect.plot import method_curves
+    from rope_extend.methods import closed_forms, registry, tune_methods
+    from rope_extend.methods.linear import Linear
+    from rope_extend.tune.heldout import default_variants
+    from rope_extend.tune.space import Geometry, closed_form_grid
+
+    class Half(Linear):
+        name = "toy-half"
+        aliases = ()
+
+    class HalfAdvice(registry.Advice):
+        closed_form = 99
+        tune_rank = 99
+
+    registry.register(Half(), advice=HalfAdvice)
+    try:
+        assert closed_forms()[-1] == closed_forms(static=True)[-1] == tune_methods()[-1] == "toy-half"
+        assert "toy-half x2" in [v.name for v in default_variants(2.0)]
+        assert "toy-half x2" in [c.name for c in closed_form_grid(Geometry(16, 10000.0, 64, 128))]
+        config = AutoConfig.for_model("llama", hidden_size=64, num_attention_heads=4, num_hidden_layers=1,
+                                      intermediate_size=64, vocab_size=32, max_position_embeddings=64)
+        assert "toy-half" in method_curves(config, 2.0)
+    finally:
+        for table in (registry._REGISTRY, registry.ENGINE_RULES, registry.GGUF_RULES, registry.ADVICE):
+            del table["toy-half"]

@@ -25,7 +25,7 @@ import torch
 
 from ..eval.perplexity import token_losses
 from ..eval.texts import LICENSES_DIR, license_files
-from ..methods import get_method
+from ..methods import closed_forms, get_method
 from ..patch import patch_model, unpatch_model
 from ..plan import PatchPlan
 from .log import SearchLog
@@ -73,9 +73,9 @@ class Variant:
 
 
 def default_variants(factor: float) -> list[Variant]:
-    """The closed forms at their default parameters (the issue's comparison set)."""
-    names = ["linear", "ntk", "ntk-by-parts", "yarn", "llama3", "dynamic"]
-    return [Variant("unpatched", None)] + [Variant(f"{m} x{factor:g}", {"method": m, "factor": factor}) for m in names]
+    """The closed forms at their default parameters (the issue's comparison set: the registry's `closed_forms()`)."""
+    return [Variant("unpatched", None)] + [Variant(f"{m} x{factor:g}", {"method": m, "factor": factor})
+                                           for m in closed_forms()]
 
 
 def _is_static(spec: dict[str, Any] | None) -> bool:
