@@ -376,7 +376,7 @@ class WriteOptions:
     dtype: the weights' dtype on the full path (float32, bfloat16, float16, auto).
     hub_id: the repo OUT will be pushed to, which names the model in the card's serving commands (otherwise OUT's
         folder name does: the card never holds a local absolute path).
-    eval_summary: the card's Evaluation section (`card.CardEval` or markdown); training: its Training section.
+    eval_summary: the card's Evaluation section (`eval.card_section.CardEval` or markdown); training: its Training section.
     engines_report: the card's "Where it serves identically" section (the parity report of what was written).
     extra: adds files (plots, logs) to the folder before verification.
     keep_unverified: where a checkpoint written in full that fails verification is kept (OUT is not created) instead

@@ -99,7 +99,8 @@ def test_a_hub_models_card_license_relation_links_and_serving(tiny_source, tmp_p
 def test_eval_results_link_no_report_and_name_no_source(tmp_path):
     """A card with an evaluation (the real records of the paper suite): tables and model-index entries, but no
     link to the eval folder (it is beside the checkpoint, not published) and no `source` URL in model-index."""
-    from rope_extend.card import CardEval, build_model_card
+    from rope_extend.card import build_model_card
+    from rope_extend.eval.card_section import CardEval
 
     records = [json.loads(line) for line in PAPER.read_text().splitlines() if line.strip()]
     evaluation = CardEval(records, suite="paper", smoke=False, variant="yarn-x2")

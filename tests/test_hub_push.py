@@ -553,7 +553,8 @@ def test_card_metadata_license_eval_results_and_banner(tmp_path):
     (YaRN x2's, up to 16k tokens) as its evaluation marked smoke: the Hub's metadata and the body."""
     from huggingface_hub import ModelCard
 
-    from rope_extend.card import CardEval, build_model_card
+    from rope_extend.card import build_model_card
+    from rope_extend.eval.card_section import CardEval
 
     source = tmp_path / "src"
     source.mkdir()
