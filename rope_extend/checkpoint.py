@@ -111,11 +111,6 @@ def check_output_path(source: Path, out: Path, overwrite: bool) -> Path:
     return out
 
 
-# Header, index and config checks live in the one boundary module (rope_extend.files); re-exported for callers.
-check_safetensors = files.check_safetensors
-read_json = files.read_json
-
-
 def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
     """Files to carry over (relative paths), after checking weights are present, complete, safe and inside SOURCE."""
     files_ = sorted(
@@ -140,7 +135,7 @@ def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
     for shard in safetensors:
         if not (source / shard).exists():
             raise CheckpointError(f"weights file {shard.name!r} is a broken link in SOURCE; re-download it")
-        check_safetensors(source / shard)
+        files.check_safetensors(source / shard)
     if safetensors and not allow_pickle:  # never propagate pickles next to safetensors by default
         files_ = [f for f in files_ if f.suffix not in PICKLE_SUFFIXES and not f.name.endswith(".bin.index.json")]
     return files_
@@ -160,7 +155,7 @@ def _update_caps(out: Path, old_max: int, target: int) -> list[str]:
     changed = []
     tok = out / "tokenizer_config.json"
     if tok.exists():
-        data = read_json(tok, "tokenizer_config.json")
+        data = files.read_json(tok, "tokenizer_config.json")
         cap = data.get("model_max_length")
         if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap < 1e12 and cap < target:
             data["model_max_length"] = target
@@ -168,7 +163,7 @@ def _update_caps(out: Path, old_max: int, target: int) -> list[str]:
             changed.append("tokenizer_config.json")
     gen = out / "generation_config.json"
     if gen.exists():
-        data = read_json(gen, "generation_config.json")
+        data = files.read_json(gen, "generation_config.json")
         if data.get("max_length") == old_max:
             data["max_length"] = target
             _write_json(gen, data)
@@ -326,7 +321,7 @@ def _save_loaded(model, source: Path, tmp: Path, files: list[Path], plan: PatchP
         if name in saved or weight or name in WRITTEN - {"tokenizer_config.json"}:
             continue
         result.placed[name] = sharing.place(source / rel, tmp / rel)
-    saved_config = read_json(tmp / "config.json", "config.json")
+    saved_config = files.read_json(tmp / "config.json", "config.json")
     new = compat.portable_checkpoint_config(saved_config, plan.slots, plan.max_position_embeddings, plan.marker)
     _write_json(tmp / "config.json", new)
     return new

@@ -25,7 +25,6 @@ from .suite import Suite, load_suite
 from .variants import Variant, applies, apply_spec, load_model, make_variants, original_length
 
 RESULTS_FILE = "results.jsonl"
-REPORT_FILE = "report.md"
 RUN_FILE = EVAL_RUN_FILE  # also what marks a folder as an eval output (outputs.py)
 
 
