@@ -30,6 +30,7 @@ from . import compat, files, outputs, record, sharing
 from .card import build_model_card
 from .engines.parity import card_parity
 from .errors import CheckpointError, SpecError, UnverifiedCheckpointError, VerificationError
+from .files import check_safetensors, read_json
 from .hub import resolve_source
 from .patch import verify_or_explain
 from .plan import PatchPlan, check_rope_model
@@ -135,7 +136,7 @@ def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
     for shard in safetensors:
         if not (source / shard).exists():
             raise CheckpointError(f"weights file {shard.name!r} is a broken link in SOURCE; re-download it")
-        files.check_safetensors(source / shard)
+        check_safetensors(source / shard)
     if safetensors and not allow_pickle:  # never propagate pickles next to safetensors by default
         files_ = [f for f in files_ if f.suffix not in PICKLE_SUFFIXES and not f.name.endswith(".bin.index.json")]
     return files_
@@ -155,7 +156,7 @@ def _update_caps(out: Path, old_max: int, target: int) -> list[str]:
     changed = []
     tok = out / "tokenizer_config.json"
     if tok.exists():
-        data = files.read_json(tok, "tokenizer_config.json")
+        data = read_json(tok, "tokenizer_config.json")
         cap = data.get("model_max_length")
         if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap < 1e12 and cap < target:
             data["model_max_length"] = target
@@ -163,7 +164,7 @@ def _update_caps(out: Path, old_max: int, target: int) -> list[str]:
             changed.append("tokenizer_config.json")
     gen = out / "generation_config.json"
     if gen.exists():
-        data = files.read_json(gen, "generation_config.json")
+        data = read_json(gen, "generation_config.json")
         if data.get("max_length") == old_max:
             data["max_length"] = target
             _write_json(gen, data)
@@ -321,7 +322,7 @@ def _save_loaded(model, source: Path, tmp: Path, files: list[Path], plan: PatchP
         if name in saved or weight or name in WRITTEN - {"tokenizer_config.json"}:
             continue
         result.placed[name] = sharing.place(source / rel, tmp / rel)
-    saved_config = files.read_json(tmp / "config.json", "config.json")
+    saved_config = read_json(tmp / "config.json", "config.json")
     new = compat.portable_checkpoint_config(saved_config, plan.slots, plan.max_position_embeddings, plan.marker)
     _write_json(tmp / "config.json", new)
     return new
