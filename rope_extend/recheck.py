@@ -84,10 +84,10 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
     plan = plan_source(Source(given, root, files.read_config(root), pristine), RopeSpec(**marker["spec"]))
     changed = record.changes(root, recorded) if recorded.contents_known else [
         (name, "not recorded by content") for name in sorted(recorded.files)]
-    weights = sorted(name for name, _ in record._walk(root) if sharing.is_weight(name) and "/" not in name)
+    weights = sorted(name for name, _ in record.walk(root) if sharing.is_weight(name) and "/" not in name)
     step(f"checking {len(weights)} weight file{'s' * (len(weights) != 1)} and the index")
     for name in weights:
-        files.check_safetensors(record._contents(root, name))
+        files.check_safetensors(record.contents(root, name))
     files.index_shards(root)
     real = any(sharing.is_weight(name) for name, _ in changed) or not recorded.contents_known
     if real:  # OUT's weights are loaded: refused before loading when they do not fit the memory

@@ -170,7 +170,7 @@ def write_record(folder: Path, spec_yaml: str, serve: str | None = None, serving
     call it last, when everything else is written), `shared` naming the weights shared with SOURCE (name -> how,
     `rope_extend.sharing`), and the serving commands (written with the name `MODEL_ID`)."""
     shared = shared or {}
-    found = sorted({rel for rel, _ in _walk(folder)} - {SPEC_FILE} if names is None else set(names) - {SPEC_FILE})
+    found = sorted({rel for rel, _ in walk(folder)} - {SPEC_FILE} if names is None else set(names) - {SPEC_FILE})
     entries = {name: entry_of(folder / name, shared.get(name)).local() for name in found}
     entries[SPEC_FILE] = Entry(sha256=hashlib.sha256(spec_yaml.encode("utf-8")).hexdigest()).local()
     write_fresh(folder / SPEC_FILE, _text(spec_yaml, verified, dict(sorted(entries.items())), serve, serving))
@@ -201,14 +201,14 @@ def refresh(folder: Path, recorded: Record, verified: bool = True) -> None:
 def read_record(folder: Path) -> Record | None:
     """The record of an OUT rope-extend wrote, or None when it has none (a clean checkpoint, or an OUT written
     before rope-extend recorded its outputs). A damaged record is a CheckpointError: nothing is sent on its word."""
-    from .spec import MAX_SPEC_BYTES, _load_yaml_text
+    from .spec import MAX_SPEC_BYTES, load_yaml_text
 
     path = _spec_path(folder)
     if path is None or path.stat().st_size > MAX_SPEC_BYTES:
         return None
     fix = "write OUT again with `rope-extend patch` (or `train`) into a new folder"
     try:
-        data = _load_yaml_text(path.read_text(encoding="utf-8"), f"{SPEC_FILE} {str(path)!r}")
+        data = load_yaml_text(path.read_text(encoding="utf-8"), f"{SPEC_FILE} {str(path)!r}")
     except (ValueError, OSError) as exc:
         raise CheckpointError(f"{exc}; {fix}") from None
     if not isinstance(data, dict) or OUTPUT_RECORD_KEY not in data:
@@ -226,7 +226,7 @@ def read_record(folder: Path) -> Record | None:
         raise damaged
     if isinstance(names, list):  # before contents were recorded: names, and the inodes of the hard links made
         links = raw.get("hard_links") or {}
-        if not (all(isinstance(n, str) and files._names_inside(Path(n)) for n in names) and isinstance(links, dict)
+        if not (all(isinstance(n, str) and files.names_inside(Path(n)) for n in names) and isinstance(links, dict)
                 and all(isinstance(v, int) and not isinstance(v, bool) for v in links.values())):
             raise damaged
         entries = {n: Entry(shared=sharing.HARD_LINKED, inode=links[n]) if n in links else Entry() for n in names}
@@ -235,7 +235,7 @@ def read_record(folder: Path) -> Record | None:
         raise damaged
     entries = {}
     for name, value in names.items():
-        if not (isinstance(name, str) and files._names_inside(Path(name)) and isinstance(value, str)):
+        if not (isinstance(name, str) and files.names_inside(Path(name)) and isinstance(value, str)):
             raise damaged
         try:
             entries[name] = Entry.parse(value)
@@ -283,7 +283,7 @@ def public_text(folder: Path, record: Record, card: bytes | None = None, repo_id
 
 
 # --- what changed since verification -----------------------------------------------------------------------------------
-def _contents(root: Path, rel: str) -> Path:
+def contents(root: Path, rel: str) -> Path:
     """The file whose bytes `rel` stands for: itself, or in a Hub cache snapshot the blob it links to."""
     parts = Path(rel).parts
     if any((root / Path(*parts[: i + 1])).is_symlink() for i in range(len(parts))):
@@ -302,7 +302,7 @@ def changes(folder: Path, record: Record) -> list[tuple[str, str]]:
     root = Path(os.path.abspath(folder))
     found = []
     for name, entry in sorted(record.entries.items()):
-        path = _contents(root, name)
+        path = contents(root, name)
         if not os.path.lexists(path):
             found.append((name, "missing"))
             continue
@@ -451,7 +451,7 @@ def select(folder: Path, include: Sequence[str] = (), hint: str = "--include {na
             elif not (why == "missing" and not outputs.is_checkpoint_file(name)):
                 selection.changed.append((name, why))
     seen = set()
-    for rel, path in _walk(root, metadata=selection.left_out):
+    for rel, path in walk(root, metadata=selection.left_out):
         seen.add(rel)
         included = any(rel == name or rel.startswith(name + "/") for name in chosen)
         sent = _sendable(root, real_root, rel, path, record, included)  # links first: they say the most
@@ -466,7 +466,7 @@ def select(folder: Path, include: Sequence[str] = (), hint: str = "--include {na
     return selection
 
 
-def _walk(root: Path, metadata: list | None = None) -> Iterator[tuple[str, Path]]:
+def walk(root: Path, metadata: list | None = None) -> Iterator[tuple[str, Path]]:
     """(POSIX name relative to root, path) of every file and link under root, sorted; links to folders are
     entries, never followed. Metadata (`METADATA`) is skipped, and noted in `metadata` when given."""
     found = []
@@ -508,7 +508,7 @@ def _resolve_include(root: Path, real_root: Path, include: Sequence[str], flag: 
         if rel.parts in ((), (".",)) or Path(os.path.normpath(rel)).parts in ((), (".",)):
             raise CheckpointError(f"{flag} {item!r} names OUT itself: a push already sends the checkpoint's files, "
                                   f"and {flag} adds one file or folder of OUT that is not one {example}")
-        if not files._names_inside(rel):
+        if not files.names_inside(rel):
             raise CheckpointError(f"{flag} {item!r} names a path outside OUT {str(root)!r}; a push sends files "
                                   f"inside OUT only {example}")
         path = root / rel

@@ -359,7 +359,7 @@ def parse_set_option(item: str) -> tuple[str, Any]:
         raise SpecError(f"--set {key}= has an empty value; give one (--set {key}=VALUE) or drop the option",
                         field=key)
     try:
-        value = _load_yaml_text(raw, f"--set {key}")
+        value = load_yaml_text(raw, f"--set {key}")
     except SpecError:
         value = raw
     return key, value
@@ -415,7 +415,9 @@ _SpecLoader.add_implicit_resolver(
 )
 
 
-def _load_yaml_text(text: str, what: str) -> Any:
+def load_yaml_text(text: str, what: str) -> Any:
+    """*text* read by the strict spec loader (YAML 1.2 scalars, bounded; spec files, `--set` values and OUT\'s
+    record); a SpecError naming *what* otherwise."""
     try:
         return yaml.load(text, Loader=_SpecLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -445,7 +447,7 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
         reason = getattr(exc, "strerror", None) or type(exc).__name__
         raise SpecError(f"cannot read spec file {str(path)!r}: {reason}", field="config", value=str(path)) from None
     try:
-        data = _load_yaml_text(text, f"spec file {str(path)!r}")
+        data = load_yaml_text(text, f"spec file {str(path)!r}")
     except SpecError as exc:
         raise SpecError(f"{exc}; fix it (key: value per line)", field="config", value=str(path)) from None
     if data is None:

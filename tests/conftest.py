@@ -1,4 +1,5 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures. What several test modules read is built once per run (session scope) and never written
+to: a test that changes one copies it first."""
 
 from __future__ import annotations
 
@@ -51,7 +52,35 @@ def short_window(smollm2_path, tmp_path_factory):
     return short_window_demo(tmp_path_factory.mktemp("short-window") / "short-window", window=256, source=smollm2_path)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+    """A tiny random llama with its tiny BPE tokenizer, window 256 (`eval.tiny.tiny_checkpoint`): the SOURCE the
+    eval, CLI, card and source tests read (never written to)."""
+    from rope_extend.eval.tiny import tiny_checkpoint
+
+    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", max_position_embeddings=256)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_folder(tmp_path_factory):
+    """`tiny.make_model("llama")` saved as a checkpoint folder (weights and config only; never written to: modules
+    that add files copy it first)."""
+    import tiny
+
+    folder = tmp_path_factory.mktemp("tiny-llama") / "src"
+    tiny.make_model("llama").save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def hub_cache(tmp_path_factory):
+    """A Hub cache (HF_HUB_CACHE) holding every model of `hubcache.MODELS` (never written to)."""
+    import hubcache
+
+    return hubcache.build_all(tmp_path_factory.mktemp("hub-cache"))
+
+
+@pytest.fixture(scope="session")
 def tiny_source(tmp_path_factory, smollm2_path):
     """(a tiny random llama with the real SmolLM2 tokenizer, tied embeddings, original window 64, and a learnable
     toy text): the training runs' SOURCE (tests/test_train.py, tests/test_train_progress.py)."""

@@ -12,7 +12,7 @@ import tiny
 import torch
 
 from rope_extend import patch_model
-from rope_extend.attention.kernels import DualChunkMap, SelfExtendMap, StringMap
+from rope_extend.attention.maps import DualChunkMap, SelfExtendMap, StringMap
 from rope_extend.compat import EAGER_THROUGH_ATTENTION_REGISTRY, GENERATE_CACHE_KEYWORD
 
 ROOT = Path(__file__).resolve().parents[1]

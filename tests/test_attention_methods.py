@@ -33,7 +33,7 @@ from helpers import (  # the papers' formulas and the tiny patched models, share
 
 from rope_extend import SpecError, UnsupportedModelError, load_spec, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, runtime
-from rope_extend.attention.kernels import SelfExtendMap
+from rope_extend.attention.maps import SelfExtendMap
 from rope_extend.attention.positions import Positions
 from rope_extend.compat import EAGER_THROUGH_ATTENTION_REGISTRY
 

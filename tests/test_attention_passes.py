@@ -28,7 +28,7 @@ from helpers import (
 
 from rope_extend import unpatch_model
 from rope_extend.attention import kernels, passes, primitives
-from rope_extend.attention.kernels import DualChunkMap, SelfExtendMap
+from rope_extend.attention.maps import DualChunkMap, SelfExtendMap
 from rope_extend.attention.positions import Positions
 
 PRIMITIVES = {

@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 import hubcache
-import pytest
 import yaml
 
 from rope_extend.cli import run
@@ -48,14 +47,7 @@ def ggufs_own_license(path: Path) -> str:
     return bytes(field.parts[field.data[0]]).decode("utf-8")
 
 
-@pytest.fixture(scope="module")
-def tiny_source(tmp_path_factory) -> Path:
-    from rope_extend.eval.tiny import tiny_checkpoint
-
-    return tiny_checkpoint(tmp_path_factory.mktemp("card") / "src", max_position_embeddings=256)
-
-
-def test_a_hub_models_card_license_relation_links_and_serving(tiny_source, tmp_path, monkeypatch, capsys):
+def test_a_hub_models_card_license_relation_links_and_serving(tiny_ckpt, tmp_path, monkeypatch, capsys):
     """`patch acme/tiny-llama` from the Hub cache, offline: the license is the one the cached README.md gives, and
     the card says so; `base_model_relation: finetune` (the Hub's relation for a full model derived from one base);
     no project URL; every link is the base's Hub page, the method's paper or a file in OUT; the Serving section
@@ -67,7 +59,7 @@ def test_a_hub_models_card_license_relation_links_and_serving(tiny_source, tmp_p
 
     source = tmp_path / "src"
     source.mkdir()
-    for file in tiny_source.iterdir():
+    for file in tiny_ckpt.iterdir():
         (source / file.name).write_bytes(file.read_bytes())
     (source / "README.md").write_text("---\nlicense: llama3.1\nlanguage: en\n---\n# tiny llama\n")
     cache = tmp_path / "hub-cache"
@@ -99,7 +91,8 @@ def test_a_hub_models_card_license_relation_links_and_serving(tiny_source, tmp_p
 def test_eval_results_link_no_report_and_name_no_source(tmp_path):
     """A card with an evaluation (the real records of the paper suite): tables and model-index entries, but no
     link to the eval folder (it is beside the checkpoint, not published) and no `source` URL in model-index."""
-    from rope_extend.card import CardEval, build_model_card
+    from rope_extend.card import build_model_card
+    from rope_extend.eval.card_section import CardEval
 
     records = [json.loads(line) for line in PAPER.read_text().splitlines() if line.strip()]
     evaluation = CardEval(records, suite="paper", smoke=False, variant="yarn-x2")

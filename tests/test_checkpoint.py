@@ -17,8 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rope_extend import CheckpointError, patch_model
-from rope_extend.checkpoint import check_safetensors
 from rope_extend.cli import run
+from rope_extend.files import check_safetensors
 
 checksums = tiny.checksums
 

@@ -7,18 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from rope_extend.cli import run
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # not the working directory: pytest may run from anywhere
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from rope_extend.eval.tiny import tiny_checkpoint
-
-    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", max_position_embeddings=256)
 
 
 def test_validate_and_methods(capsys, tmp_path):
@@ -50,15 +41,15 @@ def test_unknown_option_is_one_line(capsys):
     assert len(err) == 1 and "--bogus" in err[0]
 
 
-def test_show(ckpt, capsys):
-    assert run(["show", str(ckpt)]) == 0
+def test_show(tiny_ckpt, capsys):
+    assert run(["show", str(tiny_ckpt)]) == 0
     out = capsys.readouterr().out
     assert "default" in out and "10000" in out and "max_position_embeddings: 256" in out
 
 
-def test_eval_then_patch_with_eval_summary_in_card(ckpt, tmp_path, capsys):
+def test_eval_then_patch_with_eval_summary_in_card(tiny_ckpt, tmp_path, capsys):
     report = tmp_path / "report"
-    assert run(["eval", str(ckpt), "--spec", "method=yarn,factor=2", "--suite", "smoke", "-o", str(report),
+    assert run(["eval", str(tiny_ckpt), "--spec", "method=yarn,factor=2", "--suite", "smoke", "-o", str(report),
                 "--no-plots"]) == 0
     lines = (report / "results.jsonl").read_text().splitlines()
     variants = {json.loads(line)["variant"] for line in lines}
@@ -69,7 +60,7 @@ def test_eval_then_patch_with_eval_summary_in_card(ckpt, tmp_path, capsys):
     assert len(entropy) == 4 and all(0 < r["metrics"]["mean_entropy"] < 6 for r in entropy)
     assert all(len(r["metrics"]["per_layer"]) == 2 for r in entropy)
     out = tmp_path / "out"
-    assert run(["patch", str(ckpt), "--method", "yarn", "--factor", "2", "-o", str(out), "--eval", "smoke"]) == 0
+    assert run(["patch", str(tiny_ckpt), "--method", "yarn", "--factor", "2", "-o", str(out), "--eval", "smoke"]) == 0
     card = (out / "README.md").read_text()
     assert "No evaluation was run" not in card and "perplexity" in card.lower()
     assert "> **Smoke test.** The `smoke` suite" in card  # the report's banner travels with its tables
@@ -100,14 +91,14 @@ def test_cli_modules_import_without_a_cycle():
     assert not [m for m in edges if m != "__init__" and reaches(m, m)]
 
 
-def test_eval_with_a_bad_spec_leaves_no_folder(ckpt, tmp_path, capsys):
+def test_eval_with_a_bad_spec_leaves_no_folder(tiny_ckpt, tmp_path, capsys):
     """A spec, suite or model that fails validation is one line on stderr, exit 2, and no empty report folder."""
     broken = tmp_path / "broken-suite.yaml"
     broken.write_text("name: b\ndescription: the ceiling of x: the unpatched model\n")  # an unquoted ': '
     for args in (["--spec", "method=yarn,factor=-2"], ["--spec", "method=bogus"], ["--suite", "nosuch"],
                  ["--suite", str(broken)]):
         out = tmp_path / "report"
-        assert run(["eval", str(ckpt), *args, "-o", str(out)]) == 2, args
+        assert run(["eval", str(tiny_ckpt), *args, "-o", str(out)]) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1, (args, err)
         assert not out.exists(), args
@@ -115,12 +106,12 @@ def test_eval_with_a_bad_spec_leaves_no_folder(ckpt, tmp_path, capsys):
     assert not out.exists()
 
 
-def test_eval_name_evaluates_the_checkpoint_as_it_loads_under_its_own_name(ckpt, tmp_path, capsys):
+def test_eval_name_evaluates_the_checkpoint_as_it_loads_under_its_own_name(tiny_ckpt, tmp_path, capsys):
     """--name: MODEL's own row under that name (a trained checkpoint is not 'unpatched'), the same numbers as the
     unpatched row of a plain run, and no unpatched row; the reserved name is one line, exit 2."""
     plain, named = tmp_path / "plain", tmp_path / "named"
-    assert run(["eval", str(ckpt), "--suite", "smoke", "-o", str(plain), "--no-plots"]) == 0
-    assert run(["eval", str(ckpt), "--name", "trained yarn-x2", "--spec", "method=yarn,factor=2", "--suite", "smoke",
+    assert run(["eval", str(tiny_ckpt), "--suite", "smoke", "-o", str(plain), "--no-plots"]) == 0
+    assert run(["eval", str(tiny_ckpt), "--name", "trained yarn-x2", "--spec", "method=yarn,factor=2", "--suite", "smoke",
                 "-o", str(named), "--no-plots"]) == 0
     records = [json.loads(line) for line in (named / "results.jsonl").read_text().splitlines()]
     assert {r["variant"] for r in records} == {"trained yarn-x2", "yarn-x2"}
@@ -129,7 +120,7 @@ def test_eval_name_evaluates_the_checkpoint_as_it_loads_under_its_own_name(ckpt,
     assert mine and all(r["metrics"].get("ppl") == reference[r["case_id"]].get("ppl") for r in mine)
     assert any("ppl" in r["metrics"] for r in mine)
     capsys.readouterr()
-    assert run(["eval", str(ckpt), "--name", "unpatched", "-o", str(tmp_path / "bad")]) == 2
+    assert run(["eval", str(tiny_ckpt), "--name", "unpatched", "-o", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--name 'unpatched'" in err[0] and not (tmp_path / "bad").exists()
 

@@ -27,13 +27,6 @@ def too_wide(text: str, width: int = 80) -> list[str]:
             if cell_len(line) > width and len(line.removesuffix(" \\").split()) > 1]
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from rope_extend.eval.tiny import tiny_checkpoint
-
-    return tiny_checkpoint(tmp_path_factory.mktemp("cols") / "ckpt", max_position_embeddings=256)
-
-
 def output_of(capsys, *args) -> str:
     assert run([str(a) for a in args]) == 0, capsys.readouterr().err
     captured = capsys.readouterr()
@@ -41,7 +34,7 @@ def output_of(capsys, *args) -> str:
 
 
 @pytest.mark.parametrize("columns", [80, 60])
-def test_every_command_fits_the_terminal(ckpt, tmp_path, monkeypatch, capsys, columns):
+def test_every_command_fits_the_terminal(tiny_ckpt, tmp_path, monkeypatch, capsys, columns):
     """methods, validate, show, inspect (table, preview, --recommend), patch, engines (a checkpoint; dynamic with
     its notes and warnings), eval-report and every --help, at COLUMNS=80 and 60: no line a wrap could have
     shortened, nothing cut with "…", and the engines table's longest words whole."""
@@ -54,13 +47,13 @@ def test_every_command_fits_the_terminal(ckpt, tmp_path, monkeypatch, capsys, co
     runs = {
         "methods": ["methods"],
         "validate": ["validate", ROOT / "configs" / "yarn-x8.yaml", "--original-length", "8192"],
-        "show": ["show", ckpt],
-        "inspect": ["inspect", ckpt],
-        "inspect preview": ["inspect", ckpt, "--method", "yarn", "--factor", "4"],
-        "inspect --recommend": ["inspect", ckpt, "--recommend", "--target-length", "2048"],
-        "patch": ["patch", ckpt, "--method", "yarn", "--factor", "2", "-o", out],
+        "show": ["show", tiny_ckpt],
+        "inspect": ["inspect", tiny_ckpt],
+        "inspect preview": ["inspect", tiny_ckpt, "--method", "yarn", "--factor", "4"],
+        "inspect --recommend": ["inspect", tiny_ckpt, "--recommend", "--target-length", "2048"],
+        "patch": ["patch", tiny_ckpt, "--method", "yarn", "--factor", "2", "-o", out],
         "engines": ["engines", out],
-        "engines dynamic": ["engines", ckpt, "--method", "dynamic", "--factor", "4"],
+        "engines dynamic": ["engines", tiny_ckpt, "--method", "dynamic", "--factor", "4"],
         "eval-report": ["eval-report", report, "--no-plots"],
     }
     printed = {name: output_of(capsys, *args) for name, args in runs.items()}
@@ -103,13 +96,13 @@ def serve_block(stdout: str) -> str:
 
 
 @pytest.mark.parametrize("columns", ["80", "300"])
-def test_the_serve_line_pastes_with_a_path_with_spaces(ckpt, tmp_path, monkeypatch, capsys, columns):
+def test_the_serve_line_pastes_with_a_path_with_spaces(tiny_ckpt, tmp_path, monkeypatch, capsys, columns):
     """The serve command, wrapped at 80 columns with ` \\` continuations (one line at 300), read back by bash and
     by shlex gives the exact OUT path, spaces and a quote in it included; so do the paths of `wrote`, `output:` and
     `report:`, and the report line's `rope-extend engines OUT` runs as printed."""
     monkeypatch.setenv("COLUMNS", columns)
     out = tmp_path / "my models" / "it's SmolLM yarn x2 with a long name"
-    printed = output_of(capsys, "patch", ckpt, "--method", "yarn", "--factor", "2", "-o", out)
+    printed = output_of(capsys, "patch", tiny_ckpt, "--method", "yarn", "--factor", "2", "-o", out)
     words = " ".join(printed.split())
     assert shlex.split(words.split("wrote ", 1)[1].split(" (config-only")[0]) == [str(out)]
     assert shlex.split(words.split("output: ", 1)[1].split(" serve:")[0]) == [str(out)]
@@ -176,7 +169,7 @@ def test_a_gguf_patch_fits_and_its_serve_line_pastes(tmp_path, monkeypatch, caps
     assert shlex.split(printed.split("output: ")[1].split("\nserve:")[0]) == [str(out)]  # quoted, whole
 
 
-def test_a_python_serve_hint_is_python(ckpt, tmp_path, monkeypatch, capsys):
+def test_a_python_serve_hint_is_python(tiny_ckpt, tmp_path, monkeypatch, capsys):
     """When no engine reproduces the method (dynamic-yarn), `serve:` prints Python: the printed lines (label and
     indentation removed) parse, load OUT by its exact path and restore the method with patch_model; the reason is
     a comment."""
@@ -184,7 +177,7 @@ def test_a_python_serve_hint_is_python(ckpt, tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("COLUMNS", "80")
     out = tmp_path / "a folder with spaces" / "dynamic yarn x2"
-    lines = output_of(capsys, "patch", ckpt, "--method", "dynamic-yarn", "--factor", "2", "-o", out).splitlines()
+    lines = output_of(capsys, "patch", tiny_ckpt, "--method", "dynamic-yarn", "--factor", "2", "-o", out).splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("serve:  "))
     block = [lines[start]]
     for line in lines[start + 1:]:

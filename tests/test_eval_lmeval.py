@@ -19,17 +19,10 @@ from rope_extend.eval.lm_tasks import (
 LEN = 240
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from rope_extend.eval.tiny import tiny_checkpoint
-
-    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", max_position_embeddings=256)
-
-
-def test_generated_data_exact_lengths(ckpt, tmp_path):
+def test_generated_data_exact_lengths(tiny_ckpt, tmp_path):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    tok = AutoTokenizer.from_pretrained(str(tiny_ckpt))
     paths = write_task_data(tok, tmp_path, tasks=("passkey", "niah_multikey", "perplexity"), lengths=[LEN, 300],
                             depths=[0.0, 1.0], num_needles=2)
     docs = [json.loads(x) for x in paths["passkey"].read_text().splitlines()]
@@ -46,10 +39,10 @@ def test_generated_data_exact_lengths(ckpt, tmp_path):
         load_dataset("vt", data_dir=str(tmp_path / "missing"))
 
 
-def test_in_memory_patched_model(ckpt):
+def test_in_memory_patched_model(tiny_ckpt):
     from rope_extend.eval.variants import apply_spec, load_model
 
-    model, tok = load_model(ckpt)
+    model, tok = load_model(tiny_ckpt)
     apply_spec(model, {"method": "yarn", "factor": 2.0})
     out = run_lm_eval(model, tok, ["rope_passkey", "rope_perplexity"], lengths=[LEN],
                       metadata={"depths": [0.5]}, limit=2)
@@ -58,14 +51,14 @@ def test_in_memory_patched_model(ckpt):
     assert res["rope_perplexity"]["token_perplexity,none"] > 1.0
 
 
-def test_lm_eval_cli(ckpt):
+def test_lm_eval_cli(tiny_ckpt):
     """`lm_eval --model hf --model_args pretrained=CKPT --include_path eval/tasks --tasks ...` offline."""
     import os
     import subprocess
     import sys
 
     cmd = [
-        sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={ckpt},max_length=320",
+        sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={tiny_ckpt},max_length=320",
         "--device", "cpu", "--include_path", str(TASKS_DIR), "--tasks", "rope_niah_single,rope_passkey",
         "--metadata", json.dumps({"max_seq_lengths": [LEN], "depths": [0.5]}), "--limit", "1",
     ]

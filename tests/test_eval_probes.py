@@ -7,7 +7,6 @@ import pytest
 from rope_extend.eval.probes import (
     HAYSTACKS,
     MIN_FILLER_AFTER,
-    NEEDLE_TASKS,
     PASSKEY_FILLER,
     PASSKEY_NEEDLE,
     PASSKEY_PREFIX,
@@ -16,6 +15,7 @@ from rope_extend.eval.probes import (
     make_needle,
     make_passkey,
     make_probe,
+    probe_names,
     score,
 )
 from rope_extend.eval.suite import Suite, load_suite, resolve_length
@@ -29,7 +29,7 @@ def tok():
 
 
 @pytest.mark.parametrize("length", [200, 257, 1000, 3001])
-@pytest.mark.parametrize("task", ("passkey",) + NEEDLE_TASKS)
+@pytest.mark.parametrize("task", probe_names())
 def test_exact_token_length(tok, task, length):
     s = make_probe(tok, task, length, 0.5, num_needles=3) if task != "passkey" else make_probe(tok, task, length, 0.5)
     assert len(s.input_ids) == length
@@ -67,7 +67,7 @@ def test_passkey_depth(tok, depth):
         assert len(sentences) >= 3 and set(sentences[:-1]) <= set(PASSKEY_FILLER)
 
 
-@pytest.mark.parametrize("task", ("passkey",) + NEEDLE_TASKS)
+@pytest.mark.parametrize("task", probe_names())
 @pytest.mark.parametrize("hay", HAYSTACKS)
 def test_filler_always_separates_the_last_needle_from_the_question(tok, task, hay):
     """At every depth (1.0 included) and on both haystacks, the question follows at least MIN_FILLER_AFTER filler

@@ -26,19 +26,12 @@ SUITE = {
 SPECS = [{"method": "linear", "factor": 2.0}, {"method": "yarn", "factor": 2.0}]
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from rope_extend.eval.tiny import tiny_checkpoint
-
-    return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", max_position_embeddings=256)
-
-
 def _lines(path: Path) -> list[str]:
     return [ln for ln in path.read_text().splitlines() if ln.strip()]
 
 
-def test_outputs(ckpt, tmp_path):
-    recs = run_eval(ckpt, SPECS, SUITE, tmp_path, progress=False)
+def test_outputs(tiny_ckpt, tmp_path):
+    recs = run_eval(tiny_ckpt, SPECS, SUITE, tmp_path, progress=False)
     variants = {r["variant"] for r in recs}
     assert variants == {"unpatched", "linear-x2", "yarn-x2"}
     # the needles at 300 lie beyond the 256-token window: the unpatched model alone also answers them at 256
@@ -66,14 +59,14 @@ class Boom(RuntimeError):
     pass
 
 
-def test_prompt_that_does_not_fit_fails_before_any_work(ckpt, tmp_path):
+def test_prompt_that_does_not_fit_fails_before_any_work(tiny_ckpt, tmp_path):
     bad = dict(SUITE, needle={"tasks": ["niah_multivalue"], "lengths": [120], "num_needles": 4})
     with pytest.raises(ValueError, match="refusing to truncate"):
-        run_eval(ckpt, SPECS, bad, tmp_path, progress=False)
+        run_eval(tiny_ckpt, SPECS, bad, tmp_path, progress=False)
     assert not (tmp_path / "results.jsonl").exists()
 
 
-def test_resume_after_crash(ckpt, tmp_path):
+def test_resume_after_crash(tiny_ckpt, tmp_path):
     seen = []
 
     def crash_after_5(rec):
@@ -82,7 +75,7 @@ def test_resume_after_crash(ckpt, tmp_path):
             raise Boom("simulated crash")
 
     with pytest.raises(Boom):
-        run_eval(ckpt, SPECS, SUITE, tmp_path, progress=False, on_record=crash_after_5)
+        run_eval(tiny_ckpt, SPECS, SUITE, tmp_path, progress=False, on_record=crash_after_5)
     first = _lines(tmp_path / "results.jsonl")
     assert len(first) == 5
 
@@ -91,7 +84,7 @@ def test_resume_after_crash(ckpt, tmp_path):
         f.write('{"variant": "unpatched", "fingerp')
 
     new = []
-    recs = run_eval(ckpt, SPECS, SUITE, tmp_path, progress=False, on_record=new.append)
+    recs = run_eval(tiny_ckpt, SPECS, SUITE, tmp_path, progress=False, on_record=new.append)
     total = len(recs)
     assert len(new) == total - 5  # nothing recomputed ...
     lines = _lines(tmp_path / "results.jsonl")
@@ -102,48 +95,48 @@ def test_resume_after_crash(ckpt, tmp_path):
 
     # third run: everything done, nothing computed
     again = []
-    assert len(run_eval(ckpt, SPECS, SUITE, tmp_path, progress=False, on_record=again.append)) == total
+    assert len(run_eval(tiny_ckpt, SPECS, SUITE, tmp_path, progress=False, on_record=again.append)) == total
     assert again == []
 
     # changing one variant's spec recomputes only that variant
     changed = []
-    run_eval(ckpt, [SPECS[0], {"method": "yarn", "factor": 3.0}], SUITE, tmp_path, progress=False,
+    run_eval(tiny_ckpt, [SPECS[0], {"method": "yarn", "factor": 3.0}], SUITE, tmp_path, progress=False,
              on_record=changed.append)
     assert changed and {r["variant"] for r in changed} == {"yarn-x3"}
 
 
-def test_resume_refuses_records_whose_method_defaults_moved(ckpt, tmp_path):
+def test_resume_refuses_records_whose_method_defaults_moved(tiny_ckpt, tmp_path):
     """The fingerprint is the spec as written; when a method's defaults change between runs (dual-chunk's
     local_window L/16 -> L/8 did), the same spec resolves to another model: resuming must refuse, not pool."""
     suite = {"name": "t", "short_context": [200], "passkey": {"lengths": [200], "depths": [0.0, 1.0]}}
     spec = {"method": "dual-chunk", "factor": 2.0}
-    run_eval(ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False)
+    run_eval(tiny_ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False)
     path = tmp_path / "results.jsonl"
     recs = [json.loads(ln) for ln in _lines(path)]
     first = next(r for r in recs if "patch_report" in r)
     resolved = first["patch_report"]["spec"]
     assert resolved["local_window"] == 256 // 8  # dual-chunk's default (L // 8), filled in by the plan
     new = []  # as recorded: the same parameters resume, nothing computed
-    run_eval(ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False, on_record=new.append)
+    run_eval(tiny_ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False, on_record=new.append)
     assert new == []
     resolved["local_window"] = 256 // 16  # as recorded by the release before issue 51 (L // 16)
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     with pytest.raises(ValueError, match=r"dual-chunk-x2.*local_window 16 then, 32 now.*--no-resume"):
-        run_eval(ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False)
+        run_eval(tiny_ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False)
     assert [json.loads(ln) for ln in _lines(path)] == recs  # nothing appended
     redone = []
-    run_eval(ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False, resume=False,
+    run_eval(tiny_ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False, resume=False,
              on_record=redone.append)
     assert len(redone) == 2
 
 
-def test_another_seed_is_other_cases_not_a_resume(ckpt, tmp_path):
+def test_another_seed_is_other_cases_not_a_resume(tiny_ckpt, tmp_path):
     """A suite's seed picks the probes' keys: rerunning a folder with another seed must compute its prompts (with
     other keys), never resume the first seed's records as if they were done, and the seeds' records stay apart."""
     suite = {"name": "t", "short_context": [200], "passkey": {"lengths": [200], "depths": [0.0, 1.0]}}
-    first = run_eval(ckpt, SPECS[:1], suite, tmp_path, include_baseline=False, progress=False)
+    first = run_eval(tiny_ckpt, SPECS[:1], suite, tmp_path, include_baseline=False, progress=False)
     new = []
-    second = run_eval(ckpt, SPECS[:1], suite | {"seed": 1}, tmp_path, include_baseline=False, progress=False,
+    second = run_eval(tiny_ckpt, SPECS[:1], suite | {"seed": 1}, tmp_path, include_baseline=False, progress=False,
                       on_record=new.append)
     assert len(new) == len(second) == len(first) == 2
     assert [r["case_id"] for r in first] == ["passkey/filler/L200/d0/s0", "passkey/filler/L200/d1/s0"]
@@ -152,18 +145,18 @@ def test_another_seed_is_other_cases_not_a_resume(ckpt, tmp_path):
     assert [r["metrics"]["answers"] for r in first] != [r["metrics"]["answers"] for r in second]  # other keys
     assert len(read_results(tmp_path)) == 4
     again = []
-    run_eval(ckpt, SPECS[:1], suite | {"seed": 1}, tmp_path, include_baseline=False, progress=False,
+    run_eval(tiny_ckpt, SPECS[:1], suite | {"seed": 1}, tmp_path, include_baseline=False, progress=False,
              on_record=again.append)
     assert again == []  # and each seed resumes its own records
 
 
-def test_resume_after_kill(ckpt, tmp_path):
+def test_resume_after_kill(tiny_ckpt, tmp_path):
     """SIGKILL a real run part-way through, then finish it."""
     script = textwrap.dedent(f"""
         import json, time, sys
         from rope_extend.eval.runner import run_eval
         suite = json.loads({json.dumps(json.dumps(SUITE))})
-        run_eval({str(ckpt)!r}, None, suite, {str(tmp_path)!r}, progress=False,
+        run_eval({str(tiny_ckpt)!r}, None, suite, {str(tmp_path)!r}, progress=False,
                  on_record=lambda r: time.sleep(0.4))
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
@@ -182,13 +175,13 @@ def test_resume_after_kill(ckpt, tmp_path):
     before = _lines(results)
     assert 2 <= len(before)
     new = []
-    recs = run_eval(ckpt, None, SUITE, tmp_path, progress=False, on_record=new.append)
+    recs = run_eval(tiny_ckpt, None, SUITE, tmp_path, progress=False, on_record=new.append)
     assert len(new) + len(before) == len(recs)
     assert _lines(results)[: len(before)] == before
     assert {r["variant"] for r in recs} == {"unpatched"}
 
 
-def test_module_cli(ckpt, tmp_path, capsys):
+def test_module_cli(tiny_ckpt, tmp_path, capsys):
     """`python -m rope_extend.eval` is `rope-extend eval` (one parser): same options, same errors."""
     from rope_extend.eval.__main__ import main
     from rope_extend.eval.variants import parse_spec_arg
@@ -197,24 +190,24 @@ def test_module_cli(ckpt, tmp_path, capsys):
     assert parse_spec_arg("specs/a.yaml") == "specs/a.yaml"
     with pytest.raises(ValueError, match="'factor' is not key=value"):
         parse_spec_arg("method=yarn,factor")
-    assert main([str(ckpt), "--suite", "nope", "--out", str(tmp_path)]) == 2
+    assert main([str(tiny_ckpt), "--suite", "nope", "--out", str(tmp_path)]) == 2
     assert "suite 'nope' not found" in capsys.readouterr().err
-    assert main([str(ckpt), "--spec", "method=linear,factor=2", "--suite", "smoke", "--out", str(tmp_path),
+    assert main([str(tiny_ckpt), "--spec", "method=linear,factor=2", "--suite", "smoke", "--out", str(tmp_path),
                  "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert "linear-x2" in out and (tmp_path / "report.md").is_file()
     assert not list(tmp_path.glob("*.png"))
 
 
-def test_shared_forward_gives_the_same_numbers(ckpt, tmp_path):
+def test_shared_forward_gives_the_same_numbers(tiny_ckpt, tmp_path):
     """One forward at the longest length serves every shorter length for static variants (same numbers as one
     forward per length), and probe prompts of one length prefill their common start once (same answers); for a
     dynamic method the shorter length really differs, so it is never shared."""
     suite = {"name": "share", "short_context": [128], "perplexity": {"lengths": [200, "2x"], "block_size": 32},
              "passkey": {"lengths": [300], "depths": [0.0, 0.5, 1.0], "samples": 2}}
     specs = [{"method": "yarn", "factor": 2.0}, {"method": "dynamic-yarn", "factor": 2.0}]
-    shared = run_eval(ckpt, specs, suite, tmp_path / "shared", progress=False, plots=False)
-    separate = run_eval(ckpt, specs, suite, tmp_path / "separate", progress=False, plots=False, share=False)
+    shared = run_eval(tiny_ckpt, specs, suite, tmp_path / "shared", progress=False, plots=False)
+    separate = run_eval(tiny_ckpt, specs, suite, tmp_path / "separate", progress=False, plots=False, share=False)
     assert [r["case_id"] for r in shared] == [r["case_id"] for r in separate]
     probes = [(a, b) for a, b in zip(shared, separate) if a["kind"] == "passkey"]
     # 3 variants, 128 and 300 tokens, 6 prompts each; the unpatched model's ceiling: the same 6 at 256
@@ -235,11 +228,11 @@ def test_shared_forward_gives_the_same_numbers(ckpt, tmp_path):
     assert max(abs(x - y) for x, y in zip(first_block_long, first_block_short)) > 1e-4
 
 
-def test_report_carries_intervals_and_sample_sizes(ckpt, tmp_path):
+def test_report_carries_intervals_and_sample_sizes(tiny_ckpt, tmp_path):
     suite = {"name": "rep", "smoke": True, "short_context": [200],
              "perplexity": {"texts": ["pydoc_topics", "debian_licenses"], "lengths": [256], "block_size": 32},
              "passkey": {"lengths": [200], "depths": [0.0, 1.0], "samples": 2}}
-    recs = run_eval(ckpt, [{"method": "linear", "factor": 2.0}], suite, tmp_path, progress=False)
+    recs = run_eval(tiny_ckpt, [{"method": "linear", "factor": 2.0}], suite, tmp_path, progress=False)
     ppl = [r for r in recs if r["kind"] == "perplexity"]
     assert {r["metrics"]["text"] for r in ppl} == {"pydoc_topics", "debian_licenses"}
     for r in ppl:
@@ -267,7 +260,7 @@ def test_report_carries_intervals_and_sample_sizes(ckpt, tmp_path):
     assert run(["eval-report", str(tmp_path / "nothing")]) == 2
 
 
-def test_progress_is_one_line_per_job_when_stderr_is_not_a_terminal(ckpt, tmp_path, capsys):
+def test_progress_is_one_line_per_job_when_stderr_is_not_a_terminal(tiny_ckpt, tmp_path, capsys):
     """`rope-extend eval ... 2> log` (CI, nohup, a cluster job; here pytest's capture, also not a terminal): one line
     per finished job with the elapsed time and an ETA, and one per model load; the rich bar draws nothing."""
     import warnings
@@ -280,7 +273,7 @@ def test_progress_is_one_line_per_job_when_stderr_is_not_a_terminal(ckpt, tmp_pa
     assert not sys.stderr.isatty()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert run(["eval", str(ckpt), "--spec", "method=yarn,factor=2", "--suite", str(tmp_path / "suite.json"),
+        assert run(["eval", str(tiny_ckpt), "--spec", "method=yarn,factor=2", "--suite", str(tmp_path / "suite.json"),
                     "--no-plots", "-o", str(tmp_path / "out")]) == 0
     log = capsys.readouterr().err
     jobs = [ln for ln in log.splitlines() if ln.startswith("rope-extend: eval [") and " loading " not in ln]
@@ -294,13 +287,13 @@ def test_progress_is_one_line_per_job_when_stderr_is_not_a_terminal(ckpt, tmp_pa
     assert jobs[-1].endswith("ETA 0:00:00)") and "\x1b[" not in log  # no rich bar (its redraws are escapes)
 
 
-def test_demo_ends_with_output_serve_command_and_report(ckpt, tmp_path, capsys, monkeypatch):
+def test_demo_ends_with_output_serve_command_and_report(tiny_ckpt, tmp_path, capsys, monkeypatch):
     """`make demo` (`rope-extend demo`) on the tiny checkpoint and a small suite: it ends with where the checkpoint
     is, the one command to serve it, and where the report is."""
     import rope_extend.demo_model
     from rope_extend.demo import run_demo
 
-    monkeypatch.setattr(rope_extend.demo_model, "smollm2_path", lambda: ckpt)
+    monkeypatch.setattr(rope_extend.demo_model, "smollm2_path", lambda: tiny_ckpt)
     suite = {"name": "demo", "smoke": True, "perplexity": {"lengths": [256, "2x"], "bucket_size": 64}}
     out = run_demo(tmp_path / "demo-out", suite)
     printed = capsys.readouterr().out

@@ -36,11 +36,8 @@ SUITE = ["google/gemma-3-1b-pt", "Qwen/Qwen2.5-7B", "meta-llama/Llama-3.1-8B"]
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("hub-cache")
-    for repo in hubcache.MODELS:
-        hubcache.build(folder, repo)
-    return folder
+def cache(hub_cache) -> Path:
+    return hub_cache
 
 
 def _weights(snapshot: Path) -> list[Path]:

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,10 +41,9 @@ def cli(*args) -> int:
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory) -> Path:
+def source(tmp_path_factory, tiny_llama_folder) -> Path:
     """A small checkpoint folder as users have them: weights, config, tokenizer and generation configs."""
-    folder = tmp_path_factory.mktemp("push") / "src"
-    tiny.make_model("llama").save_pretrained(folder)
+    folder = shutil.copytree(tiny_llama_folder, tmp_path_factory.mktemp("push") / "src")
     (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": tiny.ORIGINAL}))
     (folder / "generation_config.json").write_text(json.dumps({"max_length": tiny.ORIGINAL, "bos_token_id": 1}))
     return folder
@@ -570,7 +570,8 @@ def test_card_metadata_license_eval_results_and_banner(tmp_path):
     (YaRN x2's, up to 16k tokens) as its evaluation marked smoke: the Hub's metadata and the body."""
     from huggingface_hub import ModelCard
 
-    from rope_extend.card import CardEval, build_model_card
+    from rope_extend.card import build_model_card
+    from rope_extend.eval.card_section import CardEval
 
     source = tmp_path / "src"
     source.mkdir()

@@ -21,8 +21,8 @@ from rope_extend.cli import run
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return hubcache.build_all(tmp_path_factory.mktemp("hub-cache"))
+def cache(hub_cache) -> Path:
+    return hub_cache
 
 
 def snapshot(cache: Path, repo: str) -> Path:

@@ -23,9 +23,8 @@ YARN = ["--method", "yarn", "--factor", "2", "--no-verify"]
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("outputs") / "src"
-    tiny.make_model("llama").save_pretrained(folder)
+def source(tmp_path_factory, tiny_llama_folder) -> Path:
+    folder = shutil.copytree(tiny_llama_folder, tmp_path_factory.mktemp("outputs") / "src")
     (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": tiny.ORIGINAL}))
     (folder / "special_tokens_map.json").write_text("{}")
     (folder / "chat_template.jinja").write_text("{{ messages }}")

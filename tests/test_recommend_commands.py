@@ -27,11 +27,9 @@ CASES = [  # (repo, target): a model that ships llama3 (kept, replace_existing),
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("hub-cache")
-    for repo, _ in CASES:
-        hubcache.build(folder, repo)
-    return folder
+def cache(hub_cache) -> Path:
+    assert {repo for repo, _ in CASES} <= set(hubcache.MODELS)
+    return hub_cache
 
 
 @pytest.fixture

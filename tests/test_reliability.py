@@ -48,10 +48,8 @@ checksums = tiny.checksums
 
 
 @pytest.fixture(scope="module")
-def pristine(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("pristine") / "src"
-    tiny.make_model("llama").save_pretrained(folder)
-    return folder
+def pristine(tiny_llama_folder) -> Path:
+    return tiny_llama_folder  # never written to: a test that changes its SOURCE copies it first (copy_tree)
 
 
 def copy_tree(src: Path, dst: Path) -> Path:

@@ -19,12 +19,9 @@ REPO = "acme/tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory) -> Path:
-    from rope_extend.eval.tiny import tiny_checkpoint
-
+def hub(tmp_path_factory, tiny_ckpt) -> Path:
     root = tmp_path_factory.mktemp("sources")
-    folder = tiny_checkpoint(root / "tiny", max_position_embeddings=256)
-    hubcache.from_folder(root / "cache", REPO, folder)
+    hubcache.from_folder(root / "cache", REPO, tiny_ckpt)
     text = root / "toy.txt"
     text.write_text(" ".join(f"w{i % 60:02d}" for i in range(2400)) + "\n")
     return root

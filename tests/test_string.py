@@ -33,7 +33,7 @@ from helpers import (
 
 from rope_extend import SpecError, UnsupportedModelError, patch_model, plan_patch, unpatch_model
 from rope_extend.attention import kernels, primitives, runtime
-from rope_extend.attention.kernels import StringMap
+from rope_extend.attention.maps import StringMap
 from rope_extend.attention.positions import Positions
 
 warnings.filterwarnings("ignore", message=".*acts on attention.*")

@@ -156,10 +156,10 @@ def test_no_memory_efficient_kernel_is_refused_naming_the_dtype(monkeypatch):
 
 
 def test_the_activation_estimate_behind_auto_checkpointing_matches_what_autograd_keeps():
-    """`recipe.activation_bytes` (what `--gradient-checkpointing auto` weighs) against the bytes autograd actually
+    """`memory.activation_bytes` (what `--gradient-checkpointing auto` weighs) against the bytes autograd actually
     saves per token and layer in a training forward of a GQA llama (distinct storages, weights left out, one layer's
     share taken as the difference between 3 and 1 layers): within 30 % (the count is 1.19x of it)."""
-    from rope_extend.train.recipe import activation_bytes
+    from rope_extend.memory import activation_bytes
 
     n = 256
 

@@ -13,7 +13,6 @@ from rope_extend.eval.report import (
     OLD_PROBE,
     _acc_cell,
     _table,
-    _variants,
     beyond_window_table,
     ceiling_table,
     differences,
@@ -22,6 +21,7 @@ from rope_extend.eval.report import (
     perplexity_table,
     probe_table,
     task_label,
+    variants_of,
 )
 from rope_extend.eval.runner import read_results
 from rope_extend.eval.variants import BASELINE
@@ -46,7 +46,7 @@ def per_depth_table(records: list[dict], min_length: int = 0) -> str:
     """k/n per task/haystack, length and depth for every variant (lengths >= *min_length*), plus each cell's
     accuracy [95 % Wilson] over all its depths."""
     recs = [r for r in records if r["kind"] != "perplexity" and r["length"] >= min_length]
-    variants = _variants(recs)
+    variants = variants_of(recs)
     by = defaultdict(list)
     for r in recs:
         by[(task_label(r), r["length"], r["depth"], r["variant"])].append(float(r["metrics"]["score"]))

@@ -1,6 +1,7 @@
-"""Hooks for the rope-extend lm-eval tasks (data is generated locally; see rope_extend.eval.lm_tasks)."""
+"""Hooks for the rope-extend lm-eval tasks (data is generated locally; see rope_extend.eval.lm_tasks): one loader
+per task of `lm_tasks.all_tasks()` (the registered probes and perplexity), named as the task."""
 
-from rope_extend.eval.lm_tasks import load_dataset, process_perplexity, process_probe  # noqa: F401
+from rope_extend.eval.lm_tasks import all_tasks, load_dataset, process_perplexity, process_probe  # noqa: F401
 
 
 def _loader(task):
@@ -11,11 +12,10 @@ def _loader(task):
     return load
 
 
-passkey = _loader("passkey")
-niah_single = _loader("niah_single")
-niah_multikey = _loader("niah_multikey")
-niah_multivalue = _loader("niah_multivalue")
-vt = _loader("vt")
-perplexity = _loader("perplexity")
+def __getattr__(name):  # `custom_dataset: !function utils.<task>`
+    if name in all_tasks():
+        return _loader(name)
+    raise AttributeError(name)
 
-__all__ = ["niah_multikey", "niah_multivalue", "niah_single", "passkey", "perplexity", "vt"]
+
+__all__ = sorted(all_tasks())

@@ -35,7 +35,7 @@ import weakref
 
 import torch
 
-from .maps import DualChunkMap, PositionMap, SelfExtendMap, StringMap  # noqa: F401 (re-exported)
+from .maps import PositionMap
 from .passes import passes_attention
 from .positions import Positions
 from .primitives import fused_kernel, primitive_for

@@ -129,14 +129,14 @@ def eval_tasks_command(
     num_needles: Annotated[int, typer.Option("--num-needles")] = 4,
 ) -> None:
     """Write the jsonl data for the lm-eval tasks in eval/tasks (rope_passkey, rope_niah_*, rope_vt, rope_perplexity)."""
-    from ..eval.lm_tasks import ALL_TASKS, write_task_data
+    from ..eval.lm_tasks import all_tasks, write_task_data
     from ..hub import resolve_source
 
     tokenizer = str(resolve_source(tokenizer, tokenizer_only=True))  # a Hub id: its tokenizer's files alone
-    unknown = [t for t in tasks or [] if t not in ALL_TASKS]
+    unknown = [t for t in tasks or [] if t not in all_tasks()]
     if unknown:
-        raise ValueError(f"unknown lm-eval task {unknown[0]!r}; expected one of {', '.join(ALL_TASKS)}")
-    paths = write_task_data(tokenizer, output, list(tasks or ALL_TASKS), lengths or None, depths or None,
+        raise ValueError(f"unknown lm-eval task {unknown[0]!r}; expected one of {', '.join(all_tasks())}")
+    paths = write_task_data(tokenizer, output, list(tasks or all_tasks()), lengths or None, depths or None,
                             samples, seed, num_needles)
     for task, path in paths.items():
         say(f"{task}: {shell_path(path)}")

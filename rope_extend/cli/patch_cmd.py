@@ -206,7 +206,7 @@ def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
     options = run.write_options()  # --mode and --dtype are checked before a long eval
     loaded, plan = plan_checkpoint(source, spec, output, options, revision=run.revision)  # the one plan
     if run.eval_suite:
-        from ..card import CardEval
+        from ..eval.card_section import CardEval
         from ..eval.runner import run_eval
         from ..eval.suite import load_suite
         from ..eval.variants import Variant, variant_name

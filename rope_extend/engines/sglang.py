@@ -28,7 +28,7 @@ from .. import compat
 from ..methods import engine_rules
 from . import hf_config
 from .served import MODEL, EngineHint, NotServed, Served, default_inv_freq, fmt_float
-from .vllm import _json, _yarn_inv_freq, full_slot, longrope_magnitude, rotary_dim
+from .vllm import compact_json, full_slot, longrope_magnitude, rotary_dim, yarn_inv_freq
 
 VERSION = "SGLang 0.5.23"
 NAME = "sglang"
@@ -89,7 +89,7 @@ def served(fields: dict, rope: dict, n: int) -> Served | NotServed:
         else:
             magnitude = _mscale(factor)
         magnitude *= rope.get("attn_factor", 1)
-        inv_freq = _yarn_inv_freq(
+        inv_freq = yarn_inv_freq(
             dim, base, factor, original, rope.get("beta_fast", 32), rope.get("beta_slow", 1), rope.get("truncate", True)
         )
         if rope.get("extrapolation_factor", 1) != 1:
@@ -152,7 +152,7 @@ def serving_rule(plan) -> EngineHint:
     out_overrides = {"rope_parameters": fix} if fix else {}
     derived = context_length(plan.max_position_embeddings, full)
     env = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 " if target > derived else ""
-    extra = f" --json-model-override-args '{_json(out_overrides)}'" if out_overrides else ""
+    extra = f" --json-model-override-args '{compact_json(out_overrides)}'" if out_overrides else ""
     notes = list(rule.notes)
     if "attn_factor" in fix:
         notes.append(
@@ -163,7 +163,7 @@ def serving_rule(plan) -> EngineHint:
         engine="SGLang",
         version=VERSION,
         command=f"{env}python -m sglang.launch_server --model-path {MODEL} --context-length {target}{extra}",
-        original=f"--json-model-override-args '{_json(original_overrides)}'",
+        original=f"--json-model-override-args '{compact_json(original_overrides)}'",
         args={"out_overrides": out_overrides, "original_overrides": original_overrides},
         warnings=rule.warnings,
         notes=notes,

@@ -79,7 +79,7 @@ def _yarn_correction_range(beta_fast, beta_slow, dim, base, original, truncate):
     return max(low, 0), min(high, dim - 1)
 
 
-def _yarn_inv_freq(dim, base, factor, original, beta_fast, beta_slow, truncate):
+def yarn_inv_freq(dim, base, factor, original, beta_fast, beta_slow, truncate):
     pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)
     extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
     low, high = _yarn_correction_range(beta_fast, beta_slow, dim, base, original, truncate)
@@ -136,7 +136,7 @@ def served(fields: dict, rope: dict, max_model_len: int, n: int) -> Served | Not
             magnitude = _mscale(factor, rope["mscale"]) / _mscale(factor, rope["mscale_all_dim"])
         else:
             magnitude = _mscale(factor)
-        inv_freq = _yarn_inv_freq(
+        inv_freq = yarn_inv_freq(
             dim, base, factor, original, rope.get("beta_fast", 32), rope.get("beta_slow", 1), rope.get("truncate", True)
         )
         rows = int(original * factor)
@@ -184,12 +184,12 @@ def serving_rule(plan) -> EngineHint:
     fields = {"max_position_embeddings": plan.max_position_embeddings}
     env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if max_model_len > derived_max_model_len(fields, full) else {}
     prefix = "".join(f"{key}={value} " for key, value in env.items())
-    extra = f" --hf-overrides '{_json(out_overrides)}'" if out_overrides else ""
+    extra = f" --hf-overrides '{compact_json(out_overrides)}'" if out_overrides else ""
     return EngineHint(
         engine="vLLM",
         version=VERSION,
         command=f"{prefix}vllm serve {MODEL} --max-model-len {max_model_len}{extra}",
-        original=f"--hf-overrides '{_json(original_overrides)}'",
+        original=f"--hf-overrides '{compact_json(original_overrides)}'",
         args={"max_model_len": max_model_len, "out_overrides": out_overrides, "original_overrides": original_overrides,
               "env": env},
         warnings=rule.warnings,
@@ -206,7 +206,7 @@ def full_slot(plan) -> dict:
     return plan.slots.get("full_attention", plan.slots.get(None))
 
 
-def _json(value) -> str:
+def compact_json(value) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 

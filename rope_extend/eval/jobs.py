@@ -28,10 +28,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import ClassVar
 
+from .probes import PROBES, SECTIONS
 from .suite import Case
 from .variants import Variant, applies
 
-SECTION_ORDER = {"perplexity": 0, "passkey": 1, "entropy": 3}  # needle tasks: 2
+SECTION_ORDER = ("perplexity", *SECTIONS, "entropy")  # an interleaved run's order within a round
+
+
+def section_rank(kind: str) -> int:
+    """Where a case's kind runs within an interleaved round (a probe runs with its suite section)."""
+    return SECTION_ORDER.index(PROBES[kind].section if kind in PROBES else kind)
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,7 @@ def plan_jobs(
         jobs += [Job(v, tuple(g), min(rounds[c.case_id] for c in g)) for g in groups.values()]
     if interleave:
         order = {v.name: i for i, v in enumerate(variants)}
-        jobs.sort(key=lambda j: (j.round, SECTION_ORDER.get(j.kind, 2), j.length, order[j.variant.name]))
+        jobs.sort(key=lambda j: (j.round, section_rank(j.kind), j.length, order[j.variant.name]))
     return jobs
 
 

@@ -23,12 +23,17 @@ import json
 import os
 from pathlib import Path
 
+from .probes import get_probe, probe_names
+
 TASKS_DIR = Path(__file__).parent / "tasks"  # -> eval/tasks (symlink in the repo, copied into wheels)
 DEFAULT_DATA_DIR = TASKS_DIR / "data"
-PROBE_TASKS = ("passkey", "niah_single", "niah_multikey", "niah_multivalue", "vt")
-ALL_TASKS = PROBE_TASKS + ("perplexity",)
 DEFAULT_LENGTHS = [4096]
 DEFAULT_DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def all_tasks() -> tuple[str, ...]:
+    """The tasks: every registered probe (`eval.probes.PROBES`), then perplexity."""
+    return probe_names() + ("perplexity",)
 
 
 def _tokenizer(tok):
@@ -69,16 +74,17 @@ def build_docs(
         return docs
     from .probes import make_probe
 
-    if task not in PROBE_TASKS:
-        raise ValueError(f"unknown task {task!r}; expected one of {ALL_TASKS}")
-    if task in ("niah_multivalue", "vt"):
+    if task not in probe_names():
+        raise ValueError(f"unknown task {task!r}; expected one of {all_tasks()}")
+    probe = get_probe(task)
+    if probe.spread:
         depths = [None]
     else:
         depths = list(depths) if depths is not None else DEFAULT_DEPTHS
     for L in lengths:
         for d in depths:
             for i in range(int(samples)):
-                kw = {} if task == "passkey" else {"num_needles": int(num_needles)}
+                kw = {"num_needles": int(num_needles)} if probe.needles else {}
                 s = make_probe(tokenizer, task, L, 0.5 if d is None else float(d), index=i, seed=seed, **kw)
                 docs.append({
                     "input": tokenizer.decode(s.input_ids, skip_special_tokens=True),
@@ -96,19 +102,19 @@ def build_docs(
 def write_task_data(
     tokenizer,
     out_dir: str | os.PathLike | None = None,
-    tasks=ALL_TASKS,
+    tasks=None,
     lengths=None,
     depths=None,
     samples: int = 1,
     seed: int = 0,
     num_needles: int = 4,
 ) -> dict[str, Path]:
-    """Write ``<out_dir>/<task>.jsonl`` for each task; returns ``{task: path}``."""
+    """Write ``<out_dir>/<task>.jsonl`` for each task (default: `all_tasks()`); returns ``{task: path}``."""
     out = Path(out_dir) if out_dir is not None else DEFAULT_DATA_DIR
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _tokenizer(tokenizer)
     paths = {}
-    for t in tasks:
+    for t in tasks or all_tasks():
         docs = build_docs(tokenizer, t, lengths, depths, samples, seed, num_needles)
         p = out / f"{t}.jsonl"
         tmp = p.with_suffix(".jsonl.tmp")

@@ -43,17 +43,17 @@ from ..plotstyle import (
     value_ticks,
 )
 from .report import (
-    _orig,
-    _ppl_records,
-    _probe_records,
-    _text,
-    _texts,
-    _variants,
     accuracy,
     ceilings,
     haystack_of,
+    original_of,
+    perplexity_records,
     probe_cells,
+    probe_records,
     task_label,
+    text_of,
+    texts_of,
+    variants_of,
 )
 from .stats import bootstrap_mean_interval
 from .variants import BASELINE
@@ -75,7 +75,7 @@ def _link_note(variants: int) -> str:
 
 def variant_styles(records: list[dict]) -> dict[str, dict]:
     """``{variant: {color, marker, ls, label}}``: one look per variant in every plot of a report."""
-    variants = _variants(records)
+    variants = variants_of(records)
     styles = styles_for([BASELINE] * (BASELINE in variants) + [v for v in variants if v != BASELINE], BASELINE)
     return {v: {**st, "label": f"{v} (baseline)" if v == BASELINE else v} for v, st in styles.items()}
 
@@ -282,14 +282,14 @@ def loss_vs_position(records: list[dict]):
     (when the records carry block losses); markers dodged sideways inside their bucket. When some curves lie
     within :data:`CLOSE` of the panel's height of each other everywhere, a second panel shows their differences
     from one of them (paired on the same blocks, with 95 % bands), where the top panel cannot tell them apart."""
-    ppl = _ppl_records(records)
+    ppl = perplexity_records(records)
     if not ppl:
         return None
-    text = _texts(ppl)[0]
-    ppl = [r for r in ppl if _text(r) == text]
-    orig = _orig(records)
+    text = texts_of(ppl)[0]
+    ppl = [r for r in ppl if text_of(r) == text]
+    orig = original_of(records)
     styles = variant_styles(records)
-    longest = {v: max((r for r in ppl if r["variant"] == v), key=lambda r: r["length"]) for v in _variants(ppl)}
+    longest = {v: max((r for r in ppl if r["variant"] == v), key=lambda r: r["length"]) for v in variants_of(ppl)}
     lengths = {r["length"] for r in longest.values()}
     series = {v: {(b["start"] + b["end"]) / 2: b["loss"] for b in r["metrics"]["buckets"]} for v, r in longest.items()}
     notes = coincidences(series, _describe_positions(orig))
@@ -347,14 +347,14 @@ def loss_vs_position(records: list[dict]):
 
 def perplexity_vs_length(records: list[dict]):
     """Perplexity at each measured length with 95 % error bars (when recorded), one panel per text."""
-    ppl = _ppl_records(records)
+    ppl = perplexity_records(records)
     if not ppl:
         return None
-    texts = _texts(ppl)
-    variants = _variants(ppl)
-    orig = _orig(records)
+    texts = texts_of(ppl)
+    variants = variants_of(ppl)
+    orig = original_of(records)
     styles = variant_styles(records)
-    series = {v: {(_text(r), r["length"]): r["metrics"]["ppl"] for r in ppl if r["variant"] == v} for v in variants}
+    series = {v: {(text_of(r), r["length"]): r["metrics"]["ppl"] for r in ppl if r["variant"] == v} for v in variants}
 
     def describe(keys, all_keys) -> str:
         by_text = defaultdict(set)
@@ -372,7 +372,7 @@ def perplexity_vs_length(records: list[dict]):
     handles: dict = {}  # reference lines, listed after the variants
     for ax, t in zip(axes, texts):
         for i, v in enumerate(variants):
-            pts = sorted((r["length"], r["metrics"]) for r in ppl if r["variant"] == v and _text(r) == t)
+            pts = sorted((r["length"], r["metrics"]) for r in ppl if r["variant"] == v and text_of(r) == t)
             if not pts:
                 continue
             st = styles[v]
@@ -389,7 +389,7 @@ def perplexity_vs_length(records: list[dict]):
             bars.lines[0].set_gid(v)  # the markers: what tests (and SVG readers) find a variant by
             variant_handles.setdefault(_label(st, notes.get(v)), bars)
         _window(ax, orig, handles)
-        lengths = [r["length"] for r in ppl if _text(r) == t]
+        lengths = [r["length"] for r in ppl if text_of(r) == t]
         _length_axis(ax, lengths, _spread(dodge, len(variants), lengths))
         log = _log_y(ax)
         ax.set_xlabel(LENGTH_LABEL)
@@ -424,7 +424,7 @@ def passkey_heatmap(records: list[dict]):
     pk = [r for r in records if r["kind"] == "passkey"]
     if not pk:
         return None
-    variants = _variants(pk)
+    variants = variants_of(pk)
     hays = list(dict.fromkeys(haystack_of(r) for r in pk))
     lengths = sorted({r["length"] for r in pk})
     depths = sorted({r["depth"] for r in pk})
@@ -469,8 +469,8 @@ def attention_entropy(records: list[dict]):
     ent = [r for r in records if r["kind"] == "entropy"]
     if not ent:
         return None
-    variants = _variants(ent)
-    orig = _orig(records)
+    variants = variants_of(ent)
+    orig = original_of(records)
     styles = variant_styles(records)
     series = {v: {r["length"]: r["metrics"]["mean_entropy"] for r in ent if r["variant"] == v} for v in variants}
     notes = coincidences(series, _describe_lengths)
@@ -498,15 +498,15 @@ def retrieval_accuracy(records: list[dict]):
     """Accuracy vs length per retrieval task: 95 % Wilson bars from :data:`MIN_N_FOR_BARS` prompts on, the
     count ``k/n`` beside the point below that; the ceiling (the unpatched model at its longest length inside
     the window) as a dotted line."""
-    recs = _probe_records(records)
+    recs = probe_records(records)
     if not recs:
         return None
     cells = probe_cells(recs)
-    orig = _orig(records)
+    orig = original_of(records)
     styles = variant_styles(records)
     ceil = ceilings(records)
     tasks = list(dict.fromkeys(task_label(r) for r in recs))
-    variants = _variants(recs)
+    variants = variants_of(recs)
     fig = _new_figure((1.5 + 5.2 * len(tasks), 4.0))
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
     variant_handles: dict = {}

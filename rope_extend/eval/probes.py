@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-
-from .. import compat
 
 PASSKEY_FILLER = [
     "The grass is green.",
@@ -45,8 +44,6 @@ HAYSTACKS = (FILLER, PROSE)
 # Filler tokens always kept between the last needle and the question (a quarter of the filler if the prompt has
 # less than four times this much).
 MIN_FILLER_AFTER = 64
-
-NEEDLE_TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "vt")
 
 _NIAH_PREFIX = (
     "Some special magic {kind} are hidden within the following text. Make sure to memorize it. "
@@ -249,6 +246,150 @@ def _var_name(rng: random.Random) -> str:
     return "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5))
 
 
+def _needle_start(tokenizer, task, length, depth, index, seed, num_needles, haystack):
+    """What every needle probe starts from: its seeded random state, haystack, leading special tokens and encoder."""
+    rng = _rng(task, seed, length, depth, index, num_needles)
+
+    def enc(s: str) -> list[int]:
+        return _encode(tokenizer, " " + s)
+
+    return rng, _haystack_of(tokenizer, haystack), special_prefix(tokenizer), enc
+
+
+def make_vt(tokenizer, length: int, depth: float = 0.5, index: int = 0, seed: int = 0, num_needles: int = 4,
+            haystack: Haystack | str | None = None) -> ProbeSample:
+    """Variable tracking: a chain of *num_needles* assignments spread through the text; name every variable."""
+    rng, hay, bos, enc = _needle_start(tokenizer, "vt", length, depth, index, seed, num_needles, haystack)
+    value = str(rng.randint(10000, 99999))
+    names: list[str] = []
+    while len(names) < num_needles:
+        n = _var_name(rng)
+        if n not in names:
+            names.append(n)
+    stmts = [f"VAR {names[0]} = {value}."] + [
+        f"VAR {names[i]} = VAR {names[i - 1]}." for i in range(1, num_needles)
+    ]
+    depths = sorted(rng.uniform(0.0, 1.0) for _ in stmts)
+    head = bos + _encode(tokenizer, _VT_PREFIX)
+    tail = enc(_VT_QUESTION.format(value=value, n=num_needles))
+    ids, pos = _assemble(tokenizer, "vt", length, head, [enc(s) for s in stmts], depths, tail, hay)
+    return ProbeSample("vt", length, None, index, ids, names, pos, max_new_tokens=8 * num_needles)
+
+
+def _niah(task: str, needles_of: Callable) -> Callable[..., ProbeSample]:
+    """A NIAH probe: key/value needles (``needles_of(rng, keys, depth, num_needles, enc)`` gives the needles, their
+    depths, the question, the answers, the answer's token budget and the depth the sample records)."""
+
+    def make(tokenizer, length: int, depth: float = 0.5, index: int = 0, seed: int = 0, num_needles: int = 4,
+             haystack: Haystack | str | None = None) -> ProbeSample:
+        rng, hay, bos, enc = _needle_start(tokenizer, task, length, depth, index, seed, num_needles, haystack)
+        keys = rng.sample(_KEY_WORDS, k=max(num_needles, 1))
+        head = bos + _encode(tokenizer, _NIAH_PREFIX.format(kind="numbers"))
+        needles, depths, tail, answers, new, recorded = needles_of(rng, keys, depth, num_needles, enc)
+        ids, pos = _assemble(tokenizer, task, length, head, needles, depths, tail, hay)
+        return ProbeSample(task, length, recorded, index, ids, answers, pos, new)
+
+    make.__name__ = f"make_{task}"
+    return make
+
+
+def _single(rng, keys, depth, num_needles, enc):
+    """One key/value needle at *depth*; answer the value."""
+    key, value = keys[0], _value(rng)
+    return ([enc(_NIAH_NEEDLE.format(key=key, value=value))], [depth], enc(_NIAH_Q_SINGLE.format(key=key)), [value],
+            12, depth)
+
+
+def _multikey(rng, keys, depth, num_needles, enc):
+    """*num_needles* needles with distinct keys (the others are distractors); the queried one sits at *depth*."""
+    values = [_value(rng) for _ in keys]
+    needles = [enc(_NIAH_NEEDLE.format(key=k, value=v)) for k, v in zip(keys, values)]
+    depths = [depth] + [rng.uniform(0.0, 1.0) for _ in keys[1:]]
+    return needles, depths, enc(_NIAH_Q_SINGLE.format(key=keys[0])), [values[0]], 12, depth
+
+
+def _multivalue(rng, keys, depth, num_needles, enc):
+    """*num_needles* values for the same key, spread at random depths; all must be recalled."""
+    key = keys[0]
+    values: list[str] = []
+    while len(values) < num_needles:
+        v = _value(rng)
+        if v not in values:
+            values.append(v)
+    needles = [enc(_NIAH_NEEDLE.format(key=key, value=v)) for v in values]
+    depths = [rng.uniform(0.0, 1.0) for _ in values]
+    return needles, depths, enc(_NIAH_Q_MULTI.format(key=key)), values, 12 * num_needles, None
+
+
+def first_number(sample: ProbeSample, output: str) -> float:
+    """1.0/0.0: the first number in the output must be the answer."""
+    nums = re.findall(r"\d+", output)
+    return float(bool(nums) and nums[0] == sample.answers[0])
+
+
+def recall(pattern: str) -> Callable[[ProbeSample, str], float]:
+    """The fraction of the answers found in the output (the tokens matching *pattern*)."""
+
+    def score(sample: ProbeSample, output: str) -> float:
+        found = set(re.findall(pattern, output))
+        return sum(a in found for a in sample.answers) / len(sample.answers)
+
+    return score
+
+
+# ---------------------------------------------------------------- the probes, registered once
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A probe task: the one place that names it. Its cases (`eval.suite`), prompts (`make_probe`), scoring
+    (`score`), lm-eval data (`eval.lm_tasks`) and place in an interleaved run (`eval.jobs`) read it from here.
+
+    section: the suite section that asks for it (``passkey`` or ``needle``: its tasks, lengths, depths, samples);
+    make: ``(tokenizer, length, depth, index=, seed=, haystack=, [num_needles=]) -> ProbeSample``;
+    spread: its needles sit at random depths (one depth-less case per sample, as many per length as the others);
+    needles: it takes ``num_needles`` (the section's ``num_needles``)."""
+
+    name: str
+    section: str
+    make: Callable[..., ProbeSample]
+    score: Callable[[ProbeSample, str], float]
+    spread: bool = False
+    needles: bool = False
+
+
+PROBES: dict[str, Probe] = {}
+SECTIONS = ("passkey", "needle")  # the suite's probe sections, in run order
+
+
+def register_probe(probe: Probe) -> Probe:
+    """Register *probe* under its name (once)."""
+    if probe.name in PROBES:
+        raise ValueError(f"probe {probe.name!r} is already registered; pick another name")
+    if probe.section not in SECTIONS:
+        raise ValueError(f"probe {probe.name!r}: section {probe.section!r} is not one of {', '.join(SECTIONS)}")
+    PROBES[probe.name] = probe
+    return probe
+
+
+def probe_names(section: str | None = None) -> tuple[str, ...]:
+    """The registered probes (of one suite section), in registration order."""
+    return tuple(name for name, p in PROBES.items() if section in (None, p.section))
+
+
+def get_probe(name: str) -> Probe:
+    if name not in PROBES:
+        raise ValueError(f"unknown probe task {name!r}; expected one of {', '.join(PROBES)}")
+    return PROBES[name]
+
+
+register_probe(Probe("passkey", "passkey", make_passkey, first_number))
+register_probe(Probe("niah_single", "needle", _niah("niah_single", _single), first_number, needles=True))
+register_probe(Probe("niah_multikey", "needle", _niah("niah_multikey", _multikey), first_number, needles=True))
+register_probe(Probe("niah_multivalue", "needle", _niah("niah_multivalue", _multivalue), recall(r"\d+"),
+                     spread=True, needles=True))
+register_probe(Probe("vt", "needle", make_vt, recall(r"[A-Z]{5}"), spread=True, needles=True))
+
 def make_needle(
     tokenizer,
     task: str,
@@ -259,82 +400,25 @@ def make_needle(
     num_needles: int = 4,
     haystack: Haystack | str | None = None,
 ) -> ProbeSample:
-    """RULER-style probe of exactly *length* tokens.
-
-    * ``niah_single``: one key/value needle at *depth*; answer the value.
-    * ``niah_multikey``: *num_needles* needles with distinct keys (the others are
-      distractors); the queried one sits at *depth*.
-    * ``niah_multivalue``: *num_needles* values for the same key, spread at random depths;
-      all must be recalled.
-    * ``vt``: variable tracking, a chain of *num_needles* assignments spread through the text.
-    """
-    if task not in NEEDLE_TASKS:
-        raise ValueError(f"unknown needle task {task!r}; expected one of {NEEDLE_TASKS}")
-    rng = _rng(task, seed, length, depth, index, num_needles)
-    hay = _haystack_of(tokenizer, haystack)
-    bos = special_prefix(tokenizer)
-
-    def enc(s: str) -> list[int]:
-        return _encode(tokenizer, " " + s)
-
-    if task == "vt":
-        value = str(rng.randint(10000, 99999))
-        names: list[str] = []
-        while len(names) < num_needles:
-            n = _var_name(rng)
-            if n not in names:
-                names.append(n)
-        stmts = [f"VAR {names[0]} = {value}."] + [
-            f"VAR {names[i]} = VAR {names[i - 1]}." for i in range(1, num_needles)
-        ]
-        depths = sorted(rng.uniform(0.0, 1.0) for _ in stmts)
-        head = bos + _encode(tokenizer, _VT_PREFIX)
-        tail = enc(_VT_QUESTION.format(value=value, n=num_needles))
-        ids, pos = _assemble(tokenizer, task, length, head, [enc(s) for s in stmts], depths, tail, hay)
-        return ProbeSample(task, length, None, index, ids, names, pos, max_new_tokens=8 * num_needles)
-
-    keys = rng.sample(_KEY_WORDS, k=max(num_needles, 1))
-    head = bos + _encode(tokenizer, _NIAH_PREFIX.format(kind="numbers"))
-    if task == "niah_single":
-        key, value = keys[0], _value(rng)
-        needles, depths = [enc(_NIAH_NEEDLE.format(key=key, value=value))], [depth]
-        tail, answers, new = enc(_NIAH_Q_SINGLE.format(key=key)), [value], 12
-    elif task == "niah_multikey":
-        values = [_value(rng) for _ in keys]
-        needles = [enc(_NIAH_NEEDLE.format(key=k, value=v)) for k, v in zip(keys, values)]
-        depths = [depth] + [rng.uniform(0.0, 1.0) for _ in keys[1:]]
-        tail, answers, new = enc(_NIAH_Q_SINGLE.format(key=keys[0])), [values[0]], 12
-    else:  # niah_multivalue
-        key = keys[0]
-        values: list[str] = []
-        while len(values) < num_needles:
-            v = _value(rng)
-            if v not in values:
-                values.append(v)
-        needles = [enc(_NIAH_NEEDLE.format(key=key, value=v)) for v in values]
-        depths = [rng.uniform(0.0, 1.0) for _ in values]
-        tail, answers, new = enc(_NIAH_Q_MULTI.format(key=key)), values, 12 * num_needles
-    ids, pos = _assemble(tokenizer, task, length, head, needles, depths, tail, hay)
-    return ProbeSample(task, length, depth if task != "niah_multivalue" else None, index, ids, answers, pos, new)
+    """RULER-style probe of exactly *length* tokens: ``niah_single``, ``niah_multikey``, ``niah_multivalue`` or
+    ``vt`` (see each probe's builder)."""
+    if task not in probe_names("needle"):
+        raise ValueError(f"unknown needle task {task!r}; expected one of {probe_names('needle')}")
+    return PROBES[task].make(tokenizer, length, depth, index=index, seed=seed, num_needles=num_needles,
+                             haystack=haystack)
 
 
 def make_probe(tokenizer, task: str, length: int, depth: float = 0.5, index: int = 0, seed: int = 0, **kw):
-    if task == "passkey":
-        return make_passkey(tokenizer, length, depth, index=index, seed=seed, haystack=kw.get("haystack"))
-    return make_needle(tokenizer, task, length, depth, index=index, seed=seed, **kw)
+    probe = get_probe(task)
+    if not probe.needles:
+        kw.pop("num_needles", None)
+    return probe.make(tokenizer, length, depth, index=index, seed=seed, **kw)
 
 
 def score(sample: ProbeSample, output: str) -> float:
     """1.0/0.0 for single-answer probes (first number in the output must match);
     recall fraction for multi-value and variable-tracking probes."""
-    if sample.task in ("passkey", "niah_single", "niah_multikey"):
-        nums = re.findall(r"\d+", output)
-        return float(bool(nums) and nums[0] == sample.answers[0])
-    if sample.task == "niah_multivalue":
-        found = set(re.findall(r"\d+", output))
-    else:  # vt
-        found = set(re.findall(r"[A-Z]{5}", output))
-    return sum(a in found for a in sample.answers) / len(sample.answers)
+    return get_probe(sample.task).score(sample, output)
 
 
 def generate(model, tokenizer, sample: ProbeSample, cache=None) -> str:
@@ -343,6 +427,8 @@ def generate(model, tokenizer, sample: ProbeSample, cache=None) -> str:
     ``cache``: a ``DynamicCache`` already holding a prefix of the prompt; only the rest is prefilled.
     """
     import torch
+
+    from .. import compat
 
     device = next(model.parameters()).device
     ids = torch.tensor([sample.input_ids], device=device)

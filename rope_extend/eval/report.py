@@ -26,16 +26,16 @@ from .variants import BASELINE, Window
 
 def ci_note(records: list[dict]) -> str:
     """How the intervals in this report were computed (block size read from the records)."""
-    sizes = sorted({r["metrics"]["block_size"] for r in _ppl_records(records) if "block_size" in r["metrics"]})
+    sizes = sorted({r["metrics"]["block_size"] for r in perplexity_records(records) if "block_size" in r["metrics"]})
     blocks = "/".join(map(str, sizes)) or "128"
-    old = sum("block_losses" not in r["metrics"] for r in _ppl_records(records))
+    old = sum("block_losses" not in r["metrics"] for r in perplexity_records(records))
     return (f"95 % intervals: perplexity from a bootstrap over contiguous {blocks}-token blocks of the same text "
             "(passages, not other texts: each text is reported on its own); accuracy from the Wilson score "
             "interval (k/n = prompts retrieved / prompts); differences are paired on the same blocks or prompts."
             + (f" {old} perplexity records predate block losses and have no interval (rerun to get one)." if old else ""))
 
 
-def _variants(records: list[dict]) -> list[str]:
+def variants_of(records: list[dict]) -> list[str]:
     seen: list[str] = []
     for r in records:
         if r["variant"] not in seen:
@@ -46,7 +46,7 @@ def _variants(records: list[dict]) -> list[str]:
     return seen
 
 
-def _orig(records: list[dict]) -> int | None:
+def original_of(records: list[dict]) -> int | None:
     for r in records:
         if r.get("original_length"):
             return int(r["original_length"])
@@ -63,23 +63,23 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _ppl_records(records):
+def perplexity_records(records):
     return [r for r in records if r["kind"] == "perplexity"]
 
 
-def _probe_records(records):
+def probe_records(records):
     return [r for r in records if r["kind"] not in ("perplexity", "entropy")]
 
 
-def _text(r: dict) -> str:
+def text_of(r: dict) -> str:
     return r["metrics"].get("text") or DEFAULT_TEXT
 
 
-def _texts(records: list[dict]) -> list[str]:
+def texts_of(records: list[dict]) -> list[str]:
     out: list[str] = []
-    for r in _ppl_records(records):
-        if _text(r) not in out:
-            out.append(_text(r))
+    for r in perplexity_records(records):
+        if text_of(r) not in out:
+            out.append(text_of(r))
     return out
 
 
@@ -110,7 +110,7 @@ def task_label(r: dict) -> str:
 def probe_cells(records: list[dict]) -> dict[tuple, dict[str, float]]:
     """``{(task/haystack, variant, length): {case_id: score}}``."""
     cells: dict[tuple, dict[str, float]] = defaultdict(dict)
-    for r in _probe_records(records):
+    for r in probe_records(records):
         cells[(task_label(r), r["variant"], r["length"])][r["case_id"]] = float(r["metrics"]["score"])
     return cells
 
@@ -118,11 +118,11 @@ def probe_cells(records: list[dict]) -> dict[tuple, dict[str, float]]:
 def ceilings(records: list[dict]) -> dict[str, dict]:
     """Per ``task/haystack``: the unpatched model's retrieval at the largest length inside the original window
     (``{"length": L, "depths": {depth: [scores]}, "flagged": [depths whose format fails there]}``)."""
-    orig = _orig(records)
+    orig = original_of(records)
     out: dict[str, dict] = {}
     if not orig:
         return out
-    inside = [r for r in _probe_records(records) if r["variant"] == BASELINE and r["length"] <= orig]
+    inside = [r for r in probe_records(records) if r["variant"] == BASELINE and r["length"] <= orig]
     for label in dict.fromkeys(task_label(r) for r in inside):
         recs = [r for r in inside if task_label(r) == label]
         L = max(r["length"] for r in recs)
@@ -142,8 +142,8 @@ def _depth_label(d) -> str:
 def ceiling_table(records: list[dict]) -> str:
     """The unpatched model inside its window, per haystack and depth: k/n by length (the ceiling every
     beyond-window number reads against)."""
-    orig = _orig(records)
-    recs = [r for r in _probe_records(records) if r["variant"] == BASELINE and orig and r["length"] <= orig]
+    orig = original_of(records)
+    recs = [r for r in probe_records(records) if r["variant"] == BASELINE and orig and r["length"] <= orig]
     if not recs:
         return ""
     lengths = sorted({r["length"] for r in recs})
@@ -166,12 +166,12 @@ def ceiling_table(records: list[dict]) -> str:
 def beyond_window_table(records: list[dict]) -> str:
     """Every beyond-window retrieval cell next to its inside-window ceiling: accuracy over all depths and over
     the depths whose prompt format the unpatched model passes inside its window (flagged depths named)."""
-    orig = _orig(records)
-    recs = [r for r in _probe_records(records) if orig and r["length"] > orig]
+    orig = original_of(records)
+    recs = [r for r in probe_records(records) if orig and r["length"] > orig]
     if not recs:
         return ""
     ceil = ceilings(records)
-    variants = _variants(recs)
+    variants = variants_of(recs)
     rows = []
     for label in dict.fromkeys(task_label(r) for r in recs):
         c = ceil.get(label)
@@ -222,7 +222,7 @@ def _acc_cell(scores) -> str:
 def differences(records: list[dict], reference: str = BASELINE) -> list[Difference]:
     """Every variant vs *reference* on the same samples: loss per (text, length), accuracy per (task, length)."""
     out: list[Difference] = []
-    ppl = {(r["variant"], _text(r), r["length"]): r["metrics"] for r in _ppl_records(records)}
+    ppl = {(r["variant"], text_of(r), r["length"]): r["metrics"] for r in perplexity_records(records)}
     for (v, text, L), m in ppl.items():
         ref = ppl.get((reference, text, L))
         if v == reference or ref is None or "block_losses" not in m or "block_losses" not in ref:
@@ -269,7 +269,7 @@ def entropy_table(records: list[dict]) -> str:
     recs = [r for r in records if r["kind"] == "entropy"]
     if not recs:
         return ""
-    variants = _variants(recs)
+    variants = variants_of(recs)
     by = {(r["variant"], r["length"]): r["metrics"]["mean_entropy"] for r in recs}
     rows = [[fmt_tokens(L, quantum=1)] + [f"{by[(v, L)]:.3f}" if (v, L) in by else "-" for v in variants]
             for L in sorted({r["length"] for r in recs})]
@@ -278,28 +278,28 @@ def entropy_table(records: list[dict]) -> str:
 
 def perplexity_table(records: list[dict], max_length: int | None = None, text: str | None = None) -> str:
     """Perplexity [95 % interval] by length, one table per text (or only *text*)."""
-    recs = _ppl_records(records)
+    recs = perplexity_records(records)
     if not recs:
         return ""
-    variants = _variants(recs)
-    orig = _orig(recs)
-    by = {(r["variant"], _text(r), r["length"]): r["metrics"] for r in recs}
+    variants = variants_of(recs)
+    orig = original_of(recs)
+    by = {(r["variant"], text_of(r), r["length"]): r["metrics"] for r in recs}
     parts = []
-    for t in [text] if text else _texts(recs):
-        lengths = sorted({r["length"] for r in recs if _text(r) == t and (max_length is None or r["length"] <= max_length)})
+    for t in [text] if text else texts_of(recs):
+        lengths = sorted({r["length"] for r in recs if text_of(r) == t and (max_length is None or r["length"] <= max_length)})
         rows = [[_len_label(L, orig)] + [_ppl_cell(by.get((v, t, L))) for v in variants] for L in lengths]
         parts.append(f"Text `{t}`:\n\n" + _table(["length"] + variants, rows))
     return "\n\n".join(parts)
 
 
 def position_table(records: list[dict]) -> str:
-    recs = _ppl_records(records)
+    recs = perplexity_records(records)
     if not recs:
         return ""
-    text = _texts(recs)[0]
-    recs = [r for r in recs if _text(r) == text]
+    text = texts_of(recs)[0]
+    recs = [r for r in recs if text_of(r) == text]
     L = max(r["length"] for r in recs)
-    variants = _variants(recs)
+    variants = variants_of(recs)
     by = {r["variant"]: r["metrics"]["buckets"] for r in recs if r["length"] == L}
     spans = [(b["start"], b["end"]) for b in by.get(variants[0]) or next(iter(by.values()))]
     rows = []
@@ -316,12 +316,12 @@ def position_table(records: list[dict]) -> str:
 
 def probe_table(records: list[dict], max_length: int | None = None) -> str:
     """Accuracy [95 % Wilson interval] and k/n per task, length and variant."""
-    recs = _probe_records(records)
+    recs = probe_records(records)
     if not recs:
         return ""
     cells = probe_cells(recs)
-    variants = _variants(recs)
-    orig = _orig(recs)
+    variants = variants_of(recs)
+    orig = original_of(recs)
     kinds = list(dict.fromkeys(task_label(r) for r in recs))
     rows = []
     for k in kinds:
@@ -334,17 +334,17 @@ def probe_table(records: list[dict], max_length: int | None = None) -> str:
 
 def short_context_section(records: list[dict]) -> str:
     """Regression check inside the original window: metrics and change vs the unpatched model."""
-    orig = _orig(records)
+    orig = original_of(records)
     if not orig:
         return ""
     parts = []
-    ppl = [r for r in _ppl_records(records) if r["length"] <= orig]
+    ppl = [r for r in perplexity_records(records) if r["length"] <= orig]
     if ppl:
-        variants = _variants(ppl)
-        by = {(r["variant"], _text(r), r["length"]): r["metrics"] for r in ppl}
+        variants = variants_of(ppl)
+        by = {(r["variant"], text_of(r), r["length"]): r["metrics"] for r in ppl}
         rows = []
-        for t in _texts(ppl):
-            for L in sorted({r["length"] for r in ppl if _text(r) == t}):
+        for t in texts_of(ppl):
+            for L in sorted({r["length"] for r in ppl if text_of(r) == t}):
                 base = by.get((BASELINE, t, L))
                 row = [t, fmt_tokens(L, quantum=1)]
                 for v in variants:
@@ -365,7 +365,7 @@ def short_context_section(records: list[dict]) -> str:
 
 def summary_tables(records: list[dict]) -> str:
     """Compact markdown (perplexity, retrieval, differences) for model cards and the terminal."""
-    orig = _orig(records)
+    orig = original_of(records)
     out = []
     if orig:
         out.append(f"Original context window: {orig} tokens. {ci_note(records)}")

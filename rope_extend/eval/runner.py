@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..formatting import fmt_clock
 from ..outputs import EVAL_RUN_FILE, check_replaceable
 from .jobs import Evaluator, Job, plan_jobs
 from .suite import Suite, load_suite
@@ -33,7 +34,6 @@ from .variants import (
 )
 
 RESULTS_FILE = "results.jsonl"
-REPORT_FILE = "report.md"
 RUN_FILE = EVAL_RUN_FILE  # also what marks a folder as an eval output (outputs.py)
 
 
@@ -437,11 +437,6 @@ def _is_terminal(stream) -> bool:
         return False
 
 
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
 class LineProgress:
     """Progress where stderr is not a terminal (a log file, CI, `nohup`, a cluster job): one line per finished job
     (a job is one forward or one shared-prefix group of prompts; it writes one record per case) with its time, the
@@ -457,7 +452,7 @@ class LineProgress:
 
     def loading(self, variant: str) -> None:
         self._print(f"[{self.done_jobs}/{self.total_jobs}] loading {variant} "
-                    f"({_clock(time.perf_counter() - self.started)} elapsed)")
+                    f"({fmt_clock(time.perf_counter() - self.started)} elapsed)")
 
     def finished(self, job: Job, seconds: float) -> None:
         self.done_jobs += 1
@@ -466,7 +461,7 @@ class LineProgress:
         eta = elapsed / self.done_cost * max(0.0, self.total_cost - self.done_cost)
         cases = job.cases[0].case_id + (f" +{len(job.cases) - 1} cases" if len(job.cases) > 1 else "")
         self._print(f"[{self.done_jobs}/{self.total_jobs}] {job.variant.name}: {cases} ({seconds:.1f} s; "
-                    f"{_clock(elapsed)} elapsed, ETA {_clock(eta)})")
+                    f"{fmt_clock(elapsed)} elapsed, ETA {fmt_clock(eta)})")
 
 
 def _progress(enabled: bool):

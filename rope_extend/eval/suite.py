@@ -59,6 +59,7 @@ from pydantic import (
 )
 
 from ..errors import RopeExtendError, yaml_error_detail
+from .probes import SECTIONS, get_probe, probe_names
 from .texts import DEFAULT_TEXT, text_label
 
 SUITES_DIR = Path(__file__).parent / "suites"  # -> eval/suites (symlink in the repo, copied into wheels)
@@ -133,6 +134,10 @@ class PasskeySection(_Model):
     haystacks: Haystacks = Field(default_factory=lambda: ["filler"])
     ceiling: bool = True
 
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return probe_names("passkey")
+
 
 class NeedleSection(_Model):
     tasks: list[str] = Field(default_factory=lambda: ["niah_single"], min_length=1)
@@ -146,11 +151,9 @@ class NeedleSection(_Model):
     @field_validator("tasks")
     @classmethod
     def _known_tasks(cls, tasks):
-        from .probes import NEEDLE_TASKS
-
         for t in tasks:
-            if t not in NEEDLE_TASKS:
-                raise ValueError(f"unknown needle task {t!r}; expected one of {', '.join(NEEDLE_TASKS)}")
+            if t not in probe_names("needle"):
+                raise ValueError(f"unknown needle task {t!r}; expected one of {', '.join(probe_names('needle'))}")
         return tasks
 
 
@@ -247,22 +250,16 @@ class Suite(_Model):
             for text in p.texts:
                 out += [Case("perplexity", L, params={"text": text, **params})
                         for L in _lengths(p.lengths, original_length, short)]
-        if p := self.passkey:
-            for h in p.haystacks:
-                for L, ceiling in _probe_lengths(p, original_length, short):
-                    out += [Case("passkey", L, d, i, {"haystack": h} | ceiling, seed=self.seed)
-                            for i in range(p.samples) for d in p.depths]
-        if p := self.needle:
-            for t in p.tasks:
-                # tasks whose needles sit at random depths get as many prompts per length as the others
-                if t in ("niah_multivalue", "vt"):
-                    depths, samples = [None], p.samples * len(p.depths)
-                else:
-                    depths, samples = p.depths, p.samples
+        for p in (getattr(self, section) for section in SECTIONS):
+            for t in p.tasks if p else ():
+                probe = get_probe(t)
+                # probes whose needles sit at random depths get as many prompts per length as the others
+                depths, samples = ([None], p.samples * len(p.depths)) if probe.spread else (p.depths, p.samples)
+                params = {"num_needles": p.num_needles} if probe.needles else {}
                 for h in p.haystacks:
                     for L, ceiling in _probe_lengths(p, original_length, short):
-                        out += [Case(t, L, d, i, {"num_needles": p.num_needles, "haystack": h} | ceiling,
-                                     seed=self.seed) for i in range(samples) for d in depths]
+                        out += [Case(t, L, d, i, params | {"haystack": h} | ceiling, seed=self.seed)
+                                for i in range(samples) for d in depths]
         if p := self.entropy:
             params = {"queries": p.queries} | ({"text": p.text} if p.text else {})
             out += [Case("entropy", L, params=dict(params)) for L in _lengths(p.lengths, original_length, short)]

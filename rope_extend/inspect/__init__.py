@@ -3,12 +3,11 @@
 (`plot`: `plot_methods`). All take a transformers config; nothing loads model weights.
 """
 
-from .plot import PLOT_METHODS, method_curves, plot_methods
+from .plot import method_curves, plot_methods
 from .recommend import Recommendation, costs_or_accepted, recommend, short_context_cost, with_measurements
 from .table import REGIME_RTOL, DiskRow, RopeInspection, classify, inspect_rope, load_config
 
 __all__ = [
-    "PLOT_METHODS",
     "REGIME_RTOL",
     "DiskRow",
     "Recommendation",

@@ -8,17 +8,16 @@ import torch
 
 from ..encodings import rope_kernel, rope_wavelengths
 from ..errors import CheckpointError, SpecError
-from ..methods import RopeContext, compute, default_inv_freq
+from ..methods import RopeContext, closed_forms, compute, default_inv_freq
 from .table import inspect_rope
 
-PLOT_METHODS = ("linear", "ntk", "yarn", "ntk-by-parts", "llama3")
 
-
-def method_curves(config, factor: float, methods=PLOT_METHODS) -> dict[str, tuple[torch.Tensor, float]]:
-    """{label: (inv_freq, attention_factor)} for each method at `factor` (plus 'original')."""
+def method_curves(config, factor: float, methods=None) -> dict[str, tuple[torch.Tensor, float]]:
+    """{label: (inv_freq, attention_factor)} for each method at `factor` (plus 'original'); default: the static
+    closed forms of the registry (`closed_forms(static=True)`)."""
     base = inspect_rope(config)
     curves = {"original": (default_inv_freq(base.rotary_dim, base.base), 1.0)}
-    for name in methods:
+    for name in methods or closed_forms(static=True):
         ctx = RopeContext(
             rotary_dim=base.rotary_dim,
             base=base.base,
@@ -31,7 +30,7 @@ def method_curves(config, factor: float, methods=PLOT_METHODS) -> dict[str, tupl
     return curves
 
 
-def plot_methods(config, factor: float, path: str | Path, methods=PLOT_METHODS) -> Path:
+def plot_methods(config, factor: float, path: str | Path, methods=None) -> Path:
     """PNG: inverse frequency, wavelength (original/target lengths marked) and the RoPE kernel per method."""
     import matplotlib
 

@@ -27,6 +27,7 @@ from .registry import (
     all_methods,
     all_params,
     canonical_name,
+    closed_forms,
     compute,
     default_inv_freq,
     engine_rules,
@@ -34,6 +35,7 @@ from .registry import (
     gguf_rules,
     method_names,
     register,
+    tune_methods,
 )
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "all_methods",
     "all_params",
     "canonical_name",
+    "closed_forms",
     "compute",
     "default_inv_freq",
     "engine_rules",
@@ -57,4 +60,5 @@ __all__ = [
     "gguf_rules",
     "method_names",
     "register",
+    "tune_methods",
 ]

@@ -57,6 +57,8 @@ class DynamicNtkEngines(EngineRules):
 
 
 class DynamicNtkAdvice(Advice):
+    closed_form = 5  # compared at its default by tune's held-out run; not searched (it changes with the length)
+
     def alternative(self, factor: float, recommended: str) -> str | None:
         return ("when short-context quality matters with stock transformers: exact original model below L (on "
                 "SmolLM2-135M the best frequency method at retrieval, its perplexity far above yarn's at 4x)")

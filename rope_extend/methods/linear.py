@@ -39,6 +39,8 @@ class LinearGguf(GgufRules):
 
 class LinearAdvice(Advice):
     preference = 2
+    closed_form = 0
+    tune_rank = 4
 
 
 LINEAR = register(Linear(), engines=LinearEngines, gguf=LinearGguf, advice=LinearAdvice)

@@ -72,6 +72,8 @@ class Llama3Engines(EngineRules):
 
 class Llama3Advice(Advice):
     preference = 3
+    closed_form = 4
+    tune_rank = 1
     kept_when_shipped = True  # Llama 3.x was tuned with it
 
     def tune_candidates(self, factor):

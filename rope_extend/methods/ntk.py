@@ -58,6 +58,8 @@ class NtkGguf(GgufRules):
 
 class NtkAdvice(Advice):
     preference = 1
+    closed_form = 1
+    tune_rank = 2
 
     def alternative(self, factor: float, recommended: str) -> str | None:
         return "at small factors (<= 2) a plain rope_theta change every loader reads" if factor <= 2 else None

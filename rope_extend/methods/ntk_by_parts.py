@@ -4,7 +4,7 @@ Written to config.json as `yarn` with an explicit `attention_factor: 1.0`, so st
 and llama.cpp serve it by YaRN's rules.
 """
 
-from .registry import RopeContext, register
+from .registry import Advice, RopeContext, register
 from .yarn import RAMP_PARAMS, Yarn, YarnEngines, YarnGguf, yarn_inv_freq
 
 
@@ -21,6 +21,12 @@ class NtkByParts(Yarn):
         return yarn_inv_freq(ctx, ctx.factor), 1.0
 
 
-# YaRN's engine and GGUF rules; the default advice: not compared by `--recommend` (YaRN without its temperature is
-# compared as yarn), one tune candidate at s (not YaRN's grid)
-NTK_BY_PARTS = register(NtkByParts(), engines=YarnEngines, gguf=YarnGguf)
+class NtkByPartsAdvice(Advice):
+    """Not compared by `--recommend` (YaRN without its temperature is compared as yarn), one tune candidate at s (not
+    YaRN's grid)."""
+
+    closed_form = 3
+    tune_rank = 3
+
+
+NTK_BY_PARTS = register(NtkByParts(), engines=YarnEngines, gguf=YarnGguf, advice=NtkByPartsAdvice)  # YaRN's rules

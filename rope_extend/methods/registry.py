@@ -344,11 +344,17 @@ class Advice(Adapter):
 
     preference: the static methods `--recommend` compares by their short-context cost, in this order of preference
         where the model's config accepts them (None: not compared);
-    kept_when_shipped: a model that ships this scheme keeps it when extended further (it was tuned with it).
+    kept_when_shipped: a model that ships this scheme keeps it when extended further (it was tuned with it);
+    closed_form: where it stands among the closed forms compared at their defaults (`inspect --plot` draws the static
+        ones, `tune`'s held-out comparison evaluates them all), 0 first (None: not one of them);
+    tune_rank: where `tune` screens its candidates when no `--methods` are given, most promising first (None: not
+        searched by default).
     """
 
     preference: ClassVar[int | None] = None
     kept_when_shipped: ClassVar[bool] = False
+    closed_form: ClassVar[int | None] = None
+    tune_rank: ClassVar[int | None] = None
 
     def alternative(self, factor: float, recommended: str) -> str | None:
         """Why to choose this method instead of `recommended` at `factor` (an alternative `recommend` lists), or
@@ -399,6 +405,18 @@ def method_names() -> list[str]:
 
 def all_methods() -> list[RopeMethod]:
     return [_REGISTRY[name] for name in method_names()]
+
+
+def closed_forms(*, static: bool = False) -> list[str]:
+    """The closed forms compared at their defaults (`Advice.closed_form`), in their order; `static`: without the
+    dynamic ones."""
+    ranked = [(ADVICE[name].closed_form, name) for name in method_names() if ADVICE[name].closed_form is not None]
+    return [name for _, name in sorted(ranked) if not (static and _REGISTRY[name].dynamic)]
+
+
+def tune_methods() -> list[str]:
+    """The methods `tune` searches as closed forms by default (`Advice.tune_rank`), most promising first."""
+    return [name for _, name in sorted((ADVICE[n].tune_rank, n) for n in method_names() if ADVICE[n].tune_rank is not None)]
 
 
 def all_params() -> dict[str, Param]:

@@ -190,6 +190,8 @@ class YarnGguf(GgufRules):
 
 class YarnAdvice(Advice):
     preference = 0  # the best training-free static method, loaded by every stock engine
+    closed_form = 2
+    tune_rank = 0
 
     def alternative(self, factor: float, recommended: str) -> str | None:
         return "if you need a scheme every engine reproduces, with an attention temperature"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
-from ..memory import LOSS_CHUNK_BYTES, activation_bytes, checkpointed_bytes_per_token  # noqa: F401  (re-exported)
+from ..memory import LOSS_CHUNK_BYTES, checkpointed_bytes_per_token
 from ..spec import RopeSpec, load_spec
 
 DEFAULT_STEPS = 400

@@ -55,15 +55,6 @@ def loss_figure(points: list[tuple[int, float]], title: str):
     return fig
 
 
-def redraw_loss_plot(folder: Path) -> Path:
-    """Draw *folder*'s loss plot again from its training_log.jsonl and training.json (no training run needed)."""
-    folder = Path(folder)
-    history = [json.loads(line) for line in (folder / LOG_FILE).read_text().splitlines() if line.strip()]
-    title = json.loads((folder / SUMMARY_FILE).read_text()).get("title", "training loss")
-    plot_loss([(row["step"], row["loss"]) for row in history if "loss" in row], folder / LOSS_PLOT, title)
-    return folder / LOSS_PLOT
-
-
 def loss_line(summary: dict[str, Any]) -> str | None:
     """"first A -> last B (mean of the first / last k steps: C -> D)", or None when no loss was logged."""
     if summary.get("first_loss") is None:

@@ -25,11 +25,11 @@ import torch
 
 from ..eval.perplexity import token_losses
 from ..eval.texts import LICENSES_DIR, license_files
-from ..methods import get_method
+from ..formatting import fmt_clock
+from ..methods import closed_forms, get_method
 from ..patch import patch_model, unpatch_model
 from ..plan import PatchPlan
 from .log import SearchLog
-from .search import _clock
 
 # Held-out corpus ("licenses"): distinct licence texts shipped with Debian/Ubuntu, in this order and unstripped (the
 # order and bytes the shipped tune evidence was measured on; eval's `debian_licenses` text orders them differently).
@@ -73,9 +73,9 @@ class Variant:
 
 
 def default_variants(factor: float) -> list[Variant]:
-    """The closed forms at their default parameters (the issue's comparison set)."""
-    names = ["linear", "ntk", "ntk-by-parts", "yarn", "llama3", "dynamic"]
-    return [Variant("unpatched", None)] + [Variant(f"{m} x{factor:g}", {"method": m, "factor": factor}) for m in names]
+    """The closed forms at their default parameters (the issue's comparison set: the registry's `closed_forms()`)."""
+    return [Variant("unpatched", None)] + [Variant(f"{m} x{factor:g}", {"method": m, "factor": factor})
+                                           for m in closed_forms()]
 
 
 def _is_static(spec: dict[str, Any] | None) -> bool:
@@ -221,9 +221,9 @@ def compare(
             ppl = math.exp(sum(rec["beyond"]["sums"]) / sum(rec["beyond"]["counts"]))
             # ETA: the mean time of the variants evaluated in this run, for each one still to go (an upper bound:
             # variants that share a model with an earlier one cost nothing)
-            eta = _clock(fresh_seconds / fresh * (len(variants) - n)) if fresh else "?"
+            eta = fmt_clock(fresh_seconds / fresh * (len(variants) - n)) if fresh else "?"
             print(f"[heldout {n}/{len(variants)}] {variant.name}: ppl beyond {ppl:.3f} ({rec['seconds']:.0f}s) | "
-                  f"{_clock(time.perf_counter() - started)} elapsed, ETA {eta}", file=sys.stderr, flush=True)
+                  f"{fmt_clock(time.perf_counter() - started)} elapsed, ETA {eta}", file=sys.stderr, flush=True)
     return records
 
 

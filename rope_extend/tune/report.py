@@ -81,15 +81,6 @@ def heldout_markdown(rows: list[dict], original: int, target: int, reference: st
     return "\n".join(lines) + "\n"
 
 
-def heldout_table(path: str | Path, original: int, target: int) -> str:
-    """The held-out table from a `heldout.jsonl` (also of a run still in progress)."""
-    import json
-
-    lines = Path(path).read_text().splitlines()[1:]
-    records = [json.loads(line) for line in lines if line.strip()]
-    return heldout_markdown(heldout_rows(records), original, target)
-
-
 def candidates_markdown(result) -> str:
     lines = ["| # | rung | length | candidate | family | loss beyond L | seconds |", "|---|---|---|---|---|---|---|"]
     for n, rec in enumerate(result.records, 1):

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..formatting import fmt_clock
 from .log import SearchLog
 from .objective import CalibrationObjective, Evaluation, eval_cost
 from .space import Candidate, Geometry, closed_form_grid, geometry_of, per_dim_moves
@@ -116,20 +117,15 @@ class _Progress:
             self.fresh_cost += cost
             self.fresh_seconds += ev["seconds"]
         rate = self.fresh_seconds / self.fresh_cost if self.fresh_cost else None
-        eta = "?" if rate is None else _clock(rate * max(0.0, self.planned - self.spent))
+        eta = "?" if rate is None else fmt_clock(rate * max(0.0, self.planned - self.spent))
         tag = "" if fresh else " (from log)"
         print(
             f"[tune {self.done}/{self.total}] rung {rung} @{length}: {cand.name}: loss {ev['loss']:.4f} "
             f"({ev['seconds']:.0f}s){tag} | budget {self.spent:.2f}/{self.planned:.2f} | "
-            f"{_clock(time.perf_counter() - self.started)} elapsed, ETA {eta}",
+            f"{fmt_clock(time.perf_counter() - self.started)} elapsed, ETA {eta}",
             file=self.stream,
             flush=True,
         )
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def tune(

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..methods import RopeContext, advice, all_methods, compute, default_inv_freq
+from ..methods import RopeContext, advice, all_methods, compute, default_inv_freq, tune_methods
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,11 @@ def closed_form_grid(geom: Geometry, methods: list[str] | None = None) -> list[C
     """Closed forms around the nominal factor s = N / L, the most promising of each method first.
 
     The factor is not fixed to N/L: a larger factor trades some inside-range sharpness for margin at the far end.
-    Methods take turns (yarn, llama3, ntk, ntk-by-parts, linear by default), so a budget that screens only the
-    first k candidates still covers every family.
+    Methods take turns (by default the registry's `tune_methods()`: yarn, llama3, ntk, ntk-by-parts, linear), so a
+    budget that screens only the first k candidates still covers every family.
     """
     s = geom.factor
-    methods = methods or ["yarn", "llama3", "ntk", "ntk-by-parts", "linear"]
+    methods = methods or tune_methods()
     out: list[Candidate] = []
     grid = {m: advice(m).tune_candidates(s) for m in methods}
     unknown = [m for m in methods if not grid[m]]
