@@ -34,7 +34,7 @@ from .files import check_safetensors, read_json
 from .hub import resolve_source
 from .patch import verify_or_explain
 from .plan import PatchPlan, check_rope_model
-from .serving import ServeHint, ServingHints
+from .engines.serving import ServeHint, ServingHints
 from .source import Source, plan_source, read_source
 from .spec import RopeSpec, load_spec
 from .verify import model_dtype, probe_outputs, verify_plan, verify_tokenizer

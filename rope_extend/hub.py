@@ -360,7 +360,7 @@ def push(plan: PushPlan, token: str, report=None, retry=None) -> bool | None:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
-    from .upload import send
+    from .upload import network_error, send
 
     refusal = plan.selection.refusal()
     if refusal is not None:
@@ -384,16 +384,10 @@ def push(plan: PushPlan, token: str, report=None, retry=None) -> bool | None:
     except Exception as exc:  # connection errors and timeouts of whichever HTTP client huggingface_hub uses
         reason = " ".join(str(exc).split())[:200]
         raise CheckpointError(f"pushing to {plan.repo_id!r} failed ({type(exc).__name__}{': ' + reason if reason else ''})"
-                              f"{plan.kept(retry=_network_error(exc))}") from None
+                              f"{plan.kept(retry=network_error(exc))}") from None
     plan.url = transfer.url or f"{_endpoint()}/{plan.repo_id}"
     plan.transfer = transfer
     try:
         return bool(HfApi(token=token).repo_info(plan.repo_id, repo_type="model").private)
     except Exception:  # the push is done; only the visibility report is missing
         return None
-
-
-def _network_error(exc: BaseException) -> bool:
-    """A connection error or a timeout (requests' are OSErrors; httpx's derive from its TransportError)."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return isinstance(exc, (OSError, TimeoutError)) or bool(names & {"TransportError", "TimeoutException"})

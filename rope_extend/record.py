@@ -502,7 +502,7 @@ def _resolve_include(root: Path, real_root: Path, include: Sequence[str], flag: 
         given = Path(item).expanduser()
         rel = Path(os.path.relpath(os.path.abspath(given), root)) if given.is_absolute() else given
         plain = Path(os.path.normpath(rel))  # extra/../NOTES.md is NOTES.md, unless a link makes `..` go elsewhere
-        if (plain != rel and files._names_inside(plain) and os.path.lexists(root / rel)
+        if (plain != rel and files.names_inside(plain) and os.path.lexists(root / rel)
                 and os.path.realpath(root / rel) == os.path.realpath(root / plain)):
             rel = plain
         if rel.parts in ((), (".",)) or Path(os.path.normpath(rel)).parts in ((), (".",)):

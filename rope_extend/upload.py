@@ -320,7 +320,6 @@ def _retrying(call: Callable, what: str, retry: Retry, report: Report):
     """`call()`, retried as the module docstring says; the last failure is raised as it came."""
     from huggingface_hub.errors import HfHubHTTPError
 
-    from .hub import _network_error
 
     for attempt in range(1, retry.attempts + 1):
         try:
@@ -332,7 +331,7 @@ def _retrying(call: Callable, what: str, retry: Retry, report: Report):
                 raise
             wait, why = retry.wait(attempt, _retry_after(response)), f"HTTP {status}"
         except Exception as exc:
-            if not _network_error(exc) or attempt == retry.attempts:
+            if not network_error(exc) or attempt == retry.attempts:
                 raise
             wait, why = retry.wait(attempt, None), type(exc).__name__
         report.retry(what, why, wait, attempt, retry.attempts)
@@ -380,3 +379,9 @@ def _interrupted(plan: PushPlan, transfer: Transfer) -> str:
             f"{size_text(sum(item.size for item in transfer.items if item.lfs))}) are on the Hub as objects no commit names yet" if large else "nothing was sent in this run")
     return (f"push interrupted: {held}; nothing was committed, so {plan.repo_id} shows no part of this checkpoint, "
             f"and OUT is as it was; `{plan.later}` resumes, sending only what the Hub does not hold")
+
+
+def network_error(exc: BaseException) -> bool:
+    """A connection error or a timeout (requests' are OSErrors; httpx's derive from its TransportError)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return isinstance(exc, (OSError, TimeoutError)) or bool(names & {"TransportError", "TimeoutException"})

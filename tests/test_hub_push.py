@@ -144,7 +144,7 @@ def reference_serving(out: Path, name: str) -> tuple[str, str]:
     from rope_extend import compat
     from rope_extend.files import load_config
     from rope_extend.plan import plan_patch
-    from rope_extend.serving import serve_command, serving_hints
+    from rope_extend.engines.serving import serve_command, serving_hints
     from rope_extend.spec import RopeSpec
 
     config = compat.text_config(load_config(out))

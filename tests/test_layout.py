@@ -119,12 +119,7 @@ def test_every_module_has_a_layer_in_the_docs_table():
 
 
 # Upward imports still to remove, each with its issue: nothing else may join this list.
-NOT_YET_LAYERED = {
-    # issue 56 (helper iface: the run-engine interface moves vLLM's eval run out of engines/)
-    "rope_extend.engines.vllm_run (4) -> rope_extend.eval.perplexity (7)",
-    "rope_extend.engines.vllm_run (4) -> rope_extend.eval.texts (7)",
-    "rope_extend.engines.vllm_run (4) -> rope_extend.patch (5)",
-}
+NOT_YET_LAYERED: set[str] = set()  # upward imports still to remove (none)
 
 
 def test_no_import_from_a_lower_layer_to_a_higher_one():

@@ -129,7 +129,7 @@ def test_the_recorded_runs_are_generated_from_the_records():
     words = {(True, True): "yes", (True, False): "up to L", (False, True): "at s·L only", (False, False): "no"}
     (mine,) = [r for r in data["methods"][record["method"]] if r["model"] == "smollm2"]
     assert len(runs) == 2 and len(ok) == 1 and mine["verdict"] == words[ok.pop()] and mine["tokens"] == [8192, 12288]
-    from rope_extend.serving import vllm_runs_lines  # what the card of a checkpoint of this method says
+    from rope_extend.engines.serving import vllm_runs_lines  # what the card of a checkpoint of this method says
 
     (line,) = [line for line in vllm_runs_lines(record["method"]) if "SmolLM2-135M through" in line]
     assert line.startswith(f"  - run (not on this checkpoint): {mine['engine']} on cpu served `{record['method']}` x1.5")

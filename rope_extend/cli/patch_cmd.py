@@ -95,7 +95,7 @@ HANG = " " * len("serve:  ")  # where the next-step lines continue
 
 
 def say_next_steps(folder: Path, hint) -> None:
-    """`output:` the checkpoint and `serve:` the one way to serve it to try first (a `serving.ServeHint`),
+    """`output:` the checkpoint and `serve:` the one way to serve it to try first (an `engines.serving.ServeHint`),
     shell-quoted and wrapped so that it pastes whole."""
     say(f"output: {shell_path(folder)}", hang=HANG)
     say_command("serve:  ", "\n".join(hint.lines) if hint.python else hint.command, hint.python)

@@ -331,7 +331,7 @@ def _vllm_rows(loaded: dict, name: str, groups: list[Group], short: int, long: i
         return {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if max_len > vllm.derived_max_model_len(fields, rope) else {}
 
     def run(route, max_len, overrides):
-        extra = f" --hf-overrides '{vllm._json(overrides)}'" if overrides else ""
+        extra = f" --hf-overrides '{vllm.compact_json(overrides)}'" if overrides else ""
         f, r = vllm.load_config(loaded, overrides)
         command = f"{_env_prefix(env_for(max_len, r))}{base} --max-model-len {max_len}{extra}"
         for group in groups:
@@ -358,7 +358,7 @@ def _sglang_rows(loaded: dict, name: str, groups: list[Group], short: int, long:
         int(fields.get("max_position_embeddings", long)), full) else ""
 
     def run(route, overrides):
-        extra = f" --json-model-override-args '{vllm._json(overrides)}'" if overrides else ""
+        extra = f" --json-model-override-args '{vllm.compact_json(overrides)}'" if overrides else ""
         f, r = sglang.load_config(loaded, overrides)
         for group in groups:
             rope = _layer_rope(loaded, r, group)

@@ -6,7 +6,7 @@ overrides), llama.cpp running the original GGUF with the printed flags or a GGUF
 that engine's RoPE (the real library for transformers, a version-pinned port otherwise) for a short request (L
 tokens, all positions below the original length) and a long one (the target length). Each is compared with
 rope-extend's own cos/sin, magnitude included: max |Δcos|, |Δsin|, or the exact reason the engine cannot serve it.
-The commands checked are the ones `rope_extend.serving` prints, so the hints are tested by construction.
+The commands checked are the ones `rope_extend.engines.serving` prints, so the hints are tested by construction.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ Result = Delta | LogprobDelta | NotServed  # cos/sin of a library or port, promp
 PORT, RUN, NOT_RUN = "port", "run", "not run"
 
 if TYPE_CHECKING:
-    from ..serving import ServingHints
+    from .serving import ServingHints
 
 
 @dataclass
@@ -417,7 +417,7 @@ def _lengths(plan: PatchPlan) -> list[int]:
 
 
 def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -> ParityReport:
-    from ..serving import ServingHints
+    from .serving import ServingHints
 
     plan = inputs.plan
     spec = plan.spec

@@ -59,8 +59,7 @@ def build_docs(
     lengths = [int(x) for x in (lengths or DEFAULT_LENGTHS)]
     docs = []
     if task == "perplexity":
-        from .perplexity import tokenize_text
-        from .probes import special_prefix
+        from .perplexity import special_prefix, tokenize_text
         from .texts import load_text, text_label
 
         ids = tokenize_text(tokenizer, load_text(text)).tolist()[len(special_prefix(tokenizer)):]

@@ -186,9 +186,15 @@ def perplexity_from_losses(losses: torch.Tensor, lengths: list[int], *, original
     }
 
 
+def special_prefix(tokenizer) -> list[int]:
+    """Tokens the tokenizer adds in front of any text (e.g. ``[BOS]`` for LLaMA, ``[]`` for SmolLM2)."""
+    ids = list(tokenizer("", add_special_tokens=True)["input_ids"])
+    eos = getattr(tokenizer, "eos_token_id", None)
+    # Some tokenizers append EOS: keep only the leading special tokens.
+    return [i for i in ids if i != eos] if len(ids) > 1 else ids
+
+
 def tokenize_text(tokenizer, text: str) -> torch.Tensor:
     """Token ids of *text* (with the tokenizer's leading special tokens, if any)."""
-    from .probes import special_prefix
-
     ids = special_prefix(tokenizer) + list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return torch.tensor(ids, dtype=torch.long)

@@ -98,14 +98,6 @@ def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def special_prefix(tokenizer) -> list[int]:
-    """Tokens the tokenizer adds in front of any text (e.g. ``[BOS]`` for LLaMA, ``[]`` for SmolLM2)."""
-    ids = list(tokenizer("", add_special_tokens=True)["input_ids"])
-    eos = getattr(tokenizer, "eos_token_id", None)
-    # Some tokenizers append EOS: keep only the leading special tokens.
-    return [i for i in ids if i != eos] if len(ids) > 1 else ids
-
-
 class Haystack:
     """Sentence-granular filler token stream (the classic passkey sentences, or any text).
 
@@ -223,6 +215,8 @@ def make_passkey(
     tokenizer, length: int, depth: float, index: int = 0, seed: int = 0, haystack: Haystack | str | None = None
 ) -> ProbeSample:
     """Classic passkey prompt of exactly *length* tokens with a 5-digit key at *depth* (0..1)."""
+    from .perplexity import special_prefix
+
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth}")
     key = str(_rng("passkey", seed, length, depth, index).randint(10000, 99999))
@@ -248,6 +242,8 @@ def _var_name(rng: random.Random) -> str:
 
 def _needle_start(tokenizer, task, length, depth, index, seed, num_needles, haystack):
     """What every needle probe starts from: its seeded random state, haystack, leading special tokens and encoder."""
+    from .perplexity import special_prefix
+
     rng = _rng(task, seed, length, depth, index, num_needles)
 
     def enc(s: str) -> list[int]:

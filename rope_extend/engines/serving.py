@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .engines import llama_cpp, sglang, transformers_engine, vllm
-from .engines.served import EngineHint
-from .plan import PatchPlan
+from ..plan import PatchPlan
+from . import llama_cpp, sglang, transformers_engine, vllm
+from .served import EngineHint
 
 RULES = (transformers_engine.serving_rule, vllm.serving_rule, sglang.serving_rule, llama_cpp.serving_rule)
 # The Serving section's first line: what "checked" means for these commands (rope_extend.engines.parity runs their
@@ -144,7 +144,7 @@ def serving_hints(plan: PatchPlan, out: str,
 def vllm_runs_lines(method: str) -> list[str]:
     """What a real vLLM did with `method`'s commands, as the project ran them (`rope_extend/engines/vllm_runs.json`,
     from eval/reports/vllm-engines-*/): one line per record, with the engine, its version, the device and the date."""
-    from .engines.vllm_run import recorded_runs
+    from .vllm_run import recorded_runs
 
     words = {"yes": "identical at both lengths", "up to L": "identical up to the original window only",
              "at s·L only": "identical at the target length only", "no": "not identical"}
