@@ -440,8 +440,7 @@ def patch_checkpoint(
     before any path is created.
     """
     options = replace(options or WriteOptions(), **fields) if fields else options or WriteOptions()
-    loaded, plan = plan_checkpoint(source, spec if isinstance(spec, RopeSpec) else load_spec(spec), out, options,
-                                   revision=revision)
+    loaded, plan = plan_checkpoint(source, load_spec(spec), out, options, revision=revision)
     return write_checkpoint(loaded, plan, out, options)
 
 

@@ -50,13 +50,13 @@ def eval_command(
 ) -> None:
     """Evaluate before/after: perplexity by length, passkey, needles, short-context regression; resumable."""
     from ..eval.runner import run_eval, summary_markdown
-    from ..eval.variants import parse_spec_arg
+    from ..spec import parse_inline_spec
 
     engine_args = {key: value for key, value in (("tensor_parallel_size", tensor_parallel_size),
                                                  ("pipeline_parallel_size", pipeline_parallel_size)) if value}
     if engine_args and engine != "vllm":
         raise ValueError("--tensor-parallel-size and --pipeline-parallel-size are vLLM's: add --engine vllm")
-    variants = [parse_spec_arg(s) for s in specs or []]
+    variants = [parse_inline_spec(s) for s in specs or []]
     if name is not None:
         from ..eval.variants import BASELINE
 

@@ -187,9 +187,9 @@ def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
     if is_gguf(source):
         if run.push_to_hub or run.eval_suite or run.dtype or run.mode != "auto":
             fail("a .gguf SOURCE takes only --method/--factor/--target-length/--config/--set/--overwrite")
-        from ..gguf import patch_gguf, result_lines
+        from ..gguf import plan_gguf_file, result_lines, write_gguf
 
-        for line in result_lines(patch_gguf(source, spec, output, overwrite=run.overwrite)):
+        for line in result_lines(write_gguf(plan_gguf_file(source, spec), output, overwrite=run.overwrite)):
             if line.startswith("serve:  "):
                 say_command("serve:  ", line.removeprefix("serve:  "))
             else:
