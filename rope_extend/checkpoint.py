@@ -36,7 +36,7 @@ from .plan import PatchPlan, check_rope_model
 from .serving import ServeHint, ServingHints
 from .source import Source, plan_source, read_source
 from .spec import RopeSpec, load_spec
-from .verify import model_dtype, probe_outputs, verify_plan
+from .verify import model_dtype, probe_outputs, verify_plan, verify_tokenizer
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SKIP_NAMES = {".git", ".gitattributes", ".cache", ".huggingface"}
@@ -194,30 +194,23 @@ def _clean_stale_tmp(out: Path) -> None:
             continue
 
 
-def _make_parents(out: Path) -> list[Path]:
-    """Create OUT's missing parents; returns those created (deepest first) so a failed run can remove them."""
+def _make_parents(out: Path, created: list[Path]) -> None:
+    """Create OUT's missing parents, each added to `created` (deepest first) as soon as it exists, so that a failed
+    or interrupted run removes them."""
     missing = [p for p in out.parents if not p.exists()]
     for folder in reversed(missing):
         folder.mkdir()
-    return missing
+        created.insert(0, folder)
 
 
 @contextlib.contextmanager
 def _atomic_dir(out: Path, overwrite: bool):
     """Yield a temp folder beside OUT; on success it replaces OUT, on any failure it disappears (and so do the
-    parent folders this run created). OS errors name OUT, never the temporary folder."""
-    try:
-        created = _make_parents(out)
-    except OSError as exc:
-        raise CheckpointError(f"cannot create the parent folders of OUT {str(out)!r}: {exc.strerror}; choose another -o") from None
-    _clean_stale_tmp(out)
+    parent folders this run created). OS errors name OUT, never the temporary folder. SIGTERM is turned into
+    KeyboardInterrupt before anything is created, so no moment exists when a folder is there and its cleanup is not."""
+    created: list[Path] = []
     tmp = out.parent / f".{out.name}{TMP_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     done = False
-    try:
-        tmp.mkdir()
-    except OSError as exc:
-        _remove_empty(created)
-        raise CheckpointError(f"cannot write beside OUT in {str(out.parent)!r} ({exc.strerror}); choose another -o") from None
     previous = signal.getsignal(signal.SIGTERM)
 
     def _terminate(signum, frame):
@@ -226,7 +219,19 @@ def _atomic_dir(out: Path, overwrite: bool):
     in_main = _in_main_thread()
     if in_main and previous in (signal.SIG_DFL, signal.SIG_IGN, None):  # keep a caller's handler (the CLI's)
         signal.signal(signal.SIGTERM, _terminate)
-    try:
+    try:  # armed before any folder exists: a signal from their creation on lands in the `finally` that removes them
+        try:
+            _make_parents(out, created)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot create the parent folders of OUT {str(out)!r}: {exc.strerror}; choose another -o") from None
+        _clean_stale_tmp(out)
+        try:
+            tmp.mkdir()
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot write beside OUT in {str(out.parent)!r} ({exc.strerror}); choose another -o") from None
+        _tmp_created(tmp)
         yield tmp
         if out.exists():
             if not overwrite:
@@ -252,6 +257,11 @@ def _atomic_dir(out: Path, overwrite: bool):
             _remove_empty(created)
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _tmp_created(tmp: Path) -> None:
+    """Called right after the temporary folder is created (a test hook: tests/test_reliability.py sends SIGTERM from
+    here to pin down the moment the folder appears)."""
 
 
 def _remove_empty(folders: list[Path]) -> None:
@@ -337,11 +347,13 @@ def verify_output(
 ) -> None:
     """Load `folder` with stock transformers and verify it (`rope_extend.verify.verify_plan`): the RoPE it builds
     equals rope-extend's numbers and a forward beyond the original length runs and agrees with rope-extend's
-    patched model (the real one on the full path, a small random-weight one of the same config otherwise)."""
+    patched model (the real one on the full path, a small random-weight one of the same config otherwise); and its
+    tokenizer loads and its chat templates compile (`rope_extend.verify.verify_tokenizer`)."""
     import warnings
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    verify_tokenizer(folder)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = AutoConfig.from_pretrained(folder)
@@ -543,7 +555,7 @@ def write_checkpoint(
         result.written += ["rope_extend.yaml", "README.md"]
         if options.verify:
             step("verifying: stock transformers reload equals the trained model" if model is not None
-                 else "verifying: stock transformers reload and a forward beyond the original length")
+                 else "verifying: stock transformers reload, the tokenizer and a forward beyond the original length")
             try:
                 verify_output(tmp, plan, mode, source_config=source.config, patched_outputs=result.patched_outputs,
                               patched_dtype=result.patched_dtype)

@@ -279,6 +279,21 @@ def dtype_kwargs(dtype) -> dict:
     return {"dtype" if TRANSFORMERS_V5 else "torch_dtype": dtype}
 
 
+def compile_chat_template(template: str):
+    """Compile a chat template as `apply_chat_template` does (transformers' sandboxed jinja2 environment with its
+    filters and extensions, cached); raises jinja2's TemplateError (a syntax error names its line)."""
+    from transformers.utils import chat_template_utils
+
+    compile_template = getattr(chat_template_utils, "_compile_jinja_template", None)
+    if compile_template is None:  # not in every release: the same sandbox, without transformers' extras
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        return environment.from_string(template)
+    return compile_template(template)
+
+
 @contextlib.contextmanager
 def without_zero3_init():
     """Within the block, transformers builds and loads models whole even while a DeepSpeed ZeRO-3 run is set up

@@ -8,7 +8,8 @@ is, the same one `patch` runs:
    config.json carrying rope-extend's marker (the spec and the model's RoPE before the patch); the patch is planned
    again from them (`plan.plan_patch`).
 2. Every weight file's header must describe exactly its length, and the index's shards must exist
-   (`files.check_safetensors`, `files.index_shards`). Then stock transformers must build the planned RoPE from OUT's
+   (`files.check_safetensors`, `files.index_shards`). The tokenizer must load and every chat template compile
+   (`verify.verify_tokenizer`). Then stock transformers must build the planned RoPE from OUT's
    config.json, and a forward beyond the original length must agree with rope-extend's patched model: on a small
    random-weight model of the config when the weights are the ones verified (nothing in their record changed), on
    the real weights otherwise (stock transformers' load of OUT against OUT's weights loaded with the config before
@@ -95,7 +96,7 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
 
         check_loading(given, root, config, "auto", skip=not memory_check,
                       ways=memory.WaysOut(dtype_flag=None, device="a machine with more memory"))
-    step("verifying: stock transformers reload and a forward beyond the original length"
+    step("verifying: the tokenizer, stock transformers reload and a forward beyond the original length"
          + (" on the real weights (they changed)" if real else ""))
     edited = ", ".join(name for name, _ in changed) or "no file"
     undo = (f"nothing was written: restore what changed ({edited}), or write OUT again with `rope-extend patch` into "
@@ -130,10 +131,12 @@ def _verify(root: Path, plan, real: bool, source) -> None:
     """The verification of `checkpoint.verify_output` with `source` (OUT's config before the patch): a small model
     of it, or with `real`, OUT's real weights patched in-process against stock transformers' load of OUT."""
     from .checkpoint import verify_output
+    from .verify import verify_tokenizer
 
     if not real:
         verify_output(root, plan, "config-only", source_config=source)
         return
+    verify_tokenizer(root)  # before the weights are loaded: it costs little and says the same
     outputs, dtype = _patched_outputs(root, plan)
     verify_output(root, plan, "full", source_config=source, patched_outputs=outputs, patched_dtype=dtype)
 

@@ -514,6 +514,28 @@ def test_interrupt_exits_128_plus_signal_and_leaves_nothing(pristine, tmp_path, 
     assert "wrote" not in stdout
 
 
+def test_sigterm_the_moment_the_temporary_folder_appears_leaves_nothing(pristine, tmp_path, monkeypatch, capsys):
+    """Issue 57: SIGTERM right after the temporary output folder was created (before, the cleanup was armed only
+    after it: the folder stayed, exit 143 saying "nothing was left"). The test hook pins that moment; the hook ran."""
+    from rope_extend import checkpoint
+
+    src = copy_tree(pristine, tmp_path / "src")
+    out = tmp_path / "new" / "out"
+    seen = []
+
+    def terminate(tmp):
+        seen.append(tmp.is_dir())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(checkpoint, "_tmp_created", terminate)
+    capsys.readouterr()
+    assert run(["patch", str(src), "-o", str(out), "--method", "yarn", "--factor", "4", "--mode", "full"]) == 143
+    assert seen == [True]  # the signal came with the folder there
+    lines = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("rope-extend: [")]
+    assert lines == [f"rope-extend: interrupted (SIGTERM); nothing was left at {out}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no OUT, no hidden folder, no parent created
+
+
 # --- what 'verified' promises --------------------------------------------------------------------------------------
 def test_patch_model_refuses_a_model_that_would_not_run_and_changes_nothing():
     import torch

@@ -120,3 +120,92 @@ def test_verification_of_a_real_shape_catches_a_wrong_patch(monkeypatch):
         warnings.simplefilter("ignore")
         with pytest.raises(verify.VerificationError, match="disagree beyond the original length"):
             patch_model(model, method="yarn", factor=4)
+
+
+# --- the tokenizer and chat templates: what a user loads beside the weights ---------------------------------------
+BROKEN_TEMPLATE = "{% for m in messages %}{{ m['content'] }"
+
+
+@pytest.fixture(scope="module")
+def with_tokenizer(tmp_path_factory, smollm2_path):
+    """A tiny llama with SmolLM2's real tokenizer files and chat template (chat_template.jinja)."""
+    import shutil
+
+    import tiny
+
+    folder = tmp_path_factory.mktemp("tok") / "src"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tiny.make_model("llama").save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy2(Path(smollm2_path) / name, folder / name)
+    return folder
+
+
+def _cli(*args) -> int:
+    from rope_extend.cli import run
+
+    return run([str(a) for a in args])
+
+
+def _one_error(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if not line.startswith("rope-extend: [")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_verify_refuses_a_tokenizer_that_does_not_load_and_writes_nothing(with_tokenizer, tmp_path, capsys):
+    """Issue 57: tokenizer.json truncated to 1000 bytes in OUT. `verify` refused in one line naming the file (it
+    printed "verified" and re-signed the record before), nothing is written, and push still refuses the edit."""
+    import tiny
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "out"
+    assert _cli("patch", with_tokenizer, "-o", out, "--method", "yarn", "--factor", "4") == 0
+    shipped = (out / "tokenizer.json").read_bytes()
+    (out / "tokenizer.json").write_bytes(shipped[:1000])
+    with pytest.raises(ValueError):  # what a user of OUT meets (JSONDecodeError)
+        AutoTokenizer.from_pretrained(out)
+    before = tiny.checksums(out)
+    capsys.readouterr()
+    assert _cli("verify", out) == 2
+    error = _one_error(capsys.readouterr().err)
+    assert error.startswith(f"rope-extend: error: OUT {str(out)!r} does not verify as it is now: tokenizer.json is "
+                            "not valid JSON ("), error
+    assert "nothing was written" in error and tiny.checksums(out) == before
+    assert _cli("push", out, "me/m", "--dry-run") == 2
+    assert "tokenizer.json (edited)" in _one_error(capsys.readouterr().err)
+    (out / "tokenizer.json").write_bytes(shipped)
+    assert _cli("verify", out) == 0
+
+
+@pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json", "chat_template.json"])
+def test_a_chat_template_that_does_not_compile_is_never_verified(with_tokenizer, tmp_path, capsys, where):
+    """Issue 57: a chat template with an unclosed `{{` in any of the places transformers reads one: `patch` from
+    that SOURCE refuses (nothing at OUT), in one line naming the file and jinja2's error; a template that
+    compiles only in transformers' environment (its `{% generation %}` tag) verifies."""
+    import shutil
+
+    source = tmp_path / "src"
+    shutil.copytree(with_tokenizer, source)
+    if where != "chat_template.jinja":  # one template, in the place tested
+        (source / "chat_template.jinja").unlink()
+    config = json.loads((source / "tokenizer_config.json").read_text())
+
+    def put(template: str) -> None:
+        if where == "tokenizer_config.json":
+            (source / where).write_text(json.dumps({**config, "chat_template": template}))
+        elif where == "chat_template.json":
+            (source / where).write_text(json.dumps({"chat_template": template}))
+        else:
+            (source / where).write_text(template)
+
+    put(BROKEN_TEMPLATE)
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert _cli("patch", source, "-o", out, "--method", "yarn", "--factor", "4") == 2
+    error = _one_error(capsys.readouterr().err)
+    assert f"the chat template in {where} does not compile (TemplateSyntaxError on line 1: " in error, error
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+    put("{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}")
+    assert _cli("patch", source, "-o", out, "--method", "yarn", "--factor", "4") == 0
