@@ -21,7 +21,6 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,13 +37,12 @@ from .engines.serving import ServeHint, ServingHints
 from .source import Source, plan_source, read_source
 from .spec import RopeSpec, load_spec
 from .verify import model_dtype, probe_outputs, verify_plan, verify_tokenizer
+from .write_options import DTYPES, WriteOptions
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SKIP_NAMES = {".git", ".gitattributes", ".cache", ".huggingface"}
 WRITTEN = {"config.json", "generation_config.json", "tokenizer_config.json", "rope_extend.yaml", "README.md"}
 TMP_TAG = ".rope-extend-tmp-"
-DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-          "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
 @dataclass
@@ -375,62 +373,6 @@ def check_loading(given: str, folder: Path, config, dtype: str | None, skip: boo
     memory.check_inference(given, folder, compat.text_config(config), dtype, PROBE_TOKENS, ways=ways, skip=skip)
 
 
-@dataclass(frozen=True)
-class WriteOptions:
-    """How `write_checkpoint` writes OUT: the `patch` command's flags and the Python API's keywords, checked once.
-
-    mode: auto (config-only unless `dtype` changes the weights), config-only (link the weights, write the config)
-        or full (load, patch, save). A loaded model (`train`) is always written in full.
-    dtype: the weights' dtype on the full path (float32, bfloat16, float16, auto).
-    hub_id: the repo OUT will be pushed to, which names the model in the card's serving commands (otherwise OUT's
-        folder name does: the card never holds a local absolute path).
-    eval_summary: the card's Evaluation section (`eval.card_section.CardEval` or markdown); training: its Training section.
-    engines_report: the card's "Where it serves identically" section (the parity report of what was written).
-    extra: adds files (plots, logs) to the folder before verification.
-    keep_unverified: where a checkpoint written in full that fails verification is kept (OUT is not created) instead
-        of deleted, its card saying why (`UnverifiedCheckpointError` names it).
-    memory_check: a full write whose weights do not fit the machine's memory is refused before loading
-        (`check_loading`); False loads them anyway (--no-memory-check).
-    on_step: called at each of `steps` steps, all after validation (a refused input prints only its error).
-    """
-
-    mode: str = "auto"
-    dtype: str | None = None
-    overwrite: bool = False
-    verify: bool = True
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
-    hub_id: str | None = None
-    eval_summary: Any = None
-    training: str | None = None
-    engines_report: bool = True
-    extra: Callable[[Path], None] | None = None
-    keep_unverified: str | os.PathLike | None = None
-    memory_check: bool = True
-    on_step: Callable[[str], None] | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("auto", "config-only", "full"):
-            raise CheckpointError(f"--mode {self.mode!r} is not one of auto, config-only, full")
-        if self.mode == "config-only" and self.dtype not in (None, "auto"):
-            raise CheckpointError("--dtype changes the weights; it needs --mode full (or auto)")
-        if self.dtype is not None and (self.dtype or "").lower() not in DTYPES:
-            raise CheckpointError(f"--dtype {self.dtype!r} is not one of {', '.join(sorted(set(DTYPES)))}")
-
-    def write_mode(self, loaded: bool = False) -> str:
-        """config-only or full (auto resolved; a loaded model is saved in full)."""
-        if loaded:
-            return "full"
-        if self.mode == "auto":
-            return "full" if self.dtype not in (None, "auto") else "config-only"
-        return self.mode
-
-    @property
-    def steps(self) -> int:
-        """How many times `write_checkpoint` calls `on_step` (for progress with an ETA)."""
-        return 2 if self.verify else 1
-
-
 def patch_checkpoint(
     source: str | os.PathLike,
     spec: RopeSpec | dict | str | os.PathLike,
@@ -448,8 +390,7 @@ def patch_checkpoint(
     before any path is created.
     """
     options = replace(options or WriteOptions(), **fields) if fields else options or WriteOptions()
-    loaded, plan = plan_checkpoint(source, spec if isinstance(spec, RopeSpec) else load_spec(spec), out, options,
-                                   revision=revision)
+    loaded, plan = plan_checkpoint(source, load_spec(spec), out, options, revision=revision)
     return write_checkpoint(loaded, plan, out, options)
 
 

@@ -16,7 +16,7 @@ What llama.cpp reads, checked in the source vendored in ``llama-cpp-python`` 0.3
   (``ggml.c: ggml_rope_yarn_corr_dims``, β_fast 32, β_slow 1); cos/sin × attn_factor × (1 + 0.1 ln s) when ext != 0.
 
 So the served attention factor is ``attn_factor_key × (1 + 0.1 ln s)`` for yarn, and ``attn_factor_key`` otherwise.
-:func:`llamacpp_rope` ports that math; :func:`patch_gguf` checks the keys it writes reproduce the spec's inverse
+`llamacpp_rope` ports that math; `plan_gguf` checks the keys it plans reproduce the spec's inverse
 frequencies and attention factor with it before writing anything.
 
 Tensors are never loaded: the header is parsed and rewritten here (the ``gguf`` package supplies the type tables),
@@ -37,7 +37,7 @@ import shlex
 import struct
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -404,7 +404,8 @@ def llamacpp_rope(info_or_meta: Mapping[str, Any], rope_dim: int) -> tuple[np.nd
 # -- the GGUF plan (per-method keys come from the method's `GgufRules`) -------------------------------------------
 @dataclass
 class GGUFPlan:
-    """What patch_gguf writes: key -> value (None deletes the key), an optional rope_freqs tensor, warnings."""
+    """What `write_gguf` writes: key -> value (None deletes the key), an optional rope_freqs tensor, warnings; with
+    `plan_gguf_file`, the SOURCE file they are written over (its path and parsed header)."""
 
     spec: RopeSpec
     keys: dict[str, Any]
@@ -412,6 +413,16 @@ class GGUFPlan:
     inv_freq: np.ndarray
     attention_factor: float
     warnings: list[str] = field(default_factory=list)
+    source: Path | None = None
+    header: _Header | None = field(default=None, repr=False)
+
+
+def plan_gguf_file(source: str | os.PathLike, spec: RopeSpec) -> GGUFPlan:
+    """SOURCE's header read (never its tensors) and the one plan of `spec` on it, ready for `write_gguf`."""
+    _require_gguf()  # the type tables, before anything is read
+    source = Path(source)
+    header = _read_header(source)
+    return replace(plan_gguf(_info(header, source), spec), source=source, header=header)
 
 
 def plan_gguf(info: GGUFInfo, spec: RopeSpec) -> GGUFPlan:
@@ -529,14 +540,22 @@ def patch_gguf(
 ) -> GGUFPatchResult:
     """Write OUT: SOURCE with its RoPE metadata rewritten for *spec* (see the module docstring).
 
+    The Python API's edge: `spec` is parsed and planned on SOURCE once (`plan_gguf_file`), then `write_gguf`
+    executes the plan."""
+    return write_gguf(plan_gguf_file(source, load_spec(spec)), out, overwrite=overwrite, on_step=on_step)
+
+
+def write_gguf(plan: GGUFPlan, out: str | os.PathLike, *, overwrite: bool = False,
+               on_step: Callable[[str], None] | None = None) -> GGUFPatchResult:
+    """Execute `plan` (from `plan_gguf_file`): write OUT, its SOURCE with the planned RoPE metadata.
+
     Every other metadata record and tensor info is copied byte for byte, tensors keep their offsets, and the data
     section is copied in the kernel; a rope_freqs tensor (llama3, longrope) is appended after the last tensor.
     """
     gguf = _require_gguf()
-    source, out = Path(source), Path(out)
-    header = _read_header(source)
-    info = _info(header, source)
-    plan = plan_gguf(info, spec if isinstance(spec, RopeSpec) else load_spec(spec))  # the Python API's edge
+    source, header, out = plan.source, plan.header, Path(out)
+    if source is None or header is None:
+        raise ValueError("write_gguf executes a plan of a GGUF file: make it with plan_gguf_file(source, spec)")
     check_gguf_name(out, f"{source.stem}-{plan.spec.method}-x{plan.spec.factor:g}.gguf")
     if out.exists():
         if out.resolve() == source.resolve() or (out.is_file() and os.path.samefile(out, source)):

@@ -156,7 +156,7 @@ def patch_model(
         spec = recorded_spec(config)
         if spec is None:
             raise SpecError("no spec given and the model carries no rope-extend marker; pass method=... factor=...")
-    elif not isinstance(spec, RopeSpec) or kwargs:
+    else:
         spec = load_spec(spec, **kwargs)
     if not find_rotary_modules(model):
         raise no_rotary_modules_error(model)

@@ -210,8 +210,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
     The spec is a parsed `RopeSpec`; a dict, a YAML path or keywords are parsed here first (the Python API's edge)."""
     config = compat.text_config(config)
     check_rope_model(config)
-    if not isinstance(spec, RopeSpec) or kwargs:
-        spec = load_spec(spec, **kwargs)
+    spec = load_spec(spec, **kwargs)
     facts = read_rope(config)
     if facts.max_position_embeddings is None:
         raise SpecError(

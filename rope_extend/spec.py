@@ -2,9 +2,10 @@
 
 A spec comes from YAML (`configs/*.yaml`), keyword arguments, or CLI flags layered over YAML (`load_spec`,
 `RopeSpec.from_sources`). It is a union discriminated on `method` (pydantic's discriminated unions): each method's
-spec class (`spec_class(name)`, e.g. `YarnSpec`) holds the method-independent fields of `RopeSpec` plus exactly the
-parameters that method declares in its own file (`RopeMethod.params`), so a parameter of another method is a
-validation error by construction. `RopeSpec(**data)` builds the method's class. Invalid input of any shape raises
+spec class, declared below and registered once (`@method_spec`; `spec_class(name)`, e.g. `YarnSpec`), holds the
+method-independent fields of `RopeSpec` plus exactly the parameters that method declares in its own file
+(`RopeMethod.params`, whose `Param` checks each value), so a parameter of another method is a validation error by
+construction. `--set key=value` and eval's inline `--spec` read their values with one parser (`parse_value`). `RopeSpec(**data)` builds the method's class. Invalid input of any shape raises
 `SpecError` (a `ValueError`) naming the field, the bad value and the fix; nothing else escapes.
 
 `factor` or `target_length` may be given (one derives the other from the original length). The original length
@@ -19,7 +20,7 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
 from pydantic import (
@@ -30,7 +31,6 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
-    create_model,
     field_validator,
     model_validator,
 )
@@ -139,6 +139,24 @@ class RopeSpec(BaseModel):
     def _layer_types(cls, value: list[str]) -> list[str]:
         if not value:
             raise ValueError("must name at least one layer type, e.g. ['full_attention']")
+        return value
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _param_numbers(cls, value: Any, info) -> Any:
+        """A number parameter given true/false (`--set shifted_offset=true`) is an error, not 1 or 0."""
+        param = _params_of(cls).get(info.field_name)
+        if param is not None and param.kind in (int, float) and isinstance(value, bool):
+            raise ValueError(f"must be a number, got {str(value).lower()} (a boolean)")
+        return value
+
+    @field_validator("*")
+    @classmethod
+    def _param_rules(cls, value: Any, info) -> Any:
+        """A method parameter's own rule (`Param.check`), declared with the method."""
+        param = _params_of(cls).get(info.field_name)
+        if param is not None and value is not None:
+            param.check(value)
         return value
 
     # -- cross-field rules -------------------------------------------------------------------------------------
@@ -259,8 +277,13 @@ class RopeSpec(BaseModel):
 
 
 CORE_FIELDS = tuple(RopeSpec.model_fields)
-_FIELD_TYPES = {float: (float | None, FiniteFloat), int: (int | None, None), bool: (bool | None, None),
-                list: (list[float] | None, None)}
+
+
+@functools.cache
+def _params_of(cls: type[RopeSpec]) -> dict[str, Any]:
+    """The `Param`s of the method whose spec class is `cls` (none for `RopeSpec` itself)."""
+    names = get_args(cls.model_fields["method"].annotation)
+    return get_method(names[0]).params if names else {}
 
 
 def spec_keys() -> list[str]:
@@ -269,43 +292,127 @@ def spec_keys() -> list[str]:
     return [*CORE_FIELDS, *all_params()]
 
 
-def _refuse_booleans(cls, value: Any, info) -> Any:
-    """A number parameter given true/false (`--set shifted_offset=true`) is an error, not 1 or 0."""
-    if isinstance(value, bool):
-        raise ValueError(f"must be a number, got {str(value).lower()} (a boolean)")
-    return value
+# --- one spec class per method ---------------------------------------------------------------------------------------
+# Each method's spec class declares that method's parameters (`RopeMethod.params`) as fields a type checker sees, in
+# the order every spec writes its keys (`all_params`), and is registered once with `@method_spec`; `RopeSpec`'s
+# `_param_rules` checks each value with its `Param` (tests/test_spec.py keeps the classes and the params in step).
+_SPEC_CLASSES: dict[str, type[RopeSpec]] = {}
 
 
-@functools.cache
-def _spec_class(method: RopeMethod) -> type[RopeSpec]:
-    """`method`'s spec class: `RopeSpec` plus the parameters the method declares (`RopeMethod.params`, each checked by
-    its `Param.check`), in the order every spec writes its keys (`all_params`), with `method` fixed to its name."""
-    order = list(all_params())
-    names = sorted(method.params, key=order.index)
+def method_spec(cls: type[RopeSpec]) -> type[RopeSpec]:
+    """Register `cls` as the spec class of the method its `method` field names (a `Literal`): a spec of that method,
+    the core fields of `RopeSpec` and the method's parameters."""
+    (name,) = get_args(cls.model_fields["method"].annotation)
+    if name in _SPEC_CLASSES:
+        raise ValueError(f"method {name!r} has a spec class already ({_SPEC_CLASSES[name].__name__})")
+    _SPEC_CLASSES[name] = cls
+    cls.__doc__ = cls.__doc__ or f"A {name} spec: the core fields of `RopeSpec` and {name}'s parameters."
+    return cls
 
-    def check(cls, value: Any, info) -> Any:
-        if value is not None:
-            method.params[info.field_name].check(value)
-        return value
 
-    validators = {"_method_param": field_validator(*names)(check)} if names else {}
-    numbers = [name for name in names if method.params[name].kind in (int, float)]
-    if numbers:
-        validators["_numbers"] = field_validator(*numbers, mode="before")(_refuse_booleans)
-    return create_model(
-        f"{type(method).__name__}Spec",
-        __base__=RopeSpec,
-        __module__=__name__,
-        __doc__=f"A {method.name} spec: the core fields of `RopeSpec` and {method.name}'s parameters.",
-        __validators__=validators,
-        method=(Literal[method.name], ...),
-        **{name: _FIELD_TYPES[method.params[name].kind] for name in names},
-    )
+class _RampFields(RopeSpec):
+    """YaRN's frequency ramp (yarn, dynamic-yarn, ntk-by-parts)."""
+
+    beta_fast: float | None = FiniteFloat
+    beta_slow: float | None = FiniteFloat
+    truncate: bool | None = None
+
+
+class _YarnFields(_RampFields):
+    """YaRN's ramp and attention temperature (yarn, dynamic-yarn)."""
+
+    attention_factor: float | None = FiniteFloat
+    mscale: float | None = FiniteFloat
+    mscale_all_dim: float | None = FiniteFloat
+
+
+class _AttentionFactorFields(RopeSpec):
+    """A fixed attention factor (longrope, string)."""
+
+    attention_factor: float | None = FiniteFloat
+
+
+class _LogNFields(RopeSpec):
+    """log-n attention scaling beyond the original length (self-extend)."""
+
+    log_n: bool | None = None
+
+
+@method_spec
+class LinearSpec(RopeSpec):
+    method: Literal["linear"]
+
+
+@method_spec
+class NtkSpec(RopeSpec):
+    method: Literal["ntk"]
+
+
+@method_spec
+class DynamicNtkSpec(RopeSpec):
+    method: Literal["dynamic"]
+
+
+@method_spec
+class YarnSpec(_YarnFields):
+    method: Literal["yarn"]
+
+
+@method_spec
+class DynamicYarnSpec(_YarnFields):
+    method: Literal["dynamic-yarn"]
+
+
+@method_spec
+class NtkByPartsSpec(_RampFields):
+    method: Literal["ntk-by-parts"]
+
+
+@method_spec
+class Llama3Spec(RopeSpec):
+    method: Literal["llama3"]
+    low_freq_factor: float | None = FiniteFloat
+    high_freq_factor: float | None = FiniteFloat
+
+
+@method_spec
+class LongRopeSpec(_AttentionFactorFields):
+    method: Literal["longrope"]
+    short_factor: list[float] | None = None
+    long_factor: list[float] | None = None
+
+
+@method_spec
+class DualChunkSpec(RopeSpec):
+    method: Literal["dual-chunk"]
+    chunk_size: int | None = None
+    local_window: int | None = None
+    log_n: bool | None = None
+    length_scale: float | None = FiniteFloat
+
+
+@method_spec
+class SelfExtendSpec(_LogNFields):
+    method: Literal["self-extend"]
+    group_size: int | None = None
+    neighbor_window: int | None = None
+
+
+@method_spec
+class StringSpec(_AttentionFactorFields):
+    method: Literal["string"]
+    shifted_offset: int | None = None
+    local_value: int | None = None
 
 
 def spec_class(name: str) -> type[RopeSpec]:
     """The spec class of method `name` (an alias or any spelling `canonical_name` accepts)."""
-    return _spec_class(get_method(name))
+    method = get_method(name)
+    try:
+        return _SPEC_CLASSES[method.name]
+    except KeyError:
+        raise NotImplementedError(f"method {method.name!r} has no spec class; declare one in rope_extend/spec.py "
+                                  "with @method_spec") from None
 
 
 def _tag(value: Any) -> str | None:
@@ -349,20 +456,55 @@ def load_spec(source: str | Path | dict | RopeSpec | None = None, **overrides: A
 
 def parse_set_option(item: str) -> tuple[str, Any]:
     """`key=value` from `--set`; the value is parsed as (strict) YAML: numbers, lists, booleans."""
-    if "=" not in item:
+    key, raw = _split_assignment(item)
+    if key is None:
         raise SpecError(f"--set expects key=value, got {item!r}; e.g. --set beta_fast=64", field=item)
-    key, raw = item.split("=", 1)
-    key = key.strip().replace("-", "_")
     if not key:
         raise SpecError(f"--set {item!r} has no key; e.g. --set beta_fast=64", field=item)
     if not raw.strip():
         raise SpecError(f"--set {key}= has an empty value; give one (--set {key}=VALUE) or drop the option",
                         field=key)
+    return key, parse_value(key, raw, "--set")
+
+
+def parse_inline_spec(text: str) -> dict[str, Any] | str:
+    """A `--spec` argument (eval): an inline spec `method=yarn,factor=2` becomes a dict, each value read as `--set`
+    reads one (`parse_value`); anything else (a YAML/JSON path) is returned as is."""
+    if "=" not in text or text.endswith((".yaml", ".yml", ".json")):
+        return text
+    out: dict[str, Any] = {}
+    for item in text.split(","):
+        key, raw = _split_assignment(item)
+        if not key:
+            raise SpecError(f"inline spec {text!r}: {item!r} is not key=value; write e.g. 'method=yarn,factor=2'",
+                            field=item)
+        out[key] = parse_value(key, raw.strip(), "--spec") if raw.strip() else None
+    return out
+
+
+def _split_assignment(item: str) -> tuple[str | None, str]:
+    """`key=value` split at the first `=`, the key stripped and its `-` read as `_`; (None, item) without `=`."""
+    key, sep, raw = item.partition("=")
+    return (key.strip().replace("-", "_"), raw) if sep else (None, item)
+
+
+# YAML 1.1 numbers that YAML 1.2 (the spec loader) reads as strings: 0x10 (16), 0o10 and 010 (8), 0b10 (2), 1:30 (90).
+_YAML11_NUMBER = re.compile(r"^[-+]?(?:0[xX][0-9a-fA-F_]+|0[oObB]?[0-7_]+|[0-9][0-9_]*(?::[0-5]?[0-9])+)$")
+
+
+def parse_value(key: str, raw: str, flag: str) -> Any:
+    """The value of one `key=value` (`--set`, eval's `--spec`): strict YAML (numbers, lists, booleans), else the
+    text. A number written the YAML 1.1 way (`0x10`, `010`, `1:30`), which other YAML readers take as 16, 8 and 90,
+    is refused rather than read either way."""
+    text = raw.strip()
+    if _YAML11_NUMBER.match(text) and text.lstrip("+-") != "0":
+        read = yaml.safe_load(text)  # YAML 1.1's reading, named in the refusal
+        raise SpecError(f"{flag} {key}={text}: {text!r} is not a plain decimal number (YAML 1.1 reads it as {read}, "
+                        f"YAML 1.2 as text); write it in decimal, e.g. {key}={read}", field=key, value=text)
     try:
-        value = load_yaml_text(raw, f"--set {key}")
+        return load_yaml_text(raw, f"{flag} {key}")
     except SpecError:
-        value = raw
-    return key, value
+        return raw
 
 
 # --- bounded, strict YAML --------------------------------------------------------------------------------------------

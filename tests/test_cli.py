@@ -149,3 +149,34 @@ def test_a_key_error_names_the_library_that_raised_it(tmp_path, capsys, monkeypa
         assert run(["inspect", str(config)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("rope-extend: error:") and wanted in err[0], err
+
+
+def test_patch_flags_are_write_options_fields(monkeypatch, capsys):
+    """`patch`'s write flags are `WriteOptions`' fields, declared once (`cli.options.options_flags`): each flag field
+    is one option of `patch` and the command receives the `WriteOptions` built from them (a --no-... flag sets its
+    field false); train, engines and inspect share the spec's flags declared once in cli/options.py."""
+    import typer.main
+
+    from rope_extend.cli import options, patch_cmd
+    from rope_extend.cli.app import app
+    from rope_extend.write_options import WriteOptions
+
+    seen = {}
+    monkeypatch.setattr(patch_cmd, "_patch", lambda source, output, spec, opts, **kw: seen.update(spec=spec, opts=opts,
+                                                                                                  **kw))
+    assert run(["patch", "src", "--method", "yarn", "--factor", "2", "--mode", "full", "--dtype", "bfloat16",
+                "--no-verify", "--no-memory-check", "--allow-pickle", "--revision", "r1", "-o", "out"]) == 0
+    assert seen["opts"] == WriteOptions(mode="full", dtype="bfloat16", verify=False, memory_check=False,
+                                        allow_pickle=True)
+    assert (seen["spec"].method, seen["spec"].factor, seen["revision"]) == ("yarn", 2.0, "r1")
+    command = typer.main.get_command(app)
+    flags = {name: {opt for p in command.commands[name].params for opt in p.opts} for name in
+             ("patch", "train", "engines", "inspect")}
+    declared = [f.metadata.get("flag", "--" + f.name.replace("_", "-")) for f in options.flag_fields(WriteOptions)]
+    assert declared == ["--mode", "--dtype", "--overwrite", "--no-verify", "--allow-pickle", "--trust-remote-code",
+                        "--no-memory-check"]
+    assert set(declared) <= flags["patch"]
+    spec_flags = {"--method", "-m", "--factor", "-f", "--target-length", "-t", "--config", "-c"}
+    assert all(spec_flags <= flags[name] for name in flags)
+    assert all("--set" in flags[name] for name in ("patch", "train", "engines"))
+    capsys.readouterr()

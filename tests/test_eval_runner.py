@@ -184,7 +184,7 @@ def test_resume_after_kill(tiny_ckpt, tmp_path):
 def test_module_cli(tiny_ckpt, tmp_path, capsys):
     """`python -m rope_extend.eval` is `rope-extend eval` (one parser): same options, same errors."""
     from rope_extend.eval.__main__ import main
-    from rope_extend.eval.variants import parse_spec_arg
+    from rope_extend.spec import parse_inline_spec as parse_spec_arg
 
     assert parse_spec_arg("method=yarn,factor=2,beta-fast=16") == {"method": "yarn", "factor": 2, "beta_fast": 16}
     assert parse_spec_arg("specs/a.yaml") == "specs/a.yaml"

@@ -283,7 +283,7 @@ def test_bad_input_cli_and_api(pristine, tmp_path, capsys, case_id, args, mutate
 
 
 def _api_spec(extra):
-    from rope_extend.cli.patch_cmd import build_spec
+    from rope_extend.cli.options import build_spec
 
     get = lambda flag: extra[extra.index(flag) + 1] if flag in extra else None
     sets = [extra[i + 1] for i, a in enumerate(extra) if a == "--set"]

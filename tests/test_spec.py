@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from rope_extend import RopeSpec, SpecError, load_spec
-from rope_extend.spec import parse_set_option
+from rope_extend.spec import parse_inline_spec, parse_set_option
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
@@ -130,6 +130,65 @@ def test_set_option_parsing():
     assert parse_set_option("truncate=false") == ("truncate", False)
     with pytest.raises(SpecError, match="key=value"):
         parse_set_option("beta_fast")
+
+
+@pytest.mark.parametrize("value, yaml11", [("0x10", 16), ("010", 8), ("1:30", 90)])
+def test_set_and_inline_spec_refuse_yaml11_numbers_alike(value, yaml11):
+    """`--set` and eval's inline `--spec` read a value with one parser: a number YAML 1.1 reads otherwise (eval read
+    `factor=0x10` as 16 and `010` as 8 with yaml.safe_load) is refused by both, naming the value and its 1.1 reading."""
+    for parse, flag in ((lambda: parse_set_option(f"factor={value}"), "--set"),
+                        (lambda: parse_inline_spec(f"method=yarn,factor={value}"), "--spec")):
+        with pytest.raises(SpecError, match=f"{flag} factor={value}: '{value}' is not a plain decimal number") as info:
+            parse()
+        assert f"YAML 1.1 reads it as {yaml11}" in str(info.value) and info.value.field == "factor"
+    assert yaml.safe_load(value) == yaml11  # the reading refused: YAML 1.1's
+    assert parse_inline_spec("method=yarn,factor=16,beta-fast=64") == {"method": "yarn", "factor": 16, "beta_fast": 64}
+
+
+def test_each_method_declares_its_spec_class():
+    """Every registered method has one declared spec class (`@method_spec`), whose fields are the core fields and
+    exactly the method's parameters, in the order specs write them, typed by each `Param.kind`."""
+    from typing import Literal
+
+    from rope_extend.methods import all_methods, all_params
+    from rope_extend.spec import CORE_FIELDS, spec_class
+
+    kinds = {float: float | None, int: int | None, bool: bool | None, list: list[float] | None}
+    classes = set()
+    for method in all_methods():
+        cls = spec_class(method.name)
+        classes.add(cls)
+        assert cls.__module__ == "rope_extend.spec" and cls.__name__ == f"{type(method).__name__}Spec"
+        fields = cls.model_fields
+        assert fields["method"].annotation == Literal[method.name]
+        params = [name for name in fields if name not in CORE_FIELDS]
+        assert params == sorted(method.params, key=list(all_params()).index)
+        assert {name: fields[name].annotation for name in params} == {
+            name: kinds[param.kind] for name, param in method.params.items()}
+        assert type(RopeSpec(method=method.name, factor=2)) is cls
+    assert len(classes) == len(all_methods())
+
+
+def test_eval_parses_each_spec_once(tmp_path, monkeypatch):
+    """eval's variants parse each spec once (a YAML path, a dict, an inline --spec), however often their dict,
+    fingerprint and spec are read afterwards; a RopeSpec is passed through unparsed."""
+    import rope_extend.spec as spec_module
+    from rope_extend.eval.variants import make_variants
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("method: yarn\nfactor: 4\n")
+    given = [str(path), {"method": "ntk", "factor": 2}, parse_inline_spec("method=linear,factor=2"),
+             load_spec(method="dynamic", factor=2)]
+    calls = []
+    real = spec_module.parse_spec
+    monkeypatch.setattr(spec_module, "parse_spec", lambda data: calls.append(dict(data)) or real(data))
+    variants = make_variants(given)
+    for _ in range(2):
+        for v in variants[1:]:
+            v.spec_dict(), v.fingerprint, v.rope_spec()
+    assert [v.name for v in variants] == ["unpatched", "mine", "ntk-x2", "linear-x2", "dynamic-x2"]
+    assert [c["method"] for c in calls] == ["yarn", "ntk", "linear"]
+    assert all(isinstance(v.rope_spec(), RopeSpec) for v in variants[1:])
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])

@@ -552,8 +552,8 @@ def test_cli_patch_writes_the_model_as_it_is_and_the_marker_reapplies(tmp_path):
 
 def test_inspect_and_recommend_name_string(capsys):
     from rope_extend.cli import run
-    from rope_extend.eval.variants import parse_spec_arg
     from rope_extend.inspect import inspect_rope, recommend
+    from rope_extend.spec import parse_inline_spec as parse_spec_arg
 
     config = json.loads((HUB / "meta-llama--Llama-3.1-8B" / "config.json").read_text())
     from transformers import AutoConfig

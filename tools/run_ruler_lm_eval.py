@@ -204,7 +204,8 @@ def main(argv=None) -> int:
         print(compare(*args.compare))
         return 0
 
-    from rope_extend.eval.variants import make_variants, parse_spec_arg
+    from rope_extend.eval.variants import make_variants
+    from rope_extend.spec import parse_inline_spec
 
     model_path = args.model
     if model_path == "smollm2":
@@ -213,7 +214,7 @@ def main(argv=None) -> int:
         model_path = smollm2_path()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    variants = make_variants([parse_spec_arg(s) for s in args.spec], include_baseline=not args.no_baseline)
+    variants = make_variants([parse_inline_spec(s) for s in args.spec], include_baseline=not args.no_baseline)
     command = "PYTHONPATH=$PWD python " + shlex.join(["tools/run_ruler_lm_eval.py", *(argv or sys.argv[1:])])
     for task in args.tasks:  # one task for every variant first: a cut-off run still leaves paired cells
         for variant in variants:

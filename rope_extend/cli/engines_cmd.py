@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..terminal import column_widths, fits, row_lines
 from .app import app, out, say
-from .patch_cmd import build_spec
+from .options import Factor, Sets, SpecFile, TargetLength, build_spec, method_option
 
 EXAMPLES = """Examples:
 
@@ -35,13 +35,12 @@ CONTRADICTED = 3  # a run engine measured otherwise a request the card lists as 
 
 @app.command(epilog=EXAMPLES)
 def engines(
-    checkpoint: Annotated[str, typer.Argument(
-        help="A checkpoint written by rope-extend, SOURCE with --method, or any model (its own RoPE audited).")],
-    method: Annotated[str | None, typer.Option("--method", "-m", help="Plan this method on SOURCE in memory.")] = None,
-    factor: Annotated[float | None, typer.Option("--factor", "-f", help="Scale factor s >= 1.")] = None,
-    target_length: Annotated[int | None, typer.Option("--target-length", "-t", help="New context length.")] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML spec; flags override its keys.")] = None,
-    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a spec key: --set beta_fast=64.")] = None,
+    checkpoint: Annotated[str, typer.Argument(help="A checkpoint written by rope-extend, SOURCE with --method, or any model (its own RoPE audited).")],
+    method: method_option("Plan this method on SOURCE in memory.") = None,
+    factor: Factor = None,
+    target_length: TargetLength = None,
+    config: SpecFile = None,
+    sets: Sets = None,
     other_python: Annotated[
         str | None, typer.Option("--other-python", help="Python of the other transformers line ($ROPE_EXTEND_OTHER_PYTHON).")
     ] = None,

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ..terminal import column_widths, fits, shell_path
 from .app import app, fail, out, say, say_command
+from .options import Factor, SpecFile, TargetLength, method_option
 
 if TYPE_CHECKING:
     from ..spec import RopeSpec
@@ -47,12 +48,10 @@ def _spec(method, factor, target_length, config_file, advice) -> RopeSpec | None
 )
 def inspect(
     source: Annotated[str, typer.Argument(help="Model folder (or Hub id) with a config.json.")],
-    method: Annotated[str | None, typer.Option("--method", "-m", help="Scaling method to preview.")] = None,
-    factor: Annotated[float | None, typer.Option("--factor", "-f", help="Scale factor s (>= 1).")] = None,
-    target_length: Annotated[
-        int | None, typer.Option("--target-length", "-t", help="Target context length (factor = N / L).")
-    ] = None,
-    config_file: Annotated[Path | None, typer.Option("--config", "-c", help="YAML spec to preview.")] = None,
+    method: method_option("Scaling method to preview.") = None,
+    factor: Factor = None,
+    target_length: TargetLength = None,
+    config_file: SpecFile = None,
     plot: Annotated[
         Path | None,
         typer.Option(

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..errors import AlreadyScaledError, CheckpointError, NoExtensionError, ShorterWindowError, SpecError
+from ..errors import AlreadyScaledError, CheckpointError, NoExtensionError, ShorterWindowError
 from ..terminal import shell_path
+from ..write_options import WriteOptions
 from .app import Progress, app, console, fail, say, say_command
+from .options import Factor, Method, Sets, SpecFile, TargetLength, build_spec, options_flags
 
 if TYPE_CHECKING:
-    from ..checkpoint import WriteOptions
     from ..spec import RopeSpec
 
 EXAMPLES = """Examples:
@@ -28,38 +29,6 @@ EXAMPLES = """Examples:
 
   rope-extend patch ./my-model --method linear --factor 2 --mode full --dtype bfloat16 -o out/
 """
-
-
-def build_spec(
-    method: str | None, factor: float | None, target_length: int | None, config: Path | None, sets: list[str]
-) -> RopeSpec:
-    """The spec from --config (YAML) with --method/--factor/--target-length/--set layered on top.
-
-    A key given twice on the command line with different values (e.g. --factor 2 --set factor=8, or --set twice)
-    is an error, never a silent choice."""
-    from ..spec import load_spec, parse_set_option
-
-    overrides: dict = {}
-    for item in sets or []:
-        key, value = parse_set_option(item)
-        if key in overrides and overrides[key] != value:
-            raise SpecError(f"--set {key} is given twice ({overrides[key]!r} and {value!r}); keep one", field=key)
-        overrides[key] = value
-    for key, value in (("method", method), ("factor", factor), ("target_length", target_length)):
-        if value is None:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if key in overrides and overrides[key] != value:
-            raise SpecError(
-                f"{flag} {value:g} and --set {key}={overrides[key]} disagree; give {key} once" if isinstance(value, float)
-                else f"{flag} {value} and --set {key}={overrides[key]} disagree; give {key} once",
-                field=key,
-                value=value,
-            )
-        overrides[key] = value
-    if config is None and "method" not in overrides:
-        fail("give --method (with --factor or --target-length) or --config spec.yaml")
-    return load_spec(config, **overrides)
 
 
 def with_command(exc: Exception, source: str, output: Path, spec_args: dict) -> Exception:
@@ -115,110 +84,77 @@ def _check_eval_dir(source: Path, output: Path, report_dir: Path) -> None:
 
 
 @app.command(epilog=EXAMPLES)
+@options_flags(options=WriteOptions)
 def patch(
     source: Annotated[str, typer.Argument(help="Local checkpoint folder or Hub repo id.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Output folder (created atomically).")],
-    method: Annotated[str | None, typer.Option("--method", "-m", help="Scaling method (see `rope-extend methods`).")] = None,
-    factor: Annotated[float | None, typer.Option("--factor", "-f", help="Scale factor s >= 1.")] = None,
-    target_length: Annotated[int | None, typer.Option("--target-length", "-t", help="New context length (derives the factor).")] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML spec; flags override its keys.")] = None,
-    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a spec key: --set beta_fast=64 (repeatable).")] = None,
-    mode: Annotated[str, typer.Option(help="auto | config-only (link weights, write config) | full (load + save).")] = "auto",
-    dtype: Annotated[str | None, typer.Option(help="Weights dtype for --mode full: float32, bfloat16, float16, auto.")] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT that is a checkpoint (a folder of other files is refused).")] = False,
+    method: Method = None,
+    factor: Factor = None,
+    target_length: TargetLength = None,
+    config: SpecFile = None,
+    sets: Sets = None,
+    options: WriteOptions = None,  # --mode, --dtype, --overwrite, --no-verify, --allow-pickle, --trust-remote-code...
     revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit) of SOURCE.")] = None,
-    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip reloading OUT with stock transformers.")] = False,
     push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", help="Then upload OUT to this Hub repo id (token: HF_TOKEN or `hf auth login`).")] = None,
     private: Annotated[bool, typer.Option("--private", help="Create the Hub repo as private.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="With --push-to-hub: write OUT, print what the push would upload, send nothing.")] = False,
-    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Accept pickle (.bin) weights. Only for trusted sources.")] = False,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow the checkpoint's own Python code.")] = False,
     eval_suite: Annotated[str | None, typer.Option("--eval", help="Run this eval suite (e.g. quick) before/after; summary goes into the card.")] = None,
     eval_dir: Annotated[Path | None, typer.Option("--eval-dir", help="Where the eval report goes (default: OUT-eval beside OUT).")] = None,
-    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the weights (--mode full, --eval) even if the memory estimate says they do not fit.")] = False,
 ) -> None:
     """Rescale a checkpoint's RoPE and write a verified checkpoint to OUT (a .gguf SOURCE writes a .gguf OUT)."""
 
     spec = build_spec(method, factor, target_length, config, sets or [])
     spec_args = {"revision": revision, "config": config, "method": method, "factor": factor,
                  "target_length": target_length, "sets": sets or []}
-    run = PatchRun(revision=revision, mode=mode, dtype=dtype, overwrite=overwrite, verify=not no_verify,
-                   allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, eval_suite=eval_suite,
-                   eval_dir=eval_dir, push_to_hub=push_to_hub, private=private, dry_run=dry_run,
-                   memory_check=not no_memory_check)
     try:
-        _patch(source, output, spec, run)
+        _patch(source, output, spec, replace(options, hub_id=push_to_hub), revision=revision, private=private,
+               dry_run=dry_run, eval_suite=eval_suite, eval_dir=eval_dir)
     except (AlreadyScaledError, ShorterWindowError, NoExtensionError) as exc:
         raise with_command(exc, source, output, spec_args) from None
 
 
-@dataclass(frozen=True)
-class PatchRun:
-    """The flags of one `rope-extend patch` besides the spec: how to write OUT (`checkpoint.WriteOptions`), SOURCE's
-    revision, the evaluation before/after and the push."""
-
-    revision: str | None
-    mode: str
-    dtype: str | None
-    overwrite: bool
-    verify: bool
-    allow_pickle: bool
-    trust_remote_code: bool
-    eval_suite: str | None
-    eval_dir: Path | None
-    push_to_hub: str | None
-    private: bool
-    dry_run: bool
-    memory_check: bool = True
-
-    def write_options(self) -> WriteOptions:
-        from ..checkpoint import WriteOptions
-
-        return WriteOptions(mode=self.mode, dtype=self.dtype, overwrite=self.overwrite, verify=self.verify,
-                            allow_pickle=self.allow_pickle, trust_remote_code=self.trust_remote_code,
-                            hub_id=self.push_to_hub, memory_check=self.memory_check)
-
-
-def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
+def _patch(source: str, output: Path, spec: RopeSpec, options: WriteOptions, *, revision: str | None, private: bool,
+           dry_run: bool, eval_suite: str | None, eval_dir: Path | None) -> None:
+    """Plan SOURCE once, evaluate the plan if asked, write OUT with `options` (whose `hub_id` is --push-to-hub), then
+    push it if asked."""
     from ..checkpoint import plan_checkpoint, write_checkpoint
     from ..gguf import is_gguf
     from ..sharing import HARD_LINK_NOTE, HARD_LINKED, tally
 
     if is_gguf(source):
-        if run.push_to_hub or run.eval_suite or run.dtype or run.mode != "auto":
+        if options.hub_id or eval_suite or options.dtype or options.mode != "auto":
             fail("a .gguf SOURCE takes only --method/--factor/--target-length/--config/--set/--overwrite")
-        from ..gguf import patch_gguf, result_lines
+        from ..gguf import plan_gguf_file, result_lines, write_gguf
 
-        for line in result_lines(patch_gguf(source, spec, output, overwrite=run.overwrite)):
+        for line in result_lines(write_gguf(plan_gguf_file(source, spec), output, overwrite=options.overwrite)):
             if line.startswith("serve:  "):
                 say_command("serve:  ", line.removeprefix("serve:  "))
             else:
                 say(line, hang=HANG)
         return
-    if run.push_to_hub:
+    if options.hub_id:
         from ..hub import check_repo_id
 
-        check_repo_id(run.push_to_hub, "--push-to-hub")  # before writing anything
-    if run.dry_run and not run.push_to_hub:
+        check_repo_id(options.hub_id, "--push-to-hub")  # before writing anything
+    if dry_run and not options.hub_id:
         fail("--dry-run only applies to --push-to-hub")
-    if run.eval_dir is not None and not run.eval_suite:
+    if eval_dir is not None and not eval_suite:
         fail("--eval-dir only applies with --eval SUITE")
-    options = run.write_options()  # --mode and --dtype are checked before a long eval
-    loaded, plan = plan_checkpoint(source, spec, output, options, revision=run.revision)  # the one plan
-    if run.eval_suite:
+    loaded, plan = plan_checkpoint(source, spec, output, options, revision=revision)  # the one plan
+    if eval_suite:
         from ..eval.card_section import CardEval
         from ..eval.runner import run_eval
         from ..eval.suite import load_suite
         from ..eval.variants import Variant, variant_name
 
-        report_dir = run.eval_dir or output.with_name(output.name + "-eval")
+        report_dir = eval_dir or output.with_name(output.name + "-eval")
         _check_eval_dir(loaded.folder, output, report_dir)
         try:
-            suite = load_suite(run.eval_suite)  # an unknown suite fails here, before any folder exists
+            suite = load_suite(eval_suite)  # an unknown suite fails here, before any folder exists
         except FileNotFoundError as exc:
-            raise CheckpointError(f"--eval {run.eval_suite!r}: {exc}") from None
+            raise CheckpointError(f"--eval {eval_suite!r}: {exc}") from None
         variant = Variant(variant_name(spec, set()), spec, plan=plan)  # evaluated with the plan OUT is written with
-        records = run_eval(str(loaded.folder), [variant], suite, report_dir, memory_check=run.memory_check)
+        records = run_eval(str(loaded.folder), [variant], suite, report_dir, memory_check=options.memory_check)
         options = replace(options, eval_summary=CardEval(records, suite=suite.name, smoke=suite.smoke))
     with Progress("patching", options.steps) as progress:
         result = write_checkpoint(loaded, plan, output, replace(options, on_step=progress.step))
@@ -234,14 +170,14 @@ def _patch(source: str, output: Path, spec: RopeSpec, run: PatchRun) -> None:
         f"and llama.cpp, and where each serves identically; `rope-extend engines {shell_path(result.out)}` rechecks "
         "it)",
         hang=HANG)
-    if run.eval_suite:
+    if eval_suite:
         say(f"eval:   {shell_path(report_dir / 'report.md')}", hang=HANG)
     for warning in result.warnings:
         say(f"warning: {warning}", hang="  ", stream=console)
-    if run.push_to_hub:
+    if options.hub_id:
         from .push_cmd import publish
 
-        publish(result.out, run.push_to_hub, run.private, run.dry_run, flag="--push-to-hub", written_now=True)
+        publish(result.out, options.hub_id, private, dry_run, flag="--push-to-hub", written_now=True)
 
 
 @app.command(

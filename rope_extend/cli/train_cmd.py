@@ -14,6 +14,7 @@ import typer
 
 from ..terminal import shell_path
 from .app import app, fail, say
+from .options import Factor, Sets, SpecFile, TargetLength, build_spec, method_option
 
 EXAMPLES = """Examples:
 
@@ -35,11 +36,11 @@ Rerunning the same command after an interruption (SIGTERM, Ctrl-C, SIGKILL) resu
 def train_command(
     source: Annotated[str, typer.Argument(help="Unpatched checkpoint folder, Hub id, or 'smollm2' (the demo model).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Output checkpoint folder (written atomically).")],
-    method: Annotated[str | None, typer.Option("--method", "-m", help="Static scaling method (yarn, linear, ...).")] = None,
-    factor: Annotated[float | None, typer.Option("--factor", "-f", help="Scale factor s >= 1.")] = None,
-    target_length: Annotated[int | None, typer.Option("--target-length", "-t", help="New context length.")] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML spec; flags override its keys.")] = None,
-    sets: Annotated[list[str] | None, typer.Option("--set", help="Override a spec key (repeatable).")] = None,
+    method: method_option("Static scaling method (yarn, linear, ...).") = None,
+    factor: Factor = None,
+    target_length: TargetLength = None,
+    config: SpecFile = None,
+    sets: Sets = None,
     text: Annotated[list[Path] | None, typer.Option("--text", help="Training text file, one document (repeatable).")] = None,
     dataset: Annotated[str | None, typer.Option("--dataset", help="datasets folder (save_to_disk or data files) or Hub dataset id.")] = None,
     dataset_split: Annotated[str, typer.Option("--dataset-split")] = "train",
@@ -79,7 +80,6 @@ def train_command(
 ) -> None:
     """Fine-tune SOURCE at the extended length (YaRN recipe, PoSE windows, optional LoRA+) and write OUT."""
     from ..train import TrainSpec
-    from .patch_cmd import build_spec
 
     rope = build_spec(method, factor, target_length, config, sets or [])
     if push_to_hub:

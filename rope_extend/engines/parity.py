@@ -302,7 +302,7 @@ def parity(
     if checkpoint is not None:
         item = checkpoint
     else:
-        item = (source, spec if isinstance(spec, RopeSpec) and not spec_overrides else load_spec(spec, **spec_overrides))
+        item = (source, load_spec(spec, **spec_overrides))
     return parity_many([item], other_python=other_python, transformers_lines=transformers_lines, runs=runs)[0]
 
 
@@ -322,7 +322,7 @@ def parity_many(
                 source, spec = item
                 work = Path(tmp) / str(i)
                 work.mkdir()
-                inputs.append(_from_source(source, spec if isinstance(spec, RopeSpec) else load_spec(spec), work))
+                inputs.append(_from_source(source, load_spec(spec), work))
             else:
                 inputs.append(_from_checkpoint(item))
         workers = _Workers(progress or _run_progress(inputs, planned_runs)) if planned_runs else None

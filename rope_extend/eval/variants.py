@@ -21,18 +21,24 @@ BASELINE = "unpatched"
 class Variant:
     """A named model variant: ``spec=None`` is the unpatched baseline.
 
-    ``spec`` may be a ``RopeSpec``, a dict, a YAML path, or a callable ``f(model) -> report``
-    (escape hatch for custom patches and tests). ``plan``: the spec's ``PatchPlan`` on the evaluated model's
-    config where the caller made it already (`patch --eval` evaluates the plan it writes); otherwise `run_eval`
-    plans the spec once.
+    ``spec`` may be a ``RopeSpec``, a dict, a YAML path (parsed here, once: eval's edge), or a callable
+    ``f(model) -> report`` (escape hatch for custom patches and tests). ``plan``: the spec's ``PatchPlan`` on the
+    evaluated model's config where the caller made it already (`patch --eval` evaluates the plan it writes);
+    otherwise `run_eval` plans the spec once.
     """
 
     name: str
     spec: Any = None
     plan: Any = None
 
+    def __post_init__(self) -> None:
+        if not _is_custom(self.spec):
+            from ..spec import load_spec
+
+            self.spec = load_spec(self.spec)
+
     def spec_dict(self) -> dict | None:
-        """The spec as a plain dict (parsed once per variant: every record carries it and its fingerprint)."""
+        """The spec as a plain dict (made once per variant: every record carries it and its fingerprint)."""
         return copy.deepcopy(self._spec_dict)
 
     @functools.cached_property
@@ -40,12 +46,8 @@ class Variant:
         return spec_to_dict(self.spec)
 
     def rope_spec(self):
-        """The variant's spec parsed (a `RopeSpec`; None for the baseline or a callable)."""
-        if self.spec is None or (callable(self.spec) and not isinstance(self.spec, dict)):
-            return None
-        from rope_extend.spec import RopeSpec, load_spec
-
-        return self.spec if isinstance(self.spec, RopeSpec) else load_spec(self.spec)
+        """The variant's spec (a `RopeSpec`; None for the baseline or a callable)."""
+        return None if _is_custom(self.spec) else self.spec
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -54,30 +56,19 @@ class Variant:
         return hashlib.sha1(blob.encode()).hexdigest()[:10]
 
 
+def _is_custom(spec) -> bool:
+    """The baseline (None) or a callable patch: no spec to parse."""
+    return spec is None or (callable(spec) and not isinstance(spec, dict))
+
+
 def applies(case, variant: Variant) -> bool:
     """Whether *variant* runs *case* (an `eval.suite.Case`): inside-window ceiling cases are for the unpatched model
     only."""
     return not case.ceiling_only or variant.spec is None
 
 
-def parse_spec_arg(text: str) -> dict | str:
-    """The one parser for a ``--spec`` argument: an inline spec ``method=yarn,factor=2`` (values read as YAML
-    scalars, ``-`` in keys read as ``_``) becomes a dict; anything else (a YAML/JSON path) is returned as is."""
-    import yaml
-
-    if "=" not in text or text.endswith((".yaml", ".yml", ".json")):
-        return text
-    out = {}
-    for item in text.split(","):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"inline spec {text!r}: {item!r} is not key=value; write e.g. 'method=yarn,factor=2'")
-        out[key.strip().replace("-", "_")] = yaml.safe_load(value.strip())
-    return out
-
-
 def inline_spec(data: dict) -> str | None:
-    """The ``--spec`` argument ``parse_spec_arg`` reads back as `data` (``method=yarn,factor=2``); None where a value
+    """The ``--spec`` argument ``spec.parse_inline_spec`` reads back as `data` (``method=yarn,factor=2``); None where a value
     cannot be written inline (a list: its commas would split it)."""
     if any(isinstance(value, (list, tuple, dict)) for value in data.values()):
         return None
@@ -102,40 +93,29 @@ def spec_words(spec):
 
 
 def spec_to_dict(spec) -> dict | None:
+    """A variant's spec as the plain dict its records carry (a dict or YAML path is parsed: equivalent specs share a
+    fingerprint)."""
     if spec is None:
         return None
-    if callable(spec) and not isinstance(spec, dict):
+    if _is_custom(spec):
         return {"callable": getattr(spec, "__qualname__", repr(spec))}
-    if hasattr(spec, "model_dump"):
-        return spec.model_dump(mode="json", exclude_none=True)
-    if isinstance(spec, (str, os.PathLike, dict)):
-        # Normalise (and validate, before any model work) through RopeSpec when available, so equivalent specs
-        # share a fingerprint.
-        try:
-            from rope_extend import load_spec  # type: ignore
-        except ImportError:
-            if isinstance(spec, dict):
-                return dict(spec)
-            import yaml
+    from ..spec import load_spec
 
-            with open(spec, encoding="utf-8") as f:
-                return yaml.safe_load(f)
-        return spec_to_dict(load_spec(dict(spec) if isinstance(spec, dict) else spec))
-    raise TypeError(f"unsupported spec type {type(spec).__name__}")
+    return load_spec(spec).model_dump(mode="json", exclude_none=True)
 
 
 def variant_name(spec, used: set[str]) -> str:
-    d = spec_to_dict(spec) or {}
+    """A unique name for *spec*: a YAML path's stem, a callable's name, else method-xFACTOR."""
     if isinstance(spec, (str, os.PathLike)):
         base = Path(spec).stem
-    elif d.get("name"):
-        base = str(d["name"])
-    elif "callable" in d:
-        base = d["callable"].split(".")[-1]
     else:
-        method = d.get("method", "spec")
-        factor = d.get("factor")
-        base = f"{method}-x{factor:g}" if isinstance(factor, (int, float)) else str(method)
+        d = spec_to_dict(spec) or {}
+        if "callable" in d:
+            base = d["callable"].split(".")[-1]
+        else:
+            method = d.get("method", "spec")
+            factor = d.get("factor")
+            base = f"{method}-x{factor:g}" if isinstance(factor, (int, float)) else str(method)
     name, k = base, 2
     while name in used or name == BASELINE:
         name, k = f"{base}-{k}", k + 1
@@ -163,8 +143,10 @@ def make_variants(specs: list | dict | None, include_baseline: bool = True) -> l
         elif isinstance(spec, tuple) and len(spec) == 2:
             used.add(spec[0])
             out.append(Variant(spec[0], spec[1]))
-        else:
-            out.append(Variant(variant_name(spec, used), spec))
+        else:  # parsed once (`Variant`), named by its path or its parsed spec
+            variant = Variant("", spec)
+            variant.name = variant_name(spec if isinstance(spec, (str, os.PathLike)) else variant.spec, used)
+            out.append(variant)
     return out
 
 

@@ -172,8 +172,7 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
                          f"stock loaders serve {marker['stock_loaders']}")
         method = None
     else:
-        if not isinstance(spec, RopeSpec) or kwargs:  # the Python API's edge (the CLI passes a parsed spec)
-            spec = load_spec(spec, **kwargs)
+        spec = load_spec(spec, **kwargs)  # the Python API's edge (the CLI passes a parsed spec: passed through)
         keeps = spec.rope_method.keeps_scheme  # attention-level methods keep the model's scheme: nothing re-derived
         if facts.is_scaled and not keeps:
             if not spec.replace_existing:

@@ -15,7 +15,8 @@ import contextlib
 import shutil
 from pathlib import Path
 
-from ..checkpoint import WriteOptions, write_checkpoint
+from ..checkpoint import write_checkpoint
+from ..write_options import WriteOptions
 from . import evaluation, lora, training_card
 from .prepare import Prepared
 from .progress import TrainingInterrupted, complete_checkpoints

@@ -74,7 +74,7 @@ class TrainSpec:
 
     # --- derived -------------------------------------------------------------------------------------------------
     def rope_spec(self) -> RopeSpec:
-        return self.rope if isinstance(self.rope, RopeSpec) else load_spec(self.rope)
+        return load_spec(self.rope)
 
     def warmup(self) -> int:
         if self.warmup_steps is not None:
