@@ -94,7 +94,9 @@ class RopeSpec(BaseModel):
     @field_validator("factor", "target_length", "original_max_position_embeddings", "rope_theta", mode="before")
     @classmethod
     def _core_numbers(cls, value: Any, info) -> Any:  # (`_numbers` is the method parameters' own, below)
-        return _refuse_booleans(cls, value, info)  # `factor: true` is an error, not 1
+        if isinstance(value, bool):  # `factor: true` is an error, not 1
+            raise ValueError(f"must be a number, got {str(value).lower()} (a boolean)")
+        return value
 
     @field_validator("method", mode="before")
     @classmethod

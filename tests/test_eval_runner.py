@@ -357,13 +357,13 @@ def test_llama_3_1_suite_is_planned_from_its_131072_token_window(tmp_path):
                                                                              "256k (beyond original)"]
 
 
-def test_a_128_token_perplexity_suite_writes_its_report(ckpt, tmp_path):
+def test_a_128_token_perplexity_suite_writes_its_report(tiny_ckpt, tmp_path):
     """One 128-token block: its bootstrap interval is the estimate itself, never a hair beside it (it rounded below
     it and matplotlib refused the error bar after all the model work: exit 2, no report.md); and a plot that fails
     for any reason leaves report.md written, naming it."""
     suite = {"name": "b", "short_context": [128], "perplexity": {"lengths": [128], "bucket_size": 64,
                                                                   "chunk_size": 64}}
-    recs = run_eval(ckpt, SPECS[:1], suite, tmp_path / "r", progress=False)
+    recs = run_eval(tiny_ckpt, SPECS[:1], suite, tmp_path / "r", progress=False)
     for r in recs:
         m = r["metrics"]
         assert len(m["block_losses"]) == 1
