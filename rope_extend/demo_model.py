@@ -265,12 +265,6 @@ def describe(path: str | os.PathLike) -> dict:
     }
 
 
-if __name__ == "__main__":  # pragma: no cover
-    p = smollm2_path(sys.argv[1] if len(sys.argv) > 1 else None)
-    print(p)
-    print(json.dumps(describe(p), indent=2))
-
-
 def is_demo_model(source_dir: Path | None) -> bool:
     """`source_dir` is the demo model rope-extend builds (SmolLM2-135M-Instruct dequantised from a GGUF)."""
     if source_dir is None:
@@ -308,3 +302,9 @@ def demo_license(source_dir: Path | None) -> tuple[str, str] | None:
     gguf_file = cache_root() / GGUF_SUBDIR / GGUF_NAME
     found = _gguf_license(gguf_file) if gguf_file.is_file() else None
     return (found, where) if found else None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    p = smollm2_path(sys.argv[1] if len(sys.argv) > 1 else None)
+    print(p)
+    print(json.dumps(describe(p), indent=2))

@@ -131,3 +131,13 @@ def test_demo_tokenizer_loads_in_both_transformers_lines(smollm2_path):
         ids.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert len(ids[0]) > 8 and all(x == ids[0] for x in ids)
     assert json.loads((smollm2_path / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+
+def test_main_block_comes_after_every_definition():
+    """`python -m rope_extend.demo_model` (building the demo model by hand) runs its `__main__` block when the module
+    reaches it: a function defined below it (the GGUF's license, read while building) did not exist yet."""
+    import ast
+
+    tree = ast.parse(Path(demo_model.__file__).read_text())
+    mains = [i for i, node in enumerate(tree.body) if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+    assert mains == [len(tree.body) - 1]
