@@ -28,12 +28,12 @@ from typing import Any
 from . import compat, files, outputs, record, sharing
 from .card import build_model_card
 from .engines.parity import card_parity
+from .engines.serving import ServeHint, ServingHints
 from .errors import CheckpointError, SpecError, UnverifiedCheckpointError, VerificationError
 from .files import check_safetensors, read_json
 from .hub import resolve_source
 from .patch import verify_or_explain
 from .plan import PatchPlan, check_rope_model
-from .engines.serving import ServeHint, ServingHints
 from .source import Source, plan_source, read_source
 from .spec import RopeSpec, load_spec
 from .verify import model_dtype, probe_outputs, verify_plan, verify_tokenizer

@@ -20,7 +20,8 @@ import pytest
 from rope_extend.cli import run
 from rope_extend.engines import runs
 from rope_extend.engines.parity import TABLE_CONFIG, parity
-from rope_extend.engines.runs import LOGPROB_TOL, EngineRefused, RunEngine
+from rope_extend.engines.runs import EngineRefused, RunEngine
+from rope_extend.engines.sglang_run import SGLANG
 from rope_extend.engines.vllm_run import VLLM
 
 
@@ -129,17 +130,22 @@ def engines(capsys, *args) -> tuple[int, str, str]:
 
 # --- the registry ------------------------------------------------------------------------------------------------------
 def test_the_registry_names_every_engine_once():
-    assert runs.eval_engines() == ("transformers", "vllm") and runs.run_names() == ["vllm", "vllm-server"]
-    assert runs.lookup("transformers") is None and runs.lookup("vllm") is VLLM
-    assert [route for _, route in runs.resolve_runs(["vllm-server", "vllm"])] == ["server", "offline"]
-    with pytest.raises(ValueError, match="--engine 'vlm': expected one of transformers, vllm"):
+    assert runs.eval_engines() == ("transformers", "sglang", "vllm")
+    assert runs.run_names() == ["sglang", "vllm", "vllm-server"]
+    assert runs.lookup("transformers") is None and runs.lookup("vllm") is VLLM and runs.lookup("sglang") is SGLANG
+    assert [route for _, route in runs.resolve_runs(["vllm-server", "vllm", "sglang"])] == ["server", "offline", "server"]
+    with pytest.raises(ValueError, match="--engine 'vlm': expected one of transformers, sglang, vllm"):
         runs.lookup("vlm")
     with pytest.raises(ValueError, match="registered already"):
         runs.register(VLLM)
     with pytest.raises(ValueError, match="--tensor-parallel-size is not an argument of --engine transformers: add "
-                                         "--engine vllm"):
+                                         "--engine sglang or --engine vllm"):
         runs.check_engine_args({"tensor_parallel_size": 2}, "transformers")
     runs.check_engine_args({"tensor_parallel_size": 2}, "vllm")
+    runs.check_engine_args({"tensor_parallel_size": 2}, "sglang")
+    with pytest.raises(ValueError, match="--pipeline-parallel-size is not an argument of --engine sglang: add "
+                                         "--engine vllm"):
+        runs.check_engine_args({"pipeline_parallel_size": 2}, "sglang")
 
 
 def test_eval_refuses_an_engine_argument_the_engine_does_not_take(capsys, tmp_path):

@@ -137,8 +137,8 @@ def test_the_recorded_runs_are_generated_from_the_records():
 
 
 def test_run_names_are_checked_before_anything_loads():
-    with pytest.raises(ValueError, match="--run 'sglang'.*vllm, vllm-server"):
-        parity_many([], runs=["sglang"])
+    with pytest.raises(ValueError, match="--run 'tgi'.*sglang, vllm, vllm-server"):
+        parity_many([], runs=["tgi"])
 
 
 # --- the real engine -------------------------------------------------------------------------------------------------

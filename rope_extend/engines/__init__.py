@@ -8,7 +8,10 @@ RoPE code, with the files and versions read cited in each docstring), each with 
 when imported here.
 """
 
-from . import vllm_run  # noqa: F401  registers the run engine `vllm`
+from . import (
+    sglang_run,  # noqa: F401  registers the run engine `sglang`
+    vllm_run,  # noqa: F401  registers the run engine `vllm`
+)
 from .served import Delta, EngineHint, NotServed, Served
 
 __all__ = ["Delta", "EngineHint", "NotServed", "Served"]

@@ -154,6 +154,11 @@ def serving_rule(plan) -> EngineHint:
     env = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 " if target > derived else ""
     extra = f" --json-model-override-args '{compact_json(out_overrides)}'" if out_overrides else ""
     notes = list(rule.notes)
+    notes.append(
+        f"SGLang accepts prompts of at most N − 7 tokens at --context-length N (measured in 0.5.15: it keeps 6 "
+        f"positions back); for a prompt of all {target} tokens, give --context-length {target + 7} with "
+        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"
+    )
     if "attn_factor" in fix:
         notes.append(
             f"{VERSION} ignores attention_factor; attn_factor {fmt_float(fix['attn_factor'])} in the overrides "
@@ -164,7 +169,8 @@ def serving_rule(plan) -> EngineHint:
         version=VERSION,
         command=f"{env}python -m sglang.launch_server --model-path {MODEL} --context-length {target}{extra}",
         original=f"--json-model-override-args '{compact_json(original_overrides)}'",
-        args={"out_overrides": out_overrides, "original_overrides": original_overrides},
+        args={"out_overrides": out_overrides, "original_overrides": original_overrides, "context_length": target,
+              "env": {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"} if env else {}},
         warnings=rule.warnings,
         notes=notes,
     )

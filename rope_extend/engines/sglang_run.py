@@ -1,0 +1,317 @@
+"""A real SGLang, run: the run-engine adapter of SGLang (`SglangEngine`, registered as `sglang`) and its worker
+(`SglangWorker`): SGLang's own server, started under the SGLang environment's Python (`sglang_env`).
+
+`SglangWorker.load` starts `python -m sglang.launch_server --model-path FOLDER --context-length N
+[--json-model-override-args JSON]` as the card prints it, with `--device cpu --dtype float32` on the CPU engine
+(`SGLANG_USE_CPU_ENGINE=1`: its torch-native path), and waits for `/health`; requests go to SGLang's native
+`/generate` with `input_ids` (prompt log-probabilities: `return_logprob`, `logprob_start_len` 0, one new token;
+greedy generation: temperature 0). One server serves one checkpoint; loading the next stops it first. What SGLang
+refuses (a config it will not start with, a request longer than its context length) comes back as
+`SglangRefused` with SGLang's own message: for the report that is a result.
+
+There is one route, the server: SGLang's offline `sglang.Engine` runs the same tokenizer manager, scheduler and
+model runner in-process, so it would serve the same numbers through the same code (`--run sglang`).
+
+`SglangEngine` tells the two commands what SGLang is to them: the card's two routes with its printed command's
+settings (`SglangServing`: --context-length, --json-model-override-args, the environment), and for `eval --engine
+sglang` what SGLang serves, checked through the SGLang port (`engines.sglang`) before anything loads. The port
+follows SGLang 0.5.23's source; the engine that runs is 0.5.15 (the last release that runs on a CPU from PyPI:
+`sglang_env`), and the rows and records name the version each was checked on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import sglang
+from .runs import CardRoute, EngineRefused, EvalServing, register
+from .served import NotServed, compare, own_rope
+from .sglang_env import CPU_ENV, SglangEnv, ensure_sglang
+
+if TYPE_CHECKING:
+    from ..plan import PatchPlan
+
+ROUTES = ("server",)
+# Positions SGLang keeps back from a prompt: with --context-length N it accepts prompts of at most N - 7 tokens
+# (sglang 0.5.15 managers/tp_worker.py `get_worker_info`: max_req_input_len = min(context_len - 1, pool - 1) - 5, and
+# a prompt must be shorter than that). A request of n tokens (n - 1 prompt tokens, one generated) the card's
+# --context-length n serves in every other engine needs n + RESERVED here; the RoPE does not depend on it.
+RESERVED = 6
+LONGER = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # SGLang's permission to serve beyond the model's window
+START_TIMEOUT = 900.0  # seconds for a server to answer /health (a start takes 20-40 s on 2 idle cores)
+# eval's engine arguments -> SGLang's server flags
+FLAGS = {"tensor_parallel_size": "--tp-size"}
+
+
+class SglangError(RuntimeError):
+    """The SGLang server itself failed (it exited, or answered nonsense); the message ends with its log's tail."""
+
+
+class SglangRefused(EngineRefused):
+    """SGLang refused a load or a request; the message is SGLang's own (e.g. the input is longer than the model's
+    context length)."""
+
+
+def _free_port() -> int:
+    """A free port SGLang can take: below 50000, because it derives others from it (its gRPC port is port + 10000)."""
+    import random
+
+    for _ in range(200):
+        port = random.randint(20000, 49999)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise SglangError("no free port between 20000 and 49999 for the SGLang server")
+
+
+def server_args(folder: str | os.PathLike, context_length: int, port: int, *, override_args: dict | None = None,
+                engine_args: dict | None = None, device: str = "cpu") -> list[str]:
+    """`python -m sglang.launch_server`'s arguments for one checkpoint, as the card prints them, plus the CPU
+    engine's device and dtype and a KV pool for one request of context_length tokens."""
+    args = ["-m", "sglang.launch_server", "--model-path", str(folder), "--context-length", str(int(context_length)),
+            "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", str(int(context_length) + 1024),
+            "--skip-server-warmup"]
+    if device == "cpu":
+        args += ["--device", "cpu", "--dtype", "float32"]
+    if override_args:
+        args += ["--json-model-override-args", json.dumps(override_args, separators=(",", ":"))]
+    for key, value in (engine_args or {}).items():
+        args += [FLAGS[key], str(value)]
+    return args
+
+
+class SglangWorker:
+    """SGLang's server for one checkpoint at a time: `load` a folder, then `prompt_logprobs` / `generate`; `close`
+    stops it. The server's log goes to `log_path` (a temp file by default), whose tail ends every SglangError and
+    names what SGLang refused to start with."""
+
+    def __init__(self, env: SglangEnv | None = None, *, log_path: str | None = None, device: str = "cpu"):
+        self.env = env or ensure_sglang()
+        self.version = self.env.sglang_version
+        self.device = device
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="rope-extend-sglang-", suffix=".log")
+            os.close(fd)
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+        self.url = ""
+        self.loaded: dict | None = None
+        self.starts = 0  # servers started (the tests count them)
+
+    def label(self, route: str = "server") -> str:
+        """What a run row names: 'SGLang 0.5.15 on cpu, server + native /generate'."""
+        return f"{self.env.label} on {self.device}, server + native /generate"
+
+    # --- the server -------------------------------------------------------------------------------------------------
+    def _tail(self, lines: int = 30) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                tail = deque(f, maxlen=lines)
+        except OSError:
+            return ""
+        return f"\n--- SGLang log ({self.log_path}), last lines ---\n" + "".join(tail)
+
+    def _why_it_stopped(self) -> str:
+        """The last error line of the server's log (SGLang's own words), else its last line."""
+        try:
+            lines = [line.strip() for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return "no log"
+        errors = [line for line in lines if "Error:" in line or "Exception:" in line]
+        return (errors or lines or ["no log"])[-1][:1000]
+
+    def _stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+        self.proc, self.loaded, self._log = None, None, None
+
+    def load(self, folder: str | os.PathLike, context_length: int, *, override_args: dict | None = None,
+             env: dict | None = None, engine_args: dict | None = None) -> float:
+        """Serve `folder` as `python -m sglang.launch_server --model-path FOLDER --context-length N
+        [--json-model-override-args JSON]` would, with `env` (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN); returns
+        the start's seconds. Raises SglangRefused with SGLang's last error line when the server does not start."""
+        self._stop()
+        unknown = [key for key in (engine_args or {}) if key not in FLAGS]
+        if unknown:
+            raise ValueError(f"engine argument {unknown[0]!r} is not one SGLang takes ({', '.join(FLAGS)})")
+        port = _free_port()
+        environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        environ.update(HF_HUB_OFFLINE=environ.get("HF_HUB_OFFLINE", "1"), TOKENIZERS_PARALLELISM="false",
+                       **(CPU_ENV if self.device == "cpu" else {}), **(env or {}))
+        args = server_args(folder, context_length, port, override_args=override_args, engine_args=engine_args,
+                           device=self.device)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== {self.env.python} {' '.join(args)}\n".encode())
+        started = time.perf_counter()
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([str(self.env.python), *args], stdin=subprocess.DEVNULL,
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=environ,
+                                     cwd=tempfile.gettempdir(), start_new_session=True)
+        self.starts += 1
+        self.url = f"http://127.0.0.1:{port}"
+        while True:
+            if self.proc.poll() is not None:
+                self._stop()
+                raise SglangRefused(self._why_it_stopped())
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.perf_counter() - started > START_TIMEOUT:
+                self._stop()
+                raise SglangError(f"the SGLang server did not answer /health in {START_TIMEOUT:.0f} s{self._tail()}")
+            time.sleep(0.5)
+        self.loaded = {"model": str(folder), "context_length": int(context_length), "override_args": override_args,
+                       "env": dict(env or {})}
+        return time.perf_counter() - started
+
+    def _generate(self, ids: list[int], max_new_tokens: int, logprobs: bool) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            raise SglangError(f"no SGLang server is running (load a checkpoint first){self._tail()}")
+        body = {"input_ids": [int(i) for i in ids],
+                "sampling_params": {"max_new_tokens": int(max_new_tokens), "temperature": 0.0}}
+        if logprobs:
+            body.update(return_logprob=True, logprob_start_len=0)
+        request = urllib.request.Request(f"{self.url}/generate", data=json.dumps(body).encode(),
+                                         headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=None) as answer:
+                return json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            text = exc.read().decode(errors="replace")
+            try:
+                message = json.loads(text)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = text[:1000]
+            if 400 <= exc.code < 500:
+                raise SglangRefused(message) from None
+            raise SglangError(f"SGLang answered HTTP {exc.code}: {message}{self._tail()}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise SglangError(f"the SGLang server did not answer ({exc}){self._tail()}") from None
+
+    # --- operations (runs.EngineWorker) -------------------------------------------------------------------------------
+    def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """log p(token i | tokens < i) for i = 1..n-1 of the loaded checkpoint (NaN where SGLang gives none)."""
+        values = self._generate(ids, 1, logprobs=True)["meta_info"]["input_token_logprobs"]
+        return [math.nan if v[0] is None else float(v[0]) for v in values[1:]]
+
+    def generate(self, ids: list[int], max_tokens: int) -> list[int]:
+        """Greedy continuation of `ids` (token ids, at most `max_tokens`; SGLang stops at the model's EOS)."""
+        return [int(t) for t in self._generate(ids, max_tokens, logprobs=False)["output_ids"]]
+
+    def close(self) -> None:
+        self._stop()
+
+    def __enter__(self) -> SglangWorker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --- the run-engine adapter ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SglangServing:
+    """`python -m sglang.launch_server --model-path FOLDER --context-length N [--json-model-override-args JSON]` with
+    `env` (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN)."""
+
+    context_length: int
+    override_args: dict | None
+    env: dict
+
+
+class SglangEngine:
+    """SGLang as a run engine (`rope_extend.engines.runs.RunEngine`)."""
+
+    name = "sglang"
+    title = "SGLang"
+    runs = {"sglang": "server"}
+    eval_route = "server"
+    options = tuple(FLAGS)
+
+    def card_routes(self, plan: PatchPlan) -> tuple[list[CardRoute], list[str]]:
+        """The card's SGLang lines: this checkpoint as written, and the original model with
+        `--json-model-override-args`; both with the printed command's --context-length and environment."""
+        hint = sglang.serving_rule(plan)
+        g = hint.args
+        return [CardRoute("this checkpoint", False, SglangServing(g["context_length"], g["out_overrides"] or None,
+                                                                  g["env"])),
+                CardRoute("original model + --json-model-override-args", True,
+                          SglangServing(g["context_length"], g["original_overrides"], g["env"]))], list(hint.warnings)
+
+    def eval_serving(self, plan: PatchPlan | None, original_config: dict, max_len: int, lengths) -> EvalServing:
+        """The original model served with plan's method and --context-length max_len, checked through the SGLang
+        port at every request length (positions 0..n-1) against rope-extend's own RoPE."""
+        overrides = None if plan is None else sglang.serving_rule(plan).args["original_overrides"]
+        fields, rope = sglang.load_config(original_config, overrides)
+        derived = sglang.context_length(int(fields.get("max_position_embeddings", 8192)), rope)
+        env = {LONGER: "1"} if max_len > derived else {}
+        verdicts = {}
+        for n in sorted(set(lengths)):
+            if plan is not None and plan.method.acts_on_attention:
+                verdicts[n] = f"{plan.spec.method} acts on attention, which SGLang does not apply"
+                continue
+            if plan is None:
+                verdicts[n] = None if n <= derived else f"beyond the model's {derived}-token window"
+                continue
+            served = sglang.served(fields, rope, n)
+            if isinstance(served, NotServed):
+                verdicts[n] = served.reason
+                continue
+            delta = compare(served, own_rope(plan, n), n)
+            verdicts[n] = None if delta.identical else (
+                f"{sglang.VERSION} builds cos/sin {max(delta.max_cos, delta.max_sin):.2g} away from rope-extend's"
+                + (f": {served.note}" if served.note else ""))
+        return EvalServing(SglangServing(int(max_len), overrides, env), verdicts)
+
+    def open(self) -> SglangWorker:
+        return SglangWorker()
+
+    def load(self, worker: SglangWorker, folder: Path, settings: SglangServing, *, route: str,
+             engine_args: dict | None = None) -> float:
+        """Serve `folder` with the card's settings, --context-length raised by the RESERVED positions SGLang keeps
+        back from a prompt, so that a request of the card's N tokens is accepted; SGLang's permission to exceed the
+        model's window is added only where those positions alone cross it (the card's own env is kept as printed)."""
+        if route not in ROUTES:
+            raise ValueError(f"route {route!r} is not one of {', '.join(ROUTES)}")
+        env = dict(settings.env)
+        context = settings.context_length + RESERVED
+        if not env:
+            fields, rope = sglang.load_config(json.loads((Path(folder) / "config.json").read_text()),
+                                              settings.override_args)
+            window = sglang.context_length(int(fields.get("max_position_embeddings", 8192)), rope)
+            if settings.context_length <= window < context:
+                env[LONGER] = "1"
+        return worker.load(folder, context, override_args=settings.override_args, env=env, engine_args=engine_args)
+
+    def describe(self, settings: SglangServing) -> dict:
+        return {"json_model_override_args": settings.override_args, "context_length": settings.context_length,
+                "env": settings.env}
+
+
+SGLANG = register(SglangEngine())

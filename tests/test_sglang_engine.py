@@ -1,0 +1,224 @@
+"""A real SGLang (sglang 0.5.15 in its own virtualenv, `make sglang`) serving what rope-extend writes.
+
+SGLang's own server (`python -m sglang.launch_server`, CPU engine, torch-native path, float32) is started for every
+checkpoint, as the card prints it, and queried on its native `/generate` (a start takes ~20 s on 2 idle cores). The
+model is the demo model's first 2 layers with a 256-token window (`short_window`), so the long request (2x) is 512
+tokens and a RoPE that differs moves log-probabilities by 0.1 and more. The reference is transformers running
+rope-extend's RoPE (`patch_model`) on the same token ids. The rows must say what the port rows (SGLang 0.5.23 source)
+say; every method through both routes on the demo model itself runs in `make sglang-check`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+
+import pytest
+
+from rope_extend.engines.parity import parity_many
+from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs
+from rope_extend.engines.sglang_env import SglangEnvError, ensure_sglang
+from rope_extend.engines.sglang_run import SGLANG, SglangRefused, SglangWorker, server_args
+
+WINDOW = 256
+ROUTES = ("this checkpoint", "original model + --json-model-override-args")
+
+
+@pytest.fixture(scope="session")
+def sglang_worker(tmp_path_factory):
+    try:
+        # progress goes to the real stderr: pytest's capture would hide a build of a few minutes
+        env = ensure_sglang(log=lambda line: print(line, file=sys.__stderr__, flush=True))
+    except SglangEnvError as exc:  # a failed build is a failure, never a skip
+        pytest.fail(f"the SGLang environment could not be built:\n{exc}")
+    worker = SglangWorker(env, log_path=str(tmp_path_factory.mktemp("sglang-log") / "sglang.log"))
+    yield worker
+    worker.close()
+
+
+class Borrowed:
+    """The session's worker lent to code that would start (and close) its own; counts the loads it serves."""
+
+    def __init__(self, worker: SglangWorker):
+        self.worker, self.loads = worker, 0
+
+    def __getattr__(self, name):
+        return getattr(self.worker, name)
+
+    def load(self, *args, **kwargs):
+        self.loads += 1
+        return self.worker.load(*args, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+
+# --- without SGLang ----------------------------------------------------------------------------------------------------
+def test_the_server_is_started_as_the_card_prints_it():
+    """The card's command (`python -m sglang.launch_server --model-path M --context-length N
+    --json-model-override-args J`) is what the worker starts, plus the CPU engine's device and dtype."""
+    from transformers import LlamaConfig
+
+    from rope_extend.engines.sglang import serving_rule
+    from rope_extend.plan import plan_patch
+    from rope_extend.spec import load_spec
+
+    config = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                         num_hidden_layers=30, max_position_embeddings=8192, rope_theta=100000.0)
+    plan = plan_patch(config, load_spec({"method": "yarn", "factor": 4, "attention_factor": 1.2}))
+    (this, original), _ = SGLANG.card_routes(plan)
+    hint = serving_rule(plan)
+    args = server_args("M", this.settings.context_length, 30000, override_args=this.settings.override_args)
+    assert f"--context-length {this.settings.context_length}" in hint.command
+    assert this.settings.context_length == 32768 and this.settings.env == {}  # 32768 = the written config's window
+    assert hint.command.startswith("python -m sglang.launch_server")
+    override = json.loads(args[args.index("--json-model-override-args") + 1])
+    assert f"--json-model-override-args '{json.dumps(override, separators=(',', ':'))}'" in hint.command.replace(
+        ", ", ",").replace(": ", ":")
+    assert override == {"rope_parameters": {"attn_factor": pytest.approx(1.2 / (0.1 * math.log(4) + 1))}}
+    assert args[args.index("--device") + 1] == "cpu" and args[args.index("--dtype") + 1] == "float32"
+    # the original model's overrides carry rope_theta inside rope_parameters (an override written only as
+    # rope_scaling makes SGLang 0.5.15 drop it: test_a_rope_scaling_only_override_runs_at_the_wrong_theta)
+    assert original.settings.override_args["rope_parameters"]["rope_theta"] == 100000.0
+
+
+def test_run_names_include_sglang_and_unknown_ones_are_refused_before_anything_loads():
+    from rope_extend.engines.runs import eval_engines, run_names
+
+    assert "sglang" in run_names() and "sglang" in eval_engines()
+    with pytest.raises(ValueError, match="--run 'sglang-offline'.*sglang"):
+        parity_many([], runs=["sglang-offline"])
+
+
+# --- the real engine -------------------------------------------------------------------------------------------------
+def test_sglang_refuses_with_its_own_words(sglang_worker, short_window):
+    """A context length beyond the config's window without SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN: SGLang does not
+    start, and says why; a request longer than the context length: refused with SGLang's message, the server keeps
+    serving."""
+    from rope_extend.engines.reference import text_ids
+
+    with pytest.raises(SglangRefused, match="SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
+        sglang_worker.load(short_window, 2 * WINDOW)
+    sglang_worker.load(short_window, WINDOW)
+    ids = text_ids(short_window, WINDOW + 10)
+    with pytest.raises(SglangRefused, match=f"longer than the model's context length \\({WINDOW} tokens\\)"):
+        sglang_worker.prompt_logprobs(ids)
+    assert len(sglang_worker.prompt_logprobs(ids[:100])) == 99
+
+
+@pytest.mark.parametrize("method", ["yarn", "dynamic"])
+def test_engines_run_sglang_serves_each_route_as_the_card_says(method, sglang_worker, short_window, monkeypatch,
+                                                               capsys):
+    """`rope-extend engines SOURCE --method M --factor 2 --run sglang --json`: for both routes the card lists, a real
+    SGLang agrees with the port rows (SGLang 0.5.23 source): yarn identical (within LOGPROB_TOL on every token,
+    MEAN_TOL on average) at 256 and 512 tokens; dynamic differs as the port says (SGLang's static NTK at 2L for every
+    request: more than 0.1 nats on the short request)."""
+    from rope_extend.cli import run
+
+    borrowed = Borrowed(sglang_worker)
+    monkeypatch.setattr(SGLANG, "open", lambda: borrowed)  # the adapter's worker: the session's
+    capsys.readouterr()
+    assert run(["engines", str(short_window), "--method", method, "--factor", "2", "--run", "sglang", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert borrowed.loads == 2  # both routes were served by the real engine
+    for route in ROUTES:
+        port = next(r for r in rows if r["checked"] == "port" and r["engine"] == "SGLang 0.5.23" and r["route"] == route)
+        got_row = next(r for r in rows if r["checked"] == "run" and r["engine"].startswith("SGLang")
+                       and r["route"] == route)
+        assert got_row["engine"] == "SGLang 0.5.15 on cpu, server + native /generate"
+        for request in ("short", "long"):
+            said, got = port[request], got_row[request]
+            assert said["served"] and got["served"], (route, request, got)
+            if said["identical"]:
+                assert got["identical"] and got["mean_abs_dlogprob"] <= MEAN_TOL, (route, request, got)
+                assert got["max_abs_dlogprob"] <= LOGPROB_TOL
+            else:
+                assert not got["identical"] and got["max_abs_dlogprob"] > 0.1, (route, request, got)
+        assert got_row["identical"] == port["identical"]
+    if method == "yarn":
+        assert all(r["identical"] for r in rows if r["engine"].startswith("SGLang"))
+    else:
+        assert not any(r["identical"] for r in rows if r["engine"].startswith("SGLang"))
+
+
+def test_a_rope_scaling_only_override_runs_at_the_wrong_theta(sglang_worker, short_window, tmp_path):
+    """The trap the card's override avoids: `--json-model-override-args '{"rope_scaling": {yarn x2}}'` alone makes
+    SGLang 0.5.15 (transformers 5.12 inside) replace rope_parameters and drop rope_theta (100000 -> 10000): the model
+    serves another RoPE. The card's override (rope_theta inside rope_parameters) serves transformers' numbers."""
+    from transformers import AutoConfig
+
+    from rope_extend.engines.reference import reference, text_ids
+    from rope_extend.plan import plan_patch
+    from rope_extend.spec import load_spec
+
+    plan = plan_patch(AutoConfig.from_pretrained(short_window), load_spec({"method": "yarn", "factor": 2}))
+    n = 2 * WINDOW
+    requests = {n: text_ids(short_window, n - 1)}
+    truth = reference(short_window, plan, requests)
+    (_, original), _ = SGLANG.card_routes(plan)
+    # the card's override without rope_parameters: rope_scaling and the window only
+    scaling_only = {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": WINDOW},
+                    "max_position_embeddings": n}
+    assert {k: v for k, v in original.settings.override_args.items() if k != "rope_parameters"} != scaling_only
+    SGLANG.load(sglang_worker, short_window, dataclasses.replace(original.settings, override_args=scaling_only),
+                route="server")
+    trap = compare_logprobs(sglang_worker.prompt_logprobs(requests[n]), truth[n])
+    SGLANG.load(sglang_worker, short_window, original.settings, route="server")
+    card = compare_logprobs(sglang_worker.prompt_logprobs(requests[n]), truth[n])
+    assert card.identical, card.describe()
+    assert not trap.identical and trap.max_abs > 0.1, trap.describe()
+
+
+# --- eval --engine sglang --------------------------------------------------------------------------------------------
+SUITE = {  # the quick suite's sections, at the 2-layer model's scale
+    "name": "sglang-parity",
+    "seed": 0,
+    "short_context": [128],
+    "perplexity": {"text": "pydoc_topics", "lengths": [200, "2x"], "bucket_size": 128, "chunk_size": 128},
+    "passkey": {"lengths": ["1.25x"], "depths": [0.5], "samples": 1},
+    "needle": {"tasks": ["niah_single"], "lengths": [], "depths": [0.5], "samples": 1},
+}
+
+
+def test_eval_engine_sglang_reproduces_the_transformers_eval(sglang_worker, short_window, tmp_path):
+    """`rope-extend eval --engine sglang` on the same suite as transformers: every perplexity within 1e-3 (relative),
+    every probe answer the same text; the unpatched model's cases beyond its window (256) are left out."""
+    from rope_extend.eval.runner import run_eval
+
+    specs = {"yarn-x2": {"method": "yarn", "factor": 2}}
+    borrowed = Borrowed(sglang_worker)
+    got = run_eval(short_window, specs, SUITE, tmp_path / "sglang", engine="sglang", worker=borrowed, plots=False,
+                   progress=False)
+    assert borrowed.loads == 2  # unpatched and yarn: each served by the real engine
+    want = run_eval(short_window, specs, SUITE, tmp_path / "hf", plots=False, progress=False)
+    theirs = {(r["variant"], r["case_id"]): r for r in want}
+    run = json.loads((tmp_path / "sglang" / "run.json").read_text())
+    assert run["engine"].startswith("SGLang 0.5.15 on cpu")
+    assert "unpatched" in run["left_out"] and "256" in run["left_out"]["unpatched"]
+    left = {(r["variant"], r["case_id"]) for r in want} - {(r["variant"], r["case_id"]) for r in got}
+    assert left and all(v == "unpatched" and theirs[(v, c)]["length"] >= WINDOW for v, c in left)
+    for r in got:
+        other = theirs[(r["variant"], r["case_id"])]
+        if r["kind"] == "perplexity":
+            assert r["metrics"]["ppl"] == pytest.approx(other["metrics"]["ppl"], rel=1e-3), r["case_id"]
+        else:
+            assert r["metrics"]["output"] == other["metrics"]["output"], (r["variant"], r["case_id"])
+    assert {r["kind"] for r in got} == {"perplexity", "passkey", "niah_single"}
+    assert any(r["length"] == 2 * WINDOW for r in got)  # beyond the window, for the method
+
+
+@pytest.mark.parametrize("spec, why", [
+    ({"method": "dynamic", "factor": 2}, "SGLang 0.5.23 builds cos/sin .* static NTK"),
+    ({"method": "self-extend", "factor": 2}, "acts on attention"),
+])
+def test_eval_engine_sglang_refuses_what_sglang_serves_otherwise_before_loading(spec, why, short_window, tmp_path,
+                                                                                monkeypatch):
+    from rope_extend.eval.runner import run_eval
+
+    monkeypatch.setattr(SGLANG, "open", lambda: pytest.fail("an engine was started"))
+    with pytest.raises(ValueError, match=f"SGLang does not serve .* at \\d+ tokens .*{why}.*--engine transformers"):
+        run_eval(short_window, [spec], SUITE, tmp_path / "out", engine="sglang", plots=False, progress=False)
+    assert not (tmp_path / "out").exists()  # refused before anything was written or loaded
+
