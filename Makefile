@@ -12,7 +12,7 @@ CONSTRAINTS5 ?= .ci/constraints-transformers5.txt
 CONSTRAINTS4 ?= .ci/constraints-transformers4.txt
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: install install4 llamacpp vllm vllm-check test test5 test4 test-latest compat-matrix compat-check compat-torch-floor demo bench gpu-bundle lint clean
+.PHONY: install install4 llamacpp vllm vllm-check sglang sglang-check test test5 test4 test-latest compat-matrix compat-check compat-torch-floor demo bench gpu-bundle lint clean
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
@@ -47,12 +47,25 @@ vllm: install
 # LLM and by the OpenAI server (a server start costs ~40 CPU-seconds), on the suite's 2-layer demo model; the table
 # lands in eval/reports/vllm-engines-tiny/README.md (last result and date: docs/development.md).
 vllm-check: vllm
-	nice -n 10 $(VENV)/bin/python tools/run_vllm_engines.py --model short-window --runs vllm vllm-server \
+	nice -n 10 $(VENV)/bin/python tools/run_engines.py --model short-window --runs vllm vllm-server \
 		-o eval/reports/vllm-engines-tiny
+
+# A real SGLang (PyPI's sglang 0.5.15, its CPU engine's torch-native path) in its own virtualenv, since it pins another
+# torch and transformers: built once into ~/.cache/rope-extend/sglang-<version> (rope_extend/engines/sglang_env.py:
+# the pins and why, versions.json; ~2.3 minutes, 6.3 GB), then reused. Used by `rope-extend engines --run sglang`,
+# `eval --engine sglang` and the tests.
+sglang: install
+	$(VENV)/bin/python -m rope_extend.engines.sglang_env
+
+# What the suite's SGLang tests leave out for CI's time: every frequency method through both card routes on the
+# suite's 2-layer demo model (a server start costs ~20-30 s); the table lands in eval/reports/sglang-engines-tiny/.
+sglang-check: sglang
+	nice -n 10 $(VENV)/bin/python tools/run_engines.py --model short-window --runs sglang \
+		-o eval/reports/sglang-engines-tiny
 
 # The README's test command: the whole suite on transformers 5.x, then the portability/parity tests on 4.x, then
 # the compatibility matrix's core checks on the oldest supported 5.x.
-test: install install4 llamacpp vllm compat-check
+test: install install4 llamacpp vllm sglang compat-check
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV4)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_FLAGS)
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV)/bin/python $(VENV4)/bin/python -m pytest $(PYTEST_FLAGS) -m portability
 

@@ -24,8 +24,8 @@ from rope_extend.cli import run
 from rope_extend.engines import llama_cpp, sglang, vllm
 from rope_extend.engines.parity import parity_many, serving_table
 from rope_extend.engines.served import NotServed, Served, compare, default_inv_freq
-from rope_extend.plan import plan_patch
 from rope_extend.engines.serving import engine_hints, serving_hints
+from rope_extend.plan import plan_patch
 
 L, S = tiny.ORIGINAL, tiny.FACTOR
 TARGET = L * S

@@ -179,9 +179,9 @@ def _progress(line: str) -> None:
 
 def printed_llamacpp_flags(hf_dir: Path, spec: dict) -> list[str]:
     """The llama.cpp flags in the serving hints `rope-extend patch` prints for this spec."""
+    from rope_extend.engines.serving import serving_hints
     from rope_extend.files import load_config
     from rope_extend.plan import plan_patch
-    from rope_extend.engines.serving import serving_hints
 
     text, _ = serving_hints(plan_patch(load_config(hf_dir), spec), "out")
     match = re.search(r"llama-server -m \S+ -c \d+ ([^`]*)`", text)

@@ -142,9 +142,9 @@ def reference_serving(out: Path, name: str) -> tuple[str, str]:
     """The card's Serving section and the serve line for `name`, computed from scratch by planning the patch again
     from OUT's config (what the push did before it read OUT's record): the reference for the recorded ones."""
     from rope_extend import compat
+    from rope_extend.engines.serving import serve_command, serving_hints
     from rope_extend.files import load_config
     from rope_extend.plan import plan_patch
-    from rope_extend.engines.serving import serve_command, serving_hints
     from rope_extend.spec import RopeSpec
 
     config = compat.text_config(load_config(out))

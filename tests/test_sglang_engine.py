@@ -222,3 +222,30 @@ def test_eval_engine_sglang_refuses_what_sglang_serves_otherwise_before_loading(
         run_eval(short_window, [spec], SUITE, tmp_path / "out", engine="sglang", plots=False, progress=False)
     assert not (tmp_path / "out").exists()  # refused before anything was written or loaded
 
+
+
+def test_the_recorded_runs_are_generated_from_the_records():
+    """docs/serving.md's table of real SGLang runs and rope_extend/engines/sglang_runs.json (what the card quotes) are
+    what tools/run_engines.py --summarize computes from eval/reports/sglang-engines-*/ today; the card of a checkpoint
+    of a recorded method names the run with the version it was checked on (0.5.15, the port follows 0.5.23)."""
+    import importlib.util
+    from pathlib import Path
+
+    from rope_extend.engines.serving import runs_lines
+
+    root = Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("run_engines", root / "tools" / "run_engines.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    data = tool.summary(engine="sglang")
+    stale = "stale: run python tools/run_engines.py --summarize"
+    assert json.loads((root / "rope_extend" / "engines" / "sglang_runs.json").read_text()) == data, stale
+    start, end = tool.markers("sglang")
+    assert f"{start}\n{tool.docs_block(data, 'sglang')}\n{end}" in (root / "docs" / "serving.md").read_text(), stale
+    record = next(json.loads(line) for line in
+                  (root / "eval" / "reports" / "sglang-engines-smollm2" / "results.jsonl").read_text().splitlines())
+    runs = [r for r in record["report"]["rows"] if r["checked"] == "run" and r["engine"].startswith("SGLang")]
+    assert len(runs) == 2 and {r["route"] for r in runs} == set(ROUTES)
+    (line,) = [line for line in runs_lines("sglang", record["method"]) if "SmolLM2-135M through" in line]
+    assert line.startswith(f"  - run (not on this checkpoint): SGLang 0.5.15 on cpu served `{record['method']}` x2")
+    assert f"8192 and 16384 tokens, on {record['finished'][:10]}:" in line

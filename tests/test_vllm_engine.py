@@ -107,21 +107,21 @@ def test_server_arguments_are_vllm_serve_s():
 
 def test_the_recorded_runs_are_generated_from_the_records():
     """docs/serving.md's table of real vLLM runs and rope_extend/engines/vllm_runs.json (what the card quotes) are
-    what tools/run_vllm_engines.py --summarize computes from eval/reports/vllm-engines-*/ today, and the wheel ships
+    what tools/run_engines.py --summarize computes from eval/reports/vllm-engines-*/ today, and the wheel ships
     the JSON; one verdict is recounted here from a raw record."""
     import importlib.util
     from pathlib import Path
 
     root = Path(__file__).parent.parent
-    spec = importlib.util.spec_from_file_location("run_vllm_engines", root / "tools" / "run_vllm_engines.py")
+    spec = importlib.util.spec_from_file_location("run_engines", root / "tools" / "run_engines.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     data = tool.summary()
-    stale = "stale: run python tools/run_vllm_engines.py --summarize"
+    stale = "stale: run python tools/run_engines.py --summarize"
     assert json.loads((root / "rope_extend" / "engines" / "vllm_runs.json").read_text()) == data, stale
     text = (root / "docs" / "serving.md").read_text()
     assert f"{tool.START}\n{tool.docs_block(data)}\n{tool.END}" in text, stale
-    assert '"rope_extend.engines" = ["vllm_runs.json"]' in (root / "pyproject.toml").read_text()
+    assert '"rope_extend.engines" = ["vllm_runs.json", "sglang_runs.json"]' in (root / "pyproject.toml").read_text()
     record = next(json.loads(line) for line in
                   (root / "eval" / "reports" / "vllm-engines-smollm2" / "results.jsonl").read_text().splitlines())
     runs = [r for r in record["report"]["rows"] if r["checked"] == "run" and r["engine"].startswith("vLLM")]
@@ -129,9 +129,9 @@ def test_the_recorded_runs_are_generated_from_the_records():
     words = {(True, True): "yes", (True, False): "up to L", (False, True): "at s·L only", (False, False): "no"}
     (mine,) = [r for r in data["methods"][record["method"]] if r["model"] == "smollm2"]
     assert len(runs) == 2 and len(ok) == 1 and mine["verdict"] == words[ok.pop()] and mine["tokens"] == [8192, 12288]
-    from rope_extend.engines.serving import vllm_runs_lines  # what the card of a checkpoint of this method says
+    from rope_extend.engines.serving import runs_lines  # what the card of a checkpoint of this method says
 
-    (line,) = [line for line in vllm_runs_lines(record["method"]) if "SmolLM2-135M through" in line]
+    (line,) = [line for line in runs_lines("vllm", record["method"]) if "SmolLM2-135M through" in line]
     assert line.startswith(f"  - run (not on this checkpoint): {mine['engine']} on cpu served `{record['method']}` x1.5")
     assert f"8192 and 12288 tokens, on {record['finished'][:10]}:" in line
 

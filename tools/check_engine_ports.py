@@ -288,8 +288,8 @@ def check_llama_cpp(root: Path) -> list[tuple[str, float, bool]]:
 
     from rope_extend.engines import llama_cpp as port
     from rope_extend.engines.served import Served, compare
-    from rope_extend.plan import plan_patch
     from rope_extend.engines.serving import engine_hints
+    from rope_extend.plan import plan_patch
 
     ggml = (root / "ggml" / "src" / "ggml.c").read_text()
     ops = (root / "ggml" / "src" / "ggml-cpu" / "ops.cpp").read_text()

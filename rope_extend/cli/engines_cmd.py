@@ -44,8 +44,8 @@ def engines(
         str | None, typer.Option("--other-python", help="Python of the other transformers line ($ROPE_EXTEND_OTHER_PYTHON).")
     ] = None,
     runs: Annotated[list[str] | None, typer.Option(
-        "--run", help="Also serve it in a real engine: vllm (offline LLM) or vllm-server (OpenAI server); "
-        "repeatable. Builds the engine's own virtualenv once (`make vllm`). Progress goes to stderr; exits 3 when "
+        "--run", help="Also serve it in a real engine: vllm (offline LLM), vllm-server (OpenAI server) or sglang "
+        "(SGLang's server); repeatable. Builds the engine's own virtualenv once (`make vllm`, `make sglang`). Progress goes to stderr; exits 3 when "
         "a run measures otherwise a route the card lists as identical.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:

@@ -25,6 +25,7 @@ EXAMPLES = """Examples:
   rope-extend eval out/smollm2-16k --name "trained yarn-x2" --suite paper -o report-trained/
 
   rope-extend eval smollm2 --engine vllm --spec method=yarn,factor=2 -o report-vllm/
+  rope-extend eval smollm2 --engine sglang --spec method=yarn,factor=2 -o report-sglang/
 """
 
 
@@ -44,8 +45,8 @@ def eval_command(
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
     interleave: Annotated[bool, typer.Option("--interleave", help="Sample round by round across variants, so a stopped run compares like with like.")] = False,
     no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the model even if the memory estimate says it does not fit.")] = False,
-    engine: Annotated[str, typer.Option(help="transformers (the reference, in this process) or a run engine serving each variant: vllm (a real vLLM; builds its virtualenv once). Variants the engine does not serve identically are refused before loading.")] = "transformers",
-    tensor_parallel_size: Annotated[int | None, typer.Option("--tensor-parallel-size", help="--engine vllm: vLLM's tensor parallelism (GPUs).")] = None,
+    engine: Annotated[str, typer.Option(help="transformers (the reference, in this process) or a run engine serving each variant: vllm or sglang (the real engine; builds its virtualenv once). Variants the engine does not serve identically are refused before loading.")] = "transformers",
+    tensor_parallel_size: Annotated[int | None, typer.Option("--tensor-parallel-size", help="--engine vllm or sglang: the engine's tensor parallelism (GPUs).")] = None,
     pipeline_parallel_size: Annotated[int | None, typer.Option("--pipeline-parallel-size", help="--engine vllm: vLLM's pipeline parallelism (GPUs or nodes).")] = None,
 ) -> None:
     """Evaluate before/after: perplexity by length, passkey, needles, short-context regression; resumable."""

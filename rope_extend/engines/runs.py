@@ -188,6 +188,16 @@ def check_engine_args(engine_args: Mapping[str, Any], name: str) -> None:
         raise ValueError(f"{flag} is not an argument of --engine {name}: {fix}")
 
 
+def recorded_runs(engine: RunEngine, method: str) -> list[dict]:
+    """The runs of `method` in the real `engine` recorded in the project's evidence
+    (`rope_extend/engines/<name>_runs.json`, written by `tools/run_engines.py --summarize` from eval/reports/): model,
+    factor, request lengths, engine, device, date, verdict per the engines table's words; [] when none."""
+    path = Path(__file__).with_name(f"{engine.name}_runs.json")
+    if not path.is_file():
+        return []
+    return json.loads(path.read_text())["methods"].get(method, [])
+
+
 # --- comparison with the reference ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LogprobDelta:

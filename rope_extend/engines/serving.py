@@ -21,8 +21,9 @@ PORTS_RUN = (
     f"These commands were not run on this checkpoint. They follow each engine's source as read at {vllm.VERSION}, "
     f"{sglang.VERSION} and {llama_cpp.VERSION}; rope-extend checks them by running its ports of those engines' "
     "config reading and RoPE code (`rope_extend/engines/`) on the same settings and comparing the cos/sin they "
-    "build with its own (`rope-extend engines` reruns it; `--run vllm` runs a real vLLM). The lines marked run say "
-    "what a real vLLM did with this method's commands on the project's own checkpoints, with its version and date."
+    "build with its own (`rope-extend engines` reruns it; `--run vllm` and `--run sglang` run the real engines). The "
+    "lines marked run say what a real engine did with this method's commands on the project's own checkpoints, with "
+    "the version it was checked on and the date."
 )
 
 
@@ -82,8 +83,8 @@ class ServingHints:
                          "loaders and serving engines do not reproduce exactly; see the warnings", python=True)
 
     def markdown(self, name: str, unbacked: Mapping[tuple[str, str], str] | None = None) -> str:
-        """The Serving section: every engine's commands for the checkpoint `name`, what a real vLLM did with the
-        method (`vllm_runs_lines`), then notes and warnings.
+        """The Serving section: every engine's commands for the checkpoint `name`, what the real vLLM and SGLang did
+        with the method (`runs_lines`), then notes and warnings.
 
         unbacked: {(engine, "command" | "original"): why} -- the routes the written checkpoint's own parity check
         contradicts (`engines.parity.unbacked_routes`); each is named with that reason instead of its command, so
@@ -100,9 +101,10 @@ class ServingHints:
         lines = [
             line("- vLLM", "vLLM", "command", v.command),
             line("  - same scaling on the original model", "vLLM", "original", v.original),
-            *vllm_runs_lines(self.plan.spec.method),
+            *runs_lines("vllm", self.plan.spec.method),
             line("- SGLang", "SGLang", "command", g.command),
             line("  - same scaling on the original model", "SGLang", "original", g.original),
+            *runs_lines("sglang", self.plan.spec.method),
         ]
         if c.original is not None:
             lines.append(line("- llama.cpp, original GGUF", "llama.cpp", "original", c.original))
@@ -141,19 +143,22 @@ def serving_hints(plan: PatchPlan, out: str,
     return hints.markdown(out, unbacked), hints.warnings
 
 
-def vllm_runs_lines(method: str) -> list[str]:
-    """What a real vLLM did with `method`'s commands, as the project ran them (`rope_extend/engines/vllm_runs.json`,
-    from eval/reports/vllm-engines-*/): one line per record, with the engine, its version, the device and the date."""
-    from .vllm_run import recorded_runs
+def runs_lines(engine: str, method: str) -> list[str]:
+    """What the real run engine `engine` did with `method`'s commands, as the project ran them
+    (`rope_extend/engines/<engine>_runs.json`, from eval/reports/<engine>-engines-*/): one line per record, with the
+    engine, its version, the device and the date (the version the line was checked on: the commands above follow
+    the port's)."""
+    from .runs import lookup, recorded_runs
 
+    adapter = lookup(engine)
     words = {"yes": "identical at both lengths", "up to L": "identical up to the original window only",
              "at s·L only": "identical at the target length only", "no": "not identical"}
     return [
         f"  - run (not on this checkpoint): {run['engine']} on {run['device'] or 'cpu'} served `{method}` x{run['factor']:g}"
-        f" on {RUN_MODELS.get(run['model'], run['model'])} through both vLLM routes ({' and '.join(run['ways'])}),"
-        f" {run['tokens'][0]} and {run['tokens'][1]} tokens, on {run['date']}:"
+        f" on {RUN_MODELS.get(run['model'], run['model'])} through both {adapter.title} routes"
+        f" ({' and '.join(run['ways'])}), {run['tokens'][0]} and {run['tokens'][1]} tokens, on {run['date']}:"
         f" {words.get(run['verdict'], run['verdict'])} (rope-extend's {run['record']})"
-        for run in recorded_runs(method)
+        for run in recorded_runs(adapter, method)
     ]
 
 

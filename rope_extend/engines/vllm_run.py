@@ -166,20 +166,6 @@ class VllmWorker:
         self.close()
 
 
-# --- what was run: the evidence the card quotes -------------------------------------------------------------------------
-RUNS_FILE = Path(__file__).with_name("vllm_runs.json")  # tools/run_vllm_engines.py --summarize, from eval/reports
-
-
-def recorded_runs(method: str) -> list[dict]:
-    """The real-vLLM runs of `method` recorded in the project's evidence (model, factor, request lengths, engine,
-    device, date, verdict per the engines table's words), newest model first; [] when none."""
-    if not RUNS_FILE.is_file():
-        return []
-    return json.loads(RUNS_FILE.read_text())["methods"].get(method, [])
-
-
-
-
 # --- the run-engine adapter ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class VllmServing:
