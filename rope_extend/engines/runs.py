@@ -33,6 +33,7 @@ import json
 import math
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -238,6 +239,17 @@ def compare_logprobs(engine: list[float], reference) -> LogprobDelta:
     return LogprobDelta(n=len(ref) + 2, max_abs=max(map(abs, diffs), default=0.0),
                         mean_abs=sum(map(abs, diffs)) / count, mean=sum(diffs) / count, nan=len(nans),
                         first_nan=nans[0] + 1 if nans else None)
+
+
+def log_tail(path: Path, engine: str, lines: int = 30) -> str:
+    """The last `lines` lines of an engine's log, headed with its name and path, to end an error message ("" when
+    the log cannot be read)."""
+    try:
+        with open(path, errors="replace") as f:
+            tail = deque(f, maxlen=lines)
+    except OSError:
+        return ""
+    return f"\n--- {engine} log ({path}), last lines ---\n" + "".join(tail)
 
 
 def linked_folder(weights: Path, config: dict, folder: Path) -> Path:

@@ -30,13 +30,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import sglang
-from .runs import CardRoute, EngineRefused, EvalServing, register
+from .runs import CardRoute, EngineRefused, EvalServing, log_tail, register
 from .served import NotServed, compare, own_rope
 from .sglang_env import CPU_ENV, SglangEnv, ensure_sglang
 
@@ -119,13 +118,8 @@ class SglangWorker:
         return f"{self.env.label} on {self.device}, server + native /generate"
 
     # --- the server -------------------------------------------------------------------------------------------------
-    def _tail(self, lines: int = 30) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                tail = deque(f, maxlen=lines)
-        except OSError:
-            return ""
-        return f"\n--- SGLang log ({self.log_path}), last lines ---\n" + "".join(tail)
+    def _tail(self) -> str:
+        return log_tail(self.log_path, "SGLang")
 
     def _why_it_stopped(self) -> str:
         """The last error line of the server's log (SGLang's own words), else its last line."""

@@ -22,13 +22,12 @@ import math
 import os
 import subprocess
 import tempfile
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import vllm
-from .runs import CardRoute, EngineRefused, EvalServing, register
+from .runs import CardRoute, EngineRefused, EvalServing, log_tail, register
 from .served import NotServed, compare, own_rope
 from .vllm_env import VllmEnv, ensure_vllm
 
@@ -94,13 +93,8 @@ class VllmWorker:
         return f"{self.env.label} on {self.device}, {'offline LLM' if route == 'offline' else 'server + openai client'}"
 
     # --- protocol -------------------------------------------------------------------------------------------------
-    def _tail(self, lines: int = 30) -> str:
-        try:
-            with open(self.log_path, errors="replace") as f:
-                tail = deque(f, maxlen=lines)
-        except OSError:
-            return ""
-        return f"\n--- vLLM log ({self.log_path}), last lines ---\n" + "".join(tail)
+    def _tail(self) -> str:
+        return log_tail(self.log_path, "vLLM")
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
