@@ -9,8 +9,8 @@ run's one plan, the data tokenized: all before any model loads), `trainer` (the 
 the resume state), `finish` (OUT written with that plan, verified, nothing trained thrown away), `evaluation`
 (--eval-suite before and after). Beside them: `recipe` (TrainSpec, defaults, validation), `data` (documents,
 packing, PoSE windows), `lora` (peft, trainable embeddings/norms, tied embeddings), `loss` (the loss in chunks),
-`attention` (the memory-efficient kernel), `sharding` (FSDP / ZeRO-3 under accelerate), `progress` (what a run
-prints, signals), `training_card` (the card's training section, the loss plot, the log files).
+`sdpa` (which SDPA kernel training gets: a memory-efficient one), `sharding` (FSDP / ZeRO-3 under accelerate),
+`progress` (what a run prints, signals), `training_card` (the card's training section, the loss plot, the log files).
 Importing this package imports no torch/transformers/peft; `train_model` does.
 """
 

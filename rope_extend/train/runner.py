@@ -5,7 +5,7 @@
 2. `evaluation.before` when --eval-suite asked (SOURCE unpatched and training-free).
 3. `trainer` (trainer.py): the model loaded and patched with that plan, LoRA when asked, transformers' `Trainer`.
    Memory linear in the window: the loss in chunks (`loss.py`), attention through a memory-efficient SDPA kernel
-   (`attention.py`, checked before loading), gradient checkpointing when the window needs it. What it prints and how
+   (`sdpa.py`, checked before loading), gradient checkpointing when the window needs it. What it prints and how
    signals stop it: `progress.py`. Under `accelerate launch` with FSDP or DeepSpeed ZeRO-3 (also on CPU processes):
    `sharding.py`; the trained weights are gathered from every process and the main one writes OUT from a whole copy.
 4. `finish` (finish.py): OUT written with the same plan through the checkpoint writer `patch` uses, verified,
@@ -79,7 +79,7 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     control = trainer.callbacks(prep, say if on_progress else None, resumed)
     from transformers import PrinterCallback
 
-    from . import attention
+    from . import sdpa
 
     with sharding.fsdp_on_cpu():
         run = trainer.trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
@@ -102,7 +102,7 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     if prep.sequence_parallel > 1:
         scoped.enter_context(sequence_parallel.attention_scoped())
         scoped.enter_context(sequence_parallel.planned_accumulation_quiet(prep.accumulation))
-    with stop_on_signals(control), attention.installed(choice), scoped, warnings.catch_warnings():
+    with stop_on_signals(control), sdpa.installed(choice), scoped, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     if control.signum is not None:

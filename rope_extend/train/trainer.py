@@ -3,7 +3,7 @@
 From `Prepared` (the run's plan, config, window and batch split, `prepare.py`): the model loaded from SOURCE with
 the plan applied as planned (`patch.apply_patch(model, plan)`: the frequencies are rebuilt in the modules, not just the
 config), LoRA-wrapped when asked; the `TrainingArguments` of the recipe; gradient checkpointing when the window
-needs it; the memory plan (a memory-efficient attention kernel, `attention.py`; the loss in chunks, `loss.py`);
+needs it; the memory plan (a memory-efficient attention kernel, `sdpa.py`; the loss in chunks, `loss.py`);
 the resume state in `OUT.train-state/`; and `RopeExtendTrainer`, the Trainer subclass (sequential sampling, the
 chunked loss, checkpoints without config.json, tokens and wall time in every log entry).
 """
@@ -170,14 +170,14 @@ def precision(prep: Prepared) -> str:
 
 def memory_plan(prep: Prepared):
     """(the attention path, positions per loss chunk) for this run's device and compute dtype: the attention
-    kernel is checked to be a memory-efficient one (`attention.choose`, refusing the run otherwise) and the loss
+    kernel is checked to be a memory-efficient one (`sdpa.choose`, refusing the run otherwise) and the loss
     never holds more than one chunk's logits (`loss.py`)."""
     import torch
 
-    from . import attention
+    from . import sdpa
     from .loss import chunk_tokens_for
 
-    choice = attention.choose(prep.config, prep.device, getattr(torch, prep.compute_dtype), prep.window)
+    choice = sdpa.choose(prep.config, prep.device, getattr(torch, prep.compute_dtype), prep.window)
     return choice, prep.spec.loss_chunk or chunk_tokens_for(prep.text.vocab_size)
 
 
