@@ -374,7 +374,7 @@ def test_heldout_passkey_shares_prefixes_exactly(spec):
     """The held-out passkey prompts reuse each other's KV prefix; for dynamic methods too (one length, one scale
     per request), the answers equal those of prompts run one by one."""
     from rope_extend.eval.probes import make_passkey, run_probe
-    from rope_extend.eval.tiny import tiny_llama, tiny_tokenizer
+    from rope_extend.eval.toy_models import tiny_llama, tiny_tokenizer
 
     tok = tiny_tokenizer()
     model = tiny_llama(max_position_embeddings=256, head_dim=16)
