@@ -20,7 +20,7 @@ ratio of 4 windows per step would be 8 at 16k/2k), because one full 16k window o
 
 3. `--windows 2048 4096 8192`: memory and speed against the window (issue 36 §3), one full window per step, each
    window in its own child, side by side in one run: `rope-extend train`'s own step (chunked loss, the attention
-   path `attention.choose` picks, gradient checkpointing as `--gradient-checkpointing` says, default on), peak
+   path `sdpa.choose` picks, gradient checkpointing as `--gradient-checkpointing` says, default on), peak
    memory (CPU: the child's peak RSS; CUDA: `torch.cuda.max_memory_allocated`) and tokens/s of the timed step. The
    table gives each window's memory and its increase over the previous window per added token: flat when memory
    grows linearly, doubling per doubling if anything grew with window x window. `--full-logits` adds the largest
@@ -89,7 +89,7 @@ warnings.simplefilter("ignore")
 import torch
 from pathlib import Path
 from transformers import TrainerCallback, PrinterCallback
-from rope_extend.train import TrainSpec, attention
+from rope_extend.train import TrainSpec, sdpa
 from rope_extend.train import data, prepare, trainer as stage
 path, text, window, steps, checkpointing, dtype, full_logits = (sys.argv[1], sys.argv[2], int(sys.argv[3]),
                                                                  int(sys.argv[4]), sys.argv[5], sys.argv[6],
@@ -121,7 +121,7 @@ trainer.tokens_per_step, trainer.clock_start = window, time.perf_counter()
 trainer.loss_chunk_tokens = 0 if full_logits else chunk
 if cuda:
     torch.cuda.reset_peak_memory_stats()
-with attention.installed(choice):
+with sdpa.installed(choice):
     trainer.train()
 def median_step(marks):  # the first step is warm-up when there are more
     spans = [marks[i + 1] - marks[i] for i in range(0, len(marks) - 1, 2)]

@@ -11,7 +11,8 @@ layers: one layer per distinct layer signature), so its rotary modules and atten
 builds, and verifying a 70B-shaped config costs what a 135M one does. A checkpoint that would not run is never
 called verified.
 
-It depends on planning (`plan`) and the module layer (`rotary`), not on `patch`, which calls it.
+It depends on planning (`plan`) and the module layer (`rotary`), not on `patch`, which calls it. The `verify`
+command runs this check again on a folder already written: `reverify.py`.
 """
 
 from __future__ import annotations

@@ -45,18 +45,18 @@ def demo_gguf():
 
 @pytest.fixture(scope="session")
 def short_window(smollm2_path, tmp_path_factory):
-    """The demo model's first 2 layers with a 256-token window (`eval.tiny.short_window_demo`): what the run-engine
+    """The demo model's first 2 layers with a 256-token window (`eval.toy_models.short_window_demo`): what the run-engine
     tests serve (tests/test_vllm_engine.py, tests/test_run_engines.py)."""
-    from rope_extend.eval.tiny import short_window_demo
+    from rope_extend.eval.toy_models import short_window_demo
 
     return short_window_demo(tmp_path_factory.mktemp("short-window") / "short-window", window=256, source=smollm2_path)
 
 
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
-    """A tiny random llama with its tiny BPE tokenizer, window 256 (`eval.tiny.tiny_checkpoint`): the SOURCE the
+    """A tiny random llama with its tiny BPE tokenizer, window 256 (`eval.toy_models.tiny_checkpoint`): the SOURCE the
     eval, CLI, card and source tests read (never written to)."""
-    from rope_extend.eval.tiny import tiny_checkpoint
+    from rope_extend.eval.toy_models import tiny_checkpoint
 
     return tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", max_position_embeddings=256)
 

@@ -13,7 +13,7 @@ from rope_extend.eval.perplexity import (
     token_losses,
     token_losses_unchunked,
 )
-from rope_extend.eval.tiny import tiny_llama
+from rope_extend.eval.toy_models import tiny_llama
 
 
 @pytest.fixture(scope="module")

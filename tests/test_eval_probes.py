@@ -23,7 +23,7 @@ from rope_extend.eval.suite import Suite, load_suite, resolve_length
 
 @pytest.fixture(scope="module")
 def tok():
-    from rope_extend.eval.tiny import tiny_tokenizer
+    from rope_extend.eval.toy_models import tiny_tokenizer
 
     return tiny_tokenizer()
 
@@ -216,7 +216,7 @@ def test_generate_fills_the_cache_it_is_given(tok):
     from transformers import DynamicCache
 
     from rope_extend.eval.probes import run_probe
-    from rope_extend.eval.tiny import tiny_llama
+    from rope_extend.eval.toy_models import tiny_llama
 
     sample = make_passkey(tok, 200, 0.5)
     cache = DynamicCache()

@@ -314,7 +314,7 @@ def test_a_shipped_scheme_is_measured_against_the_window_it_serves(tmp_path):
     """A tiny model shipping llama3 x8 over 64 (max_position_embeddings 512): the suite's 1x and 2x are 512 and
     1024 tokens, the report says 512 (naming the pre-scaling 64), and only 1024 is beyond the window (it said
     "original context window: 64 tokens" and "128 (beyond original)")."""
-    from rope_extend.eval.tiny import tiny_llama, tiny_tokenizer
+    from rope_extend.eval.toy_models import tiny_llama, tiny_tokenizer
 
     folder = tmp_path / "llama3-x8"
     tok = tiny_tokenizer()
@@ -403,7 +403,7 @@ def test_a_model_without_a_tokenizer_is_one_line_naming_the_folder_and_files(tmp
     """issue 57 §8: transformers' own message ("Couldn't instantiate the backend tokenizer ...") named neither the
     model nor the missing files, and came after run.json was written."""
     from rope_extend.cli import run
-    from rope_extend.eval.tiny import tiny_llama
+    from rope_extend.eval.toy_models import tiny_llama
 
     folder = tmp_path / "no-tokenizer"
     tiny_llama(1000, 256).save_pretrained(folder)

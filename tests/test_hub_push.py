@@ -647,7 +647,7 @@ def test_a_changed_output_is_refused_naming_each_file_until_verify_reverifies_it
 
     from safetensors.torch import save_file
 
-    from rope_extend import recheck
+    from rope_extend import reverify
 
     snapshot = hub_snapshot(source, tmp_path / "hub")
     out = tmp_path / "out"
@@ -682,8 +682,8 @@ def test_a_changed_output_is_refused_naming_each_file_until_verify_reverifies_it
     assert "model.safetensors (another file than the one verified (its size, time or inode changed))" in error
     assert "config.json" not in error.split("so nothing was sent:")[1].split(";")[0]
     ran = []
-    original = recheck._patched_outputs
-    monkeypatch.setattr(recheck, "_patched_outputs", lambda *a: ran.append(a) or original(*a))
+    original = reverify._patched_outputs
+    monkeypatch.setattr(reverify, "_patched_outputs", lambda *a: ran.append(a) or original(*a))
     assert cli("verify", out) == 0
     printed = " ".join(capsys.readouterr().out.split())
     assert ran and "on the real weights" in printed and "model.safetensors (another file than the one verified" in printed

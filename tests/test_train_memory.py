@@ -1,6 +1,6 @@
 """Training memory that grows linearly with the window: the chunked loss (`rope_extend/train/loss.py`) against
 transformers' own full-logits loss, what the training forward keeps for backward (no window x window and no
-window x vocabulary tensor), and the attention kernel training gets (`rope_extend/train/attention.py`).
+window x vocabulary tensor), and the attention kernel training gets (`rope_extend/train/sdpa.py`).
 
 Tiny random llamas (GQA: 4 query heads, 2 key/value heads), float32 on the CPU; each test runs in about a second.
 """
@@ -12,7 +12,7 @@ import torch
 from torch.profiler import profile
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rope_extend.train import attention
+from rope_extend.train import sdpa
 from rope_extend.train.loss import chunk_tokens_for, chunked_causal_lm_loss, head_input
 
 VOCAB = 300
@@ -122,14 +122,14 @@ def test_a_training_forward_keeps_no_window_squared_or_window_by_vocabulary_tens
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_training_attention_on_the_cpu_is_sdpa_with_the_flash_kernel(dtype):
-    choice = attention.choose(_model().config, "cpu", dtype, window=4096)
-    assert (choice.how, choice.kernel) == (attention.SDPA, "flash")
+    choice = sdpa.choose(_model().config, "cpu", dtype, window=4096)
+    assert (choice.how, choice.kernel) == (sdpa.SDPA, "flash")
     assert choice.describe() == "sdpa (flash kernel)"
 
 
 def test_expanded_kv_attention_equals_transformers_sdpa_and_is_installed_only_inside_the_block():
     """The swap CUDA float32 gets (K/V heads repeated, no enable_gqa): the same logits as transformers' "sdpa" on
-    a GQA model; installed as the "sdpa" entry only within `attention.installed` (the config keeps "sdpa")."""
+    a GQA model; installed as the "sdpa" entry only within `sdpa.installed` (the config keeps "sdpa")."""
     from rope_extend import compat
 
     model = _model().eval()
@@ -139,8 +139,8 @@ def test_expanded_kv_attention_equals_transformers_sdpa_and_is_installed_only_in
         want = model(**inputs).logits
     registry = compat.attention_functions()
     before = registry.get_local("sdpa")
-    with attention.installed(attention.AttentionChoice(attention.EXPANDED, "memory-efficient")):
-        assert registry.get_local("sdpa") is attention.expanded_kv_attention
+    with sdpa.installed(sdpa.AttentionChoice(sdpa.EXPANDED, "memory-efficient")):
+        assert registry.get_local("sdpa") is sdpa.expanded_kv_attention
         with torch.no_grad(), profile(record_shapes=True) as prof:
             got = model(**inputs).logits
     assert registry.get_local("sdpa") is before and model.config._attn_implementation == "sdpa"
@@ -150,9 +150,9 @@ def test_expanded_kv_attention_equals_transformers_sdpa_and_is_installed_only_in
 
 
 def test_no_memory_efficient_kernel_is_refused_naming_the_dtype(monkeypatch):
-    monkeypatch.setattr(attention, "_kernel", lambda *a, **k: "math")
+    monkeypatch.setattr(sdpa, "_kernel", lambda *a, **k: "math")
     with pytest.raises(ValueError, match=r"--dtype float32: .* 16384 x 16384 .* use --dtype bfloat16"):
-        attention.choose(_model().config, "cpu", torch.float32, window=16384)
+        sdpa.choose(_model().config, "cpu", torch.float32, window=16384)
 
 
 def test_the_activation_estimate_behind_auto_checkpointing_matches_what_autograd_keeps():

@@ -247,9 +247,9 @@ def test_per_dim_spec_round_trip_through_patch_and_stock_transformers(tmp_path):
 def test_heldout_shares_forwards_exactly_and_reuses_unpatched_inside_window(tmp_path):
     model = planted_model()
     ids = torch.randint(3, V, (N,), generator=torch.Generator().manual_seed(3))
-    variants = [ho.Variant("unpatched", None), ho.Variant("yarn x8", {"method": "yarn", "factor": 8}),
-                ho.Variant("dynamic x8", {"method": "dynamic", "factor": 8}),
-                ho.Variant("tuned closed: yarn x8", {"method": "yarn", "factor": 8.0, "original_max_position_embeddings": L})]
+    variants = [ho.HeldoutVariant("unpatched", None), ho.HeldoutVariant("yarn x8", {"method": "yarn", "factor": 8}),
+                ho.HeldoutVariant("dynamic x8", {"method": "dynamic", "factor": 8}),
+                ho.HeldoutVariant("tuned closed: yarn x8", {"method": "yarn", "factor": 8.0, "original_max_position_embeddings": L})]
     recs = ho.compare(model, ids, variants, L, N, windows=(16,), block=8, log_path=tmp_path / "h.jsonl",
                       progress=False)
     # static: the first 16 positions of the N-token forward equal a separate 16-token forward
@@ -374,7 +374,7 @@ def test_heldout_passkey_shares_prefixes_exactly(spec):
     """The held-out passkey prompts reuse each other's KV prefix; for dynamic methods too (one length, one scale
     per request), the answers equal those of prompts run one by one."""
     from rope_extend.eval.probes import make_passkey, run_probe
-    from rope_extend.eval.tiny import tiny_llama, tiny_tokenizer
+    from rope_extend.eval.toy_models import tiny_llama, tiny_tokenizer
 
     tok = tiny_tokenizer()
     model = tiny_llama(max_position_embeddings=256, head_dim=16)

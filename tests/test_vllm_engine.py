@@ -3,7 +3,7 @@
 One worker process serves every checkpoint of the session in turn (vLLM is imported once, ~15 s; each engine start
 takes ~4 CPU-seconds), through the offline LLM; the OpenAI server route (two more processes that import vLLM, ~40
 CPU-seconds a start) runs in `make vllm-check` for every method (docs/development.md). The suite's model is the demo model's first 2 layers with a 256-token window (its weights and
-tokenizer, `eval.tiny.short_window_demo`), so the long request (2x) is 512 tokens, and a RoPE that differs moves its
+tokenizer, `eval.toy_models.short_window_demo`), so the long request (2x) is 512 tokens, and a RoPE that differs moves its
 log-probabilities by 0.1 and more where float32 kernels differ by ~3e-5. The reference is transformers running
 rope-extend's RoPE (`patch_model`) on the same token ids. The rows must say what the port rows (vLLM 0.33 source)
 say: identical where they say identical, DIFFERS by a measured amount, or refused by vLLM itself.

@@ -154,7 +154,7 @@ def reload(work: Path) -> None:
 
 
 def tiny_checkpoint(work: Path) -> Path:
-    from rope_extend.eval.tiny import tiny_checkpoint as build
+    from rope_extend.eval.toy_models import tiny_checkpoint as build
 
     return build(work / "tiny-llama", max_position_embeddings=64)
 
@@ -217,7 +217,7 @@ def cached_decode(work: Path) -> None:
 @check("probes")
 def probes(work: Path) -> None:
     from rope_extend.eval.probes import make_passkey, run_probe, run_probes_sharing_prefix
-    from rope_extend.eval.tiny import tiny_llama, tiny_tokenizer
+    from rope_extend.eval.toy_models import tiny_llama, tiny_tokenizer
     from rope_extend.tune import heldout
 
     tok = tiny_tokenizer()

@@ -48,7 +48,7 @@ def model_path(name: str, work: Path) -> Path:
 
         return smollm2_path()
     if name == "short-window":
-        from rope_extend.eval.tiny import short_window_demo
+        from rope_extend.eval.toy_models import short_window_demo
 
         return short_window_demo(work / "short-window-demo")
     return Path(name)

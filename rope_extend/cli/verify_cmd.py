@@ -1,5 +1,5 @@
 """`rope-extend verify`: re-verify an output folder as it is now, and refresh its card and record (thin over
-rope_extend.recheck), so that a deliberate edit can be pushed."""
+rope_extend.reverify), so that a deliberate edit can be pushed."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def verify(
                                                   "memory estimate says they do not fit.")] = False,
 ) -> None:
     """Re-verify OUT as it is now (stock reload + a forward beyond the original length); refresh its card and record."""
-    from ..recheck import reverify
+    from ..reverify import reverify
 
     with Progress("verifying", STEPS) as progress:
         result = reverify(folder, on_step=progress.step, memory_check=not no_memory_check)

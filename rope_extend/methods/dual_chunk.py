@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from .attention import LOG_N, AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
+from .attention_level import LOG_N, AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
 DEFAULT_LENGTH_SCALE = 0.05  # ChunkLlama's get_mscale: 0.05·ln(n/L) + 1 (a4835cf; 0.05 since 7b8ef1e)

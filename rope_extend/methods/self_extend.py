@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from ..errors import SpecError
-from .attention import LOG_N, AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
+from .attention_level import LOG_N, AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
 LARGEST_SHARE = 0.625  # the largest distance the defaults aim for, as a share of L

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from .attention import AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
+from .attention_level import AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
 SHIFTED_SHARE = 0.33  # the authors' default shifted_offset, as a share of the window (they suggest 0.25-0.4)

@@ -7,10 +7,12 @@
 A run in stages, `runner.train_model` calling each once: `prepare` (validation, SOURCE's config read once, the
 run's one plan, the data tokenized: all before any model loads), `trainer` (the patched model, LoRA, the Trainer,
 the resume state), `finish` (OUT written with that plan, verified, nothing trained thrown away), `evaluation`
-(--eval-suite before and after). Beside them: `recipe` (TrainSpec, defaults, validation), `data` (documents,
-packing, PoSE windows), `lora` (peft, trainable embeddings/norms, tied embeddings), `loss` (the loss in chunks),
-`attention` (the memory-efficient kernel), `sharding` (FSDP / ZeRO-3 under accelerate), `progress` (what a run
-prints, signals), `training_card` (the card's training section, the loss plot, the log files).
+(--eval-suite before and after). Beside them: `recipe` (TrainSpec: its options grouped by the stage that owns
+them, defaults, validation), `parallelism` (how windows spread over processes: one strategy, chosen once by
+`prepare`; `sequence_parallel` is its Ulysses side), `data` (documents, packing, PoSE windows), `lora` (peft,
+trainable embeddings/norms, tied embeddings), `loss` (the loss in chunks), `sdpa` (which SDPA kernel training gets:
+a memory-efficient one), `sharding` (FSDP / ZeRO-3 under accelerate), `progress` (what a run prints, signals),
+`training_card` (the card's training section, the loss plot, the log files).
 Importing this package imports no torch/transformers/peft; `train_model` does.
 """
 

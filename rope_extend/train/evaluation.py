@@ -45,7 +45,7 @@ def before(prep: Prepared) -> list[dict]:
     """SOURCE unpatched and with the plan training-free, on the suite (resumable: finished cases are kept)."""
     from ..eval.runner import run_eval
 
-    return run_eval(str(prep.source), [prep.plan.spec], prep.spec.eval_suite, eval_dir(prep) / "before",
+    return run_eval(str(prep.source), [prep.plan.spec], prep.spec.evaluation.suite, eval_dir(prep) / "before",
                     progress=False, **settings(prep.spec, prep.device))
 
 
@@ -54,7 +54,7 @@ def after(prep: Prepared, out: Path) -> list[dict]:
     its own name rather than the eval runner's 'unpatched'."""
     from ..eval.runner import run_eval
 
-    return run_eval(str(out), {trained_label(prep): None}, prep.spec.eval_suite, eval_dir(prep) / "after",
+    return run_eval(str(out), {trained_label(prep): None}, prep.spec.evaluation.suite, eval_dir(prep) / "after",
                     include_baseline=False, progress=False, **settings(prep.spec, prep.device))
 
 
@@ -73,7 +73,7 @@ def summary(prep: Prepared, before_records: list[dict], after_records: list[dict
             row["score"] = m["score"]
         rows.append(row)
     folder = eval_dir(prep)
-    return {"suite": load_suite(prep.spec.eval_suite).name, **settings(prep.spec, prep.device),
+    return {"suite": load_suite(prep.spec.evaluation.suite).name, **settings(prep.spec, prep.device),
             "before": str(folder / "before"), "after": str(folder / "after") if after_records is not None else None,
             "variants": {BASELINE: "SOURCE as loaded", training_free_label(prep): "SOURCE patched, training-free",
                          trained_label(prep): "this checkpoint (trained), as stock transformers loads it"},
@@ -86,7 +86,7 @@ def section(prep: Prepared, before_records: list[dict], after_records: list[dict
     from ..eval.suite import load_suite
 
     plan, where = prep.plan.spec, settings(prep.spec, prep.device)
-    head = (f"Suite `{load_suite(prep.spec.eval_suite).name}` ({where['device']}, {where['dtype']}): `unpatched` is "
+    head = (f"Suite `{load_suite(prep.spec.evaluation.suite).name}` ({where['device']}, {where['dtype']}): `unpatched` is "
             "SOURCE as loaded, "
             f"`{training_free_label(prep)}` SOURCE with {plan.method} x{plan.factor:g} training-free, ")
     if after_records is None:

@@ -101,28 +101,29 @@ def write_trained(prep: Prepared, trainer, model, base, summary: dict, eval_befo
     failure or a signal here loses nothing (`keeping_trained_weights`) and a rerun resumes at the last step, trains
     nothing and comes back here."""
     spec, state_dir, step = prep.spec, prep.spec.state_dir(), trainer.state.global_step
+    adapters, verify = spec.adapters, spec.finish.verify
     checkpoint = (complete_checkpoints(state_dir) or [None])[-1]  # Trainer saves one at the last step
     kept = unverified_dir(prep.out)
     with keeping_trained_weights(prep, step, checkpoint):
         adapter = state_dir / "adapter"
-        if spec.save_adapter:  # before merging: merge_and_unload takes the adapters out of the model
+        if adapters.save_adapter:  # before merging: merge_and_unload takes the adapters out of the model
             model.save_pretrained(adapter)
-        final = lora.merge(model) if spec.lora else base
+        final = lora.merge(model) if adapters.enabled else base
         final.config.use_cache = True
         if resumed >= step:
             say(f"training had finished ({checkpoint.name if checkpoint else 'step ' + str(step)}); writing "
-                f"{'and verifying ' if spec.verify else ''}the checkpoint from it")
+                f"{'and verifying ' if verify else ''}the checkpoint from it")
         else:
-            say(f"training done; writing {'and verifying ' if spec.verify else ''}the checkpoint")
+            say(f"training done; writing {'and verifying ' if verify else ''}the checkpoint")
 
         def extra(folder: Path) -> None:
             training_card.write_files(folder, summary, [dict(row) for row in trainer.state.log_history])
-            if spec.save_adapter:
+            if adapters.save_adapter:
                 shutil.copytree(adapter, folder / "adapter")
 
         training = training_card.section(summary, None if eval_before is None
                                          else evaluation.section(prep, eval_before, None))
-        options = WriteOptions(overwrite=spec.overwrite, verify=spec.verify, extra=extra, keep_unverified=kept,
+        options = WriteOptions(overwrite=spec.finish.overwrite, verify=verify, extra=extra, keep_unverified=kept,
                                training=training, engines_report=False)
         result = write_checkpoint(prep.loaded, prep.plan, prep.out, options, model=final)
     shutil.rmtree(state_dir, ignore_errors=True)  # OUT holds the trained model now
@@ -139,7 +140,7 @@ def write_trained(prep: Prepared, trainer, model, base, summary: dict, eval_befo
             raise TrainedNotWrittenError(
                 f"{result.out} is written{' and verified' if result.verified else ''}, but its evaluation after "
                 f"training failed: {' '.join(str(exc).split())}; evaluate it with `rope-extend eval {result.out} "
-                f"--suite {spec.eval_suite}`") from None
+                f"--suite {spec.evaluation.suite}`") from None
     return result
 
 
@@ -147,17 +148,17 @@ def summary(prep: Prepared, steps: int, tokens: int, seconds: float, losses: lis
     """training.json's numbers (and the card's): the recipe, the data, steps, tokens, time, device, the loss."""
     import torch
 
-    spec, plan = prep.spec, prep.plan
+    opt, adapters, plan = prep.spec.optimisation, prep.spec.adapters, prep.plan
     recipe = {
         "method": plan.spec.method, "factor": plan.spec.factor, "original_length": plan.spec.original_max_position_embeddings,
         "target_length": plan.spec.target_length, "window": prep.window, "pose": prep.pose,
-        "global_windows": prep.global_windows, "world_size": prep.world, "micro_batch": spec.micro_batch,
-        "accumulation": prep.accumulation, "learning_rate": spec.learning_rate, "adam_beta1": spec.adam_beta1,
-        "adam_beta2": spec.adam_beta2, "weight_decay": spec.weight_decay, "warmup_steps": spec.warmup(),
-        "scheduler": spec.scheduler, "seed": spec.seed, "lora": spec.lora, "lora_r": spec.lora_r,
-        "lora_alpha": spec.lora_alpha, "lora_dropout": spec.lora_dropout,
-        "train_embeddings_and_norms": spec.train_embeddings_and_norms, "steps": spec.steps,
-        "sequence_parallel": prep.sequence_parallel,
+        "global_windows": prep.global_windows, "world_size": prep.world, "micro_batch": opt.micro_batch,
+        "accumulation": prep.accumulation, "learning_rate": opt.learning_rate, "adam_beta1": opt.adam_beta1,
+        "adam_beta2": opt.adam_beta2, "weight_decay": opt.weight_decay, "warmup_steps": opt.warmup(),
+        "scheduler": opt.scheduler, "seed": opt.seed, "lora": adapters.enabled, "lora_r": adapters.r,
+        "lora_alpha": adapters.alpha, "lora_dropout": adapters.dropout,
+        "train_embeddings_and_norms": adapters.train_embeddings_and_norms, "steps": opt.steps,
+        "sequence_parallel": prep.parallelism.size,
     }
     return {
         "title": f"{plan.spec.method} x{plan.spec.factor:g}, window {prep.window}",

@@ -1,11 +1,13 @@
 """`train_model`: one `rope-extend train` run (what the CLI and `accelerate launch` / `torchrun` call), stage by stage.
 
 1. `prepare` (prepare.py): validate everything (numbers, method, paths, texts, held-out overlap, window), read
-   SOURCE's config once, make and verify the run's one plan, tokenize; refusals come here, before any model loads.
+   SOURCE's config once, make and verify the run's one plan, choose how the windows spread over the processes (one
+   `parallelism.Parallelism`, whose methods the later stages call), tokenize; refusals come here, before any model
+   loads.
 2. `evaluation.before` when --eval-suite asked (SOURCE unpatched and training-free).
 3. `trainer` (trainer.py): the model loaded and patched with that plan, LoRA when asked, transformers' `Trainer`.
    Memory linear in the window: the loss in chunks (`loss.py`), attention through a memory-efficient SDPA kernel
-   (`attention.py`, checked before loading), gradient checkpointing when the window needs it. What it prints and how
+   (`sdpa.py`, checked before loading), gradient checkpointing when the window needs it. What it prints and how
    signals stop it: `progress.py`. Under `accelerate launch` with FSDP or DeepSpeed ZeRO-3 (also on CPU processes):
    `sharding.py`; the trained weights are gathered from every process and the main one writes OUT from a whole copy.
 4. `finish` (finish.py): OUT written with the same plan through the checkpoint writer `patch` uses, verified,
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import compat
-from . import data, evaluation, finish, sequence_parallel, sharding, trainer
+from . import data, evaluation, finish, sharding, trainer
 from .prepare import prepare, world
 from .progress import TrainingInterrupted, complete_checkpoints
 from .recipe import TrainSpec
@@ -57,37 +59,35 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     say = on_progress if (on_progress is not None and main) else (lambda line: None)
     say(f"data: {len(prep.corpus.streams)} streams, {prep.corpus.tokens:,} tokens; window {prep.window}"
         f"{' (PoSE, positions to ' + str(prep.target) + ')' if prep.pose else ''}; {prep.batch_line()}")
-    eval_before = evaluation.before(prep) if (spec.eval_suite and main) else None
+    eval_before = evaluation.before(prep) if (spec.evaluation.suite and main) else None
     resume_from = trainer.open_state(prep, main)
     state_dir = spec.state_dir()
     checkpointing, checkpointing_line = trainer.gradient_checkpointing(prep)
-    if prep.sequence_parallel > 1 or sharding.asked() == "DeepSpeed":
-        note = sequence_parallel.compile_note()
-        if note:
-            say(note)
+    note = prep.parallelism.compile_note(sharding.asked())
+    if note:
+        say(note)
     args = trainer.training_arguments(prep, state_dir, checkpointing)
     choice, chunk = trainer.memory_plan(prep)
     say(f"attention: {choice.describe()}; {checkpointing_line}; loss in chunks of {chunk:,} positions")
     model, base = trainer.model_to_train(prep)
-    dataset = data.WindowDataset(prep.corpus, prep.window, prep.target, spec.steps * prep.global_windows, spec.seed)
+    steps, seed = spec.optimisation.steps, spec.optimisation.seed
+    dataset = data.WindowDataset(prep.corpus, prep.window, prep.target, steps * prep.global_windows, seed)
     resumed = trainer.resumed_step(resume_from)
     if resume_from is not None:
-        say(f"resuming from {resume_from.name} (step {resumed}/{spec.steps})")
+        say(f"resuming from {resume_from.name} (step {resumed}/{steps})")
     from .progress import newest_checkpoint, plan_line, stop_on_signals
 
-    say(plan_line(spec.steps, resumed, prep.tokens_per_step, prep.accumulation, prep.micro_tokens))
+    say(plan_line(steps, resumed, prep.tokens_per_step, prep.accumulation, prep.micro_tokens))
     control = trainer.callbacks(prep, say if on_progress else None, resumed)
     from transformers import PrinterCallback
 
-    from . import attention
+    from . import sdpa
 
     with sharding.fsdp_on_cpu():
         run = trainer.trainer_class()(model=model, args=args, train_dataset=dataset, data_collator=data.collate,
                                       callbacks=[control])
     run.remove_callback(PrinterCallback)
-    processes_line = sharding.describe(run)
-    if prep.sequence_parallel > 1:
-        processes_line += f"; {sequence_parallel.describe(prep.sequence_parallel, processes)}"
+    processes_line = prep.parallelism.processes_line(sharding.describe(run), processes)
     if processes > 1 or sharding.asked():
         say(f"processes: {processes_line}")
     note = sharding.note(run)
@@ -98,11 +98,9 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     run.forward_autocast = trainer.forward_autocast(prep)
     run.clock_offset = trainer.previous_seconds(resume_from)
     run.clock_start = time.perf_counter()
-    scoped = contextlib.ExitStack()
-    if prep.sequence_parallel > 1:
-        scoped.enter_context(sequence_parallel.attention_scoped())
-        scoped.enter_context(sequence_parallel.planned_accumulation_quiet(prep.accumulation))
-    with stop_on_signals(control), attention.installed(choice), scoped, warnings.catch_warnings():
+    scoped = contextlib.ExitStack()  # entered here, before the kernel's swap (`sdpa.installed`)
+    scoped.enter_context(prep.parallelism.training_scope(prep.accumulation))
+    with stop_on_signals(control), sdpa.installed(choice), scoped, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     if control.signum is not None:
@@ -120,7 +118,7 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
         with finish.keeping_trained_weights(prep, run.state.global_step,
                                             (complete_checkpoints(state_dir) or [None])[-1]):
             model = sharding.unsharded_model(run, lambda: trainer.whole_copy(prep))
-        base = model if not spec.lora else None
+        base = model if not spec.adapters.enabled else None
     first, last = (losses[0], losses[-1]) if losses else (None, None)
     if not main:
         return TrainResult(None, run.state.global_step, tokens, train_seconds, first, last, resumed, False, summary)

@@ -8,7 +8,8 @@ layer an all-to-all trades the sequence split for a head split, so every process
 model's attention function, `UlyssesSPDataLoaderAdapter` shards each batch of every process over the group and
 shifts its labels before the split); rope-extend adds what its own recipe needs, each piece named here:
 
-- `prepare` (`check` / `check_attention` / `check_launch` / `deepspeed_config`): what cannot work is refused in one line before
+- `prepare` (`check` / `check_attention` / `check_launch` / `deepspeed_config`, called by `parallelism.choose`, which
+  wraps this module in the strategy the stages call): what cannot work is refused in one line before
   training, naming the fix (heads not divisible by N, a window not a multiple of N, eager attention, float16, a
   launch that started fewer processes than N, FSDP, a ZeRO-3 config that cannot gather the trained weights, a
   transformers/accelerate/DeepSpeed without Ulysses).
@@ -86,19 +87,19 @@ def missing_support() -> str | None:
     return None
 
 
-def prepare(spec, text_config, window: int, world: int, launched_with: str | None) -> dict | None:
+def prepare(n: int, deepspeed: str | None, dtype: str, text_config, window: int, world: int,
+            launched_with: str | None) -> dict | None:
     """Everything checked before the tokenizer and the model load (`check`, `check_launch`), and the DeepSpeed config
     rope-extend gives the run: None under an accelerate DeepSpeed launch (it brings its own), else `--deepspeed FILE`
-    or `DEFAULT_ZERO`."""
-    n = spec.sequence_parallel
-    check(n, text_config, window, spec.dtype)
+    (`deepspeed`) or `DEFAULT_ZERO`."""
+    check(n, text_config, window, dtype)
     check_launch(n, world, launched_with)
     if launched_with != "DeepSpeed":
-        return deepspeed_config(spec.deepspeed)
-    if spec.deepspeed is not None:
-        raise SpecError(f"--deepspeed {spec.deepspeed} and the accelerate launch's DeepSpeed config both configure "
+        return deepspeed_config(deepspeed)
+    if deepspeed is not None:
+        raise SpecError(f"--deepspeed {deepspeed} and the accelerate launch's DeepSpeed config both configure "
                         "DeepSpeed; pass one (drop --deepspeed, or launch with torchrun)", field="deepspeed",
-                        value=spec.deepspeed)
+                        value=deepspeed)
     return None
 
 

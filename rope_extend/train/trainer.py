@@ -3,7 +3,7 @@
 From `Prepared` (the run's plan, config, window and batch split, `prepare.py`): the model loaded from SOURCE with
 the plan applied as planned (`patch.apply_patch(model, plan)`: the frequencies are rebuilt in the modules, not just the
 config), LoRA-wrapped when asked; the `TrainingArguments` of the recipe; gradient checkpointing when the window
-needs it; the memory plan (a memory-efficient attention kernel, `attention.py`; the loss in chunks, `loss.py`);
+needs it; the memory plan (a memory-efficient attention kernel, `sdpa.py`; the loss in chunks, `loss.py`);
 the resume state in `OUT.train-state/`; and `RopeExtendTrainer`, the Trainer subclass (sequential sampling, the
 chunked loss, checkpoints without config.json, tokens and wall time in every log entry).
 """
@@ -17,7 +17,6 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 from .. import compat, memory
@@ -46,21 +45,19 @@ def load_patched_model(prep: Prepared):
         model = AutoModelForCausalLM.from_pretrained(prep.source, **compat.dtype_kwargs(torch.float32))
         apply_patch(model, prep.plan)
     model.config.use_cache = False
-    if prep.sequence_parallel > 1:  # a model class without sdpa loads eager whatever its config says
-        sequence_parallel.check_attention(prep.sequence_parallel, model.config._attn_implementation,
-                                          f"the loaded {type(model).__name__}")
+    prep.parallelism.check_loaded(model)
     return model
 
 
 def model_to_train(prep: Prepared):
     """(the model to train, the base model inside it): SOURCE patched with the plan, LoRA-wrapped when asked (peft
     changes the base model in place)."""
-    spec = prep.spec
+    adapters = prep.spec.adapters
     base = load_patched_model(prep)
-    if not spec.lora:
+    if not adapters.enabled:
         return base, base
-    return lora.wrap(base, spec.lora_r, spec.lora_alpha, spec.lora_dropout, spec.train_embeddings_and_norms,
-                     spec.seed), base
+    return lora.wrap(base, adapters.r, adapters.alpha, adapters.dropout, adapters.train_embeddings_and_norms,
+                     prep.spec.optimisation.seed), base
 
 
 def whole_copy(prep: Prepared):
@@ -74,12 +71,12 @@ def gradient_checkpointing(prep: Prepared) -> tuple[bool, str]:
     """(on?, the reason the progress line gives): `--gradient-checkpointing on|off`, or `auto`: on when one
     micro-batch's activations (`memory.activation_bytes`) would take more than half of the memory the weights,
     gradients and AdamW state leave free."""
-    mode = prep.spec.gradient_checkpointing
+    mode, dtype = prep.spec.compute.gradient_checkpointing, prep.spec.compute.dtype
     if _fsdp_checkpoints():  # transformers refuses both at once: FSDP's own wraps every layer
         return False, "gradient checkpointing by FSDP (fsdp_activation_checkpointing in the accelerate config)"
     if mode in ("on", "off"):
         return mode == "on", f"gradient checkpointing {mode}"
-    float32 = prep.spec.dtype == "float32" or (prep.spec.dtype == "auto" and prep.device == "cpu")
+    float32 = dtype == "float32" or (dtype == "auto" and prep.device == "cpu")
     element = 4 if float32 else 2  # mixed precision keeps most activations in 16 bits
     activations = prep.micro_tokens * memory.training_per_token(prep.text, element, checkpointing=False)
     params = memory.weights_bytes(prep.source, "float32") // 4
@@ -98,30 +95,30 @@ def _fsdp_checkpoints() -> bool:
 def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None = None):
     from transformers import TrainingArguments
 
-    spec, device = prep.spec, prep.device
+    opt, progress, device = prep.spec.optimisation, prep.spec.progress, prep.device
     # Mixed precision is accelerate's autocast (float32 weights and optimizer state), except with a DeepSpeed config
     # of rope-extend's own (--sequence-parallel): DeepSpeed then runs in float32 and the autocast is rope-extend's
     # (`forward_autocast`), so that it is the same scheme as one process; DeepSpeed's bf16 would train bf16 weights.
     mixed = prep.compute_dtype if forward_autocast(prep) is None else "float32"
     kwargs = dict(
         output_dir=str(state),
-        max_steps=spec.steps,
-        per_device_train_batch_size=spec.micro_batch,
+        max_steps=opt.steps,
+        per_device_train_batch_size=opt.micro_batch,
         gradient_accumulation_steps=prep.accumulation,
-        learning_rate=spec.learning_rate,
-        warmup_steps=spec.warmup(),
-        lr_scheduler_type=spec.scheduler,
-        adam_beta1=spec.adam_beta1,
-        adam_beta2=spec.adam_beta2,
-        weight_decay=spec.weight_decay,
-        max_grad_norm=spec.max_grad_norm,
+        learning_rate=opt.learning_rate,
+        warmup_steps=opt.warmup(),
+        lr_scheduler_type=opt.scheduler,
+        adam_beta1=opt.adam_beta1,
+        adam_beta2=opt.adam_beta2,
+        weight_decay=opt.weight_decay,
+        max_grad_norm=opt.max_grad_norm,
         optim="adamw_torch",
-        seed=spec.seed,
-        data_seed=spec.seed,
-        logging_steps=spec.logging_steps,
+        seed=opt.seed,
+        data_seed=opt.seed,
+        logging_steps=progress.logging_steps,
         logging_first_step=True,
         save_strategy="steps",
-        save_steps=spec.save_steps or max(1, spec.steps // 10),
+        save_steps=progress.save_steps or max(1, opt.steps // 10),
         save_total_limit=None,  # pruned by step number in the callback (Trainer's own rotation sorts by mtime, which
         # races with the other ranks still writing their rng_state_N.pth in DDP)
         report_to=[],
@@ -141,17 +138,15 @@ def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None =
         kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     if device == "cpu" and prep.world > 1:
         kwargs["ddp_backend"] = "gloo"
-    if prep.sequence_parallel > 1:
-        kwargs.update(sequence_parallel.arguments(prep.sequence_parallel, prep.world, prep.deepspeed))
+    kwargs.update(prep.parallelism.training_arguments(prep.world))
     args = TrainingArguments(**kwargs)
-    if prep.sequence_parallel > 1:
-        sequence_parallel.join_deepspeed_comm()
+    prep.parallelism.arguments_made()
     return args
 
 
 def forward_autocast(prep: Prepared):
     """The autocast dtype rope-extend applies to the model's forward itself (None: accelerate's, or none): a
-    mixed-precision run on a DeepSpeed config of rope-extend's own (`sequence_parallel`)."""
+    mixed-precision run on a DeepSpeed config of rope-extend's own (`--sequence-parallel`: `prep.deepspeed`)."""
     import torch
 
     if prep.deepspeed is None or prep.compute_dtype == "float32":
@@ -170,15 +165,15 @@ def precision(prep: Prepared) -> str:
 
 def memory_plan(prep: Prepared):
     """(the attention path, positions per loss chunk) for this run's device and compute dtype: the attention
-    kernel is checked to be a memory-efficient one (`attention.choose`, refusing the run otherwise) and the loss
+    kernel is checked to be a memory-efficient one (`sdpa.choose`, refusing the run otherwise) and the loss
     never holds more than one chunk's logits (`loss.py`)."""
     import torch
 
-    from . import attention
+    from . import sdpa
     from .loss import chunk_tokens_for
 
-    choice = attention.choose(prep.config, prep.device, getattr(torch, prep.compute_dtype), prep.window)
-    return choice, prep.spec.loss_chunk or chunk_tokens_for(prep.text.vocab_size)
+    choice = sdpa.choose(prep.config, prep.device, getattr(torch, prep.compute_dtype), prep.window)
+    return choice, prep.spec.compute.loss_chunk or chunk_tokens_for(prep.text.vocab_size)
 
 
 # --- resume state ----------------------------------------------------------------------------------------------------
@@ -186,7 +181,7 @@ def open_state(prep: Prepared, main: bool) -> Path | None:
     """The checkpoint to resume from (or None); refuses a state folder left by a different run."""
     state, spec = prep.spec.state_dir(), prep.spec
     marker = state / FINGERPRINT
-    if state.exists() and not spec.resume:
+    if state.exists() and not spec.progress.resume:
         if main:
             shutil.rmtree(state, ignore_errors=True)
         return None
@@ -198,7 +193,7 @@ def open_state(prep: Prepared, main: bool) -> Path | None:
     checkpoints = complete_checkpoints(state) if state.is_dir() else []
     if main:
         state.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"fingerprint": prep.fingerprint, "spec": asdict(spec)}, default=str) + "\n")
+        marker.write_text(json.dumps({"fingerprint": prep.fingerprint, "spec": spec.flat()}, default=str) + "\n")
         latest = checkpoints[-1] if checkpoints else None
         for folder in state.glob("checkpoint-*"):  # partial checkpoints of a killed save
             if folder not in checkpoints and folder != latest:
@@ -224,7 +219,7 @@ def previous_seconds(checkpoint: Path | None) -> float:
 def callbacks(prep: Prepared, on_progress: Callable[[str], None] | None, resumed: int):
     from .progress import callback
 
-    return callback(prep.spec.steps, resumed, prep.tokens_per_step, prep.accumulation, prep.micro_tokens,
+    return callback(prep.spec.optimisation.steps, resumed, prep.tokens_per_step, prep.accumulation, prep.micro_tokens,
                     prep.spec.state_dir(), KEEP_CHECKPOINTS, on_progress)
 
 

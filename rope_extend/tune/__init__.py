@@ -7,7 +7,7 @@ Modules: `space` (candidates), `objective` (loss beyond L), `search` (successive
 jsonl), `heldout` (comparison with bootstrap intervals), `report`, `runner` (`tune_model`, what the CLI runs).
 """
 
-from .heldout import Variant, compare, license_text
+from .heldout import HeldoutVariant, compare, license_text
 from .objective import CalibrationObjective, eval_cost
 from .search import TuneResult, plan_schedule, rung_lengths, tune
 from .space import Candidate, Geometry, closed_form_grid, per_dim_moves
@@ -16,8 +16,8 @@ __all__ = [
     "CalibrationObjective",
     "Candidate",
     "Geometry",
+    "HeldoutVariant",
     "TuneResult",
-    "Variant",
     "closed_form_grid",
     "compare",
     "eval_cost",

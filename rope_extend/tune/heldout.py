@@ -48,7 +48,10 @@ def license_text(directory: str | Path = LICENSES_DIR) -> str:
 
 
 @dataclass(frozen=True)
-class Variant:
+class HeldoutVariant:
+    """One model the held-out comparison scores: a name and its spec (not eval's `eval.variants.Variant`, a
+    parsed spec evaluated by the suite)."""
+
     name: str
     spec: dict[str, Any] | None  # None = the unpatched model
 
@@ -57,7 +60,7 @@ class Variant:
         text = json.dumps(self.spec, sort_keys=True, default=float)
         return hashlib.sha256(f"{self.name}|{text}".encode()).hexdigest()[:16]
 
-    def same_model(self, other: Variant, original_length: int) -> bool:
+    def same_model(self, other: HeldoutVariant, original_length: int) -> bool:
         """Same spec once the original length written out equals the model's (a tuned closed form that is a
         default, e.g. YaRN x2, is not evaluated twice)."""
 
@@ -72,9 +75,9 @@ class Variant:
         return norm(self.spec) == norm(other.spec)
 
 
-def default_variants(factor: float) -> list[Variant]:
+def default_variants(factor: float) -> list[HeldoutVariant]:
     """The closed forms at their default parameters (the issue's comparison set: the registry's `closed_forms()`)."""
-    return [Variant("unpatched", None)] + [Variant(f"{m} x{factor:g}", {"method": m, "factor": factor})
+    return [HeldoutVariant("unpatched", None)] + [HeldoutVariant(f"{m} x{factor:g}", {"method": m, "factor": factor})
                                            for m in closed_forms()]
 
 
@@ -108,7 +111,7 @@ def _blocks(losses: torch.Tensor, block: int) -> dict[str, list[float]]:
 def evaluate_variant(
     model,
     token_ids: torch.Tensor,
-    variant: Variant,
+    variant: HeldoutVariant,
     original_length: int,
     target_length: int,
     windows: tuple[int, ...] = (2048,),
@@ -178,7 +181,7 @@ def passkey(model, tokenizer, length: int, samples: int, seed: int = 0) -> dict[
 def compare(
     model,
     token_ids: torch.Tensor,
-    variants: list[Variant],
+    variants: list[HeldoutVariant],
     original_length: int,
     target_length: int,
     *,
@@ -206,7 +209,7 @@ def compare(
     started, fresh_seconds, fresh = time.perf_counter(), 0.0, 0
     for n, variant in enumerate(variants, 1):
         rec = log.get(variant.key, target_length)
-        twin = next((r for r in records if Variant(r["name"], r["spec"]).same_model(variant, original_length)), None)
+        twin = next((r for r in records if HeldoutVariant(r["name"], r["spec"]).same_model(variant, original_length)), None)
         if rec is None and twin is not None:
             rec = {**twin, "key": variant.key, "name": variant.name, "spec": variant.spec, "same_as": twin["name"]}
         elif rec is None:

@@ -36,16 +36,16 @@ def spec_yaml(spec: dict[str, Any], comment: str) -> str:
     return "".join(f"# {line}\n" for line in comment.splitlines()) + body
 
 
-def heldout_variants(result: TuneResult) -> list[ho.Variant]:
+def heldout_variants(result: TuneResult) -> list[ho.HeldoutVariant]:
     """The issue's comparison set: unpatched, the closed forms at defaults, the tuned closed form and curve.
 
     The tuned specs, YaRN and the unpatched model come first, so a run cut short has the key comparison.
     """
     tuned = []
     if result.best_per_dim is not None:
-        tuned.append(ho.Variant("tuned per-dim", result.spec("best_per_dim")))
+        tuned.append(ho.HeldoutVariant("tuned per-dim", result.spec("best_per_dim")))
     if result.best_closed is not None:
-        tuned.append(ho.Variant(f"tuned closed: {result.best_closed.candidate.name}", result.spec("best_closed")))
+        tuned.append(ho.HeldoutVariant(f"tuned closed: {result.best_closed.candidate.name}", result.spec("best_closed")))
     defaults = ho.default_variants(result.geometry.factor)
     first = [v for v in defaults if v.name.startswith(("yarn", "unpatched"))]
     return tuned[:1] + first + tuned[1:] + [v for v in defaults if v not in first]

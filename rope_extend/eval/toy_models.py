@@ -1,7 +1,9 @@
-"""Tiny random LLaMA checkpoint + tiny BPE tokenizer, built offline in about a second.
+"""Toy checkpoints on disk for exercising eval's pipeline without downloads: a tiny random LLaMA with a tiny BPE
+tokenizer (built offline in about a second), and the demo model cut to a short window.
 
-Used by the tests and handy for exercising the evaluation pipeline without downloads.
-Numbers it produces are meaningless; only the plumbing is real.
+Used by the session fixtures of the tests (tests/conftest.py), tools/compat_checks.py and tools/run_vllm_engines.py.
+Numbers they produce are meaningless; only the plumbing is real. (tests/tiny.py is another thing: the test suite's
+in-memory models of every supported architecture.)
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""`rope-extend verify OUT`: re-verify an output as it is now, then refresh its card and record.
+"""`rope-extend verify OUT`: verify a written folder again, as it is now, then refresh its card and record.
+
+What "verified" means is `verify.py` (the check `patch_model` and the writer run while writing); this module runs
+that check again later, on a folder already written.
 
 A push sends only what rope-extend verified (`rope_extend.record`). After a deliberate edit (a chat template, the
 generation defaults, a config key, other weights), `reverify(OUT)` runs the real verification again on OUT as it now
