@@ -149,7 +149,10 @@ def serving_rule(plan) -> EngineHint:
         original_overrides["rope_scaling"] = scaling
     original_overrides["rope_parameters"] = rope_parameters
     original_overrides["max_position_embeddings"] = plan.max_position_embeddings
-    out_overrides = {"rope_parameters": fix} if fix else {}
+    # the whole rope_parameters, fix included: SGLang 0.5.15 (transformers 5.12 inside) replaces the checkpoint's
+    # rope_parameters with an override's, where 0.5.23 merges them ({"attn_factor": x} alone: "Unknown RoPE scaling
+    # type", measured by make sglang-check on ntk-by-parts); the whole dict is read the same by both
+    out_overrides = {"rope_parameters": rope_parameters} if fix else {}
     derived = context_length(plan.max_position_embeddings, full)
     env = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 " if target > derived else ""
     extra = f" --json-model-override-args '{compact_json(out_overrides)}'" if out_overrides else ""
