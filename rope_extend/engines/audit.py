@@ -354,7 +354,7 @@ def _sglang_rows(loaded: dict, name: str, groups: list[Group], short: int, long:
     rope_scaling drops rope_theta in SGLang 0.5.15: issue 56)."""
     fields, full = sglang.load_config(loaded)
     base = f"python -m sglang.launch_server --model-path {shlex.quote(name)} --context-length {long}"
-    env = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 " if long > sglang.context_length(
+    env = f"{sglang.LONGER}=1 " if long > sglang.context_length(
         int(fields.get("max_position_embeddings", long)), full) else ""
 
     def run(route, overrides):

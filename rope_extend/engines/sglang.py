@@ -32,6 +32,12 @@ from .vllm import compact_json, full_slot, longrope_magnitude, rotary_dim, yarn_
 
 VERSION = "SGLang 0.5.23"
 NAME = "sglang"
+LONGER = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # SGLang's permission to serve beyond the model's window
+# Positions SGLang keeps back from a prompt: with --context-length N it accepts prompts of at most N - 7 tokens
+# (measured in 0.5.15; its managers/tp_worker.py `get_worker_info`: max_req_input_len = min(context_len - 1,
+# pool - 1) - 5, and a prompt must be shorter than that). A request of n tokens (n - 1 prompt tokens, one generated)
+# that --context-length n serves in every other engine needs n + RESERVED here; the RoPE does not depend on it.
+RESERVED = 6
 
 
 def load_config(config: dict, override_args: dict | None = None) -> tuple[dict, dict]:
@@ -154,13 +160,13 @@ def serving_rule(plan) -> EngineHint:
     # type", measured by make sglang-check on ntk-by-parts); the whole dict is read the same by both
     out_overrides = {"rope_parameters": rope_parameters} if fix else {}
     derived = context_length(plan.max_position_embeddings, full)
-    env = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 " if target > derived else ""
+    env = {LONGER: "1"} if target > derived else {}
     extra = f" --json-model-override-args '{compact_json(out_overrides)}'" if out_overrides else ""
     notes = list(rule.notes)
     notes.append(
-        f"SGLang accepts prompts of at most N − 7 tokens at --context-length N (measured in 0.5.15: it keeps 6 "
-        f"positions back); for a prompt of all {target} tokens, give --context-length {target + 7} with "
-        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"
+        f"SGLang accepts prompts of at most N − {RESERVED + 1} tokens at --context-length N (measured in 0.5.15: it "
+        f"keeps {RESERVED} positions back); for a prompt of all {target} tokens, give --context-length "
+        f"{target + RESERVED + 1} with {LONGER}=1"
     )
     if "attn_factor" in fix:
         notes.append(
@@ -170,10 +176,10 @@ def serving_rule(plan) -> EngineHint:
     return EngineHint(
         engine="SGLang",
         version=VERSION,
-        command=f"{env}python -m sglang.launch_server --model-path {MODEL} --context-length {target}{extra}",
+        command=f"{''.join(f'{k}={v} ' for k, v in env.items())}python -m sglang.launch_server --model-path {MODEL} --context-length {target}{extra}",
         original=f"--json-model-override-args '{compact_json(original_overrides)}'",
         args={"out_overrides": out_overrides, "original_overrides": original_overrides, "context_length": target,
-              "env": {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"} if env else {}},
+              "env": env},
         warnings=rule.warnings,
         notes=notes,
     )

@@ -43,12 +43,6 @@ if TYPE_CHECKING:
     from ..plan import PatchPlan
 
 ROUTES = ("server",)
-# Positions SGLang keeps back from a prompt: with --context-length N it accepts prompts of at most N - 7 tokens
-# (sglang 0.5.15 managers/tp_worker.py `get_worker_info`: max_req_input_len = min(context_len - 1, pool - 1) - 5, and
-# a prompt must be shorter than that). A request of n tokens (n - 1 prompt tokens, one generated) the card's
-# --context-length n serves in every other engine needs n + RESERVED here; the RoPE does not depend on it.
-RESERVED = 6
-LONGER = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # SGLang's permission to serve beyond the model's window
 START_TIMEOUT = 900.0  # seconds for a server to answer /health (a start takes 20-40 s on 2 idle cores)
 # eval's engine arguments -> SGLang's server flags
 FLAGS = {"tensor_parallel_size": "--tp-size"}
@@ -110,8 +104,6 @@ class SglangWorker:
         self.proc: subprocess.Popen | None = None
         self._log = None
         self.url = ""
-        self.loaded: dict | None = None
-        self.starts = 0  # servers started (the tests count them)
 
     def label(self, route: str = "server") -> str:
         """What a run row names: 'SGLang 0.5.15 on cpu, server + native /generate'."""
@@ -140,7 +132,7 @@ class SglangWorker:
                 self.proc.wait()
         if self._log is not None:
             self._log.close()
-        self.proc, self.loaded, self._log = None, None, None
+        self.proc, self._log = None, None
 
     def load(self, folder: str | os.PathLike, context_length: int, *, override_args: dict | None = None,
              env: dict | None = None, engine_args: dict | None = None) -> float:
@@ -164,7 +156,6 @@ class SglangWorker:
         self.proc = subprocess.Popen([str(self.env.python), *args], stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=subprocess.STDOUT, env=environ,
                                      cwd=tempfile.gettempdir(), start_new_session=True)
-        self.starts += 1
         self.url = f"http://127.0.0.1:{port}"
         while True:
             if self.proc.poll() is not None:
@@ -180,8 +171,6 @@ class SglangWorker:
                 self._stop()
                 raise SglangError(f"the SGLang server did not answer /health in {START_TIMEOUT:.0f} s{self._tail()}")
             time.sleep(0.5)
-        self.loaded = {"model": str(folder), "context_length": int(context_length), "override_args": override_args,
-                       "env": dict(env or {})}
         return time.perf_counter() - started
 
     def _generate(self, ids: list[int], max_new_tokens: int, logprobs: bool) -> dict:
@@ -264,7 +253,7 @@ class SglangEngine:
         overrides = None if plan is None else sglang.serving_rule(plan).args["original_overrides"]
         fields, rope = sglang.load_config(original_config, overrides)
         derived = sglang.context_length(int(fields.get("max_position_embeddings", 8192)), rope)
-        env = {LONGER: "1"} if max_len > derived else {}
+        env = {sglang.LONGER: "1"} if max_len > derived else {}
         verdicts = {}
         for n in sorted(set(lengths)):
             if plan is not None and plan.method.acts_on_attention:
@@ -288,19 +277,19 @@ class SglangEngine:
 
     def load(self, worker: SglangWorker, folder: Path, settings: SglangServing, *, route: str,
              engine_args: dict | None = None) -> float:
-        """Serve `folder` with the card's settings, --context-length raised by the RESERVED positions SGLang keeps
-        back from a prompt, so that a request of the card's N tokens is accepted; SGLang's permission to exceed the
+        """Serve `folder` with the card's settings, --context-length raised by the positions SGLang keeps back from a
+        prompt (`sglang.RESERVED`), so that a request of the card's N tokens is accepted; SGLang's permission to exceed the
         model's window is added only where those positions alone cross it (the card's own env is kept as printed)."""
         if route not in ROUTES:
             raise ValueError(f"route {route!r} is not one of {', '.join(ROUTES)}")
         env = dict(settings.env)
-        context = settings.context_length + RESERVED
+        context = settings.context_length + sglang.RESERVED
         if not env:
             fields, rope = sglang.load_config(json.loads((Path(folder) / "config.json").read_text()),
                                               settings.override_args)
             window = sglang.context_length(int(fields.get("max_position_embeddings", 8192)), rope)
             if settings.context_length <= window < context:
-                env[LONGER] = "1"
+                env[sglang.LONGER] = "1"
         return worker.load(folder, context, override_args=settings.override_args, env=env, engine_args=engine_args)
 
     def describe(self, settings: SglangServing) -> dict:
