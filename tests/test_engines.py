@@ -21,7 +21,10 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from rope_extend import compat
 from rope_extend.cli import run
-from rope_extend.engines import llama_cpp, sglang, vllm
+from rope_extend.engines.hint import COMMAND, ORIGINAL
+from rope_extend.engines.llama_cpp import port as llama_cpp
+from rope_extend.engines.sglang import port as sglang
+from rope_extend.engines.vllm import port as vllm
 from rope_extend.engines.parity import parity_many, serving_table
 from rope_extend.engines.served import NotServed, Served, compare, default_inv_freq
 from rope_extend.engines.serving import engine_hints, serving_hints
@@ -124,8 +127,8 @@ def test_vllm_top_level_rope_theta_override_is_ignored_and_rope_parameters_is_re
     new_base = plan.slots[None]["rope_theta"]
     _, rope = vllm.load_config(original, {"rope_theta": new_base})
     assert rope["rope_theta"] == 10000.0  # the issue's finding: only the top-level form is lost
-    hint = next(h for h in engine_hints(plan, "OUT") if h.engine == "vLLM")
-    _, rope = vllm.load_config(original, hint.args["original_overrides"])
+    hint = next(h for h in engine_hints(plan, "OUT") if h.engine == "vllm")
+    _, rope = vllm.load_config(original, hint.route(ORIGINAL).settings.hf_overrides)
     assert rope["rope_theta"] == new_base
     _, rope = vllm.load_config(original, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}})
     assert isinstance(vllm.served({**original}, rope, TARGET, 4), NotServed)  # rope_scaling alone loses the base
@@ -146,8 +149,8 @@ def test_sglang_ignores_attention_factor_and_the_hint_sets_attn_factor(case):
     served = sglang.served(fields, rope, TARGET)
     assert served.magnitude == pytest.approx(0.1 * math.log(S) + 1, rel=1e-9)  # its own 0.1 ln s + 1
     assert served.magnitude != pytest.approx(plan.attention_factor)
-    hint = next(h for h in engine_hints(plan, "OUT") if h.engine == "SGLang")
-    fields, rope = sglang.load_config(written, hint.args["out_overrides"])
+    hint = next(h for h in engine_hints(plan, "OUT") if h.engine == "sglang")
+    fields, rope = sglang.load_config(written, hint.route(COMMAND).settings.override_args)
     assert_same(sglang.served(fields, rope, TARGET), served_ref(stock))
 
 
@@ -226,6 +229,7 @@ def test_every_row_is_identical_or_warned_with_the_engine_and_the_reason(reports
     for name, report in reports.items():
         assert len(report.rows) == 8, name
         for row in report.rows:
+            assert not row.unchecked, (name, row.engine, row.route)  # every engine's rules cover a LLaMA checkpoint
             if row.identical or row.skipped:
                 continue
             word = next(w for key, w in ENGINE_WORDS.items() if row.engine.startswith(key))
@@ -245,6 +249,10 @@ def test_every_row_on_the_architecture_matrix_is_identical_or_warned(arch):
         reports = parity_many([(config, tiny.spec_kwargs(m, arch)) for m in methods], other_line=False)
     for method, report in zip(methods, reports):
         for row in report.rows:
+            if row.unchecked:  # llama.cpp's port covers the LLaMA architecture only: said, never "identical"
+                assert row.engine.startswith("llama.cpp") and arch != "llama_head_dim", (arch, row.engine)
+                assert "covers the LLaMA architecture" in row.short.reason and not row.identical
+                continue
             if method in ("linear", "ntk", "yarn", "ntk-by-parts") and not row.skipped:
                 assert row.identical, (arch, method, row.engine, row.route, row.reasons())
             if not (row.identical or row.skipped):
@@ -285,7 +293,7 @@ def test_the_card_lists_no_route_its_own_check_contradicts(reports):
     """Every variant: the Serving lines the card writes (serving_hints with the report's unbacked routes) hold a
     route's command only where its port row is identical, or not checked; a row served and DIFFERS, or not served
     at the target length, is named with the check's reason and no command. The terminal's hints keep them all."""
-    from rope_extend.engines.parity import CARD_ROUTES, unbacked_routes
+    from rope_extend.engines.parity import unbacked_routes
 
     config = tiny.make_config("llama")
     seen = set()
@@ -294,15 +302,15 @@ def test_the_card_lists_no_route_its_own_check_contradicts(reports):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             plan = plan_patch(config, **spec)
-        hints = {hint.engine: hint for hint in engine_hints(plan, "OUT")}
+        hints = {hint.title: hint for hint in engine_hints(plan, "OUT")}
         unbacked = unbacked_routes(report)
         card, _ = serving_hints(plan, "OUT", unbacked)
         terminal, _ = serving_hints(plan, "OUT")
         for row in report.rows:
-            if (row.engine, row.route) not in CARD_ROUTES:
+            if row.serves is None:  # the reference's rows: no card line
                 continue
-            engine, which = CARD_ROUTES[row.engine, row.route]
-            command = getattr(hints[engine], which)
+            engine, which = row.serves
+            command = hints[engine].route(which).command
             served = [not isinstance(r, NotServed) for r in (row.short, row.long)]
             if command is None:  # the card has no command for this route (e.g. llama.cpp: no flags)
                 continue

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..demo_model import cache_root
-from .engine_env import (
+from ...demo_model import cache_root
+from ..engine_env import (
     VERSIONS_FILE,
     EngineEnvError,
     create_venv,

@@ -22,18 +22,27 @@ vLLM 0.33 requires transformers >= 5.16, so configs are read the transformers-5 
 from __future__ import annotations
 
 import copy
-import json
 import math
+from dataclasses import dataclass
 
 import torch
 
-from .. import compat
-from ..methods import engine_rules
-from . import hf_config
-from .served import MODEL, EngineHint, NotServed, Served, default_inv_freq
+from .. import hf_config
+from ..ported import longrope_magnitude, rotary_dim, yarn_inv_freq, yarn_magnitude
+from ..served import NotServed, Served, default_inv_freq
 
 VERSION = "vLLM 0.33.0"
-NAME = "vllm"
+ALLOW_LONG = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"  # vLLM's permission to serve beyond its derived maximum length
+
+
+@dataclass(frozen=True)
+class VllmServing:
+    """`vllm serve FOLDER --max-model-len N [--hf-overrides JSON]` with `env` (VLLM_ALLOW_LONG_MAX_MODEL_LEN): the
+    settings of one route, read back by the port (`served_by`) and the run adapter."""
+
+    max_model_len: int
+    hf_overrides: dict | None
+    env: dict
 NO_DERIVED_FACTOR = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 
 
@@ -62,36 +71,6 @@ def derived_max_model_len(fields: dict, rope: dict) -> float:
     if rope.get("rope_type", "default") not in NO_DERIVED_FACTOR:
         derived *= float(rope.get("factor") or 1.0)
     return derived
-
-
-def rotary_dim(fields: dict, rope: dict) -> int:
-    head_size = fields.get("head_dim") or fields["hidden_size"] // fields["num_attention_heads"]
-    return int(head_size * rope.get("partial_rotary_factor", 1.0))
-
-
-def _yarn_correction_range(beta_fast, beta_slow, dim, base, original, truncate):
-    def corr(rot):
-        return (dim * math.log(original / (rot * 2 * math.pi))) / (2 * math.log(base))
-
-    low, high = corr(beta_fast), corr(beta_slow)
-    if truncate:
-        low, high = math.floor(low), math.ceil(high)
-    return max(low, 0), min(high, dim - 1)
-
-
-def yarn_inv_freq(dim, base, factor, original, beta_fast, beta_slow, truncate):
-    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)
-    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
-    low, high = _yarn_correction_range(beta_fast, beta_slow, dim, base, original, truncate)
-    if low == high:
-        high += 0.001
-    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float) - low) / (high - low), 0, 1)
-    mask = 1 - ramp
-    return interpolation * (1 - mask) + extrapolation * mask
-
-
-def _mscale(scale: float, m: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
 
 def served(fields: dict, rope: dict, max_model_len: int, n: int) -> Served | NotServed:
@@ -132,10 +111,8 @@ def served(fields: dict, rope: dict, max_model_len: int, n: int) -> Served | Not
         factor, original = float(rope["factor"]), int(rope["original_max_position_embeddings"])
         if rope.get("attention_factor") is not None:
             magnitude = float(rope["attention_factor"])
-        elif rope.get("mscale") and rope.get("mscale_all_dim"):
-            magnitude = _mscale(factor, rope["mscale"]) / _mscale(factor, rope["mscale_all_dim"])
         else:
-            magnitude = _mscale(factor)
+            magnitude = yarn_magnitude(rope, factor)
         inv_freq = yarn_inv_freq(
             dim, base, factor, original, rope.get("beta_fast", 32), rope.get("beta_slow", 1), rope.get("truncate", True)
         )
@@ -143,9 +120,7 @@ def served(fields: dict, rope: dict, max_model_len: int, n: int) -> Served | Not
     elif rope_type == "longrope":
         original = int(rope["original_max_position_embeddings"])
         use_long = max_model_len > original
-        scale = max_position / original
-        default_m = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
-        magnitude = rope.get("long_mscale" if use_long else "short_mscale") or default_m
+        magnitude = rope.get("long_mscale" if use_long else "short_mscale") or longrope_magnitude(max_position, original)
         factors = torch.tensor(rope["long_factor" if use_long else "short_factor"], dtype=torch.float32)
         inv_freq = 1.0 / (factors * (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)))
         rows = max_position if use_long else original
@@ -160,56 +135,6 @@ def served(fields: dict, rope: dict, max_model_len: int, n: int) -> Served | Not
     return Served(inv_freq=inv_freq, magnitude=float(magnitude), note=note)
 
 
-def serving_rule(plan) -> EngineHint:
-    """The vLLM command for OUT and `--hf-overrides` for the original model; the method's rules
-    (`methods.engine_rules`) add what vLLM does differently."""
-    full = full_slot(plan)
-    rule = engine_rules(plan.method).rule("vllm", plan, VERSION)
-    L = plan.spec.original_max_position_embeddings
-    max_model_len = rule.max_len or plan.spec.target_length
-    rope_parameters = dict(full)
-    out_overrides: dict = {}
-    if full.get("rope_type") == "longrope":
-        default = longrope_magnitude(plan.max_position_embeddings, L)
-        if not math.isclose(plan.attention_factor, default, rel_tol=1e-9):
-            # vLLM ignores attention_factor for longrope; it reads short_mscale / long_mscale
-            rope_parameters.update({"short_mscale": plan.attention_factor, "long_mscale": plan.attention_factor})
-            out_overrides = {"rope_parameters": rope_parameters}
-    original_overrides = {"rope_theta": full["rope_theta"]}
-    scaling = compat.scaling_dict(full)
-    if scaling is not None:
-        original_overrides["rope_scaling"] = scaling
-    original_overrides["rope_parameters"] = rope_parameters  # what vLLM 0.33 reads (transformers 5 configs)
-    original_overrides["max_position_embeddings"] = plan.max_position_embeddings
-    fields = {"max_position_embeddings": plan.max_position_embeddings}
-    env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if max_model_len > derived_max_model_len(fields, full) else {}
-    prefix = "".join(f"{key}={value} " for key, value in env.items())
-    extra = f" --hf-overrides '{compact_json(out_overrides)}'" if out_overrides else ""
-    return EngineHint(
-        engine="vLLM",
-        version=VERSION,
-        command=f"{prefix}vllm serve {MODEL} --max-model-len {max_model_len}{extra}",
-        original=f"--hf-overrides '{compact_json(original_overrides)}'",
-        args={"max_model_len": max_model_len, "out_overrides": out_overrides, "original_overrides": original_overrides,
-              "env": env},
-        warnings=rule.warnings,
-        notes=rule.notes,
-    )
-
-
-def longrope_magnitude(max_position: int, original: int) -> float:
-    scale = max_position / original
-    return 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
-
-
-def full_slot(plan) -> dict:
-    return plan.slots.get("full_attention", plan.slots.get(None))
-
-
-def compact_json(value) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
 def own_fix(rope: dict) -> dict:
     """What vLLM 0.33 needs added to a model's own rope_parameters to give the magnitude transformers gives it:
     longrope's explicit attention_factor, which vLLM does not read (it reads short_mscale / long_mscale)."""
@@ -217,3 +142,17 @@ def own_fix(rope: dict) -> dict:
         if rope.get("short_mscale") is None and rope.get("long_mscale") is None:
             return {"short_mscale": rope["attention_factor"], "long_mscale": rope["attention_factor"]}
     return {}
+
+
+def served_by(settings: VllmServing, config: dict, n: int) -> Served | NotServed:
+    """What `vllm serve` with `settings` applies to a request of n tokens of the checkpoint whose config.json is
+    `config`."""
+    if n > settings.max_model_len:
+        return NotServed(f"the command serves --max-model-len {settings.max_model_len}")
+    fields, rope = load_config(config, settings.hf_overrides)
+    return served(fields, rope, settings.max_model_len, n)
+
+
+def needs_long(fields: dict, rope: dict, max_model_len: int) -> dict:
+    """The environment vLLM needs to serve `max_model_len` tokens ({} within its derived maximum)."""
+    return {ALLOW_LONG: "1"} if max_model_len > derived_max_model_len(fields, rope) else {}

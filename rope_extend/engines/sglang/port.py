@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 
 import torch
 
-from .. import compat
-from ..methods import engine_rules
-from . import hf_config
-from .served import MODEL, EngineHint, NotServed, Served, default_inv_freq, fmt_float
-from .vllm import compact_json, full_slot, longrope_magnitude, rotary_dim, yarn_inv_freq
+from .. import hf_config
+from ..ported import longrope_magnitude, rotary_dim, yarn_inv_freq, yarn_magnitude
+from ..served import NotServed, Served, default_inv_freq
 
 VERSION = "SGLang 0.5.23"
-NAME = "sglang"
 LONGER = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # SGLang's permission to serve beyond the model's window
 # Positions SGLang keeps back from a prompt: with --context-length N it accepts prompts of at most N - 7 tokens
 # (measured in 0.5.15; its managers/tp_worker.py `get_worker_info`: max_req_input_len = min(context_len - 1,
@@ -50,10 +48,6 @@ def load_config(config: dict, override_args: dict | None = None) -> tuple[dict, 
         else:
             fields[key] = copy.deepcopy(value)
     return fields, rope
-
-
-def _mscale(scale: float, m: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
 
 def served(fields: dict, rope: dict, n: int) -> Served | NotServed:
@@ -90,11 +84,7 @@ def served(fields: dict, rope: dict, n: int) -> Served | NotServed:
     elif rope_type == "yarn":
         factor = float(rope.get("factor", 1.0))
         original = int(rope.get("original_max_position_embeddings", max_position))
-        if rope.get("mscale") is not None and rope.get("mscale_all_dim") is not None:
-            magnitude = _mscale(factor, rope["mscale"]) / _mscale(factor, rope["mscale_all_dim"])
-        else:
-            magnitude = _mscale(factor)
-        magnitude *= rope.get("attn_factor", 1)
+        magnitude = yarn_magnitude(rope, factor, set_means_given=True) * rope.get("attn_factor", 1)
         inv_freq = yarn_inv_freq(
             dim, base, factor, original, rope.get("beta_fast", 32), rope.get("beta_slow", 1), rope.get("truncate", True)
         )
@@ -103,9 +93,7 @@ def served(fields: dict, rope: dict, n: int) -> Served | NotServed:
     elif rope_type == "longrope":
         original = int(rope.get("original_max_position_embeddings", max_position))
         use_long = n - 1 > original
-        scale = max_position / original
-        default_m = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
-        magnitude = rope.get("long_mscale" if use_long else "short_mscale") or default_m
+        magnitude = rope.get("long_mscale" if use_long else "short_mscale") or longrope_magnitude(max_position, original)
         factors = torch.tensor(rope["long_factor" if use_long else "short_factor"], dtype=torch.float32)
         inv_freq = 1.0 / (factors * (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)))
         if n - 1 == original:
@@ -127,64 +115,6 @@ def context_length(max_position: int, rope: dict) -> int:
     return int(factor * max_position)
 
 
-def serving_rule(plan) -> EngineHint:
-    """The SGLang command for OUT and `--json-model-override-args` for the original model; the method's rules
-    (`methods.engine_rules`) add what SGLang does differently."""
-    full = full_slot(plan)
-    rule = engine_rules(plan.method).rule("sglang", plan, VERSION)
-    L, target = plan.spec.original_max_position_embeddings, rule.max_len or plan.spec.target_length
-    rope_parameters = dict(full)
-    fix: dict = {}
-    if full.get("rope_type") == "yarn":
-        # SGLang ignores attention_factor; its magnitude is (mscale ratio or 0.1 ln s + 1) × attn_factor
-        factor = float(full["factor"])
-        if full.get("mscale") is not None and full.get("mscale_all_dim") is not None:
-            own = _mscale(factor, full["mscale"]) / _mscale(factor, full["mscale_all_dim"])
-        else:
-            own = _mscale(factor)
-        if not math.isclose(plan.attention_factor, own, rel_tol=1e-9):
-            fix["attn_factor"] = plan.attention_factor / own
-    if full.get("rope_type") == "longrope":
-        default = longrope_magnitude(plan.max_position_embeddings, L)
-        if not math.isclose(plan.attention_factor, default, rel_tol=1e-9):
-            fix.update({"short_mscale": plan.attention_factor, "long_mscale": plan.attention_factor})
-    rope_parameters.update(fix)
-    original_overrides = {"rope_theta": full["rope_theta"]}
-    scaling = compat.scaling_dict(full)
-    if scaling is not None:
-        original_overrides["rope_scaling"] = scaling
-    original_overrides["rope_parameters"] = rope_parameters
-    original_overrides["max_position_embeddings"] = plan.max_position_embeddings
-    # the whole rope_parameters, fix included: SGLang 0.5.15 (transformers 5.12 inside) replaces the checkpoint's
-    # rope_parameters with an override's, where 0.5.23 merges them ({"attn_factor": x} alone: "Unknown RoPE scaling
-    # type", measured by make sglang-check on ntk-by-parts); the whole dict is read the same by both
-    out_overrides = {"rope_parameters": rope_parameters} if fix else {}
-    derived = context_length(plan.max_position_embeddings, full)
-    env = {LONGER: "1"} if target > derived else {}
-    extra = f" --json-model-override-args '{compact_json(out_overrides)}'" if out_overrides else ""
-    notes = list(rule.notes)
-    notes.append(
-        f"SGLang accepts prompts of at most N − {RESERVED + 1} tokens at --context-length N (measured in 0.5.15: it "
-        f"keeps {RESERVED} positions back); for a prompt of all {target} tokens, give --context-length "
-        f"{target + RESERVED + 1} with {LONGER}=1"
-    )
-    if "attn_factor" in fix:
-        notes.append(
-            f"{VERSION} ignores attention_factor; attn_factor {fmt_float(fix['attn_factor'])} in the overrides "
-            "gives it the same magnitude"
-        )
-    return EngineHint(
-        engine="SGLang",
-        version=VERSION,
-        command=f"{''.join(f'{k}={v} ' for k, v in env.items())}python -m sglang.launch_server --model-path {MODEL} --context-length {target}{extra}",
-        original=f"--json-model-override-args '{compact_json(original_overrides)}'",
-        args={"out_overrides": out_overrides, "original_overrides": original_overrides, "context_length": target,
-              "env": env},
-        warnings=rule.warnings,
-        notes=notes,
-    )
-
-
 def own_fix(rope: dict) -> dict:
     """What SGLang 0.5.23 needs added to a model's own rope_parameters to give the magnitude transformers gives it.
     YaRN: SGLang reads no `attention_factor`; its magnitude is (mscale / mscale_all_dim ratio, else 0.1 ln s + 1) x
@@ -195,12 +125,36 @@ def own_fix(rope: dict) -> dict:
     if attention is None:
         return {}
     if rope.get("rope_type") == "yarn":
-        factor = float(rope.get("factor", 1.0))
-        if rope.get("mscale") is not None and rope.get("mscale_all_dim") is not None:
-            own = _mscale(factor, rope["mscale"]) / _mscale(factor, rope["mscale_all_dim"])
-        else:
-            own = _mscale(factor)
+        own = yarn_magnitude(rope, float(rope.get("factor", 1.0)), set_means_given=True)
         return {} if math.isclose(float(attention), own, rel_tol=1e-9) else {"attn_factor": float(attention) / own}
     if rope.get("rope_type") == "longrope" and rope.get("short_mscale") is None and rope.get("long_mscale") is None:
         return {"short_mscale": attention, "long_mscale": attention}
     return {}
+
+
+@dataclass(frozen=True)
+class SglangServing:
+    """`python -m sglang.launch_server --model-path FOLDER --context-length N [--json-model-override-args JSON]` with
+    `env` (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN): the settings of one route, read back by the port
+    (`served_by`) and the run adapter."""
+
+    context_length: int
+    override_args: dict | None
+    env: dict
+
+
+def window(fields: dict, rope: dict) -> int:
+    """The context length SGLang derives from the config (beyond it, it needs LONGER=1)."""
+    return context_length(int(fields.get("max_position_embeddings", 8192)), rope)
+
+
+def served_by(settings: SglangServing, config: dict, n: int) -> Served | NotServed:
+    """What the SGLang server with `settings` applies to a request of n tokens of the checkpoint whose config.json is
+    `config`."""
+    fields, rope = load_config(config, settings.override_args)
+    return served(fields, rope, n)
+
+
+def needs_longer(fields: dict, rope: dict, length: int) -> dict:
+    """The environment SGLang needs to serve `length` tokens ({} within its derived window)."""
+    return {LONGER: "1"} if length > window(fields, rope) else {}

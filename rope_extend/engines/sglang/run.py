@@ -30,17 +30,17 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import sglang
-from .runs import CardRoute, EngineRefused, EvalServing, log_tail, register
-from .served import NotServed, compare, own_rope
-from .sglang_env import CPU_ENV, SglangEnv, ensure_sglang
+from ..runs import EngineRefused, EvalServing, card_settings, log_tail, port_verdicts
+from . import port
+from .engine import SGLANG
+from .env import CPU_ENV, SglangEnv, ensure_sglang
+from .port import SglangServing
 
 if TYPE_CHECKING:
-    from ..plan import PatchPlan
+    from ...plan import PatchPlan
 
 ROUTES = ("server",)
 START_TIMEOUT = 900.0  # seconds for a server to answer /health (a start takes 20-40 s on 2 idle cores)
@@ -218,18 +218,8 @@ class SglangWorker:
 
 
 # --- the run-engine adapter ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SglangServing:
-    """`python -m sglang.launch_server --model-path FOLDER --context-length N [--json-model-override-args JSON]` with
-    `env` (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN)."""
-
-    context_length: int
-    override_args: dict | None
-    env: dict
-
-
-class SglangEngine:
-    """SGLang as a run engine (`rope_extend.engines.runs.RunEngine`)."""
+class SglangRun:
+    """SGLang as a run engine (`rope_extend.engines.runs.RunEngine`): the adapter of the `sglang` room."""
 
     name = "sglang"
     title = "SGLang"
@@ -237,40 +227,16 @@ class SglangEngine:
     eval_route = "server"
     options = tuple(FLAGS)
 
-    def card_routes(self, plan: PatchPlan) -> tuple[list[CardRoute], list[str]]:
-        """The card's SGLang lines: this checkpoint as written, and the original model with
-        `--json-model-override-args`; both with the printed command's --context-length and environment."""
-        hint = sglang.serving_rule(plan)
-        g = hint.args
-        return [CardRoute("this checkpoint", False, SglangServing(g["context_length"], g["out_overrides"] or None,
-                                                                  g["env"])),
-                CardRoute("original model + --json-model-override-args", True,
-                          SglangServing(g["context_length"], g["original_overrides"], g["env"]))], list(hint.warnings)
+    def environment_label(self) -> str:
+        return ensure_sglang().label
 
     def eval_serving(self, plan: PatchPlan | None, original_config: dict, max_len: int, lengths) -> EvalServing:
-        """The original model served with plan's method and --context-length max_len, checked through the SGLang
-        port at every request length (positions 0..n-1) against rope-extend's own RoPE."""
-        overrides = None if plan is None else sglang.serving_rule(plan).args["original_overrides"]
-        fields, rope = sglang.load_config(original_config, overrides)
-        derived = sglang.context_length(int(fields.get("max_position_embeddings", 8192)), rope)
-        env = {sglang.LONGER: "1"} if max_len > derived else {}
-        verdicts = {}
-        for n in sorted(set(lengths)):
-            if plan is not None and plan.method.acts_on_attention:
-                verdicts[n] = f"{plan.spec.method} acts on attention, which SGLang does not apply"
-                continue
-            if plan is None:
-                verdicts[n] = None if n <= derived else f"beyond the model's {derived}-token window"
-                continue
-            served = sglang.served(fields, rope, n)
-            if isinstance(served, NotServed):
-                verdicts[n] = served.reason
-                continue
-            delta = compare(served, own_rope(plan, n), n)
-            verdicts[n] = None if delta.identical else (
-                f"{sglang.VERSION} builds cos/sin {max(delta.max_cos, delta.max_sin):.2g} away from rope-extend's"
-                + (f": {served.note}" if served.note else ""))
-        return EvalServing(SglangServing(int(max_len), overrides, env), verdicts)
+        """The original model served with plan's method and --context-length max_len (the card's overrides),
+        checked through the SGLang port at every request length (positions 0..n-1) against rope-extend's own RoPE."""
+        overrides = None if plan is None else card_settings(SGLANG, plan, original_config).override_args
+        fields, rope = port.load_config(original_config, overrides)
+        settings = SglangServing(int(max_len), overrides, port.needs_longer(fields, rope, int(max_len)))
+        return port_verdicts(SGLANG, plan, settings, original_config, lengths)
 
     def open(self) -> SglangWorker:
         return SglangWorker()
@@ -278,18 +244,18 @@ class SglangEngine:
     def load(self, worker: SglangWorker, folder: Path, settings: SglangServing, *, route: str,
              engine_args: dict | None = None) -> float:
         """Serve `folder` with the card's settings, --context-length raised by the positions SGLang keeps back from a
-        prompt (`sglang.RESERVED`), so that a request of the card's N tokens is accepted; SGLang's permission to exceed the
-        model's window is added only where those positions alone cross it (the card's own env is kept as printed)."""
+        prompt (`port.RESERVED`), so that a request of the card's N tokens is accepted; SGLang's permission to exceed
+        the model's window is added only where those positions alone cross it (the card's own env is kept as
+        printed)."""
         if route not in ROUTES:
             raise ValueError(f"route {route!r} is not one of {', '.join(ROUTES)}")
         env = dict(settings.env)
-        context = settings.context_length + sglang.RESERVED
+        context = settings.context_length + port.RESERVED
         if not env:
-            fields, rope = sglang.load_config(json.loads((Path(folder) / "config.json").read_text()),
-                                              settings.override_args)
-            window = sglang.context_length(int(fields.get("max_position_embeddings", 8192)), rope)
-            if settings.context_length <= window < context:
-                env[sglang.LONGER] = "1"
+            fields, rope = port.load_config(json.loads((Path(folder) / "config.json").read_text()),
+                                            settings.override_args)
+            if settings.context_length <= port.window(fields, rope) < context:
+                env[port.LONGER] = "1"
         return worker.load(folder, context, override_args=settings.override_args, env=env, engine_args=engine_args)
 
     def describe(self, settings: SglangServing) -> dict:
@@ -297,4 +263,4 @@ class SglangEngine:
                 "env": settings.env}
 
 
-SGLANG = register(SglangEngine())
+SGLANG_RUN = SglangRun()

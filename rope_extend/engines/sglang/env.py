@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..demo_model import cache_root
-from .engine_env import EngineEnvError, create_venv, installed_versions, locked, pip, read_stamp, write_stamp
+from ...demo_model import cache_root
+from ..engine_env import EngineEnvError, create_venv, installed_versions, locked, pip, read_stamp, write_stamp
 
 SGLANG_VERSION = "0.5.15"
 TORCH = ("torch==2.14.1", "torchvision==0.29.1")
