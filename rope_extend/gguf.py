@@ -445,7 +445,7 @@ def _verify_plan(info: GGUFInfo, plan: GGUFPlan) -> None:
     runs), must give the spec's RoPE up to the target length, within the float32 tolerance every engine row uses."""
     import torch
 
-    from .engines.llama_cpp import port
+    from .engines.llama_cpp.port import served as llama_cpp_served
     from .engines.served import Served, compare
 
     arch = info.architecture
@@ -456,7 +456,7 @@ def _verify_plan(info: GGUFInfo, plan: GGUFPlan) -> None:
     if plan.rope_freqs is not None:
         meta["rope_freqs"] = plan.rope_freqs
     n = int(plan.spec.target_length)
-    served = port.served(meta, "", n, arch=arch)
+    served = llama_cpp_served(meta, "", n, arch=arch)
     delta = compare(served, Served(torch.from_numpy(np.asarray(plan.inv_freq, dtype=np.float64)),
                                    plan.attention_factor), n)
     if not delta.identical:

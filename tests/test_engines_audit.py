@@ -19,7 +19,8 @@ import torch
 from transformers import AutoConfig
 
 from rope_extend.cli import run
-from rope_extend.engines import sglang, vllm
+from rope_extend.engines.sglang import port as sglang
+from rope_extend.engines.vllm import port as vllm
 from rope_extend.engines.audit import audit
 from rope_extend.engines.served import positions, tolerance
 
@@ -57,7 +58,7 @@ def snapshot(hub, repo):
 def hf_cos_sin(folder, at, last=None, layer_type=None):
     """transformers' own rotary embedding of the config.json in `folder` at positions `at` (in a batch whose last
     position is `last`: dynamic schemes switch on it), as (cos, sin) [len(at), rotary_dim / 2] in float64."""
-    from rope_extend.engines.hf_probe import rotary_module
+    from rope_extend.engines.transformers.hf_probe import rotary_module
 
     config = AutoConfig.from_pretrained(folder).get_text_config()
     with warnings.catch_warnings():

@@ -103,7 +103,7 @@ def _yarn(w: Written) -> LlamaCppRule:
 
 
 # What llama.cpp's CLI and convert_hf_to_gguf.py do with each rope_type (port.py's `convert` and `served`).
-RULES = {"default": _default, "linear": _linear, "llama3": _llama3, "yarn": _yarn, "dynamic": _dynamic,
+BY_ROPE_TYPE = {"default": _default, "linear": _linear, "llama3": _llama3, "yarn": _yarn, "dynamic": _dynamic,
          "longrope": _longrope}
 GROUPED_ATTENTION = (
     "llama.cpp's own self-extend is `-gan G -gaw W` in llama-completion (`-gan G` in llama-passkey, whose window is "
@@ -116,7 +116,7 @@ class LlamaCppEngine(ServingEngine):
     name = "llama.cpp"
     title = "llama.cpp"
     version = port.VERSION
-    rope_types = tuple(RULES)
+    rope_types = tuple(BY_ROPE_TYPE)
     features = frozenset({"mscale", "text_config"})
     routes = (
         Route("original GGUF + flags", ORIGINAL, "- llama.cpp, original GGUF", True, None,
@@ -137,7 +137,7 @@ class LlamaCppEngine(ServingEngine):
         return super().unchecked(written)
 
     def rule(self, w: Written) -> LlamaCppRule:
-        rule = RULES[w.rope_type](w)
+        rule = BY_ROPE_TYPE[w.rope_type](w)
         if w.attention:
             rule = self.attention_rule(w)
         elif w.read_as:

@@ -5,6 +5,7 @@ original model with `--json-model-override-args`)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import shlex
 
@@ -43,7 +44,7 @@ def _longrope(engine: SglangEngine, w: Written) -> Rule:
 
 
 # What SGLang's get_rope does with each rope_type it dispatches on (port.py's `served`).
-RULES = {"default": _none, "linear": _none, "llama3": _none, "yarn": _none, "dynamic": _dynamic,
+BY_ROPE_TYPE = {"default": _none, "linear": _none, "llama3": _none, "yarn": _none, "dynamic": _dynamic,
          "longrope": _longrope}
 
 
@@ -64,7 +65,7 @@ class SglangEngine(ServingEngine):
     name = "sglang"
     title = "SGLang"
     version = port.VERSION
-    rope_types = tuple(RULES)
+    rope_types = tuple(BY_ROPE_TYPE)
     features = frozenset({"layer_types", "mscale", "text_config"})
     first_choice = 1
     routes = (
@@ -74,7 +75,7 @@ class SglangEngine(ServingEngine):
     )
 
     def rule(self, w: Written) -> Rule:
-        rule = RULES[w.rope_type](self, w)
+        rule = BY_ROPE_TYPE[w.rope_type](self, w)
         for extra in (self.attention_rule(w) if w.attention else None, self.read_as_rule(w) if w.read_as else None):
             if extra is not None:
                 rule.warnings += extra.warnings
@@ -143,11 +144,11 @@ class SglangEngine(ServingEngine):
             routes.append(route("+ --json-model-override-args", {"rope_parameters": {**full, **fix}}))
         return routes
 
-    @property
+    @functools.cached_property
     def run(self):
-        from .run import SGLANG_RUN
+        from .run import SglangRun
 
-        return SGLANG_RUN
+        return SglangRun(self)
 
 
 SGLANG = SglangEngine()

@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING
 
 from ..runs import EngineRefused, EvalServing, card_settings, log_tail, port_verdicts
 from . import port
-from .engine import SGLANG
 from .env import CPU_ENV, SglangEnv, ensure_sglang
 from .port import SglangServing
 
 if TYPE_CHECKING:
     from ...plan import PatchPlan
+    from ..registry import ServingEngine
 
 ROUTES = ("server",)
 START_TIMEOUT = 900.0  # seconds for a server to answer /health (a start takes 20-40 s on 2 idle cores)
@@ -221,11 +221,14 @@ class SglangWorker:
 class SglangRun:
     """SGLang as a run engine (`rope_extend.engines.runs.RunEngine`): the adapter of the `sglang` room."""
 
-    name = "sglang"
-    title = "SGLang"
     runs = {"sglang": "server"}
     eval_route = "server"
     options = tuple(FLAGS)
+
+    def __init__(self, room: ServingEngine):
+        self.room = room  # its rules and port: the card routes it serves, the checks before anything loads
+        self.name, self.title = room.name, room.title
+
 
     def environment_label(self) -> str:
         return ensure_sglang().label
@@ -233,10 +236,10 @@ class SglangRun:
     def eval_serving(self, plan: PatchPlan | None, original_config: dict, max_len: int, lengths) -> EvalServing:
         """The original model served with plan's method and --context-length max_len (the card's overrides),
         checked through the SGLang port at every request length (positions 0..n-1) against rope-extend's own RoPE."""
-        overrides = None if plan is None else card_settings(SGLANG, plan, original_config).override_args
+        overrides = None if plan is None else card_settings(self.room, plan, original_config).override_args
         fields, rope = port.load_config(original_config, overrides)
         settings = SglangServing(int(max_len), overrides, port.needs_longer(fields, rope, int(max_len)))
-        return port_verdicts(SGLANG, plan, settings, original_config, lengths)
+        return port_verdicts(self.room, plan, settings, original_config, lengths)
 
     def open(self) -> SglangWorker:
         return SglangWorker()
@@ -262,5 +265,3 @@ class SglangRun:
         return {"json_model_override_args": settings.override_args, "context_length": settings.context_length,
                 "env": settings.env}
 
-
-SGLANG_RUN = SglangRun()

@@ -4,6 +4,7 @@ vLLM computes; these rules say what to print and every way it differs from rope-
 
 from __future__ import annotations
 
+import functools
 import math
 import shlex
 
@@ -48,7 +49,7 @@ def _longrope(engine: VllmEngine, w: Written) -> Rule:
 
 
 # What vLLM's get_rope does with each rope_type it dispatches on (port.py's `served`).
-RULES = {"default": _default, "linear": _none, "llama3": _none, "yarn": _none, "dynamic": _dynamic,
+BY_ROPE_TYPE = {"default": _default, "linear": _none, "llama3": _none, "yarn": _none, "dynamic": _dynamic,
          "longrope": _longrope}
 
 
@@ -56,7 +57,7 @@ class VllmEngine(ServingEngine):
     name = "vllm"
     title = "vLLM"
     version = port.VERSION
-    rope_types = tuple(RULES)
+    rope_types = tuple(BY_ROPE_TYPE)
     features = frozenset({"layer_types", "mscale", "text_config"})
     first_choice = 0
     routes = (
@@ -66,7 +67,7 @@ class VllmEngine(ServingEngine):
     )
 
     def rule(self, w: Written) -> Rule:
-        rule = RULES[w.rope_type](self, w)
+        rule = BY_ROPE_TYPE[w.rope_type](self, w)
         for extra in (self.attention_rule(w) if w.attention else None, self.read_as_rule(w) if w.read_as else None):
             if extra is not None:
                 rule.warnings += extra.warnings
@@ -132,11 +133,11 @@ class VllmEngine(ServingEngine):
             routes.append(route(f"--max-model-len {model.short}", model.short, None))
         return routes
 
-    @property
+    @functools.cached_property
     def run(self):
-        from .run import VLLM_RUN
+        from .run import VllmRun
 
-        return VLLM_RUN
+        return VllmRun(self)
 
 
 VLLM = VllmEngine()

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 
 from ..runs import EngineRefused, EvalServing, card_settings, log_tail, port_verdicts
 from . import port
-from .engine import VLLM
 from .env import VllmEnv, ensure_vllm
 from .port import VllmServing
 
 if TYPE_CHECKING:
     from ...plan import PatchPlan
+    from ..registry import ServingEngine
 
 ROUTES = ("offline", "server")
 
@@ -164,11 +164,14 @@ class VllmWorker:
 class VllmRun:
     """vLLM as a run engine (`rope_extend.engines.runs.RunEngine`): the adapter of the `vllm` room."""
 
-    name = "vllm"
-    title = "vLLM"
     runs = {"vllm": "offline", "vllm-server": "server"}
     eval_route = "offline"
     options = ("tensor_parallel_size", "pipeline_parallel_size")
+
+    def __init__(self, room: ServingEngine):
+        self.room = room  # its rules and port: the card routes it serves, the checks before anything loads
+        self.name, self.title = room.name, room.title
+
 
     def environment_label(self) -> str:
         return ensure_vllm().label
@@ -177,10 +180,10 @@ class VllmRun:
         """The original model served with plan's method and --max-model-len max_len (the card's overrides), checked
         through the vLLM port at every request length (positions 0..n-1) against rope-extend's own RoPE. The
         unpatched model is checked against its own RoPE (vLLM's cache holds max_position_embeddings positions)."""
-        overrides = None if plan is None else card_settings(VLLM, plan, original_config).hf_overrides
+        overrides = None if plan is None else card_settings(self.room, plan, original_config).hf_overrides
         fields, rope = port.load_config(original_config, overrides)
         settings = VllmServing(int(max_len), overrides, port.needs_long(fields, rope, int(max_len)))
-        return port_verdicts(VLLM, plan, settings, original_config, lengths)
+        return port_verdicts(self.room, plan, settings, original_config, lengths)
 
     def open(self) -> VllmWorker:
         return VllmWorker()
@@ -193,5 +196,3 @@ class VllmRun:
     def describe(self, settings: VllmServing) -> dict:
         return {"hf_overrides": settings.hf_overrides, "max_model_len": settings.max_model_len, "env": settings.env}
 
-
-VLLM_RUN = VllmRun()
