@@ -23,11 +23,11 @@ from rope_extend import compat
 from rope_extend.cli import run
 from rope_extend.engines.hint import COMMAND, ORIGINAL
 from rope_extend.engines.llama_cpp import port as llama_cpp
-from rope_extend.engines.sglang import port as sglang
-from rope_extend.engines.vllm import port as vllm
 from rope_extend.engines.parity import parity_many, serving_table
 from rope_extend.engines.served import NotServed, Served, compare, default_inv_freq
 from rope_extend.engines.serving import engine_hints, serving_hints
+from rope_extend.engines.sglang import port as sglang
+from rope_extend.engines.vllm import port as vllm
 from rope_extend.plan import plan_patch
 
 L, S = tiny.ORIGINAL, tiny.FACTOR

@@ -19,10 +19,10 @@ import torch
 from transformers import AutoConfig
 
 from rope_extend.cli import run
-from rope_extend.engines.sglang import port as sglang
-from rope_extend.engines.vllm import port as vllm
 from rope_extend.engines.audit import audit
 from rope_extend.engines.served import positions, tolerance
+from rope_extend.engines.sglang import port as sglang
+from rope_extend.engines.vllm import port as vllm
 
 QWEN, LLAMA, PHI, GEMMA = ("Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.1-8B", "microsoft/Phi-3.5-mini-instruct",
                            "google/gemma-3-4b-it")

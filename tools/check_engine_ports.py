@@ -83,8 +83,8 @@ def check_vllm(root: Path) -> list[tuple[str, float]]:
     import tiny
 
     from rope_extend import compat
-    from rope_extend.engines.vllm import port
     from rope_extend.engines.served import Served, compare
+    from rope_extend.engines.vllm import port
     from rope_extend.plan import plan_patch
 
     box = _Config()
@@ -177,8 +177,8 @@ def check_sglang(root: Path) -> list[tuple[str, float]]:
     import tiny
 
     from rope_extend import compat
-    from rope_extend.engines.sglang import port
     from rope_extend.engines.served import Served, compare
+    from rope_extend.engines.sglang import port
     from rope_extend.plan import plan_patch
 
     folder = root / "sglang" / "srt" / "layers" / "rotary_embedding"
@@ -286,9 +286,9 @@ def check_llama_cpp(root: Path) -> list[tuple[str, float, bool]]:
     import numpy as np
     import tiny
 
+    from rope_extend.engines.hint import ORIGINAL
     from rope_extend.engines.llama_cpp import port
     from rope_extend.engines.served import Served, compare
-    from rope_extend.engines.hint import ORIGINAL
     from rope_extend.engines.serving import engine_hints
     from rope_extend.plan import plan_patch
 
