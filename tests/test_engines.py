@@ -336,7 +336,7 @@ def test_hints_print_exact_bases_versions_and_the_fixes():
     assert len(printed.replace(".", "").lstrip("0")) >= 9 and float(printed) == pytest.approx(base, rel=1e-9)
     overrides = json.loads(re.search(r"--hf-overrides '([^']+)'", text).group(1))
     assert overrides["rope_parameters"]["rope_theta"] == overrides["rope_theta"] == base
-    for version in ("vLLM 0.33.0", "SGLang 0.5.23", "llama-cpp-python 0.3.36"):
+    for version in ("vLLM 0.34.0", "SGLang 0.5.23", "llama-cpp-python 0.3.36"):
         assert version in text
 
     plan, *_ = planned(method="ntk-by-parts", factor=S)
@@ -373,7 +373,7 @@ def test_engines_command_and_model_card(tmp_path, capsys, monkeypatch):
         assert run(["patch", str(source), "--method", "ntk-by-parts", "--factor", str(S), "-o", str(out)]) == 0
     card = (out / "README.md").read_text()
     assert "## Where it serves identically" in card and "llama.cpp (llama-cpp-python 0.3.36)" in card
-    ported = "rows run rope-extend's ports of those engines' RoPE code (vLLM 0.33.0, SGLang 0.5.23, llama.cpp as"
+    ported = "rows run rope-extend's ports of those engines' RoPE code (vLLM 0.34.0, SGLang 0.5.23, llama.cpp as"
     assert ported in card  # said where "identical" is claimed, with the versions ported
     capsys.readouterr()
     assert run(["engines", str(out), "--json"]) == 0
@@ -433,3 +433,72 @@ def test_docs_serving_table_is_current():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert current == serving_table()
+
+
+# --- the current releases (issue 64 item 3): the ports' facts, each against its source's behaviour ------------------
+def test_vllm_serves_transformers_backend_architectures_with_transformers_rope_and_dynamic_per_batch():
+    """GPT-NeoX and OLMo 2 go through vLLM's Transformers backend (0.34 registry.py:782-824): static methods are
+    transformers' own RoPE (identical), dynamic is recomputed per batch (not claimed, the measured numbers said);
+    Llama keeps vLLM's own get_rope (its dynamic cache of L rows)."""
+    for arch in ("gpt_neox", "olmo2"):
+        config = tiny.make_config(arch).to_dict()
+        assert vllm.through_transformers(config)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yarn, dynamic = parity_many([(config, tiny.spec_kwargs("yarn", arch)),
+                                         (config, tiny.spec_kwargs("dynamic", arch))], other_line=False)
+        assert all(r.identical for r in yarn.rows if r.engine == vllm.VERSION)
+        rows = [r for r in dynamic.rows if r.engine == vllm.VERSION]
+        assert rows and all(isinstance(r.short, NotServed) and "depends on the requests batched with it" in
+                            r.short.reason for r in rows)
+        hint = next(h for h in engine_hints(plan_patch(tiny.make_config(arch), method="dynamic", factor=S), "OUT",
+                                            config) if h.engine == "vllm")
+        assert any("0.021 nats batched with a 250-token request" in w for w in hint.warnings)
+        assert any("Transformers backend" in n for n in hint.notes)
+    assert not vllm.through_transformers(tiny.make_config("llama").to_dict())
+
+
+def test_overrides_reach_a_composite_models_text_config_in_both_engines():
+    """A multimodal config (the text model under text_config): vLLM merges a `text_config` override recursively and
+    puts a top-level key on the parent; SGLang 0.5.23 updates text_config one level, so a nested `rope_parameters`
+    replaces the text model's whole dict (sgl-project/sglang#33505: the documented `{"text_config":
+    {"rope_parameters": {yarn...}}}` loses rope_theta). The card's overrides carry the whole dict under text_config,
+    and both original-model routes serve the checkpoint's RoPE."""
+    config = tiny.make_multimodal_model().config.to_dict()
+    theta = config["text_config"]["rope_parameters"]["rope_theta"]
+    yarn = {"rope_type": "yarn", "factor": S, "original_max_position_embeddings": L}
+    _, rope = vllm.load_config(config, {"rope_parameters": yarn})  # on the parent: no effect
+    assert rope["rope_type"] == "default"
+    _, rope = vllm.load_config(config, {"text_config": {"rope_parameters": yarn}})  # recursive: keeps rope_theta
+    assert rope["rope_type"] == "yarn" and rope["rope_theta"] == theta
+    _, rope = sglang.load_config(config, {"text_config": {"rope_parameters": yarn}})  # one level: loses it
+    assert rope["rope_type"] == "yarn" and rope.get("rope_theta") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (report,) = parity_many([(config, {"method": "yarn", "factor": S})], other_line=False)
+    for engine in (vllm.VERSION, sglang.VERSION):
+        rows = [r for r in report.rows if r.engine == engine]
+        assert len(rows) == 2 and all(r.identical for r in rows), [(r.route, r.reasons()) for r in rows]
+    hints = {h.engine: h for h in report.hints}
+    for name in ("vllm", "sglang"):
+        settings = hints[name].route(ORIGINAL).settings
+        overrides = settings.hf_overrides if name == "vllm" else settings.override_args
+        assert list(overrides) == ["text_config"] and overrides["text_config"]["rope_parameters"]["rope_theta"] == theta
+
+
+def test_a_layer_typed_override_replaces_the_layer_types_dict_whole():
+    """Gemma 3's rope_parameters per layer type: the original-model overrides carry every layer type (a top-level
+    `rope_parameters` replaces vLLM's dict; SGLang merges one level, replacing a layer type's dict whole)."""
+    config = tiny.make_config("gemma3_text").to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = plan_patch(tiny.make_config("gemma3_text"), method="yarn", factor=S)
+    hints = {h.engine: h for h in engine_hints(plan, "OUT", config)}
+    for name, key in (("vllm", "hf_overrides"), ("sglang", "override_args")):
+        rope = getattr(hints[name].route(ORIGINAL).settings, key)["rope_parameters"]
+        assert set(rope) == {"full_attention", "sliding_attention"} and rope["full_attention"]["rope_type"] == "yarn"
+    full = {"rope_type": "linear", "factor": 2.0}
+    _, rope = sglang.load_config(config, {"rope_parameters": {"full_attention": full}})
+    assert rope == full  # the layer type's dict replaced whole: its rope_theta is gone
+    fields, rope = vllm.load_config(config, {"rope_parameters": {"full_attention": full}})
+    assert rope == full and "sliding_attention" not in fields["rope_parameters"]

@@ -273,8 +273,8 @@ def _written(plan: PatchPlan, raw: dict, folder: Path, name: str, weights: str |
     """A checkpoint rope-extend wrote (`raw`: its config.json in `folder`), its original model rebuilt from the
     plan's marker."""
     original = plan.marker["original"]
-    original_config = compat.portable_config_dict(raw, decode_slots(original["rope_parameters"]),
-                                                  int(original["max_position_embeddings"]), None)
+    original_config = compat.portable_checkpoint_config(raw, decode_slots(original["rope_parameters"]),
+                                                        int(original["max_position_embeddings"]), None)
     return _Inputs(plan, raw, original_config, folder, name, weights=weights, written=written)
 
 
@@ -299,7 +299,7 @@ def _from_source(source: str | os.PathLike | dict, spec: RopeSpec, tmp: Path) ->
     else:
         loaded = load_source(source, config_only=True)
     plan = plan_source(loaded, spec)
-    out = compat.portable_config_dict(loaded.raw, plan.slots, plan.max_position_embeddings, plan.marker)
+    out = compat.portable_checkpoint_config(loaded.raw, plan.slots, plan.max_position_embeddings, plan.marker)
     (tmp / "out").mkdir()
     (tmp / "out" / "config.json").write_text(json.dumps(out))
     return _Inputs(plan, out, loaded.raw, tmp / "out", "OUT", weights=None if isinstance(source, dict) else source)

@@ -56,3 +56,14 @@ def longrope_magnitude(max_position: int, original: int) -> float:
     """LongRoPE's default magnitude sqrt(1 + ln(max_position/original) / ln(original))."""
     scale = max_position / original
     return 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
+
+
+def proportional_inv_freq(fields: dict, rope: dict) -> torch.Tensor:
+    """vLLM's and SGLang's Gemma4RotaryEmbedding._compute_inv_freq (vLLM 0.34 gemma4_rope.py:57-76, SGLang 0.5.23
+    rope_variant.py:930-948): base^(-2i/head_size) for the first
+    int(p·head_size // 2) frequencies, zeros beyond; head_size is the full-attention layers' (Gemma 4: global_head_dim)."""
+    head = int(fields.get("global_head_dim") or fields.get("head_dim")
+               or fields["hidden_size"] // fields["num_attention_heads"])
+    angles = int(rope.get("partial_rotary_factor", 1.0) * head // 2)
+    inv = 1.0 / (float(rope.get("rope_theta", 10000)) ** (torch.arange(0, 2 * angles, 2, dtype=torch.float) / head))
+    return torch.cat([inv, torch.zeros(head // 2 - angles)])

@@ -47,7 +47,8 @@ class Written:
 
     method: the method's name, for the words of a warning only (no engine branches on it).
     slot: the full-attention RoPE slot as written (transformers 5's `rope_parameters` form: rope_type, rope_theta,
-        factor...); original_slot: the source model's.
+        factor...); original_slot: the source model's; rope_parameters: config.json's whole `rope_parameters` as
+        written (keyed by layer type where the model has several), what an override of the original model carries.
     original_length: L, what the factor counts from; target_length: the length rope-extend serves;
         max_position_embeddings: what config.json says after the patch (dynamic methods: the threshold L).
     attention_factor: the magnitude rope-extend applies (cos and sin are multiplied by it).
@@ -61,6 +62,7 @@ class Written:
     method: str
     slot: Mapping[str, Any]
     original_slot: Mapping[str, Any]
+    rope_parameters: Mapping[str, Any]
     original_length: int
     target_length: int
     max_position_embeddings: int
@@ -77,6 +79,11 @@ class Written:
     def rope_type(self) -> str:
         """What every engine dispatches on: the written slot's rope_type."""
         return str(self.slot.get("rope_type", self.slot.get("type", "default")))
+
+    @property
+    def nested(self) -> bool:
+        """The text model's config sits under `text_config` (an override must reach it there)."""
+        return "text_config" in self.features
 
     @property
     def theta(self) -> float:
@@ -117,11 +124,16 @@ class Written:
             else:
                 text = config
             model_type = str(text.get("model_type") or config.get("model_type") or "")
-            architectures = tuple(config.get("architectures") or ())
+            from .hf_config import architecture
+
+            found = architecture(dict(config))
+            architectures = tuple(config.get("architectures") or ()) or ((found,) if found else ())
+        nested = {key: dict(value) for key, value in plan.slots.items() if key is not None}
         return cls(
             method=plan.spec.method,
             slot=slot,
             original_slot=dict(old),
+            rope_parameters=nested or slot,
             original_length=int(plan.spec.original_max_position_embeddings),
             target_length=int(plan.spec.target_length),
             max_position_embeddings=int(plan.max_position_embeddings),

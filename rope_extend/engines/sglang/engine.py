@@ -43,9 +43,20 @@ def _longrope(engine: SglangEngine, w: Written) -> Rule:
     ])
 
 
+def _proportional(engine: SglangEngine, w: Written) -> Rule:
+    factor = float(w.slot.get("factor") or 1.0)
+    if factor == 1.0:
+        return Rule()
+    return Rule(warnings=[
+        f"{engine.version} ignores `factor` for proportional RoPE (gemma4_causal.py hands get_rope only rope_type "
+        f"and rope_theta; Gemma4RotaryEmbedding takes no factor), so it serves this checkpoint's x{factor:g} as the "
+        "original model, silently; write the checkpoint with --method ntk (a rope_theta change, which it reads) instead"
+    ])
+
+
 # What SGLang's get_rope does with each rope_type it dispatches on (port.py's `served`).
 BY_ROPE_TYPE = {"default": _none, "linear": _none, "llama3": _none, "yarn": _none, "dynamic": _dynamic,
-         "longrope": _longrope}
+                "longrope": _longrope, "proportional": _proportional}
 
 
 def magnitude_fix(rope: dict, attention_factor: float, max_position_embeddings: int, original: int) -> dict:
@@ -66,7 +77,7 @@ class SglangEngine(ServingEngine):
     title = "SGLang"
     version = port.VERSION
     rope_types = tuple(BY_ROPE_TYPE)
-    features = frozenset({"layer_types", "mscale", "text_config"})
+    features = frozenset({"layer_types", "mscale", "text_config", "proportional"})
     first_choice = 1
     routes = (
         Route("this checkpoint", COMMAND, "- SGLang", False, None, column="SGLang"),
@@ -74,8 +85,23 @@ class SglangEngine(ServingEngine):
               True, None, column="SGLang, original + overrides"),
     )
 
+    def unchecked(self, written: Written) -> str | None:
+        if written.model_type in port.NOT_LOADABLE:
+            return port.NOT_LOADABLE[written.model_type]
+        if port.through_transformers({"architectures": list(written.architectures)[:1]}):
+            return None  # transformers' own rotary embedding runs: every rope type it has
+        return super().unchecked(written)
+
     def rule(self, w: Written) -> Rule:
-        rule = BY_ROPE_TYPE[w.rope_type](self, w)
+        if port.through_transformers({"architectures": list(w.architectures)}):
+            from ..transformers_backend import PER_BATCH, per_batch_reason
+
+            rule = Rule(notes=[f"{self.version} has no model class for {w.architectures[0]}: it serves it through "
+                               "transformers' own model code (model_loader/utils.py), whose rotary embedding runs"])
+            if w.rope_type in PER_BATCH:
+                rule.warnings.append(per_batch_reason(self.version, w.rope_type))
+        else:
+            rule = BY_ROPE_TYPE[w.rope_type](self, w)
         for extra in (self.attention_rule(w) if w.attention else None, self.read_as_rule(w) if w.read_as else None):
             if extra is not None:
                 rule.warnings += extra.warnings
@@ -88,16 +114,11 @@ class SglangEngine(ServingEngine):
         target = rule.max_len or w.target_length
         fix = magnitude_fix(full, w.attention_factor, w.max_position_embeddings, w.original_length)
         rope_parameters = {**full, **fix}
-        original_overrides = {"rope_theta": full["rope_theta"]}
-        scaling = compat.scaling_dict(full)
-        if scaling is not None:
-            original_overrides["rope_scaling"] = scaling
-        original_overrides["rope_parameters"] = rope_parameters
-        original_overrides["max_position_embeddings"] = w.max_position_embeddings
+        original_overrides = original_model_overrides(w, rope_parameters)
         # the whole rope_parameters, fix included: SGLang 0.5.15 (transformers 5.12 inside) replaces the checkpoint's
         # rope_parameters with an override's, where 0.5.23 merges them ({"attn_factor": x} alone: "Unknown RoPE
         # scaling type", measured by make sglang-check on ntk-by-parts); the whole dict is read the same by both
-        out_overrides = {"rope_parameters": rope_parameters} if fix else {}
+        out_overrides = _placed(w, {"rope_parameters": _whole(w, rope_parameters)}) if fix else {}
         env = port.needs_longer({"max_position_embeddings": w.max_position_embeddings}, full, target)
         extra = f" --json-model-override-args '{compact_json(out_overrides)}'" if out_overrides else ""
         notes = list(rule.notes)
@@ -152,3 +173,30 @@ class SglangEngine(ServingEngine):
 
 
 SGLANG = SglangEngine()
+
+
+def _whole(w: Written, full: dict) -> dict:
+    """The whole rope_parameters with `full` as the full-attention slot (per layer type where the model has several:
+    SGLang replaces a layer type's dict whole)."""
+    return {**w.rope_parameters, "full_attention": full} if "layer_types" in w.features else full
+
+
+def _placed(w: Written, overrides: dict) -> dict:
+    """`overrides` where SGLang applies them to the text model: under `text_config` for a composite config (0.5.23
+    updates a sub-config one level, so every key given is replaced whole and complete), else at the top."""
+    return {"text_config": overrides} if w.nested else overrides
+
+
+def original_model_overrides(w: Written, full: dict) -> dict:
+    """`--json-model-override-args` that give the original model this checkpoint's RoPE and length in SGLang: the
+    whole rope_parameters (with rope_theta inside: a rope_scaling-only override drops it in 0.5.15), with the
+    top-level rope_theta and 4.x rope_scaling forms for a flat config."""
+    if w.nested or "layer_types" in w.features:
+        return _placed(w, {"rope_parameters": _whole(w, full), "max_position_embeddings": w.max_position_embeddings})
+    overrides = {"rope_theta": full["rope_theta"]}
+    scaling = compat.scaling_dict(full)
+    if scaling is not None:
+        overrides["rope_scaling"] = scaling
+    overrides["rope_parameters"] = full
+    overrides["max_position_embeddings"] = w.max_position_embeddings
+    return overrides

@@ -12,9 +12,19 @@ Sources read:
   `Phi3LongRoPEScaledRotaryEmbedding`: per forward batch, long factors if any position > original (positions
   are 0-based, so a batch reaching position L switches), magnitude sqrt(1 + ln(max_position/original)/ln(original))
   unless short_mscale/long_mscale; `attention_factor` not read.
-- sglang/srt/utils/hf_transformers/config.py `get_config`: `--json-model-override-args` keys `rope_scaling` /
-  `rope_parameters` are merged into the current dict (then transformers' setter re-standardizes); other keys are
-  set as attributes, so a top-level `rope_theta` override is ignored once rope_parameters holds one.
+- sglang/srt/utils/hf_transformers/config.py `get_config` (336-437, merge at 405-424): for each top-level key of
+  `--json-model-override-args`: a dict for a sub-config (`text_config`) is `update`d one level (transformers'
+  `PreTrainedConfig.update`: setattr per key, so a nested `rope_parameters` REPLACES the text config's whole dict and
+  its siblings -- rope_theta, partial_rotary_factor, mrope_section -- are lost unless given: sgl-project/sglang#33505);
+  `rope_scaling` / `rope_parameters` dicts are merged one level into the current dict (a layer type's dict is
+  replaced whole; `rope_scaling` then goes through transformers' setter, which re-standardizes); other keys are set
+  as attributes, so a top-level `rope_theta` override is ignored once rope_parameters holds one, and on a composite
+  config a top-level rope override lands on the parent, which the text model never reads.
+- rope_variant.py `Gemma4RotaryEmbedding` (895-955) and factory.py's proportional branch (428-436): base^(-2i/head_size)
+  over the first int(p·head_size // 2) frequencies, zeros beyond; gemma4_causal.py (417-425) hands get_rope only
+  rope_type and rope_theta, so a proportional slot's `factor` is never read. SGLang 0.5.23 has no LFM3 model.
+- model_loader/utils.py (224-239): architectures SGLang does not implement fall back to transformers' own model
+  code (models/transformers.py), where transformers' rotary embedding runs (`engines.transformers_backend`).
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import hf_config
-from ..ported import longrope_magnitude, rotary_dim, yarn_inv_freq, yarn_magnitude
+from ..ported import longrope_magnitude, proportional_inv_freq, rotary_dim, yarn_inv_freq, yarn_magnitude
 from ..served import NotServed, Served, default_inv_freq
 
 VERSION = "SGLang 0.5.23"
@@ -36,18 +46,54 @@ LONGER = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # SGLang's permission to s
 # pool - 1) - 5, and a prompt must be shorter than that). A request of n tokens (n - 1 prompt tokens, one generated)
 # that --context-length n serves in every other engine needs n + RESERVED here; the RoPE does not depend on it.
 RESERVED = 6
+# The architectures (of vLLM's Transformers-backend list) SGLang 0.5.23 has no class for: served through its
+# transformers fallback (model_loader/utils.py:224-239).
+TRANSFORMERS_FALLBACK = frozenset({
+    "CwmForCausalLM", "FlexOlmoForCausalLM", "GlmForCausalLM", "GPTNeoXForCausalLM", "Jais2ForCausalLM",
+    "Kolibri1ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM", "SmolLM3ForCausalLM", "VaultGemmaForCausalLM",
+})
+NOT_LOADABLE = {"lfm3": "SGLang 0.5.23 has no LFM3 model (nor does the transformers 5.19.0 it pins)"}
+
+
+def through_transformers(config: dict) -> bool:
+    """SGLang serves this config.json's architecture with its transformers fallback."""
+    return hf_config.architecture(config) in TRANSFORMERS_FALLBACK
 
 
 def load_config(config: dict, override_args: dict | None = None) -> tuple[dict, dict]:
-    """(config fields, rope_parameters) as SGLang 0.5.23 sees them, `--json-model-override-args` applied."""
+    """(the text model's config fields, its full-attention rope_parameters) as SGLang 0.5.23 sees them,
+    `--json-model-override-args` applied as it applies them."""
+    composite = isinstance(config.get("text_config"), dict)
     fields, rope = hf_config.load(config)
+    whole = fields.get("rope_parameters") if _by_layer(fields.get("rope_parameters")) else rope
     for key, value in (override_args or {}).items():
-        if key in ("rope_scaling", "rope_parameters") and isinstance(value, dict):
-            merged = {**rope, **copy.deepcopy(value)}
-            rope = hf_config.standardize(fields, merged, fields.get("rope_theta")) if key == "rope_scaling" else merged
+        if composite and key == "text_config" and isinstance(value, dict):  # one level: each key replaced
+            for sub, item in value.items():
+                fields[sub] = copy.deepcopy(item)
+            if "rope_parameters" in value:
+                whole = copy.deepcopy(value["rope_parameters"])
+                rope = _full(whole) if _by_layer(whole) else hf_config.standardize(fields, whole, None)
+        elif composite:
+            continue  # set on the parent config: the text model never reads it
+        elif key in ("rope_scaling", "rope_parameters") and isinstance(value, dict):
+            whole = {**whole, **copy.deepcopy(value)}  # one level
+            if _by_layer(whole):
+                rope = _full(whole)
+            else:
+                rope = hf_config.standardize(fields, whole, fields.get("rope_theta")) if key == "rope_scaling" else whole
         else:
             fields[key] = copy.deepcopy(value)
+    if _by_layer(whole):
+        fields["rope_parameters"] = whole
     return fields, rope
+
+
+def _by_layer(rope) -> bool:
+    return isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict)
+
+
+def _full(whole: dict) -> dict:
+    return whole["full_attention"]
 
 
 def served(fields: dict, rope: dict, n: int) -> Served | NotServed:
@@ -57,7 +103,9 @@ def served(fields: dict, rope: dict, n: int) -> Served | NotServed:
     dim = rotary_dim(fields, rope)
     max_position = int(fields.get("max_position_embeddings", 8192))
     magnitude, note = 1.0, ""
-    if rope_type == "default":
+    if rope_type == "proportional":  # Gemma4RotaryEmbedding: over the whole head; the factor never reaches it
+        inv_freq, note = proportional_inv_freq(fields, rope), "proportional RoPE: its factor is not read"
+    elif rope_type == "default":
         inv_freq = default_inv_freq(dim, base)
     elif rope_type == "linear":
         inv_freq = default_inv_freq(dim, base).double() / float(rope.get("factor", 1.0))
@@ -150,8 +198,12 @@ def window(fields: dict, rope: dict) -> int:
 
 def served_by(settings: SglangServing, config: dict, n: int) -> Served | NotServed:
     """What the SGLang server with `settings` applies to a request of n tokens of the checkpoint whose config.json is
-    `config`."""
+    `config` (its architecture through SGLang's own model code or its transformers fallback)."""
     fields, rope = load_config(config, settings.override_args)
+    if through_transformers(config):
+        from .. import transformers_backend
+
+        return transformers_backend.served(fields, rope, n, VERSION)
     return served(fields, rope, n)
 
 

@@ -48,9 +48,25 @@ def _longrope(engine: VllmEngine, w: Written) -> Rule:
     ])
 
 
+def _proportional(engine: VllmEngine, w: Written) -> Rule:
+    factor = float(w.slot.get("factor") or 1.0)
+    if factor == 1.0:
+        return Rule()
+    return Rule(warnings=[
+        f"{engine.version} ignores `factor` for proportional RoPE (gemma4_rope.py: Gemma4RotaryEmbedding takes no "
+        f"factor and get_rope passes it only rope_theta), so it serves this checkpoint's x{factor:g} as the original "
+        "model, silently; write the checkpoint with --method ntk (a rope_theta change, which it reads) instead"
+    ])
+
+
 # What vLLM's get_rope does with each rope_type it dispatches on (port.py's `served`).
 BY_ROPE_TYPE = {"default": _default, "linear": _none, "llama3": _none, "yarn": _none, "dynamic": _dynamic,
-         "longrope": _longrope}
+                "longrope": _longrope, "proportional": _proportional}
+
+
+TOKENIZER_CAP = (f"vLLM also caps --max-model-len at the tokenizer's model_max_length (vLLM 0.34 config/model.py "
+                 f"_get_and_verify_max_len): serving the original model with --hf-overrides beyond its tokenizer's "
+                 f"cap needs {port.ALLOW_LONG}=1 (this checkpoint's tokenizer_config.json was raised to the target)")
 
 
 class VllmEngine(ServingEngine):
@@ -58,7 +74,7 @@ class VllmEngine(ServingEngine):
     title = "vLLM"
     version = port.VERSION
     rope_types = tuple(BY_ROPE_TYPE)
-    features = frozenset({"layer_types", "mscale", "text_config"})
+    features = frozenset({"layer_types", "mscale", "text_config", "proportional"})
     first_choice = 0
     routes = (
         Route("this checkpoint", COMMAND, "- vLLM", False, None, column="vLLM"),
@@ -66,8 +82,22 @@ class VllmEngine(ServingEngine):
               column="vLLM, original + `--hf-overrides`"),
     )
 
+    def unchecked(self, written: Written) -> str | None:
+        if port.through_transformers({"architectures": list(written.architectures)[:1]}):
+            return None  # transformers' own rotary embedding runs: every rope type it has
+        return super().unchecked(written)
+
     def rule(self, w: Written) -> Rule:
-        rule = BY_ROPE_TYPE[w.rope_type](self, w)
+        if port.through_transformers({"architectures": list(w.architectures)}):
+            from ..transformers_backend import PER_BATCH, per_batch_reason
+
+            rule = Rule(notes=[f"{self.version} serves {w.architectures[0]} through its Transformers backend "
+                               "(registry.py's _TRANSFORMERS_SUPPORTED_MODELS): transformers' own rotary embedding "
+                               "runs, not vLLM's get_rope"])
+            if w.rope_type in PER_BATCH:
+                rule.warnings.append(per_batch_reason(self.version, w.rope_type))
+        else:
+            rule = BY_ROPE_TYPE[w.rope_type](self, w)
         for extra in (self.attention_rule(w) if w.attention else None, self.read_as_rule(w) if w.read_as else None):
             if extra is not None:
                 rule.warnings += extra.warnings
@@ -86,12 +116,7 @@ class VllmEngine(ServingEngine):
                 # vLLM ignores attention_factor for longrope; it reads short_mscale / long_mscale
                 rope_parameters.update({"short_mscale": w.attention_factor, "long_mscale": w.attention_factor})
                 out_overrides = {"rope_parameters": rope_parameters}
-        original_overrides = {"rope_theta": full["rope_theta"]}
-        scaling = compat.scaling_dict(full)
-        if scaling is not None:
-            original_overrides["rope_scaling"] = scaling
-        original_overrides["rope_parameters"] = rope_parameters  # what vLLM reads (transformers 5 configs)
-        original_overrides["max_position_embeddings"] = w.max_position_embeddings
+        original_overrides = original_model_overrides(w, rope_parameters)
         env = port.needs_long({"max_position_embeddings": w.max_position_embeddings}, full, max_model_len)
         extra = f" --hf-overrides '{compact_json(out_overrides)}'" if out_overrides else ""
         this, original = self.routes
@@ -100,7 +125,7 @@ class VllmEngine(ServingEngine):
                     VllmServing(max_model_len, out_overrides or None, env)),
             original.filled(f"--hf-overrides '{compact_json(original_overrides)}'",
                     VllmServing(max_model_len, original_overrides, env)),
-        ), tuple(rule.warnings), tuple(rule.notes))
+        ), tuple(rule.warnings), (*rule.notes, TOKENIZER_CAP))
 
     def served(self, route, config, n):
         return port.served_by(route.settings, config, n)
@@ -141,3 +166,20 @@ class VllmEngine(ServingEngine):
 
 
 VLLM = VllmEngine()
+
+
+def original_model_overrides(w: Written, full: dict) -> dict:
+    """`--hf-overrides` that give the original model this checkpoint's RoPE and length in vLLM: rope_parameters whole
+    (per layer type where the model has several: a top-level `rope_parameters` replaces the dict), with the top-level
+    rope_theta and 4.x rope_scaling forms for a flat config, and under `text_config` for a composite config (vLLM
+    merges a sub-config's override recursively; a top-level key would land on the parent)."""
+    whole = {**w.rope_parameters, "full_attention": full} if "layer_types" in w.features else full
+    if w.nested:
+        return {"text_config": {"rope_parameters": whole, "max_position_embeddings": w.max_position_embeddings}}
+    overrides = {"rope_theta": full["rope_theta"]}
+    scaling = compat.scaling_dict(full) if "layer_types" not in w.features else None
+    if scaling is not None:
+        overrides["rope_scaling"] = scaling
+    overrides["rope_parameters"] = whole  # what vLLM reads (transformers 5 configs)
+    overrides["max_position_embeddings"] = w.max_position_embeddings
+    return overrides
