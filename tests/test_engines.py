@@ -502,3 +502,31 @@ def test_a_layer_typed_override_replaces_the_layer_types_dict_whole():
     assert rope == full  # the layer type's dict replaced whole: its rope_theta is gone
     fields, rope = vllm.load_config(config, {"rope_parameters": {"full_attention": full}})
     assert rope == full and "sliding_attention" not in fields["rope_parameters"]
+
+
+@pytest.mark.parametrize("name", ["gemma4_text-e2b", "lfm3-1.7b"])
+def test_proportional_rope_linear_is_served_as_the_original_where_factor_is_ignored_and_ntk_everywhere(name):
+    """Gemma 4 and LFM3 (proportional RoPE, real-shaped configs): vLLM 0.34 and SGLang 0.5.23 never read the slot's
+    `factor` (vLLM gemma4_rope.py; SGLang gemma4_causal.py hands get_rope rope_type and rope_theta only), so `linear`
+    differs there with a warning naming the ntk route; `ntk` (a rope_theta change) is identical in both. SGLang has
+    no LFM3 model: unchecked. The independent reference: the installed transformers' own rotary module."""
+    config = json.loads((Path(__file__).parent / "real_configs" / f"{name}.json").read_text())
+    config = {k: v for k, v in config.items() if not k.startswith("_")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        linear, ntk = parity_many([(config, {"method": "linear", "factor": 2}), (config, {"method": "ntk", "factor": 2})],
+                                  other_line=False)
+    here = [r for r in linear.rows + ntk.rows if r.engine.startswith("transformers 5")]
+    assert len(here) == 2 and all(r.identical for r in here)
+    sglang_loads = not name.startswith("lfm3")
+    for report, identical in ((linear, False), (ntk, True)):
+        for engine, loads in ((vllm.VERSION, True), (sglang.VERSION, sglang_loads)):
+            rows = [r for r in report.rows if r.engine == engine]
+            assert len(rows) == 2, (engine, rows)
+            if not loads:
+                assert all(r.unchecked and "no LFM3 model" in r.short.reason for r in rows)
+                continue
+            assert all(r.identical is identical for r in rows), (report.method, engine, [r.reasons() for r in rows])
+            if not identical:
+                assert all(any("ignores `factor` for proportional RoPE" in w and "--method ntk" in w
+                               for w in r.warnings) for r in rows)
