@@ -83,6 +83,9 @@ class StockTransformers:
     def environment_label(self) -> str:
         return "Stock 5-stock"
 
+    def card_routes(self, hint):
+        return runs.card_routes(hint)
+
     def eval_serving(self, plan, original_config, max_len, lengths):
         settings = VLLM.eval_serving(plan, original_config, max_len, lengths).settings
         return port_verdicts(VLLM_ROOM, plan, settings, original_config, lengths)

@@ -380,7 +380,7 @@ def _card_routes(inputs: _Inputs, engine: RunEngine):
     from .serving import ServingHints
 
     hint = next(h for h in ServingHints.of(inputs.plan, inputs.out_config).hints if h.engine == engine.name)
-    return [route for route in hint.routes if route.settings is not None], list(hint.warnings)
+    return engine.card_routes(hint), list(hint.warnings)
 
 
 def _run_progress(inputs: list[_Inputs], runs: list[tuple[RunEngine, str]]) -> RunProgress:

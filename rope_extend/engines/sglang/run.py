@@ -33,13 +33,14 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..runs import EngineRefused, EvalServing, card_settings, log_tail, port_verdicts
+from ..runs import EngineRefused, EvalServing, card_routes, card_settings, log_tail, port_verdicts
 from . import port
 from .env import CPU_ENV, SglangEnv, ensure_sglang
 from .port import SglangServing
 
 if TYPE_CHECKING:
     from ...plan import PatchPlan
+    from ..hint import EngineHint, Route
     from ..registry import ServingEngine
 
 ROUTES = ("server",)
@@ -232,6 +233,9 @@ class SglangRun:
 
     def environment_label(self) -> str:
         return ensure_sglang().label
+
+    def card_routes(self, hint: EngineHint) -> list[Route]:
+        return card_routes(hint)
 
     def eval_serving(self, plan: PatchPlan | None, original_config: dict, max_len: int, lengths) -> EvalServing:
         """The original model served with plan's method and --context-length max_len (the card's overrides),

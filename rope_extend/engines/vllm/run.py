@@ -25,13 +25,14 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..runs import EngineRefused, EvalServing, card_settings, log_tail, port_verdicts
+from ..runs import EngineRefused, EvalServing, card_routes, card_settings, log_tail, port_verdicts
 from . import port
 from .env import VllmEnv, ensure_vllm
 from .port import VllmServing
 
 if TYPE_CHECKING:
     from ...plan import PatchPlan
+    from ..hint import EngineHint, Route
     from ..registry import ServingEngine
 
 ROUTES = ("offline", "server")
@@ -175,6 +176,9 @@ class VllmRun:
 
     def environment_label(self) -> str:
         return ensure_vllm().label
+
+    def card_routes(self, hint: EngineHint) -> list[Route]:
+        return card_routes(hint)
 
     def eval_serving(self, plan: PatchPlan | None, original_config: dict, max_len: int, lengths) -> EvalServing:
         """The original model served with plan's method and --max-model-len max_len (the card's overrides), checked
