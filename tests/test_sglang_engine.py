@@ -19,9 +19,8 @@ import pytest
 from helpers import ENGINE_SUITE, BorrowedWorker, assert_engine_eval_matches
 
 from rope_extend.engines.parity import parity_many
-from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs
 from rope_extend.engines.registry import get_engine
-from rope_extend.engines.runs import lookup
+from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, lookup
 from rope_extend.engines.sglang.env import SglangEnvError, ensure_sglang
 from rope_extend.engines.sglang.run import SglangRefused, SglangWorker, server_args
 

@@ -19,8 +19,7 @@ import pytest
 from helpers import ENGINE_SUITE, BorrowedWorker, assert_engine_eval_matches
 
 from rope_extend.engines.parity import parity_many
-from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, linked_folder
-from rope_extend.engines.runs import lookup
+from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, linked_folder, lookup
 from rope_extend.engines.vllm.env import VllmEnvError, ensure_vllm
 from rope_extend.engines.vllm.run import VllmRefused, VllmWorker, kv_cache_bytes
 
@@ -117,9 +116,8 @@ def test_the_recorded_runs_are_generated_from_the_records():
     words = {(True, True): "yes", (True, False): "up to L", (False, True): "at s·L only", (False, False): "no"}
     (mine,) = [r for r in data["methods"][record["method"]] if r["model"] == "smollm2"]
     assert len(runs) == 2 and len(ok) == 1 and mine["verdict"] == words[ok.pop()] and mine["tokens"] == [8192, 12288]
-    from rope_extend.engines.serving import runs_lines  # what the card of a checkpoint of this method says
-
     from rope_extend.engines.registry import get_engine
+    from rope_extend.engines.serving import runs_lines  # what the card of a checkpoint of this method says
 
     (line,) = [line for line in runs_lines(get_engine("vllm"), record["method"]) if "SmolLM2-135M through" in line]
     assert line.startswith(f"  - run (not on this checkpoint): {mine['engine']} on cpu served `{record['method']}` x1.5")
