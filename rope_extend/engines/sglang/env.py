@@ -2,7 +2,7 @@
 
 SGLang pins its own torch and transformers (0.5.15: torch 2.11.0, transformers 5.12.1), so it cannot share
 rope-extend's environment; rope-extend starts SGLang's own server (`python -m sglang.launch_server`) under this
-Python and talks to it over HTTP (`sglang_run.py`). `ensure_sglang()` (`python -m rope_extend.engines.sglang_env`,
+Python and talks to it over HTTP (`sglang/run.py`). `ensure_sglang()` (`python -m rope_extend.engines.sglang.env`,
 `make sglang`) builds it into `$ROPE_EXTEND_CACHE/sglang-<version>/` (default `~/.cache/rope-extend/`) from PyPI,
 in three pip steps, each pinned here with its reason (measured on this 2-core x86_64 CPU machine, 2026-12-06):
 
@@ -135,7 +135,7 @@ def _build(root: Path, log: Callable[[str], None]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m rope_extend.engines.sglang_env [--print-python]`: build (or find) the environment."""
+    """`python -m rope_extend.engines.sglang.env [--print-python]`: build (or find) the environment."""
     env = ensure_sglang()
     if "--print-python" in argv:
         print(env.python)

@@ -1,5 +1,5 @@
-"""A real SGLang, run: the run-engine adapter of SGLang (`SglangEngine`, registered as `sglang`) and its worker
-(`SglangWorker`): SGLang's own server, started under the SGLang environment's Python (`sglang_env`).
+"""A real SGLang, run: the run adapter of the SGLang room (`SglangRun`, the room's `run`) and its worker
+(`SglangWorker`): SGLang's own server, started under the SGLang environment's Python (`env.py`).
 
 `SglangWorker.load` starts `python -m sglang.launch_server --model-path FOLDER --context-length N
 [--json-model-override-args JSON]` as the card prints it, with `--device cpu --dtype float32` on the CPU engine
@@ -12,11 +12,11 @@ refuses (a config it will not start with, a request longer than its context leng
 There is one route, the server: SGLang's offline `sglang.Engine` runs the same tokenizer manager, scheduler and
 model runner in-process, so it would serve the same numbers through the same code (`--run sglang`).
 
-`SglangEngine` tells the two commands what SGLang is to them: the card's two routes with its printed command's
+`SglangRun` tells the two commands what SGLang is to them: the card's two routes with its printed command's
 settings (`SglangServing`: --context-length, --json-model-override-args, the environment), and for `eval --engine
 sglang` what SGLang serves, checked through the SGLang port (`engines.sglang`) before anything loads. The port
 follows SGLang 0.5.23's source; the engine that runs is 0.5.15 (the last release that runs on a CPU from PyPI:
-`sglang_env`), and the rows and records name the version each was checked on.
+`env.py`), and the rows and records name the version each was checked on.
 """
 
 from __future__ import annotations

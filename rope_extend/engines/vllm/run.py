@@ -1,16 +1,16 @@
-"""A real vLLM, run: the run-engine adapter of vLLM (`VllmEngine`, registered as `vllm`) and its client of
-`vllm_worker.py` (`VllmWorker`). The worked example of `rope_extend.engines.runs.RunEngine`.
+"""A real vLLM, run: the run adapter of the vLLM room (`VllmRun`, the room's `run`) and its client of `worker.py`
+(`VllmWorker`). The worked example of `rope_extend.engines.runs.RunEngine`.
 
-`VllmWorker` starts the worker under the vLLM environment's Python (`vllm_env`) and sends it requests (JSON lines):
+`VllmWorker` starts the worker under the vLLM environment's Python (`env.py`) and sends it requests (JSON lines):
 load a checkpoint through a route (`offline`: `vllm.LLM` in the worker; `server`: the OpenAI-compatible server in a
 subprocess of it, queried with the `openai` client), get prompt log-probabilities, generate greedily. One worker
 serves many checkpoints in turn. What vLLM refuses (a config, a request longer than --max-model-len) comes back as
 `VllmRefused` with vLLM's own message: for the report that is a result.
 
-`VllmEngine` tells the two commands what vLLM is to them: `--run vllm` (the offline LLM) and `--run vllm-server`
-(the OpenAI server); the card's two routes with its printed command's settings (`VllmServing`: --max-model-len,
-VLLM_ALLOW_LONG_MAX_MODEL_LEN, `--hf-overrides`); for `eval --engine vllm`, what vLLM serves as rope-extend computes
-it, checked through the vLLM port (`engines.vllm`) before anything loads; and how a folder is loaded with those
+`VllmRun` tells the two commands what vLLM is to them: `--run vllm` (the offline LLM) and `--run vllm-server`
+(the OpenAI server); the card's two routes with its printed command's settings (the room's hint: `VllmServing`:
+--max-model-len, VLLM_ALLOW_LONG_MAX_MODEL_LEN, `--hf-overrides`); for `eval --engine vllm`, what vLLM serves as rope-extend computes
+it, checked through the vLLM port (`port.py`) before anything loads; and how a folder is loaded with those
 settings. The comparison itself (prompt log-probabilities against transformers running rope-extend's RoPE) is
 the same for every run engine: `engines.runs`.
 """
@@ -57,7 +57,7 @@ def kv_cache_bytes(config: dict, max_model_len: int) -> int:
 
 
 class VllmWorker:
-    """One `vllm_worker.py` process: `load` a checkpoint, then `prompt_logprobs` / `generate`; `close` ends it.
+    """One `worker.py` process: `load` a checkpoint, then `prompt_logprobs` / `generate`; `close` ends it.
 
     threads: CPU threads vLLM computes with (VLLM_CPU_OMP_THREADS_BIND=0-<threads-1>); None leaves vLLM's default
     (on the CPU it binds all cores but one). The worker's stderr (vLLM's log) goes to `log_path` (a temp file by
