@@ -105,7 +105,7 @@ class StockTransformers:
 class StockRoom(VllmEngine):
     """A throwaway room registered from outside the package: vLLM's rules and port, its own name, its run adapter."""
 
-    name, title, version = "stock", "Stock", "Stock (vLLM 0.34.0's rules)"
+    name, title, version = "stock", "Stock", "stand-in 1.0 (vLLM 0.34.0's rules)"
     first_choice = None
 
     def __init__(self, adapter: StockTransformers):
