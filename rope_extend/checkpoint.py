@@ -438,7 +438,7 @@ def write_checkpoint(
     if mode == "full" and model is None:  # before loading: the weights in the dtype they load in, and the probe
         check_loading(source.given, src, source.config, options.dtype, skip=not options.memory_check)
 
-    hints = ServingHints.of(plan)
+    hints = ServingHints.of(plan, source.raw)
     result = PatchResult(out=out_path, source=src, mode=mode, plan=plan, warnings=list(plan.warnings))
     result.serving = hints.markdown(str(out_path))
     result.serve = hints.serve(str(out_path))

@@ -258,7 +258,9 @@ def portable_config_dict(
         # the nested table (Mellum, Laguna; even `null` does) or be applied to the sliding layers too
         # (ModernBERT-decoder).
         out.pop("rope_scaling")
-    if "partial_rotary_factor" in full:
+    if "partial_rotary_factor" in full and (FLAT in slots or legacy_local):
+        # (a nested 5.x table keeps it per layer type: at top level 5.x would set it into every other layer type's
+        # dict on load, e.g. LFM3's plain sliding layers beside its proportional full-attention ones)
         out["partial_rotary_factor"] = full["partial_rotary_factor"]
     for alias, key in LEGACY_ALIASES.get(out.get("model_type", ""), {}).items():
         if key in full:

@@ -24,6 +24,15 @@ FLAT_KEY = "_all"
 UNSCALED_TYPES = ("default", "proportional")  # JSON name of the flat slot (None) in the marker
 
 
+def scheme_type(params: dict) -> str:
+    """The scaling a slot carries, by transformers' rope_type: a proportional slot with a `factor` is a linear
+    scaling of the model's own proportional RoPE (transformers divides every frequency by it)."""
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "proportional" and float(params.get("factor") or 1.0) != 1.0:
+        return "linear"
+    return rope_type
+
+
 def encode_slots(slots: dict[str | None, dict]) -> dict[str, dict]:
     return {FLAT_KEY if key is None else key: dict(value) for key, value in slots.items()}
 
@@ -36,7 +45,7 @@ def slot_original_length(params: dict, max_position_embeddings: int) -> int:
     """The pretraining length behind one slot's scheme."""
     if params.get("original_max_position_embeddings"):
         return int(params["original_max_position_embeddings"])
-    if params.get("rope_type", "default") == "linear" and params.get("factor"):
+    if scheme_type(params) == "linear" and params.get("factor"):
         return int(round(max_position_embeddings / float(params["factor"])))
     return int(max_position_embeddings)
 
@@ -89,7 +98,7 @@ class RopeFacts:
     def is_scaled(self) -> bool:
         """True when the config already carries a scheme (its own or an earlier rope-extend patch)."""
         return self.marker is not None or any(
-            p.get("rope_type", "default") not in UNSCALED_TYPES for p in self.slots.values()
+            scheme_type(p) not in UNSCALED_TYPES for p in self.slots.values()
         )
 
 
@@ -98,7 +107,7 @@ def _window(params: dict, max_position_embeddings: int | None) -> int | None:
     if max_position_embeddings is None:
         return None
     factor, original = params.get("factor"), params.get("original_max_position_embeddings")
-    if params.get("rope_type", "default") in UNSCALED_TYPES or not (factor and original):
+    if scheme_type(params) in UNSCALED_TYPES or not (factor and original):
         return max_position_embeddings
     return max(max_position_embeddings, int(round(float(factor) * int(original))))
 

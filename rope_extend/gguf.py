@@ -16,8 +16,9 @@ What llama.cpp reads, checked in the source vendored in ``llama-cpp-python`` 0.3
   (``ggml.c: ggml_rope_yarn_corr_dims``, β_fast 32, β_slow 1); cos/sin × attn_factor × (1 + 0.1 ln s) when ext != 0.
 
 So the served attention factor is ``attn_factor_key × (1 + 0.1 ln s)`` for yarn, and ``attn_factor_key`` otherwise.
-`llamacpp_rope` ports that math; `plan_gguf` checks the keys it plans reproduce the spec's inverse
-frequencies and attention factor with it before writing anything.
+llama.cpp's room ports that math once (`rope_extend.engines.llama_cpp.port`, float32 as ggml computes it: the port
+the parity report runs); `plan_gguf` checks the keys it plans reproduce the spec's inverse frequencies and attention
+factor with it, up to the target length, before writing anything.
 
 Tensors are never loaded: the header is parsed and rewritten here (the ``gguf`` package supplies the type tables),
 untouched metadata records are copied byte for byte, and the data section is copied from SOURCE with
@@ -36,7 +37,7 @@ import os
 import shlex
 import struct
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,6 @@ LLAMACPP_SOURCE = "llama.cpp as vendored in llama-cpp-python 0.3.36"
 # docstring) and measured with the real llama-perplexity (tests/test_gguf_llamacpp.py).
 VERIFIED_ARCHITECTURES = ("llama",)
 
-YARN_DEFAULT_BETAS = (32.0, 1.0)  # ggml's defaults; the llama architecture reads no GGUF key to change them
 _COPY_CHUNK = 64 << 20
 
 
@@ -362,45 +362,6 @@ def hf_config_of(info: GGUFInfo):
     return config
 
 
-# -- llama.cpp's RoPE, ported ----------------------------------------------------------------------------------------
-def llamacpp_rope(info_or_meta: Mapping[str, Any], rope_dim: int) -> tuple[np.ndarray, float]:
-    """(inverse frequencies, cos/sin magnitude) llama.cpp derives from GGUF RoPE metadata, without CLI overrides.
-
-    *info_or_meta*: ``freq_base``, ``context_length``, ``scaling`` (the ``rope.scaling.*`` keys) and ``rope_freqs``.
-    Ported from ``llama-model.cpp`` (load_hparams), ``llama-context.cpp`` (constructor) and ``ggml-cpu/ops.cpp``
-    (rope_yarn) of llama.cpp as vendored in llama-cpp-python 0.3.36; float64 here, float32 there.
-    """
-    base = float(info_or_meta["freq_base"])
-    scaling = info_or_meta.get("scaling") or {}
-    rope_type = str(scaling.get("type", "linear"))
-    factor = float(scaling.get("factor", 0.0) or 0.0)
-    freq_scale = 1.0 if (factor == 0.0 or rope_type == "none") else 1.0 / factor
-    n_ctx_orig = int(scaling.get("original_context_length") or info_or_meta["context_length"])
-    attn_key = float(scaling.get("attn_factor", 1.0))
-    ext_factor = 1.0 if rope_type == "yarn" else 0.0
-    half = rope_dim // 2
-    theta = base ** (-2.0 * np.arange(half) / rope_dim)
-    ff = info_or_meta.get("rope_freqs")
-    theta_extrap = theta / (np.asarray(ff, dtype=np.float64) if ff is not None else 1.0)
-    theta_interp = freq_scale * theta_extrap
-    mscale = attn_key
-    if ext_factor != 0.0:
-        def corr_dim(n_rot: float) -> float:
-            return rope_dim * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
-
-        low = max(0.0, math.floor(corr_dim(YARN_DEFAULT_BETAS[0])))
-        high = min(rope_dim - 1.0, math.ceil(corr_dim(YARN_DEFAULT_BETAS[1])))
-        y = (np.arange(half) - low) / max(0.001, high - low)
-        ramp_mix = (1.0 - np.clip(y, 0.0, 1.0)) * ext_factor
-        theta_out = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix
-        # llama-context.cpp: yarn_attn_factor = get_mscale(s)/(1 + 0.1 ln s) = 1, times the key; the kernel
-        # multiplies by 1 + 0.1 ln(1/freq_scale).
-        mscale = attn_key * (1.0 + 0.1 * math.log(1.0 / freq_scale))
-    else:
-        theta_out = theta_interp
-    return theta_out, mscale
-
-
 # -- the GGUF plan (per-method keys come from the method's `GgufRules`) -------------------------------------------
 @dataclass
 class GGUFPlan:
@@ -480,26 +441,30 @@ def _compute(method, ctx) -> tuple[np.ndarray, float]:
 
 
 def _verify_plan(info: GGUFInfo, plan: GGUFPlan) -> None:
-    """The planned metadata, read back through :func:`llamacpp_rope`, must give the spec's RoPE."""
+    """The planned metadata, read back through llama.cpp's port (`engines.llama_cpp.port`, the one the parity report
+    runs), must give the spec's RoPE up to the target length, within the float32 tolerance every engine row uses."""
+    import torch
+
+    from .engines.llama_cpp.port import served as llama_cpp_served
+    from .engines.served import Served, compare
+
     arch = info.architecture
-    scaling = dict(info.scaling)
-    meta: dict[str, Any] = {"freq_base": info.freq_base, "context_length": info.context_length, "scaling": scaling}
-    for key, value in plan.keys.items():
-        rel = key[len(arch) + 1:]
-        if rel.startswith("rope.scaling."):
-            scaling[rel[len("rope.scaling."):]] = value
-        elif rel == "rope.freq_base":
-            meta["freq_base"] = value
-        elif rel == "context_length":
-            meta["context_length"] = value
-    meta["rope_freqs"] = plan.rope_freqs
-    served, magnitude = llamacpp_rope(meta, info.rope_dim)
-    rel_err = float(np.max(np.abs(served - plan.inv_freq) / plan.inv_freq))
-    if rel_err > 1e-5 or not math.isclose(magnitude, plan.attention_factor, rel_tol=1e-6):
+    meta: dict[str, Any] = {"context_length": info.context_length, "rope.dimension_count": info.rope_dim,
+                            "rope.freq_base": info.freq_base}
+    meta.update({f"rope.scaling.{key}": value for key, value in info.scaling.items()})
+    meta.update({key[len(arch) + 1:]: value for key, value in plan.keys.items()})
+    if plan.rope_freqs is not None:
+        meta["rope_freqs"] = plan.rope_freqs
+    n = int(plan.spec.target_length)
+    served = llama_cpp_served(meta, "", n, arch=arch)
+    delta = compare(served, Served(torch.from_numpy(np.asarray(plan.inv_freq, dtype=np.float64)),
+                                   plan.attention_factor), n)
+    if not delta.identical:
         raise VerificationError(
-            f"the GGUF keys planned for {plan.spec.method} would make llama.cpp serve different RoPE (max relative "
-            f"frequency error {rel_err:.2e}, magnitude {magnitude:.6f} vs {plan.attention_factor:.6f}); "
-            "this is a rope-extend bug, please report it with the spec"
+            f"the GGUF keys planned for {plan.spec.method} would make llama.cpp serve different RoPE (max |Δcos| "
+            f"{delta.max_cos:.2e}, |Δsin| {delta.max_sin:.2e} over {n} positions, worst at rotary frequency "
+            f"{delta.worst_dim}; magnitude {served.magnitude:.6f} vs {plan.attention_factor:.6f}); this is a "
+            "rope-extend bug, please report it with the spec"
         )
 
 

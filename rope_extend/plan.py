@@ -27,6 +27,7 @@ from .errors import (
 from .facts import encode_slots, read_rope
 from .methods import RopeContext, RopeMethod, default_inv_freq, get_method
 from .spec import RopeSpec, load_spec
+from .variants import variant_of
 from .version import __version__
 
 # Models without RoPE, with what would work instead.
@@ -61,12 +62,6 @@ SUB_MODEL_ROPE_MODELS = {
 }
 # Configs that can select RoPE or none: position_embedding_type values meaning RoPE (Granite 4.0-H defaults to NoPE).
 ROPE_POSITION_EMBEDDING_TYPES = ("rope", "rotary")
-# rope_types that are a model's own RoPE variant, which transformers has no YaRN/NTK/llama3 form of.
-VARIANT_ROPE = {
-    "proportional": "proportional RoPE (only the first partial_rotary_factor of each head rotates, at frequencies "
-    "spread over the whole head_dim): it is the model's own RoPE variant, not a scaling, and transformers has no "
-    "YaRN, NTK, llama3 or longrope form of it, so a rescaled config would not load as the same model",
-}
 
 
 @dataclass(frozen=True)
@@ -90,6 +85,10 @@ class PatchPlan:
     # slot, and what that scheme is in words.
     own_rope: dict = field(default_factory=dict)
     kept_scheme: str | None = None
+    # Target slots of a RoPE variant the model ships (`variants`: proportional), with how many of their frequencies
+    # rotate: the method runs over the whole head_dim (`rotary_dims`) and the rest are cut to zero, as stock
+    # transformers builds them.
+    rotating: dict = field(default_factory=dict)
 
     @property
     def method(self) -> RopeMethod:
@@ -112,7 +111,19 @@ class PatchPlan:
         if self.own_rope:
             inv_freq, attention = self.own_rope[slot]
             return inv_freq.to(device), attention
-        return self.method.compute(self.context(slot, seq_len, device))
+        return self._cut(slot, *self.method.compute(self.context(slot, seq_len, device)))
+
+    def _cut(self, slot: str | None, inv_freq: torch.Tensor, attention: float) -> tuple[torch.Tensor, float]:
+        """A variant slot's frequencies as the model's own RoPE variant rotates them (`variants`)."""
+        if slot in self.rotating:
+            inv_freq = variant_of(self.slots[slot]).cut(inv_freq, self.rotating[slot])
+        return inv_freq, attention
+
+    def stock_rope_type(self, slot: str | None) -> str:
+        """The rope_type stock rotary modules dispatch on for a target slot (dynamic methods: our hook owns them)."""
+        if self.method.dynamic:
+            return "default"
+        return self.slots[slot]["rope_type"] if slot in self.rotating else self.method.hf_rope_type
 
     def is_identity(self) -> bool:
         """True when patching would change nothing: the planned RoPE equals the unscaled one at every length up to
@@ -123,7 +134,7 @@ class PatchPlan:
         for slot in self.targets:
             for seq_len in (None, self.spec.target_length):
                 inv_freq, attention = self.compute(slot, seq_len=seq_len)
-                plain = default_inv_freq(self.rotary_dims[slot], self.base_theta)
+                plain, _ = self._cut(slot, default_inv_freq(self.rotary_dims[slot], self.base_theta), 1.0)
                 if attention != 1.0 or not torch.allclose(inv_freq, plain, rtol=1e-7, atol=0):
                     return False
         return True
@@ -143,7 +154,7 @@ class PatchPlan:
         """What stock loaders build at construction from the written config (dynamic-yarn: static YaRN)."""
         if self.own_rope:
             return self.own_rope[slot]
-        return self.method.stock_method.compute(self.context(slot))
+        return self._cut(slot, *self.method.stock_method.compute(self.context(slot)))
 
 
 def recorded_spec(config) -> RopeSpec | None:
@@ -219,16 +230,11 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         )
     targets = _targets(facts.slots, spec)
     pristine = facts.pristine_slots
-    for target in targets:
-        variant = pristine[target].get("rope_type")
-        if variant in VARIANT_ROPE:
-            others = [key for key in pristine if key not in targets and pristine[key].get("rope_type") == "default"]
-            hint = f"; its {', '.join(others)} layers use plain RoPE (layer_types: [{others[0]}])" if others else ""
+    variants = {target: variant_of(pristine[target]) for target in targets}
+    for target, variant in variants.items():
+        if variant is not None:
             where = "its layers" if target is None else f"its {target} layers"
-            raise UnsupportedModelError(
-                f"model type {facts.model_type!r}: {where} use {VARIANT_ROPE[variant]}; rope-extend cannot rescale "
-                f"them{hint}"
-            )
+            variant.check(spec.rope_method, facts.model_type, where, pristine[target])
     resolved = spec.resolve(spec.original_max_position_embeddings or spec.rope_method.original_length(facts, targets[0]))
     method = resolved.rope_method
     _check_reach(facts, resolved, spec)
@@ -236,13 +242,17 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
     base_theta = float(resolved.rope_theta or pristine[targets[0]]["rope_theta"])
 
     new_slots = {key: dict(value) for key, value in pristine.items()}
-    rotary_dims = {}
+    rotary_dims, rotating = {}, {}
     for target in targets:
-        dim = facts.rotary_dims[target]
+        variant = variants[target]
+        dim = facts.rotary_dims[target] if variant is None else variant.rotary_dim(config, target)
         if dim < 4 or dim % 2:
             raise UnsupportedModelError(f"rotary dimension {dim} (slot {target}) must be even and >= 4")
         rotary_dims[target] = dim
         new_slots[target] = method.config_slot(resolved, pristine[target], dim, base_theta)
+        if variant is not None:
+            new_slots[target] = variant.slot(new_slots[target], pristine[target])
+            rotating[target] = variant.rotating(pristine[target], dim)
 
     # a method that keeps the scheme leaves what stock loaders read as shipped (Qwen2.5's 32768 beside its YaRN x4)
     new_max = facts.pristine_max_position_embeddings if method.keeps_scheme else method.max_position_embeddings(resolved)
@@ -277,6 +287,7 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
         warnings=tuple(method.loader_notes(resolved)),
         own_rope=own_rope,
         kept_scheme=kept,
+        rotating=rotating,
     )
     # The attention factor stock loaders will build; methods that have one write it explicitly.
     if method.writes_attention_factor:

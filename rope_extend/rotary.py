@@ -115,8 +115,6 @@ def apply_plan(model: nn.Module, plan: PatchPlan, dynamic_mode: str = "consisten
     if not modules:
         raise no_rotary_modules_error(model)
     method = plan.method
-    # Stock dynamic machinery must stay inert: our hook owns dynamic behaviour.
-    stock_type = "default" if method.dynamic else method.hf_rope_type
     applied = Applied()
     for name, module, prefixes in modules:
         for slot, prefix in compat.module_slots(name, module, plan.slots):
@@ -136,7 +134,8 @@ def apply_plan(model: nn.Module, plan: PatchPlan, dynamic_mode: str = "consisten
             if hasattr(module, f"{prefix}long_inv_freq"):
                 delattr(module, f"{prefix}long_inv_freq")
             setattr(module, f"{prefix}attention_scaling", float(attention))
-            compat.set_module_rope_type(module, prefix, slot, stock_type)
+            # stock dynamic machinery must stay inert: our hook owns dynamic behaviour (`PatchPlan.stock_rope_type`)
+            compat.set_module_rope_type(module, prefix, slot, plan.stock_rope_type(slot))
             if method.dynamic:
                 hook = dynamic.DynamicRopeHook(
                     compute=lambda n, device, slot=slot: plan.compute(slot, seq_len=n, device=device),

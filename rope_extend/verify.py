@@ -214,6 +214,8 @@ def _shrink_vocab_mlp_experts(small) -> None:
                 setattr(small, key, 0)  # (some config classes want an int; the probe's tokens start at 3)
             elif isinstance(value, list) and any(isinstance(v, int) and v >= small.vocab_size for v in value):
                 setattr(small, key, [v for v in value if v < small.vocab_size] or None)
+        elif key.startswith("vocab_size_") and isinstance(value, int) and not isinstance(value, bool):
+            setattr(small, key, min(value, small.vocab_size))  # per-layer input tables (Gemma 3n's, Gemma 4's PLE)
         elif "intermediate" in key or key in MLP_KEYS:
             if isinstance(value, int) and not isinstance(value, bool):
                 setattr(small, key, min(value, SMALL_INTERMEDIATE))

@@ -54,7 +54,9 @@ def test_a_hub_models_card_license_relation_links_and_serving(tiny_ckpt, tmp_pat
     first says the commands were not run on it."""
     from huggingface_hub import ModelCard
 
-    from rope_extend.engines import llama_cpp, sglang, vllm
+    from rope_extend.engines.llama_cpp import port as llama_cpp
+    from rope_extend.engines.sglang import port as sglang
+    from rope_extend.engines.vllm import port as vllm
     from rope_extend.methods import get_method
 
     source = tmp_path / "src"

@@ -21,10 +21,13 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from rope_extend import compat
 from rope_extend.cli import run
-from rope_extend.engines import llama_cpp, sglang, vllm
+from rope_extend.engines.hint import COMMAND, ORIGINAL
+from rope_extend.engines.llama_cpp import port as llama_cpp
 from rope_extend.engines.parity import parity_many, serving_table
 from rope_extend.engines.served import NotServed, Served, compare, default_inv_freq
 from rope_extend.engines.serving import engine_hints, serving_hints
+from rope_extend.engines.sglang import port as sglang
+from rope_extend.engines.vllm import port as vllm
 from rope_extend.plan import plan_patch
 
 L, S = tiny.ORIGINAL, tiny.FACTOR
@@ -124,8 +127,8 @@ def test_vllm_top_level_rope_theta_override_is_ignored_and_rope_parameters_is_re
     new_base = plan.slots[None]["rope_theta"]
     _, rope = vllm.load_config(original, {"rope_theta": new_base})
     assert rope["rope_theta"] == 10000.0  # the issue's finding: only the top-level form is lost
-    hint = next(h for h in engine_hints(plan, "OUT") if h.engine == "vLLM")
-    _, rope = vllm.load_config(original, hint.args["original_overrides"])
+    hint = next(h for h in engine_hints(plan, "OUT") if h.engine == "vllm")
+    _, rope = vllm.load_config(original, hint.route(ORIGINAL).settings.hf_overrides)
     assert rope["rope_theta"] == new_base
     _, rope = vllm.load_config(original, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}})
     assert isinstance(vllm.served({**original}, rope, TARGET, 4), NotServed)  # rope_scaling alone loses the base
@@ -146,8 +149,8 @@ def test_sglang_ignores_attention_factor_and_the_hint_sets_attn_factor(case):
     served = sglang.served(fields, rope, TARGET)
     assert served.magnitude == pytest.approx(0.1 * math.log(S) + 1, rel=1e-9)  # its own 0.1 ln s + 1
     assert served.magnitude != pytest.approx(plan.attention_factor)
-    hint = next(h for h in engine_hints(plan, "OUT") if h.engine == "SGLang")
-    fields, rope = sglang.load_config(written, hint.args["out_overrides"])
+    hint = next(h for h in engine_hints(plan, "OUT") if h.engine == "sglang")
+    fields, rope = sglang.load_config(written, hint.route(COMMAND).settings.override_args)
     assert_same(sglang.served(fields, rope, TARGET), served_ref(stock))
 
 
@@ -226,6 +229,7 @@ def test_every_row_is_identical_or_warned_with_the_engine_and_the_reason(reports
     for name, report in reports.items():
         assert len(report.rows) == 8, name
         for row in report.rows:
+            assert not row.unchecked, (name, row.engine, row.route)  # every engine's rules cover a LLaMA checkpoint
             if row.identical or row.skipped:
                 continue
             word = next(w for key, w in ENGINE_WORDS.items() if row.engine.startswith(key))
@@ -245,6 +249,10 @@ def test_every_row_on_the_architecture_matrix_is_identical_or_warned(arch):
         reports = parity_many([(config, tiny.spec_kwargs(m, arch)) for m in methods], other_line=False)
     for method, report in zip(methods, reports):
         for row in report.rows:
+            if row.unchecked:  # llama.cpp's port covers the LLaMA architecture only: said, never "identical"
+                assert row.engine.startswith("llama.cpp") and arch != "llama_head_dim", (arch, row.engine)
+                assert "covers the LLaMA architecture" in row.short.reason and not row.identical
+                continue
             if method in ("linear", "ntk", "yarn", "ntk-by-parts") and not row.skipped:
                 assert row.identical, (arch, method, row.engine, row.route, row.reasons())
             if not (row.identical or row.skipped):
@@ -285,7 +293,7 @@ def test_the_card_lists_no_route_its_own_check_contradicts(reports):
     """Every variant: the Serving lines the card writes (serving_hints with the report's unbacked routes) hold a
     route's command only where its port row is identical, or not checked; a row served and DIFFERS, or not served
     at the target length, is named with the check's reason and no command. The terminal's hints keep them all."""
-    from rope_extend.engines.parity import CARD_ROUTES, unbacked_routes
+    from rope_extend.engines.parity import unbacked_routes
 
     config = tiny.make_config("llama")
     seen = set()
@@ -294,15 +302,15 @@ def test_the_card_lists_no_route_its_own_check_contradicts(reports):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             plan = plan_patch(config, **spec)
-        hints = {hint.engine: hint for hint in engine_hints(plan, "OUT")}
+        hints = {hint.title: hint for hint in engine_hints(plan, "OUT")}
         unbacked = unbacked_routes(report)
         card, _ = serving_hints(plan, "OUT", unbacked)
         terminal, _ = serving_hints(plan, "OUT")
         for row in report.rows:
-            if (row.engine, row.route) not in CARD_ROUTES:
+            if row.serves is None:  # the reference's rows: no card line
                 continue
-            engine, which = CARD_ROUTES[row.engine, row.route]
-            command = getattr(hints[engine], which)
+            engine, which = row.serves
+            command = hints[engine].route(which).command
             served = [not isinstance(r, NotServed) for r in (row.short, row.long)]
             if command is None:  # the card has no command for this route (e.g. llama.cpp: no flags)
                 continue
@@ -328,7 +336,7 @@ def test_hints_print_exact_bases_versions_and_the_fixes():
     assert len(printed.replace(".", "").lstrip("0")) >= 9 and float(printed) == pytest.approx(base, rel=1e-9)
     overrides = json.loads(re.search(r"--hf-overrides '([^']+)'", text).group(1))
     assert overrides["rope_parameters"]["rope_theta"] == overrides["rope_theta"] == base
-    for version in ("vLLM 0.33.0", "SGLang 0.5.23", "llama-cpp-python 0.3.36"):
+    for version in ("vLLM 0.34.0", "SGLang 0.5.23", "llama-cpp-python 0.3.36"):
         assert version in text
 
     plan, *_ = planned(method="ntk-by-parts", factor=S)
@@ -365,7 +373,7 @@ def test_engines_command_and_model_card(tmp_path, capsys, monkeypatch):
         assert run(["patch", str(source), "--method", "ntk-by-parts", "--factor", str(S), "-o", str(out)]) == 0
     card = (out / "README.md").read_text()
     assert "## Where it serves identically" in card and "llama.cpp (llama-cpp-python 0.3.36)" in card
-    ported = "rows run rope-extend's ports of those engines' RoPE code (vLLM 0.33.0, SGLang 0.5.23, llama.cpp as"
+    ported = "rows run rope-extend's ports of those engines' RoPE code (vLLM 0.34.0, SGLang 0.5.23, llama.cpp as"
     assert ported in card  # said where "identical" is claimed, with the versions ported
     capsys.readouterr()
     assert run(["engines", str(out), "--json"]) == 0
@@ -425,3 +433,100 @@ def test_docs_serving_table_is_current():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert current == serving_table()
+
+
+# --- the current releases (issue 64 item 3): the ports' facts, each against its source's behaviour ------------------
+def test_vllm_serves_transformers_backend_architectures_with_transformers_rope_and_dynamic_per_batch():
+    """GPT-NeoX and OLMo 2 go through vLLM's Transformers backend (0.34 registry.py:782-824): static methods are
+    transformers' own RoPE (identical), dynamic is recomputed per batch (not claimed, the measured numbers said);
+    Llama keeps vLLM's own get_rope (its dynamic cache of L rows)."""
+    for arch in ("gpt_neox", "olmo2"):
+        config = tiny.make_config(arch).to_dict()
+        assert vllm.through_transformers(config)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yarn, dynamic = parity_many([(config, tiny.spec_kwargs("yarn", arch)),
+                                         (config, tiny.spec_kwargs("dynamic", arch))], other_line=False)
+        assert all(r.identical for r in yarn.rows if r.engine == vllm.VERSION)
+        rows = [r for r in dynamic.rows if r.engine == vllm.VERSION]
+        assert rows and all(isinstance(r.short, NotServed) and "depends on the requests batched with it" in
+                            r.short.reason for r in rows)
+        hint = next(h for h in engine_hints(plan_patch(tiny.make_config(arch), method="dynamic", factor=S), "OUT",
+                                            config) if h.engine == "vllm")
+        assert any("0.021 nats batched with a 250-token request" in w for w in hint.warnings)
+        assert any("Transformers backend" in n for n in hint.notes)
+    assert not vllm.through_transformers(tiny.make_config("llama").to_dict())
+
+
+def test_overrides_reach_a_composite_models_text_config_in_both_engines():
+    """A multimodal config (the text model under text_config): vLLM merges a `text_config` override recursively and
+    puts a top-level key on the parent; SGLang 0.5.23 updates text_config one level, so a nested `rope_parameters`
+    replaces the text model's whole dict (sgl-project/sglang#33505: the documented `{"text_config":
+    {"rope_parameters": {yarn...}}}` loses rope_theta). The card's overrides carry the whole dict under text_config,
+    and both original-model routes serve the checkpoint's RoPE."""
+    config = tiny.make_multimodal_model().config.to_dict()
+    theta = config["text_config"]["rope_parameters"]["rope_theta"]
+    yarn = {"rope_type": "yarn", "factor": S, "original_max_position_embeddings": L}
+    _, rope = vllm.load_config(config, {"rope_parameters": yarn})  # on the parent: no effect
+    assert rope["rope_type"] == "default"
+    _, rope = vllm.load_config(config, {"text_config": {"rope_parameters": yarn}})  # recursive: keeps rope_theta
+    assert rope["rope_type"] == "yarn" and rope["rope_theta"] == theta
+    _, rope = sglang.load_config(config, {"text_config": {"rope_parameters": yarn}})  # one level: loses it
+    assert rope["rope_type"] == "yarn" and rope.get("rope_theta") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (report,) = parity_many([(config, {"method": "yarn", "factor": S})], other_line=False)
+    for engine in (vllm.VERSION, sglang.VERSION):
+        rows = [r for r in report.rows if r.engine == engine]
+        assert len(rows) == 2 and all(r.identical for r in rows), [(r.route, r.reasons()) for r in rows]
+    hints = {h.engine: h for h in report.hints}
+    for name in ("vllm", "sglang"):
+        settings = hints[name].route(ORIGINAL).settings
+        overrides = settings.hf_overrides if name == "vllm" else settings.override_args
+        assert list(overrides) == ["text_config"] and overrides["text_config"]["rope_parameters"]["rope_theta"] == theta
+
+
+def test_a_layer_typed_override_replaces_the_layer_types_dict_whole():
+    """Gemma 3's rope_parameters per layer type: the original-model overrides carry every layer type (a top-level
+    `rope_parameters` replaces vLLM's dict; SGLang merges one level, replacing a layer type's dict whole)."""
+    config = tiny.make_config("gemma3_text").to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = plan_patch(tiny.make_config("gemma3_text"), method="yarn", factor=S)
+    hints = {h.engine: h for h in engine_hints(plan, "OUT", config)}
+    for name, key in (("vllm", "hf_overrides"), ("sglang", "override_args")):
+        rope = getattr(hints[name].route(ORIGINAL).settings, key)["rope_parameters"]
+        assert set(rope) == {"full_attention", "sliding_attention"} and rope["full_attention"]["rope_type"] == "yarn"
+    full = {"rope_type": "linear", "factor": 2.0}
+    _, rope = sglang.load_config(config, {"rope_parameters": {"full_attention": full}})
+    assert rope == full  # the layer type's dict replaced whole: its rope_theta is gone
+    fields, rope = vllm.load_config(config, {"rope_parameters": {"full_attention": full}})
+    assert rope == full and "sliding_attention" not in fields["rope_parameters"]
+
+
+@pytest.mark.parametrize("name", ["gemma4_text-e2b", "lfm3-1.7b"])
+def test_proportional_rope_linear_is_served_as_the_original_where_factor_is_ignored_and_ntk_everywhere(name):
+    """Gemma 4 and LFM3 (proportional RoPE, real-shaped configs): vLLM 0.34 and SGLang 0.5.23 never read the slot's
+    `factor` (vLLM gemma4_rope.py; SGLang gemma4_causal.py hands get_rope rope_type and rope_theta only), so `linear`
+    differs there with a warning naming the ntk route; `ntk` (a rope_theta change) is identical in both. SGLang has
+    no LFM3 model: unchecked. The independent reference: the installed transformers' own rotary module."""
+    config = json.loads((Path(__file__).parent / "real_configs" / f"{name}.json").read_text())
+    config = {k: v for k, v in config.items() if not k.startswith("_")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        linear, ntk = parity_many([(config, {"method": "linear", "factor": 2}), (config, {"method": "ntk", "factor": 2})],
+                                  other_line=False)
+    here = [r for r in linear.rows + ntk.rows if r.engine.startswith("transformers 5")]
+    assert len(here) == 2 and all(r.identical for r in here)
+    sglang_loads = not name.startswith("lfm3")
+    for report, identical in ((linear, False), (ntk, True)):
+        for engine, loads in ((vllm.VERSION, True), (sglang.VERSION, sglang_loads)):
+            rows = [r for r in report.rows if r.engine == engine]
+            assert len(rows) == 2, (engine, rows)
+            if not loads:
+                assert all(r.unchecked and "no LFM3 model" in r.short.reason for r in rows)
+                continue
+            assert all(r.identical is identical for r in rows), (report.method, engine, [r.reasons() for r in rows])
+            if not identical:
+                assert all(any("ignores `factor` for proportional RoPE" in w and "--method ntk" in w
+                               for w in r.warnings) for r in rows)

@@ -19,9 +19,10 @@ import torch
 from transformers import AutoConfig
 
 from rope_extend.cli import run
-from rope_extend.engines import sglang, vllm
 from rope_extend.engines.audit import audit
 from rope_extend.engines.served import positions, tolerance
+from rope_extend.engines.sglang import port as sglang
+from rope_extend.engines.vllm import port as vllm
 
 QWEN, LLAMA, PHI, GEMMA = ("Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.1-8B", "microsoft/Phi-3.5-mini-instruct",
                            "google/gemma-3-4b-it")
@@ -57,7 +58,7 @@ def snapshot(hub, repo):
 def hf_cos_sin(folder, at, last=None, layer_type=None):
     """transformers' own rotary embedding of the config.json in `folder` at positions `at` (in a batch whose last
     position is `last`: dynamic schemes switch on it), as (cos, sin) [len(at), rotary_dim / 2] in float64."""
-    from rope_extend.engines.hf_probe import rotary_module
+    from rope_extend.engines.transformers.hf_probe import rotary_module
 
     config = AutoConfig.from_pretrained(folder).get_text_config()
     with warnings.catch_warnings():
@@ -154,7 +155,7 @@ def test_ministral3_yarn_mscale_ratio_is_one_in_both_ports(tmp_path):
     """sgl-project/sglang#22711: SGLang ignored mscale / mscale_all_dim and scaled Ministral 3's cos/sin by
     0.1 ln 16 + 1 = 1.277 instead of transformers' 1.0 (vLLM 0.25.0 the same: vllm#48621, PR #48623). What the
     ports say for the versions they follow (their docstrings): SGLang 0.5.23's yarn reads mscale, mscale_all_dim;
-    vLLM 0.33.0's attention_factor > mscale/mscale_all_dim > 0.1 ln s + 1."""
+    vLLM 0.34.0's attention_factor > mscale/mscale_all_dim > 0.1 ln s + 1."""
     folder = tmp_path / "ministral3"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "ministral3",
@@ -198,7 +199,7 @@ def test_cli_audit_prints_verdicts_and_json_and_keeps_rope_extend_outputs_on_par
     assert run(["engines", PHI]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     assert "transformers 5" in printed and "own rotary embedding of this config.json" in printed
-    assert ("vLLM 0.33.0: identical only up to 4096 tokens, with: vllm serve microsoft/Phi-3.5-mini-instruct "
+    assert ("vLLM 0.34.0: identical only up to 4096 tokens, with: vllm serve microsoft/Phi-3.5-mini-instruct "
             "--max-model-len 4096") in printed
     assert run(["engines", GEMMA, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

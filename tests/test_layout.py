@@ -207,14 +207,18 @@ def _constants(node: ast.AST) -> list:
 def method_name_branches(source: str, names: set[str]) -> list[int]:
     """Lines of `source` that branch on a method's name: a comparison of a name-holding expression with a method's
     name (`name == "longrope"`, `spec["method"] in ("yarn", ...)`), or a table keyed by method names (`{"string":
-    ...}`). Comparisons of rope types (`rope_type == "yarn"`) are not: transformers' names, read from configs."""
+    ...}`). Comparisons of rope types (`rope_type == "yarn"`) are not: transformers' names, read from configs; nor is
+    a table named `..._BY_ROPE_TYPE` (an engine room's rules, keyed by the rope_type the engine dispatches on)."""
+    tree = ast.parse(source)
+    rope_type_tables = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                        and any(isinstance(t, ast.Name) and t.id.endswith("BY_ROPE_TYPE") for t in node.targets)}
     lines = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
             operands = [node.left, *node.comparators]
             if names & {v for o in operands for v in _constants(o)} and any(map(_names_a_method, operands)):
                 lines.append(node.lineno)
-        elif isinstance(node, ast.Dict):
+        elif isinstance(node, ast.Dict) and id(node) not in rope_type_tables:
             if names & {k.value for k in node.keys if isinstance(k, ast.Constant)}:
                 lines.append(node.lineno)
     return lines
@@ -236,6 +240,7 @@ def test_the_branch_check_sees_the_forms_that_escaped_it():
     caught = [
         'if name == "longrope":\n    pass',
         'inside = {"string": "why"}',
+        'RULES = {"yarn": f, "linear": g}',
         'x = spec["method"] in ("yarn", "ntk")',
         'x = spec.get("method") != "dynamic"',
         'x = plan.spec.method == "self-extend"',
@@ -244,7 +249,7 @@ def test_the_branch_check_sees_the_forms_that_escaped_it():
     for source in caught:
         assert method_name_branches(source, names) == [1], source
     for source in ('x = rope_type == "yarn"', 'x = full.get("rope_type") in ("linear", "dynamic")',
-                   'x = {"rope_type": "yarn"}', 'x = name == "model"'):
+                   'x = {"rope_type": "yarn"}', 'x = name == "model"', 'BY_ROPE_TYPE = {"yarn": f, "linear": g}'):
         assert method_name_branches(source, names) == [], source
 
 
@@ -299,6 +304,35 @@ def test_eval_and_the_parity_report_compare_no_engine_name():
     offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in checked
                  for line in engine_name_comparisons(path.read_text())]
     assert not offenders, offenders
+
+
+def test_engine_knowledge_lives_in_the_engines_rooms():
+    """Issue 64's counts: no module outside an engine's room (`rope_extend/engines/<name>/`) compares a string with an
+    engine's name -- methods/, the reports that loop over the registry, eval and the CLI included -- and at most 3
+    string constants outside engines/ name a serving engine other than the reference (whose name, transformers, is
+    also the package every module imports and reads the version of). Every registered engine, its port and its run
+    adapter live in its own package."""
+    from rope_extend.engines.registry import serving_engines
+
+    rooms = {f"rope_extend.engines.{engine.__module__.split('.')[2]}" for engine in serving_engines()}
+    outside = {name: path for name, path in _modules().items() if not any(name.startswith(r) for r in rooms)}
+    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in outside.values()
+                 for line in engine_name_comparisons(path.read_text())]
+    assert not offenders, offenders
+    names = {n.lower() for engine in serving_engines() if engine.ported for n in (engine.name, engine.title)}
+    constants = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for name, path in _modules().items()
+                 if not name.startswith("rope_extend.engines")
+                 for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lower() in names]
+    assert len(constants) <= 3, constants
+    for engine in serving_engines():
+        package = type(engine).__module__.rsplit(".", 1)[0]
+        assert package.count(".") == 2 and package.startswith("rope_extend.engines."), engine  # a package of its own
+        assert (PACKAGE / "engines" / package.split(".")[2] / "__init__.py").is_file()
+        if engine.ported:
+            assert (PACKAGE / "engines" / package.split(".")[2] / "port.py").is_file(), engine
+        if engine.run is not None:
+            assert type(engine.run).__module__.startswith(package + "."), engine
 
 
 def test_the_engine_name_check_sees_the_forms_it_forbids():
@@ -374,7 +408,7 @@ def test_a_new_method_is_registered_in_one_place():
                                       intermediate_size=64, vocab_size=32, max_position_embeddings=64)
         assert "toy-half" in method_curves(config, 2.0)
     finally:
-        for table in (registry._REGISTRY, registry.ENGINE_RULES, registry.GGUF_RULES, registry.ADVICE):
+        for table in (registry._REGISTRY, registry.GGUF_RULES, registry.ADVICE):
             del table["toy-half"]
 
 

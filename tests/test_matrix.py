@@ -6,6 +6,7 @@ FACTOR x the original length (for dynamic-yarn this is exactly where stock stati
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import tiny
 import torch
 import transformers
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
 from rope_extend import UnsupportedModelError, patch_model
 from rope_extend.compat import TRANSFORMERS_V5
@@ -231,3 +233,120 @@ def test_architectures_page_is_current():
     if os.environ.get("ROPE_EXTEND_UPDATE_DOCS"):
         DOCS.write_text(head + tiny.DOCS_BEGIN + "\n" + table + tiny.DOCS_END + tail, encoding="utf-8")
     assert rest.split(tiny.DOCS_END, 1)[0] == table, "docs/architectures.md is stale: rerun with ROPE_EXTEND_UPDATE_DOCS=1"
+
+
+# --- proportional RoPE (Gemma 4, LFM3): linear and ntk, exact against transformers' own rotary module ---------------
+REAL_CONFIGS = Path(__file__).parent / "real_configs"
+# real-shaped config.json files (their `_provenance` says where each value comes from) of every proportional type
+PROPORTIONAL = {"gemma4": "gemma4-e2b-it", "gemma4_text": "gemma4_text-e2b", "gemma4_unified": "gemma4_unified-12b-it",
+                "gemma4_unified_text": "gemma4_unified_text-12b", "lfm3": "lfm3-1.7b"}
+PROPORTIONAL_FACTOR = 4.0
+# (transformers 4.x has none of these types)
+needs_proportional = pytest.mark.skipif(
+    not set(PROPORTIONAL) <= set(CONFIG_MAPPING_NAMES),
+    reason=f"transformers {transformers.__version__} has no Gemma 4 / LFM3 (proportional RoPE) config classes")
+
+
+def _real_config(name: str):
+    return transformers.AutoConfig.for_model(**json.loads((REAL_CONFIGS / f"{name}.json").read_text()))
+
+
+def _rotary_module(text_config):
+    """The model's own rotary embedding built from `text_config` (its class found on a meta-device model)."""
+    from rope_extend.rotary import find_rotary_modules
+
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        meta = transformers.AutoModel.from_config(text_config)
+    (_, module, _), = find_rotary_modules(meta)
+    return type(module)(text_config)
+
+
+def _proportional_frequencies(params: dict, head_dim: int, method: str, factor: float) -> torch.Tensor:
+    """The paper formulas, written out: proportional RoPE (the first int(p * head_dim // 2) frequencies
+    theta^(-2i/head_dim) rotate, the rest are 0) under position interpolation (every frequency / s) or NTK-aware
+    scaling (theta * s^(d/(d-2)), d the dimension the frequencies are spread over: head_dim)."""
+    theta = params["rope_theta"]
+    if method == "ntk":
+        theta = theta * factor ** (head_dim / (head_dim - 2))
+    rotating = int(params.get("partial_rotary_factor", 1.0) * head_dim // 2)
+    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    inv_freq = torch.where(i < rotating, theta ** (-2 * i / head_dim), torch.zeros_like(i))
+    return inv_freq / (factor if method == "linear" else 1.0)
+
+
+@needs_proportional
+@pytest.mark.parametrize("model_type", list(PROPORTIONAL))
+@pytest.mark.parametrize("method", ["linear", "ntk"])
+def test_proportional_rope_takes_linear_and_ntk_exactly(model_type, method):
+    """Each layer type's frequencies, cos and sin in the model's own rotary module, built by stock transformers from
+    the config.json rope-extend writes for a real-shaped config: the formula's, and rope-extend's plan's bit for
+    bit; the sliding layers' untouched."""
+    from rope_extend import compat, plan_patch
+
+    config = _real_config(PROPORTIONAL[model_type])
+    assert config.model_type == model_type
+    text = compat.text_config(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = plan_patch(config, method=method, factor=PROPORTIONAL_FACTOR)
+        written = compat.text_config(compat.stock_config(text, plan.slots, plan.max_position_embeddings, plan.marker))
+    assert plan.targets == ("full_attention",)
+    assert written.rope_parameters["full_attention"]["rope_type"] == "proportional"
+    rotary, original = _rotary_module(written), _rotary_module(text)
+    positions = torch.tensor([[0, 1, 7, 1000, 40000, 4 * 131072 - 1]])
+    seen = 0
+    for slot, params in compat.read_slots(text).items():
+        if not hasattr(rotary, f"{slot}_inv_freq"):
+            continue
+        seen += 1
+        got = getattr(rotary, f"{slot}_inv_freq")
+        if slot in plan.targets:
+            head_dim = compat.rotary_dim(text, {"partial_rotary_factor": 1.0}, slot)
+            want = _proportional_frequencies(params, head_dim, method, PROPORTIONAL_FACTOR)
+            torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0)
+            assert torch.equal(got, plan.compute(slot)[0])
+            assert int((got == 0).sum()) == head_dim // 2 - int(params["partial_rotary_factor"] * head_dim // 2) > 0
+        else:
+            assert torch.equal(got, getattr(original, f"{slot}_inv_freq"))
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions, slot)
+        angles = positions[..., None].float() * got
+        torch.testing.assert_close(cos, torch.cat((angles, angles), -1).cos(), rtol=0, atol=0)
+        torch.testing.assert_close(sin, torch.cat((angles, angles), -1).sin(), rtol=0, atol=0)
+        if slot in plan.targets:  # and the patch moved them
+            assert not torch.equal(cos, original(torch.zeros(1), positions, slot)[0])
+    assert seen == 2
+
+
+@pytest.fixture(scope="module")
+def proportional_reloads(tmp_path_factory):
+    """Tiny random models of each proportional type patched in memory with linear and ntk x2, saved, and reloaded
+    by stock transformers in one fresh process that cannot import rope_extend."""
+    root = tmp_path_factory.mktemp("proportional")
+    ids = tiny.input_ids(tiny.ZOO_SEQ)
+    cases, jobs = {}, []
+    for model_type in PROPORTIONAL:
+        for method in ("linear", "ntk"):
+            model = tiny.zoo_model(model_type)
+            with torch.no_grad():
+                unpatched = model(ids).logits
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                patch_model(model, method=method, factor=tiny.ZOO_FACTOR)
+            with torch.no_grad():
+                patched = model(ids).logits
+            model.save_pretrained(root / f"{model_type}-{method}")
+            cases[(model_type, method)] = (patched, unpatched, len(jobs))
+            jobs.append((root / f"{model_type}-{method}", ids))
+    stock = tiny.stock_logits(jobs, root / "stock")
+    return {key: (patched, unpatched, stock[i]) for key, (patched, unpatched, i) in cases.items()}
+
+
+@needs_proportional
+@pytest.mark.parametrize("model_type", list(PROPORTIONAL))
+@pytest.mark.parametrize("method", ["linear", "ntk"])
+def test_proportional_checkpoints_reload_identically_in_stock_transformers(proportional_reloads, model_type, method):
+    patched, unpatched, stock = proportional_reloads[(model_type, method)]
+    scale = max(float(stock.abs().max()), 1.0)
+    assert float((patched - unpatched)[:, tiny.ZOO_ORIGINAL:].abs().max()) > 1e-3 * scale
+    assert float((patched - stock).abs().max()) <= 1e-5 * scale

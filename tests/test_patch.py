@@ -8,6 +8,7 @@ import pytest
 import tiny
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
 from rope_extend import (
     AlreadyScaledError,
@@ -401,3 +402,53 @@ def test_verification_keeps_the_layer_sections_of_the_real_model():
     patched = logits(model, ids)
     assert (patched - unpatched)[:, tiny.ZOO_ORIGINAL:].abs().max() > 1e-3
     torch.testing.assert_close(patched, logits(reference, ids), atol=1e-5, rtol=0)
+
+
+PROPORTIONAL_ONLY = ("linear", "ntk")  # what transformers' proportional RoPE reads: a factor, a rope_theta
+needs_proportional = pytest.mark.skipif(  # (transformers 4.x has neither type)
+    not {"gemma4_text", "lfm3"} <= set(CONFIG_MAPPING_NAMES),
+    reason="this transformers has no Gemma 4 / LFM3 (proportional RoPE) config classes")
+
+
+@needs_proportional
+@pytest.mark.parametrize("model_type", ["gemma4_text", "lfm3"])
+def test_proportional_rope_refuses_every_other_method_in_one_line(model_type):
+    """Gemma 4's and LFM3's full-attention layers (proportional RoPE) take linear and ntk (exact: test_matrix);
+    every other method is a SpecError naming the method, why, and both fixes, before anything changes."""
+    from rope_extend import plan_patch
+    from rope_extend.methods import get_method, method_names
+
+    config = tiny.zoo_config(model_type)
+    before = config.to_dict()
+    others = [name for name in method_names() if name not in PROPORTIONAL_ONLY]
+    assert len(others) >= 9
+    for name in others:
+        with pytest.raises(SpecError) as caught:
+            plan_patch(config, method=name, factor=2)
+        message = str(caught.value)
+        assert "\n" not in message and caught.value.field == "method" and caught.value.value == name
+        assert f"model type {model_type!r}: its full_attention layers use proportional RoPE" in message
+        assert f"; {name} cannot be written there (" in message
+        assert message.endswith("): use --method linear or --method ntk"), message
+        if get_method(name).acts_on_attention:
+            assert "remaps attention" in message
+    assert config.to_dict() == before
+    for name in PROPORTIONAL_ONLY:
+        assert plan_patch(config, method=name, factor=2).changed
+
+
+@needs_proportional
+def test_a_proportional_slot_with_a_factor_is_a_linear_scaling():
+    """transformers divides every proportional frequency by the slot's `factor`: a config that ships one is scaled
+    (its original length is max_position_embeddings / factor), and a patch on top asks to replace it."""
+    from rope_extend import plan_patch
+    from rope_extend.facts import read_rope
+
+    config = tiny.zoo_config("lfm3")
+    config.rope_parameters["full_attention"]["factor"] = 2.0
+    facts = read_rope(config)
+    assert facts.is_scaled and facts.original_length() == tiny.ZOO_ORIGINAL // 2
+    with pytest.raises(AlreadyScaledError, match="replace_existing"):
+        plan_patch(config, method="ntk", factor=4)
+    plan = plan_patch(config, method="ntk", factor=4, replace_existing=True)
+    assert "factor" not in plan.slots["full_attention"] and plan.spec.original_max_position_embeddings == 16

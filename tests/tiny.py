@@ -193,7 +193,7 @@ ZOO_TEXT = dict(
     num_experts=4, num_local_experts=4, n_routed_experts=4, moe_num_experts=4, num_experts_per_tok=2,
     n_group=1, topk_group=1, bos_token_id=1, eos_token_id=2, pad_token_id=0, sliding_window=8,
     qk_rope_head_dim=16, qk_nope_head_dim=16, qk_head_dim=32, v_head_dim=16, kv_lora_rank=32, q_lora_rank=32,
-    num_kv_shared_layers=0, kv_channels=16,
+    num_kv_shared_layers=0, kv_channels=16, vocab_size_per_layer_input=VOCAB,
 )
 SCALING_KEYS = ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
                 "low_freq_factor", "high_freq_factor", "short_factor", "long_factor", "mscale", "mscale_all_dim",
@@ -403,11 +403,11 @@ ZOO_REFUSED: dict[str, tuple[str, str]] = {
     "phi3": ("reject method 'yarn'", "its config class accepts only longrope (use --method longrope)"),
     "phi4_multimodal": ("reject method 'yarn'", "Phi-3 family: its config class accepts only longrope"),
     "phimoe": ("reject method 'yarn'", "Phi-3 family: its config class accepts only longrope"),
-    "gemma4": ("proportional RoPE", "full-attention layers use proportional RoPE, which has no YaRN form"),
-    "gemma4_text": ("proportional RoPE", "full-attention layers use proportional RoPE, which has no YaRN form"),
-    "gemma4_unified": ("proportional RoPE", "full-attention layers use proportional RoPE, which has no YaRN form"),
-    "gemma4_unified_text": ("proportional RoPE", "full-attention layers use proportional RoPE, no YaRN form"),
-    "lfm3": ("proportional RoPE", "its RoPE is proportional RoPE, which has no YaRN form"),
+    # proportional RoPE reads only rope_theta and a factor dividing every frequency: the message names
+    # --method linear or --method ntk, both exact (test_matrix.test_proportional_*)
+    **{t: ("use --method linear or --method ntk", "full-attention layers use proportional RoPE, which has no YaRN "
+           "form; linear and ntk are exact") for t in ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text",
+                                                      "lfm3")},
     "codegen": ("fixed sin/cos table", "rotates with a fixed table built from n_positions, no RoPE config"),
     "gptj": ("fixed sin/cos table", "rotates with a fixed table built from n_positions, no RoPE config"),
     "xlnet": ("Transformer-XL relative", "relative sinusoidal encodings, not RoPE"),

@@ -83,8 +83,8 @@ def check_vllm(root: Path) -> list[tuple[str, float]]:
     import tiny
 
     from rope_extend import compat
-    from rope_extend.engines import vllm as port
     from rope_extend.engines.served import Served, compare
+    from rope_extend.engines.vllm import port
     from rope_extend.plan import plan_patch
 
     box = _Config()
@@ -177,8 +177,8 @@ def check_sglang(root: Path) -> list[tuple[str, float]]:
     import tiny
 
     from rope_extend import compat
-    from rope_extend.engines import sglang as port
     from rope_extend.engines.served import Served, compare
+    from rope_extend.engines.sglang import port
     from rope_extend.plan import plan_patch
 
     folder = root / "sglang" / "srt" / "layers" / "rotary_embedding"
@@ -286,7 +286,8 @@ def check_llama_cpp(root: Path) -> list[tuple[str, float, bool]]:
     import numpy as np
     import tiny
 
-    from rope_extend.engines import llama_cpp as port
+    from rope_extend.engines.hint import ORIGINAL
+    from rope_extend.engines.llama_cpp import port
     from rope_extend.engines.served import Served, compare
     from rope_extend.engines.serving import engine_hints
     from rope_extend.plan import plan_patch
@@ -316,7 +317,8 @@ def check_llama_cpp(root: Path) -> list[tuple[str, float, bool]]:
                 warnings.simplefilter("ignore")
                 plan = plan_patch(config, **spec)
             original = config.to_dict()
-            flags = next(h for h in engine_hints(plan, "OUT") if h.engine == "llama.cpp").args["flags"]
+            hint = next(h for h in engine_hints(plan, "OUT") if h.engine == "llama.cpp")
+            flags = hint.route(ORIGINAL).settings.flags
             if name == "old-ntk-by-parts-hint":  # what rope-extend printed before issue 10: the flag is ignored
                 flags = "-c 128 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 32 --yarn-attn-factor 0.878249"
             meta = port.convert(original)

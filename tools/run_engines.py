@@ -14,12 +14,12 @@ finished method is skipped when the same command runs again.
     python tools/run_engines.py --model short-window --runs vllm vllm-server -o eval/reports/vllm-engines-tiny
     # SGLang (make sglang-check: the 2-layer model; the demo model as below)
     nice -n 10 python tools/run_engines.py --runs sglang --model smollm2 --factor 2 -o eval/reports/sglang-engines-smollm2
-    # after any: the tables in docs/serving.md and rope_extend/engines/<engine>_runs.json (what the card quotes)
+    # after any: the tables in docs/serving.md and rope_extend/engines/<engine>/runs.json (what the card quotes)
     python tools/run_engines.py --summarize
 
 `--summarize` (also done after every method) rebuilds, for each engine, from every
 eval/reports/<engine>-engines-*/results.jsonl, the table between the <ENGINE>-RUN markers of docs/serving.md and
-rope_extend/engines/<engine>_runs.json: per method, what the real engine did on each model, and when
+rope_extend/engines/<engine>/runs.json: per method, what the real engine did on each model, and when
 (tests/test_vllm_engine.py and tests/test_sglang_engine.py fail while either is stale). `tools/run_vllm_engines.py`,
 this tool's earlier name, still runs it (the records' commands name it).
 """
@@ -66,17 +66,7 @@ def engine_labels(runs: list[str]) -> dict:
     environment built first when missing."""
     from rope_extend.engines.runs import resolve_runs
 
-    labels = {}
-    for engine, _ in resolve_runs(runs):
-        if engine.name == "vllm":
-            from rope_extend.engines.vllm_env import ensure_vllm
-
-            labels[engine.name] = ensure_vllm().label
-        elif engine.name == "sglang":
-            from rope_extend.engines.sglang_env import ensure_sglang
-
-            labels[engine.name] = ensure_sglang().label
-    return labels
+    return {engine.name: engine.environment_label() for engine, _ in resolve_runs(runs)}
 
 
 def run(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
@@ -119,17 +109,20 @@ def _cell(result: dict) -> str:
 
 REPORTS = ROOT / "eval" / "reports"
 DOCS = ROOT / "docs" / "serving.md"
-# Per run engine: (the title its rows start with, its records' folders, its summary file, its docs table's markers)
-SUMMARIES = {
-    "vllm": ("vLLM", "vllm-engines-*", ROOT / "rope_extend" / "engines" / "vllm_runs.json", "VLLM-RUN"),
-    "sglang": ("SGLang", "sglang-engines-*", ROOT / "rope_extend" / "engines" / "sglang_runs.json", "SGLANG-RUN"),
-}
-RUNS_JSON = SUMMARIES["vllm"][2]
-START, END = "<!-- VLLM-RUN:BEGIN -->", "<!-- VLLM-RUN:END -->"
+
+
+def summaries() -> dict:
+    """Per run engine (`rope_extend.engines.runs`): (the title its rows start with, its records' folders, its summary
+    file in its room, its docs table's markers)."""
+    from rope_extend.engines.runs import run_engines
+
+    return {engine.name: (engine.title, f"{engine.name}-engines-*",
+                          ROOT / "rope_extend" / "engines" / engine.name / "runs.json", f"{engine.name.upper()}-RUN")
+            for engine in run_engines()}
 
 
 def markers(engine: str) -> tuple[str, str]:
-    tag = SUMMARIES[engine][3]
+    tag = summaries()[engine][3]
     return f"<!-- {tag}:BEGIN -->", f"<!-- {tag}:END -->"
 
 
@@ -142,7 +135,7 @@ def verdict(short: dict, long: dict) -> str:
 def summary(reports: Path = REPORTS, engine: str = "vllm") -> dict:
     """Per method, each record's run rows of `engine`: the model, factor, request lengths, engine, routes, date and
     verdict."""
-    title, pattern, _, _ = SUMMARIES[engine]
+    title, pattern, _, _ = summaries()[engine]
     methods: dict = {}
     for results in sorted(reports.glob(f"{pattern}/results.jsonl")):
         for line in results.read_text().splitlines():
@@ -174,7 +167,7 @@ MODEL_NAMES = {"smollm2": "SmolLM2-135M (L 8192)", "short-window": "SmolLM2-135M
 
 def docs_block(data: dict, engine: str = "vllm") -> str:
     """The table between the engine's markers in docs/serving.md."""
-    title = SUMMARIES[engine][0]
+    title = summaries()[engine][0]
     lines = [f"| method | model, factor | requests (tokens) | {title} run (both card routes) | the port said | date |",
              "|---|---|---|---|---|---|"]
     for method, runs in data["methods"].items():
@@ -192,7 +185,7 @@ def write_summary() -> None:
     from rope_extend.methods.docs import replace_between_markers
 
     text = DOCS.read_text()
-    for engine, (_, _, path, _) in SUMMARIES.items():
+    for engine, (_, _, path, _) in summaries().items():
         data = summary(engine=engine)
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         text = replace_between_markers(text, docs_block(data, engine), *markers(engine))
@@ -226,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", nargs="+", default=["vllm"], help="vllm, vllm-server, sglang")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads for transformers and vLLM (SGLang: its own)")
     ap.add_argument("-o", "--output", type=Path)
-    ap.add_argument("--summarize", action="store_true", help="only rebuild docs/serving.md's table and vllm_runs.json")
+    ap.add_argument("--summarize", action="store_true", help="only rebuild docs/serving.md's tables and each engine's runs.json")
     args = ap.parse_args(argv)
     if args.summarize:
         write_summary()

@@ -19,7 +19,7 @@ a checkpoint folder whose config.json carries its scaling (the weights linked), 
 that vLLM serves the variant as rope-extend computes it up to the prompt and its answer (refused otherwise). It
 runs under vLLM's Python with lm-eval, rope-extend from the checkout (`make vllm` and the lm-eval layer):
 
-    PY=$(python -m rope_extend.engines.vllm_env --with lm-eval --print-python)
+    PY=$(python -m rope_extend.engines.vllm.env --with lm-eval --print-python)
     PYTHONPATH=$PWD $PY tools/run_ruler_lm_eval.py --engine vllm -o OUT-vllm --tasks niah_single_1 --length 4096 \
         --limit 5 --spec method=yarn,factor=2
     PYTHONPATH=$PWD $PY tools/run_ruler_lm_eval.py -o OUT-hf ...           # the transformers side, same Python
@@ -94,7 +94,7 @@ def run_step_vllm(model_path, spec, task, length, limit, work: Path) -> dict:
     """The same step through lm-eval's vLLM backend (see the module docstring)."""
     from rope_extend import compat
     from rope_extend.engines.runs import linked_folder
-    from rope_extend.engines.vllm_run import VLLM
+    from rope_extend.engines.vllm.run import VLLM_RUN as VLLM
     from rope_extend.eval.lm_tasks import run_lm_eval_vllm
     from rope_extend.source import load_source, plan_source
     from rope_extend.spec import load_spec

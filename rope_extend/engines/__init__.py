@@ -1,17 +1,16 @@
-"""Where a patched checkpoint serves identically: ports of each serving engine's RoPE, pinned to a version, and the
-real engines rope-extend runs.
+"""The serving engines, one room each (`rope_extend/engines/<name>/`: its port pinned to a release, its rules, its
+card routes and, where it runs here, its run adapter and environment), registered in `registry`; what they share:
+`written` (what a plan writes, as engines see it), `hint` (routes and commands), `served` (cos/sin and their
+comparison), `hf_config` and `ported` (config reading and formulas several engines share), `runs` (the real engines'
+interface), and the reports that loop over the registry: `parity`, `audit`, `serving`.
 
-One module per engine (`transformers_engine` runs the real library; `vllm`, `sglang`, `llama_cpp` port the engines'
-RoPE code, with the files and versions read cited in each docstring), each with its per-method serving rule.
-`parity` compares what every engine serves with rope-extend's own RoPE. `runs` is the registry of the run engines
-(real engines in their own environments, behind one `RunEngine` protocol); each adapter module registers itself
-when imported here.
+One registration line per room, here (the reference, transformers, first; then the order the card lists them in).
 """
 
-from . import (
-    sglang_run,  # noqa: F401  registers the run engine `sglang`
-    vllm_run,  # noqa: F401  registers the run engine `vllm`
-)
-from .served import Delta, EngineHint, NotServed, Served
+from . import transformers, vllm, sglang, llama_cpp  # noqa: F401, I001  (register, in this order)
+from .hint import EngineHint, Route
+from .registry import ServingEngine, register, serving_engines
+from .served import Delta, NotServed, Served, Unchecked
 
-__all__ = ["Delta", "EngineHint", "NotServed", "Served"]
+__all__ = ["Delta", "EngineHint", "NotServed", "Route", "Served", "ServingEngine", "Unchecked", "register",
+           "serving_engines"]

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from . import hf_config, llama_cpp, sglang, transformers_engine, vllm
 from .parity import PORT, RUN, Row, ports_note
-from .served import Delta, NotServed, Served, compare
+from .registry import AuditedModel, ported_engines
+from .served import Delta, NotServed, Served, Unchecked, compare
+from .transformers import probes
 
 REFERENCE = "transformers' own rotary embedding of this config.json"
 
@@ -199,7 +199,8 @@ class AuditReport:
 
 
 def _not_checked(row: Row) -> bool:
-    return all(isinstance(r, NotServed) and r.reason.startswith("not ") for r in (row.short, row.long))
+    return all(isinstance(r, Unchecked) or isinstance(r, NotServed) and r.reason.startswith("not ")
+               for r in (row.short, row.long))
 
 
 def _first_reason(row: Row) -> str:
@@ -208,6 +209,8 @@ def _first_reason(row: Row) -> str:
 
 
 def _cell(result) -> str:
+    if isinstance(result, Unchecked):
+        return "unchecked"
     if isinstance(result, NotServed):
         return next((w for w in ("not run", "not modelled") if result.reason.startswith(w)), "not served")
     return f"{max(result.max_cos, result.max_sin):.2g}"
@@ -245,7 +248,7 @@ def audit(model: str | os.PathLike, *, other_python: str | None = None) -> Audit
     lengths = sorted({short, long})
     groups = _groups(text)
     jobs = [(source.folder, lengths, g.layer_type) for g in groups]
-    here = transformers_engine.run_here(jobs)
+    here = probes.run_here(jobs)
     version = here[0][0]
     refs = []
     for _, served in here:
@@ -253,28 +256,44 @@ def audit(model: str | os.PathLike, *, other_python: str | None = None) -> Audit
         if refused is not None:
             raise ValueError(f"{model!r}: {refused.reason}; the audit compares engines with transformers' own RoPE")
         refs.append(served)
-    loaded = text.to_dict()  # as transformers loads config.json: what vLLM and SGLang read (class defaults included)
-    raw = compat.text_part(source.raw)  # what convert_hf_to_gguf.py reads
     name = str(model)
     rows: list[AuditRow] = []
 
     def add(engine, route, command, group, results, checked=PORT):
-        short_r, long_r = (r if isinstance(r, NotServed) else _compare(r, ref_at(group, n), n)
+        short_r, long_r = (r if isinstance(r, NotServed) else _compare(r, refs[groups.index(group)][n], n)
                            for n, r in zip((short, long), results))
         rows.append(AuditRow(engine, route, short_r, long_r, [], checked, layers=group.label, command=command))
 
-    def ref_at(group, n) -> Served:
-        return refs[groups.index(group)][n]
-
-    other = transformers_engine.run_other(jobs, other_python)
+    other = probes.run_other(jobs, other_python)
     for group, (other_version, served) in zip(groups, other):
         add(f"transformers {other_version or '(other line)'}", "config.json", "AutoModelForCausalLM.from_pretrained"
             f"({name!r})", group, [served[short], served[long]], RUN)
-    _vllm_rows(loaded, name, groups, short, long, add)
-    _sglang_rows(loaded, name, groups, short, long, add)
-    _llama_cpp_rows(raw, facts.model_type, groups, short, long, add)
+    audited = AuditedModel(
+        name=name, model_type=facts.model_type,
+        loaded=text.to_dict(),  # as transformers loads config.json: what vLLM and SGLang read (class defaults included)
+        raw=compat.text_part(source.raw),  # what convert_hf_to_gguf.py and mlx-lm read
+        groups=tuple(groups), short=short, long=long, architectures=tuple(source.raw.get("architectures") or ()),
+        features=_features(source.raw, facts))
+    for engine in ported_engines():
+        for route in engine.audit_routes(audited):
+            for group in groups:
+                add(engine.row_name, route.label, route.command, group, list(route.results[group]))
     return AuditReport(name, facts.model_type, _scheme(facts, groups, short, long), f"transformers {version}",
                        short, long, groups, rows)
+
+
+def _features(raw: dict, facts) -> frozenset[str]:
+    """The config features of an audited model (`written.FEATURES`) an engine's port must model."""
+    found = set()
+    if isinstance(raw.get("text_config"), dict):
+        found.add("text_config")
+    if len(facts.slots) > 1:
+        found.add("layer_types")
+    if any(slot.get("rope_type") == "proportional" for slot in facts.slots.values()):
+        found.add("proportional")
+    if any(slot.get("mscale") is not None and slot.get("mscale_all_dim") is not None for slot in facts.slots.values()):
+        found.add("mscale")
+    return frozenset(found)
 
 
 def _compare(engine: Served, reference: Served, n: int) -> Delta | NotServed:
@@ -309,90 +328,6 @@ def _scheme(facts, groups: list[Group], short: int, long: int) -> str:
     else:
         text = one(next(iter(slots.values())))
     return f"{text}, original length {short}, window {long} tokens, {sum(len(g.layers) for g in groups)} layers"
-
-
-def _layer_rope(loaded: dict, full: dict, group: Group) -> dict:
-    """The RoPE an engine builds for the layers of `group`: the (overridden) full-attention one, or the layer type's
-    own (`hf_config.load_layer`: Gemma 3's sliding layers)."""
-    return full if group.layer_type in (None, "full_attention") else hf_config.load_layer(loaded, group.layer_type)[1]
-
-
-def _env_prefix(env: dict) -> str:
-    return "".join(f"{key}={value} " for key, value in env.items())
-
-
-def _vllm_rows(loaded: dict, name: str, groups: list[Group], short: int, long: int, add) -> None:
-    """vLLM: `vllm serve MODEL --max-model-len W` (the window); where it differs, `--max-model-len L` (vLLM picks
-    longrope's factors from max_model_len) and the overrides `vllm.own_fix` names."""
-    fields, full = vllm.load_config(loaded)
-    base = f"vllm serve {shlex.quote(name)}"
-
-    def env_for(max_len, rope):
-        return {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if max_len > vllm.derived_max_model_len(fields, rope) else {}
-
-    def run(route, max_len, overrides):
-        extra = f" --hf-overrides '{vllm.compact_json(overrides)}'" if overrides else ""
-        f, r = vllm.load_config(loaded, overrides)
-        command = f"{_env_prefix(env_for(max_len, r))}{base} --max-model-len {max_len}{extra}"
-        for group in groups:
-            rope = _layer_rope(loaded, r, group)
-            results = [NotServed(f"the command serves --max-model-len {max_len}") if n > max_len
-                       else vllm.served(f, rope, max_len, n) for n in (short, long)]
-            add(vllm.VERSION, route, command, group, results)
-
-    run("this checkpoint", long, None)
-    fix = vllm.own_fix(full)
-    if fix:
-        run("+ --hf-overrides", long, {"rope_parameters": {**full, **fix}})
-    if full.get("rope_type") == "longrope" and short < long:
-        run(f"--max-model-len {short}", short, None)
-
-
-def _sglang_rows(loaded: dict, name: str, groups: list[Group], short: int, long: int, add) -> None:
-    """SGLang: `python -m sglang.launch_server --model-path MODEL --context-length W`; where its port needs one, the
-    override `sglang.own_fix` names, written as rope_parameters with rope_theta (an override written only as
-    rope_scaling drops rope_theta in SGLang 0.5.15: issue 56)."""
-    fields, full = sglang.load_config(loaded)
-    base = f"python -m sglang.launch_server --model-path {shlex.quote(name)} --context-length {long}"
-    env = f"{sglang.LONGER}=1 " if long > sglang.context_length(
-        int(fields.get("max_position_embeddings", long)), full) else ""
-
-    def run(route, overrides):
-        extra = f" --json-model-override-args '{vllm.compact_json(overrides)}'" if overrides else ""
-        f, r = sglang.load_config(loaded, overrides)
-        for group in groups:
-            rope = _layer_rope(loaded, r, group)
-            add(sglang.VERSION, route, f"{env}{base}{extra}", group, [sglang.served(f, rope, n) for n in (short, long)])
-
-    run("this checkpoint", None)
-    fix = sglang.own_fix(full)
-    if fix:
-        run("+ --json-model-override-args", {"rope_parameters": {**full, **fix}})
-
-
-def _llama_cpp_rows(raw: dict, model_type: str, groups: list[Group], short: int, long: int, add) -> None:
-    """llama.cpp: the GGUF convert_hf_to_gguf.py writes from this checkpoint, run with `-c W`."""
-    engine = "llama.cpp (llama-cpp-python 0.3.36)"
-    flags = f"-c {long}"
-    command = f"python convert_hf_to_gguf.py MODEL --outfile model.gguf && llama-server -m model.gguf {flags}"
-    for group in groups:
-        if model_type not in llama_cpp.LLAMA_ARCH_MODEL_TYPES:
-            reason = NotServed(f"not modelled: the port covers llama.cpp's LLaMA architecture, not {model_type!r}")
-            add(engine, "GGUF converted from this checkpoint", command, group, [reason, reason])
-            continue
-        meta = llama_cpp.convert(raw)
-        add(engine, "GGUF converted from this checkpoint", f"{command} (the GGUF's RoPE keys: {_gguf_keys(meta)})",
-            group, [llama_cpp.served(meta, flags, n) for n in (short, long)])
-
-
-def _gguf_keys(meta: dict) -> str:
-    """The RoPE metadata convert_hf_to_gguf.py writes (`llama_cpp.convert`), as llama.cpp names it."""
-    keys = [f"{llama_cpp.ARCH}.{key} {value:g}" if isinstance(value, float) else f"{llama_cpp.ARCH}.{key} {value}"
-            for key, value in meta.items() if key != "rope_freqs"]
-    if "rope_freqs" in meta:
-        keys.append(f"rope_freqs tensor ({len(meta['rope_freqs'])} factors)")
-    return ", ".join(keys)
-
 
 
 def is_own_scheme(model: str | os.PathLike) -> bool:

@@ -2,7 +2,7 @@
 `~/.cache/rope-extend/`), one builder at a time, stamped with `versions.json` last.
 
 A serving engine pins its own torch and transformers, so it cannot share rope-extend's environment; each engine's
-module (`vllm_env`, `sglang_env`) says what it installs and why, and uses these pieces to build it: `locked(root)`
+room's environment module (`vllm/env.py`, `sglang/env.py`) says what it installs and why, and uses these pieces to build it: `locked(root)`
 (concurrent callers wait; the one that waited finds the build done), `create_venv`, `pip`, `installed_versions`
 (every distribution, as `pip freeze` lists them, and the version the engine's module reports on import: the import
 is the check) and `write_stamp` (atomic: a build without its stamp is incomplete and is redone from scratch).

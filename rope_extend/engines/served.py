@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-import shlex
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -49,6 +47,12 @@ class NotServed:
     """The engine cannot serve this request the way rope-extend does; `reason` says exactly why."""
 
     reason: str
+
+
+@dataclass(frozen=True)
+class Unchecked(NotServed):
+    """The engine's rules do not cover this checkpoint (an unknown rope_type, a config feature its port does not
+    model, an architecture it routes elsewhere): not known to serve it identically, and never reported so."""
 
 
 @dataclass(frozen=True)
@@ -129,39 +133,3 @@ def own_rope(plan, n: int) -> Served:
 def default_inv_freq(dim: int, base: float) -> torch.Tensor:
     """base^(-2i/d) with the float32 op order vLLM, SGLang and transformers share."""
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-
-
-# Where an engine's command names the checkpoint: `EngineHint.named` puts the name there, quoted the engine's way.
-MODEL = "{model}"
-
-
-@dataclass
-class EngineHint:
-    """How to serve a checkpoint in one engine, as the serving hints print it and the parity report checks it.
-
-    command: for the patched checkpoint, which it names as `MODEL` until `named` puts a name there (quoted with
-        `quote`: shell quoting for a shell command, `repr` for Python); original: the same scaling on the original
-        model (None = impossible).
-    args: the structured values behind the commands, read back by the engine port (overrides, flags, lengths).
-    warnings: every way the engine differs from rope-extend, each naming the engine and the reason.
-    notes: facts a user needs that are not differences (conversion steps, environment variables).
-    """
-
-    engine: str
-    version: str
-    command: str | None
-    original: str | None
-    args: dict = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    quote: Callable[[str], str] = shlex.quote
-
-    def named(self, name: str) -> EngineHint:
-        """This hint with its command naming the checkpoint `name` (a path, a Hub id, the record's MODEL_ID)."""
-        command = None if self.command is None else self.command.replace(MODEL, self.quote(name))
-        return replace(self, command=command)
-
-
-def fmt_float(value: float) -> str:
-    """A number with at least 9 significant digits (bases, magnitudes), without noise for round values."""
-    return f"{float(value):.10g}"

@@ -25,8 +25,6 @@ from typing import Any
 class TransformersBackend:
     """A variant as a (patched) model in this process."""
 
-    name = "transformers"
-
     def __init__(self, model, tokenizer):
         self.model, self.tok = model, tokenizer
 

@@ -232,7 +232,7 @@ def run_lm_eval_vllm(
     **kwargs,
 ) -> dict:
     """Run lm-eval tasks with lm-eval's own vLLM backend on a checkpoint folder (its config.json carries the
-    scaling), in this process: it must be vLLM's Python with lm-eval (`python -m rope_extend.engines.vllm_env
+    scaling), in this process: it must be vLLM's Python with lm-eval (`python -m rope_extend.engines.vllm.env
     --with lm-eval --print-python`), and the caller runs under ``if __name__ == "__main__":``.
 
     One process on the CPU: vLLM's engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set here before vLLM
@@ -244,7 +244,7 @@ def run_lm_eval_vllm(
     from lm_eval.models.vllm_causallms import VLLM
     from lm_eval.tasks import TaskManager
 
-    from ..engines.vllm_run import kv_cache_bytes
+    from ..engines.vllm.run import kv_cache_bytes
 
     config = json.loads((Path(checkpoint) / "config.json").read_text())
     args = {"dtype": "float32", "enforce_eager": True, "seed": 0, "max_model_len": int(max_model_len),

@@ -1,4 +1,4 @@
-"""Scaling methods, one per file, each registered in `registry` with its adapters (engine rules, GGUF rules, advice)."""
+"""Scaling methods, one per file, each registered in `registry` with its adapters (GGUF rules, advice)."""
 
 from . import (  # noqa: F401  (register)
     dual_chunk,
@@ -15,10 +15,7 @@ from . import (  # noqa: F401  (register)
 )
 from .registry import (
     ALIASES,
-    ENGINES,
     Advice,
-    EngineRule,
-    EngineRules,
     GgufRules,
     Param,
     RopeContext,
@@ -30,7 +27,6 @@ from .registry import (
     closed_forms,
     compute,
     default_inv_freq,
-    engine_rules,
     get_method,
     gguf_rules,
     method_names,
@@ -40,10 +36,7 @@ from .registry import (
 
 __all__ = [
     "ALIASES",
-    "ENGINES",
     "Advice",
-    "EngineRule",
-    "EngineRules",
     "GgufRules",
     "Param",
     "RopeContext",
@@ -55,7 +48,6 @@ __all__ = [
     "closed_forms",
     "compute",
     "default_inv_freq",
-    "engine_rules",
     "get_method",
     "gguf_rules",
     "method_names",

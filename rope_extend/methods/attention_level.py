@@ -21,14 +21,11 @@ from typing import Any, ClassVar
 from ..errors import SpecError
 from .registry import (
     Advice,
-    EngineRule,
-    EngineRules,
     GgufRules,
     Param,
     RopeContext,
     RopeMethod,
     default_inv_freq,
-    engine_rules,
     gguf_refusal,
 )
 
@@ -95,6 +92,12 @@ class AttentionMethod(RopeMethod):
 
     served_rope: ClassVar[str] = "its own RoPE"
 
+    @property
+    def elsewhere(self) -> str:
+        """Where the method is served outside rope-extend, in words every engine's warning ends with."""
+        return (f"no stock serving engine has {self.name} for LLaMA-family models; beyond the original window only "
+                f"rope_extend.patch_model serves {self.name}")
+
     def marker_note(self, spec) -> str | None:
         return (
             f"the model as it is (its RoPE and max_position_embeddings unchanged, {spec.original_max_position_embeddings}"
@@ -113,59 +116,15 @@ class AttentionMethod(RopeMethod):
     def summary(self, plan) -> str:
         spec = plan.spec
         return (f"{spec.method} x{spec.factor:g}: {spec.original_max_position_embeddings} -> {spec.target_length} "
-                f"tokens in-process (rope_extend.patch_model), on top of {self._own(plan)} (attention factor "
+                f"tokens in-process (rope_extend.patch_model), on top of {self.own_scheme(plan)} (attention factor "
                 f"{plan.attention_factor:.4f}); config.json keeps it: stock loaders serve "
                 f"{spec.original_max_position_embeddings} tokens; {self.describe(spec)}")
 
     @staticmethod
-    def _own(plan) -> str:
+    def own_scheme(plan) -> str:
         """The model's own RoPE in words: 'its own RoPE: llama3 x8 from 8192'."""
         kept = plan.kept_scheme
         return "its own RoPE" + (f": {kept}" if kept and not kept.startswith("default") else "")
-
-
-class AttentionEngines(EngineRules):
-    """Every engine serves what stock loaders read from such a checkpoint (`AttentionMethod.served`), up to L."""
-
-    @property
-    def llama_cpp_note(self) -> str:
-        """What llama.cpp offers instead (a method's adapter says more where llama.cpp has an equivalent)."""
-        return f"llama.cpp has no {self.method.name}"
-
-    def no_stock_engine(self, L: int) -> str:
-        """Why vLLM/SGLang cannot serve the method (the end of their warning)."""
-        return (f"it has no {self.method.name} for LLaMA-family models; beyond {L} tokens only rope_extend.patch_model "
-                f"serves {self.method.name}")
-
-    def rule(self, engine, plan, version):
-        method, L = self.method, plan.spec.original_max_position_embeddings
-        if engine == "transformers":
-            return EngineRule(max_len=L, warnings=[
-                f"stock transformers loads this checkpoint as {method.served} ({method._own(plan)}, {L} tokens): "
-                f"{method.name} acts on attention and no config key carries it; call rope_extend.patch_model(model) "
-                f"after loading to re-apply it from the rope_extend marker (up to {plan.spec.target_length} tokens)"
-            ])
-        if engine in ("vllm", "sglang"):
-            return EngineRule(max_len=L, warnings=[
-                f"{version} serves {method.served} from this checkpoint ({method._own(plan)}), so the command serves "
-                f"{L} tokens: {self.no_stock_engine(L)}"
-            ])
-        return self.llama_cpp_rule(plan)
-
-    def llama_cpp_rule(self, plan) -> EngineRule:
-        L = plan.spec.original_max_position_embeddings
-        return EngineRule(max_len=L, flags=None, convertible=False, warnings=[
-            f"llama.cpp serves {self.method.served} from this checkpoint ({self.method._own(plan)}, up to {L} "
-            f"tokens): {self.llama_cpp_note}"
-        ])
-
-    def llama_cpp_flags(self, spec) -> str:
-        """What to run in llama.cpp instead (the run-time flags, where llama.cpp has an equivalent)."""
-        return self.llama_cpp_note
-
-    def not_served(self, plan) -> str | None:
-        return (f"serves {self.method.served} (its own RoPE and attention); {plan.spec.method} acts on attention, "
-                "which only rope_extend.patch_model applies")
 
 
 class AttentionGguf(GgufRules):
@@ -173,7 +132,8 @@ class AttentionGguf(GgufRules):
         raise gguf_refusal(
             self.method.name,
             "it acts on attention at run time and nothing in a GGUF carries it",
-            f"serve the original GGUF instead; {engine_rules(self.method).llama_cpp_flags(spec)}",
+            "serve the original GGUF instead (the model card and `rope-extend engines` name llama.cpp's nearest "
+            "equivalent)",
         )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from .attention_level import LOG_N, AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
+from .attention_level import LOG_N, AttentionAdvice, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
 DEFAULT_LENGTH_SCALE = 0.05  # ChunkLlama's get_mscale: 0.05·ln(n/L) + 1 (a4835cf; 0.05 since 7b8ef1e)
@@ -84,11 +84,4 @@ class DualChunk(AttentionMethod):
         return bool(DEFAULT_LENGTH_SCALE if scale is None else scale)
 
 
-class DualChunkEngines(AttentionEngines):
-    llama_cpp_note = (
-        "llama.cpp has no dual chunk attention; its nearest training-free option is self-extend (`-gan G -gaw W` in "
-        "llama-completion, `-gan G` in llama-passkey)"
-    )
-
-
-DUAL_CHUNK = register(DualChunk(), engines=DualChunkEngines, gguf=AttentionGguf, advice=AttentionAdvice)
+DUAL_CHUNK = register(DualChunk(), gguf=AttentionGguf, advice=AttentionAdvice)

@@ -5,7 +5,7 @@ stays L: it is the threshold, not the new maximum.
 """
 
 from .ntk import ntk_base
-from .registry import Advice, EngineRule, EngineRules, RopeContext, RopeMethod, default_inv_freq, register
+from .registry import Advice, RopeContext, RopeMethod, default_inv_freq, register
 
 
 def dynamic_scale(factor: float, seq_len: int | None, original: int) -> float:
@@ -31,31 +31,6 @@ class DynamicNtk(RopeMethod):
         return int(spec.original_max_position_embeddings)  # the threshold L, as transformers reads it
 
 
-class DynamicNtkEngines(EngineRules):
-    def rule(self, engine, plan, version):
-        L, target = plan.spec.original_max_position_embeddings, plan.spec.target_length
-        if engine == "vllm":
-            return EngineRule(max_len=L, warnings=[
-                f"{version}: 'dynamic' builds its cos/sin cache once with the unscaled base and only "
-                f"max_position_embeddings = {L} rows (max_trained_positions defaults to it), so vLLM serves the "
-                f"original model and cannot serve past {L} tokens although it accepts --max-model-len up to {target}; "
-                f"the command serves {L}. To serve {target} tokens in vLLM, write the checkpoint with ntk or yarn instead"
-            ])
-        if engine == "sglang":
-            return EngineRule(warnings=[
-                f"{version} serves 'dynamic' as static NTK at {target} tokens for every request (base x "
-                f"(s^2 - s + 1)^(d/(d-2))): prompts shorter than {target} tokens differ from rope-extend's dynamic "
-                f"NTK, which keeps the original RoPE up to {L} tokens"
-            ])
-        if engine == "llama.cpp":
-            return EngineRule(max_len=L, flags="", convertible=False, warnings=[
-                f"llama.cpp has no dynamic NTK and convert_hf_to_gguf.py drops 'dynamic': the original GGUF (or GGUF "
-                f"converted from this checkpoint) equals it only up to {L} tokens, so the command serves -c {L}; to "
-                f"serve {target} tokens in llama.cpp, write the checkpoint with ntk or yarn instead"
-            ])
-        return EngineRule()
-
-
 class DynamicNtkAdvice(Advice):
     closed_form = 5  # compared at its default by tune's held-out run; not searched (it changes with the length)
 
@@ -64,4 +39,4 @@ class DynamicNtkAdvice(Advice):
                 "SmolLM2-135M the best frequency method at retrieval, its perplexity far above yarn's at 4x)")
 
 
-DYNAMIC = register(DynamicNtk(), engines=DynamicNtkEngines, advice=DynamicNtkAdvice)
+DYNAMIC = register(DynamicNtk(), advice=DynamicNtkAdvice)

@@ -6,7 +6,7 @@ implements it: config.json carries a `rope_extend` marker and, for stock loaders
 """
 
 from .registry import Advice, RopeContext, default_inv_freq, register
-from .yarn import YARN, Yarn, YarnEngines, yarn_attention_factor, yarn_inv_freq
+from .yarn import YARN, Yarn, yarn_attention_factor, yarn_inv_freq
 
 
 def dynamic_yarn_scale(seq_len: int | None, original: int) -> float:
@@ -46,25 +46,6 @@ class DynamicYarn(Yarn):
         ]
 
 
-class DynamicYarnEngines(YarnEngines):
-    def rule(self, engine, plan, version):
-        rule = super().rule(engine, plan, version)
-        s, target = plan.spec.factor, plan.spec.target_length
-        if engine == "transformers":
-            rule.warnings.append(
-                f"transformers 4.x and 5.x load dynamic-yarn as static YaRN x{s:g} (equal to it only at {target} "
-                "tokens): prompts shorter than that differ; call rope_extend.patch_model(model) after loading to "
-                "restore dynamic YaRN"
-            )
-        else:
-            rule.warnings.append(
-                f"{version} serves dynamic-yarn as static YaRN x{s:g} at every length: prompts shorter than {target} "
-                "tokens differ from rope-extend's dynamic YaRN (below the original length it keeps the original "
-                "RoPE); only rope_extend.patch_model reproduces it"
-            )
-        return rule
-
-
 class DynamicYarnAdvice(Advice):  # dynamic: not compared by `--recommend` as a static method, not searched by tune
     def alternative(self, factor: float, recommended: str) -> str | None:
         return ("when short-context quality matters and you serve in-process with rope_extend.patch_model: the "
@@ -72,4 +53,4 @@ class DynamicYarnAdvice(Advice):  # dynamic: not compared by `--recommend` as a 
 
 
 # the default GGUF rules: dynamic, refused
-DYNAMIC_YARN = register(DynamicYarn(), engines=DynamicYarnEngines, advice=DynamicYarnAdvice)
+DYNAMIC_YARN = register(DynamicYarn(), advice=DynamicYarnAdvice)

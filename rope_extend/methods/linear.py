@@ -2,13 +2,10 @@
 
 from .registry import (
     Advice,
-    EngineRule,
-    EngineRules,
     GgufRules,
     RopeContext,
     RopeMethod,
     default_inv_freq,
-    fmt,
     register,
 )
 
@@ -25,13 +22,6 @@ class Linear(RopeMethod):
         return default_inv_freq(ctx.rotary_dim, ctx.base, ctx.device) / ctx.factor, 1.0
 
 
-class LinearEngines(EngineRules):
-    def rule(self, engine, plan, version):
-        if engine == "llama.cpp":
-            return EngineRule(flags=f"--rope-scaling linear --rope-scale {fmt(plan.spec.factor)}")
-        return EngineRule()
-
-
 class LinearGguf(GgufRules):
     def rope(self, spec, base, rope_dim, inv_freq, attention_factor):
         return {"rope.scaling.type": "linear", "rope.scaling.factor": float(spec.factor)}, None, []
@@ -43,4 +33,4 @@ class LinearAdvice(Advice):
     tune_rank = 4
 
 
-LINEAR = register(Linear(), engines=LinearEngines, gguf=LinearGguf, advice=LinearAdvice)
+LINEAR = register(Linear(), gguf=LinearGguf, advice=LinearAdvice)

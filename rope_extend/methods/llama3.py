@@ -10,8 +10,6 @@ import math
 
 from .registry import (
     Advice,
-    EngineRule,
-    EngineRules,
     Param,
     RopeContext,
     RopeMethod,
@@ -59,17 +57,6 @@ class Llama3(RopeMethod):
             )
 
 
-class Llama3Engines(EngineRules):
-    def rule(self, engine, plan, version):
-        if engine == "llama.cpp":
-            return EngineRule(flags=None, warnings=[
-                "llama.cpp cannot serve llama3 on the original GGUF: no flag sets per-dimension factors; convert this "
-                "checkpoint with convert_hf_to_gguf.py, which writes the llama3 rope_freqs tensor (served "
-                "identically), or write the GGUF directly with `rope-extend patch model.gguf`"
-            ])
-        return EngineRule()
-
-
 class Llama3Advice(Advice):
     preference = 3
     closed_form = 4
@@ -85,4 +72,4 @@ class Llama3Advice(Advice):
 
 
 # the default GGUF rules: per-dimension rope_freqs
-LLAMA3 = register(Llama3(), engines=Llama3Engines, advice=Llama3Advice)
+LLAMA3 = register(Llama3(), advice=Llama3Advice)

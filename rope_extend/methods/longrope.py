@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from ..errors import SpecError
-from .registry import Advice, EngineRule, EngineRules, GgufRules, Param, RopeContext, RopeMethod, register
+from .registry import Advice, GgufRules, Param, RopeContext, RopeMethod, register
 
 LISTS = ("short_factor", "long_factor")
 
@@ -65,44 +65,17 @@ class LongRope(RopeMethod):
             slot[key] = [float(v) for v in values]
         return slot
 
+    def example_spec(self, factor: float, half: int) -> dict:
+        """Illustrative factors: 1 .. s across the frequencies, the short ones milder."""
+        return {"method": self.name, "factor": factor,
+                "long_factor": [1.0 + (factor - 1.0) * i / (half - 1) for i in range(half)],
+                "short_factor": [1.0 + 0.5 * i / (half - 1) for i in range(half)]}
+
     def context_params(self, spec, slot):
         params = spec.method_params()
         for key in LISTS:
             params.setdefault(key, slot.get(key))
         return params
-
-
-class LongRopeEngines(EngineRules):
-    def rule(self, engine, plan, version):
-        L, target = plan.spec.original_max_position_embeddings, plan.spec.target_length
-        if engine == "vllm":
-            return EngineRule(warnings=[
-                f"{version}: with --max-model-len {target} > {L}, LongRoPE uses the long factors at every position, "
-                f"so prompts shorter than {L} tokens are not protected (they run with the long factors); serve with "
-                f"--max-model-len {L} to keep the short factors"
-            ])
-        if engine == "sglang":
-            return EngineRule(warnings=[
-                f"{version} picks LongRoPE's short or long factors per forward batch (long once a position exceeds "
-                f"{L}): a prompt split by chunked prefill keeps the short factors in its first chunks, and a short "
-                f"prompt that generates past {L} tokens mixes both in its KV cache; disable chunked prefill "
-                "(--chunked-prefill-size -1) for prompts longer than the original length"
-            ])
-        if engine == "llama.cpp":
-            return EngineRule(flags=None, convertible=False, warnings=[
-                "llama.cpp cannot serve longrope for LLaMA-architecture models from this checkpoint: "
-                "convert_hf_to_gguf.py writes only rope.scaling.type=longrope and no factor tensors, so the GGUF runs "
-                "plain RoPE (no flag supplies the factors); write the GGUF with `rope-extend patch model.gguf` "
-                "(long factors as rope_freqs, valid beyond the original length) or serve with vLLM, SGLang or "
-                "transformers"
-            ])
-        return EngineRule()
-
-    def table_spec(self, factor: float, half: int) -> dict:
-        """Illustrative factors: 1 .. s across the frequencies, the short ones milder."""
-        return {"method": self.method.name, "factor": factor,
-                "long_factor": [1.0 + (factor - 1.0) * i / (half - 1) for i in range(half)],
-                "short_factor": [1.0 + 0.5 * i / (half - 1) for i in range(half)]}
 
 
 class LongRopeGguf(GgufRules):
@@ -120,4 +93,4 @@ class LongRopeAdvice(Advice):
     kept_when_shipped = True  # its factors were searched (and Phi-3 tuned) for the model
 
 
-LONGROPE = register(LongRope(), engines=LongRopeEngines, gguf=LongRopeGguf, advice=LongRopeAdvice)
+LONGROPE = register(LongRope(), gguf=LongRopeGguf, advice=LongRopeAdvice)

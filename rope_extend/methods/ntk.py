@@ -6,13 +6,10 @@ b' = b * s^(d/(d-2)); the highest frequency (i=0) is unchanged. Written to confi
 
 from .registry import (
     Advice,
-    EngineRule,
-    EngineRules,
     GgufRules,
     RopeContext,
     RopeMethod,
     default_inv_freq,
-    fmt,
     register,
 )
 
@@ -38,19 +35,6 @@ class Ntk(RopeMethod):
         return slot
 
 
-class NtkEngines(EngineRules):
-    def rule(self, engine, plan, version):
-        if engine == "llama.cpp":
-            base = plan.slots[plan.targets[0]]["rope_theta"]
-            return EngineRule(flags=f"--rope-freq-base {fmt(base)}")
-        if engine == "vllm":
-            return EngineRule(notes=[
-                f"a top-level rope_theta override alone is ignored by {version} (it reads rope_parameters), so the "
-                "overrides carry both forms"
-            ])
-        return EngineRule()
-
-
 class NtkGguf(GgufRules):
     def rope(self, spec, base, rope_dim, inv_freq, attention_factor):
         return {"rope.freq_base": ntk_base(base, float(spec.factor), rope_dim)}, None, []
@@ -68,4 +52,4 @@ class NtkAdvice(Advice):
         return [(f"ntk x{f:g}", {"method": "ntk", "factor": round(f, 4)}) for f in (1.5 * factor, factor, 2 * factor)]
 
 
-NTK = register(Ntk(), engines=NtkEngines, gguf=NtkGguf, advice=NtkAdvice)
+NTK = register(Ntk(), gguf=NtkGguf, advice=NtkAdvice)

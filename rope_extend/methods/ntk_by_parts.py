@@ -1,11 +1,11 @@
 """NTK-by-parts (bloc97): YaRN's per-dimension blend without the attention temperature.
 
-Written to config.json as `yarn` with an explicit `attention_factor: 1.0`, so stock loaders rebuild it exactly; engines
-and llama.cpp serve it by YaRN's rules.
+Written to config.json as `yarn` with an explicit `attention_factor: 1.0`, so stock loaders rebuild it exactly; every
+engine reads it as the yarn slot it is.
 """
 
 from .registry import Advice, RopeContext, register
-from .yarn import RAMP_PARAMS, Yarn, YarnEngines, YarnGguf, yarn_inv_freq
+from .yarn import RAMP_PARAMS, Yarn, YarnGguf, yarn_inv_freq
 
 
 class NtkByParts(Yarn):
@@ -29,4 +29,4 @@ class NtkByPartsAdvice(Advice):
     tune_rank = 3
 
 
-NTK_BY_PARTS = register(NtkByParts(), engines=YarnEngines, gguf=YarnGguf, advice=NtkByPartsAdvice)  # YaRN's rules
+NTK_BY_PARTS = register(NtkByParts(), gguf=YarnGguf, advice=NtkByPartsAdvice)  # YaRN's GGUF rules

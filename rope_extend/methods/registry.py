@@ -10,12 +10,12 @@ A method object owns its math and what it writes, so nothing outside `methods/` 
   written to the config; `loader_notes(spec)` / `marker_note(spec)`: what stock loaders make of it;
 - `formula`, `use_when`, `paper`: the docs behind `rope-extend methods` and the method table in docs/methods.md.
 
-What other parts of the project need to know about a method lives in small adapters registered beside it (in the
+What a serving engine does with what a method writes is the engine's own knowledge, in its room
+(`rope_extend.engines.<name>`), keyed by the config it reads: no method names an engine. What other parts of the
+project need to know about a method lives in small adapters registered beside it (in the
 method's own file, like transformers' `ROPE_INIT_FUNCTIONS` and `ROPE_VALIDATION_FUNCTIONS` are separate tables
 keyed by rope type), each a class bound to its method with defaults here:
 
-- `EngineRules` (`engine_rules(method)`): what each serving engine (transformers, vLLM, SGLang, llama.cpp) needs to
-  reproduce it, or why it cannot; the engine modules in `rope_extend.engines` apply it;
 - `GgufRules` (`gguf_rules(method)`): the llama.cpp GGUF metadata that makes llama.cpp serve it, or the refusal;
 - `Advice` (`advice(method)`): what `inspect --recommend` and `tune` say and try (preference, alternatives, tune
   candidates).
@@ -94,30 +94,6 @@ class Param:
                 raise ValueError(f"every factor must be a finite number > 0, got {bad[0]}")
         elif self.positive and value is not None and value <= 0:
             raise ValueError(f"must be > 0, got {value}")
-
-
-ENGINES = ("transformers", "vllm", "sglang", "llama.cpp")
-
-
-@dataclass
-class EngineRule:
-    """What one serving engine needs to reproduce a method, or why it cannot (the engine modules in
-    `rope_extend.engines` apply it; each rule was checked against that engine's source at the version named there).
-
-    warnings: every way the engine differs from rope-extend for this method, naming the reason.
-    notes: facts a user needs that are not differences.
-    max_len: serve at most this many tokens (None = the target length).
-    flags: llama.cpp flags that reproduce the method on the original GGUF ("" = none needed; None = impossible).
-    converted_flags: llama.cpp flags a GGUF converted from the checkpoint still needs.
-    convertible: convert_hf_to_gguf.py keeps the method.
-    """
-
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    max_len: int | None = None
-    flags: str | None = ""
-    converted_flags: str = ""
-    convertible: bool = True
 
 
 def gguf_refusal(what: str, why: str, instead: str) -> SpecError:
@@ -263,6 +239,13 @@ class RopeMethod:
         values = {key: getattr(spec, key) for key in self.params if getattr(spec, key, None) is not None}
         return ", ".join(f"{key} {value}" for key, value in values.items()) or "no parameters"
 
+    def example_spec(self, factor: float, half: int) -> dict[str, Any]:
+        """A spec of this method for the engine table of docs/serving.md (a model with `half` rotary frequencies,
+        served at `factor`; a method that works inside the window has no factor)."""
+        if self.works_inside_window:
+            return {"method": self.name}
+        return {"method": self.name, "factor": factor}
+
     def summary(self, plan) -> str:
         """The one line `rope-extend patch` prints about what was planned."""
         spec = plan.spec
@@ -280,34 +263,13 @@ class RopeMethod:
 
 # --- adapters: what the rest of the project needs to know about a method, beside it --------------------------------
 class Adapter:
-    """A small object bound to one method (`self.method`), registered with it (`register(..., engines=...)`)."""
+    """A small object bound to one method (`self.method`), registered with it (`register(..., gguf=..., advice=...)`)."""
 
     def __init__(self, method: RopeMethod):
         self.method = method
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self.method.name}>"
-
-
-class EngineRules(Adapter):
-    """What each serving engine (`ENGINES`) needs to reproduce a method as rope-extend computes it, or why it
-    cannot; the engine modules in `rope_extend.engines` apply it (each rule was checked against that engine's
-    source at the version named there). Default: the engine reads the written config and reproduces the method."""
-
-    def rule(self, engine: str, plan, version: str) -> EngineRule:
-        return EngineRule()
-
-    def not_served(self, plan) -> str | None:
-        """Why an engine route does not serve what rope-extend runs even where its RoPE is the same (a method that
-        acts on attention), or None."""
-        return None
-
-    def table_spec(self, factor: float, half: int) -> dict[str, Any]:
-        """The spec of this method in the engine table of docs/serving.md (a model with `half` rotary frequencies,
-        served at `factor`; a method that works inside the window has no factor)."""
-        if self.method.works_inside_window:
-            return {"method": self.method.name}
-        return {"method": self.method.name, "factor": factor}
 
 
 class GgufRules(Adapter):
@@ -376,13 +338,11 @@ class Advice(Adapter):
 
 _REGISTRY: dict[str, RopeMethod] = {}
 ALIASES: dict[str, str] = {}
-ENGINE_RULES: dict[str, EngineRules] = {}
 GGUF_RULES: dict[str, GgufRules] = {}
 ADVICE: dict[str, Advice] = {}
 
 
-def register(method: RopeMethod, *, engines: type[EngineRules] = EngineRules, gguf: type[GgufRules] = GgufRules,
-             advice: type[Advice] = Advice) -> RopeMethod:
+def register(method: RopeMethod, *, gguf: type[GgufRules] = GgufRules, advice: type[Advice] = Advice) -> RopeMethod:
     """Register `method` under its name and aliases, with its adapters (the defaults where it needs none)."""
     if method.name in _REGISTRY:
         raise ValueError(f"RoPE method {method.name!r} is already registered; pick another name")
@@ -395,7 +355,7 @@ def register(method: RopeMethod, *, engines: type[EngineRules] = EngineRules, gg
             raise ValueError(f"parameter {key!r} of {method.name!r} has a different type in another method")
     _REGISTRY[method.name] = method
     ALIASES.update(dict.fromkeys(method.aliases, method.name))
-    ENGINE_RULES[method.name], GGUF_RULES[method.name], ADVICE[method.name] = engines(method), gguf(method), advice(method)
+    GGUF_RULES[method.name], ADVICE[method.name] = gguf(method), advice(method)
     return method
 
 
@@ -455,11 +415,6 @@ def get_method(name: str) -> RopeMethod:
 
 def compute(name: str, ctx: RopeContext) -> tuple[torch.Tensor, float]:
     return get_method(name).compute(ctx)
-
-
-def engine_rules(method: RopeMethod | str) -> EngineRules:
-    """The serving-engine rules registered with `method` (an object or a name)."""
-    return ENGINE_RULES[_name(method)]
 
 
 def gguf_rules(method: RopeMethod | str) -> GgufRules:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..errors import SpecError
-from .attention_level import LOG_N, AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
+from .attention_level import LOG_N, AttentionAdvice, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
 LARGEST_SHARE = 0.625  # the largest distance the defaults aim for, as a share of L
@@ -86,32 +85,6 @@ class SelfExtend(AttentionMethod):
         return SelfExtendMap(int(spec.group_size), int(spec.neighbor_window))
 
 
-class SelfExtendEngines(AttentionEngines):
-    llama_cpp_note = (
-        "llama.cpp's own self-extend is `-gan G -gaw W` in llama-completion (`-gan G` in llama-passkey, whose window "
-        "is the batch size -b; not in llama-server): a block-wise approximation that divides the cached KV positions "
-        "by G batch by batch, not the paper's two-map merge, so its numbers differ from rope-extend's"
-    )
-
-    def llama_cpp_flags(self, spec) -> str:
-        try:
-            filled = self.method.fill_params(spec)
-            flags = f"-gan {filled.group_size} -gaw {filled.neighbor_window}"
-        except (SpecError, TypeError):  # an unresolved or impossible spec: name the flags only
-            flags = "-gan G -gaw W"
-        return f"run llama-completion with {flags} ({self.llama_cpp_note})"
-
-    def llama_cpp_rule(self, plan):
-        rule = super().llama_cpp_rule(plan)
-        G, W = plan.spec.group_size, plan.spec.neighbor_window
-        rule.notes.append(
-            f"llama.cpp's nearest equivalent: `llama-completion -m model.gguf -c {plan.spec.target_length} -gan {G} "
-            f"-gaw {W}` (llama-passkey: `-gan {G} -b {W}`); a block-wise approximation by KV-position division, not "
-            "the paper's merge"
-        )
-        return rule
-
-
 class SelfExtendAdvice(AttentionAdvice):
     def alternative(self, factor: float, recommended: str) -> str | None:
         return (
@@ -124,4 +97,4 @@ class SelfExtendAdvice(AttentionAdvice):
         )
 
 
-SELF_EXTEND = register(SelfExtend(), engines=SelfExtendEngines, gguf=AttentionGguf, advice=SelfExtendAdvice)
+SELF_EXTEND = register(SelfExtend(), gguf=AttentionGguf, advice=SelfExtendAdvice)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from .attention_level import AttentionAdvice, AttentionEngines, AttentionGguf, AttentionMethod
+from .attention_level import AttentionAdvice, AttentionGguf, AttentionMethod
 from .registry import Param, register
 
 SHIFTED_SHARE = 0.33  # the authors' default shifted_offset, as a share of the window (they suggest 0.25-0.4)
@@ -137,21 +137,15 @@ class String(AttentionMethod):
                 f"({plan.kept_scheme}, its attention factor {plan.attention_factor:.4f}); "
                 f"{self.describe(plan.spec)}")
 
+    @property
+    def elsewhere(self) -> str:
+        return ("no stock engine has STRING (the authors' fork of vLLM 0.5 is not stock vLLM); only "
+                "rope_extend.patch_model serves it")
+
     def mapping(self, spec):
         from ..attention.maps import StringMap
 
         return StringMap(int(spec.shifted_offset), int(spec.local_value), float(spec.attention_factor) ** 2)
-
-
-class StringEngines(AttentionEngines):
-    llama_cpp_note = (
-        "llama.cpp has no STRING (the authors ship a fork of vLLM 0.5 only); serve the model as it is, or in-process "
-        "with rope_extend.patch_model"
-    )
-
-    def no_stock_engine(self, L: int) -> str:
-        return ("no stock engine has STRING (the authors' fork of vLLM 0.5 is not stock vLLM); only "
-                "rope_extend.patch_model serves it")
 
 
 class StringAdvice(AttentionAdvice):
@@ -161,4 +155,4 @@ class StringAdvice(AttentionAdvice):
                 "ones (docs/attention-methods.md, 'STRING')")
 
 
-STRING = register(String(), engines=StringEngines, gguf=AttentionGguf, advice=StringAdvice)
+STRING = register(String(), gguf=AttentionGguf, advice=StringAdvice)

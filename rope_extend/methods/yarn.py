@@ -13,14 +13,11 @@ from typing import TYPE_CHECKING
 
 from .registry import (
     Advice,
-    EngineRule,
-    EngineRules,
     GgufRules,
     Param,
     RopeContext,
     RopeMethod,
     default_inv_freq,
-    fmt,
     gguf_refusal,
     register,
     yarn_get_mscale,
@@ -124,42 +121,6 @@ class Yarn(RopeMethod):
         return slot
 
 
-class YarnEngines(EngineRules):
-    def rule(self, engine, plan, version):
-        if engine != "llama.cpp":
-            return EngineRule()  # transformers, vLLM and SGLang read the yarn slot (SGLang's magnitude: see engines)
-        s, L = plan.spec.factor, plan.spec.original_max_position_embeddings
-        slot = plan.slots[plan.targets[0]]
-        rule = EngineRule()
-        betas = (float(slot.get("beta_fast", 32.0)), float(slot.get("beta_slow", 1.0)))
-        if betas != (32.0, 1.0):
-            # the LLaMA architecture reads no yarn_beta_* GGUF keys: only these flags set them
-            rule.converted_flags += f" --yarn-beta-fast {fmt(betas[0])} --yarn-beta-slow {fmt(betas[1])}"
-        own = yarn_get_mscale(s)  # llama.cpp always applies 1 + 0.1 ln s
-        if not math.isclose(plan.attention_factor, own, rel_tol=1e-9):
-            key = plan.attention_factor / own
-            rule.converted_flags += f" --override-kv {{arch}}.rope.scaling.attn_factor=float:{fmt(key)}"
-            rule.notes.append(
-                f"llama.cpp recomputes the YaRN magnitude as 1 + 0.1 ln s and ignores --yarn-attn-factor; the "
-                f"magnitude {fmt(plan.attention_factor)} is set through the GGUF key "
-                f"{{arch}}.rope.scaling.attn_factor = {fmt(key)} (served magnitude = key x (1 + 0.1 ln s)); "
-                "'{arch}' is the GGUF's general.architecture"
-            )
-        rule.flags = f"--rope-scaling yarn --rope-scale {fmt(s)} --yarn-orig-ctx {L}" + rule.converted_flags
-        if rule.converted_flags:
-            rule.notes.append(
-                "convert_hf_to_gguf.py writes rope.scaling.yarn_attn_factor / yarn_beta_* keys that the LLaMA "
-                "architecture does not read: run the converted GGUF with the flags shown"
-            )
-        if slot.get("truncate") is False:
-            rule.warnings.append(
-                "llama.cpp always floors/ceils the YaRN ramp bounds (ggml_rope_yarn_corr_dims): truncate=false is "
-                "not reproduced, so the frequencies next to the ramp differ, with the original GGUF and with GGUF "
-                "converted from this checkpoint alike"
-            )
-        return rule
-
-
 class YarnGguf(GgufRules):
     def rope(self, spec, base, rope_dim, inv_freq, attention_factor):
         name = self.method.name
@@ -208,4 +169,4 @@ class YarnAdvice(Advice):
         ]
 
 
-YARN = register(Yarn(), engines=YarnEngines, gguf=YarnGguf, advice=YarnAdvice)
+YARN = register(Yarn(), gguf=YarnGguf, advice=YarnAdvice)

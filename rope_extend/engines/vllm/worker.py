@@ -1,7 +1,7 @@
 """Serve checkpoints in a real vLLM, one at a time, and answer requests: runs in vLLM's own Python, JSON in and out.
 
-Standalone on purpose (no rope_extend import: vLLM pins another transformers): `rope_extend.engines.vllm_run`
-starts `python -I vllm_worker.py` under the vLLM environment's Python and writes one JSON request per line on its
+Standalone on purpose (no rope_extend import: vLLM pins another transformers): `rope_extend.engines.vllm.run`
+starts `python -I worker.py` under the vLLM environment's Python and writes one JSON request per line on its
 stdin; each request gets one JSON line back on the worker's stdout (everything else the worker or vLLM prints goes
 to stderr). One worker serves many checkpoints in turn, so vLLM is imported once.
 

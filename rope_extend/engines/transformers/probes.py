@@ -1,4 +1,4 @@
-"""transformers 4.x and 5.x: the real library, not a port.
+"""transformers 4.x and 5.x, the reference engine: the real library, not a port.
 
 The running transformers is probed in-process; the other line runs `hf_probe.py` under the Python named by
 ROPE_EXTEND_OTHER_PYTHON (a fresh, isolated process that cannot import rope_extend), one process for many
@@ -16,9 +16,8 @@ from pathlib import Path
 
 import torch
 
-from ..methods import engine_rules
+from ..served import NotServed, Served, positions
 from . import hf_probe
-from .served import MODEL, EngineHint, NotServed, Served, positions
 
 OTHER_PYTHON_ENV = "ROPE_EXTEND_OTHER_PYTHON"
 Results = tuple[str | None, dict[int, Served | NotServed]]
@@ -75,16 +74,3 @@ def run_other(jobs: list[tuple], python: str | None = None) -> list[Results]:
             return [(None, {n: NotServed(reason) for n in job[1]}) for job in jobs]
         raw = torch.load(target)
     return [_results(result, job[1], None) for result, job in zip(raw, jobs)]
-
-
-def serving_rule(plan) -> EngineHint:
-    """transformers 4.x and 5.x read the portable config.json; the method's rule says where they differ."""
-    warnings = engine_rules(plan.method).rule("transformers", plan, "transformers 4.x and 5.x").warnings
-    return EngineHint(
-        engine="transformers",
-        version="transformers 4.x and 5.x",
-        command=f"AutoModelForCausalLM.from_pretrained({MODEL})",
-        original=None,
-        warnings=warnings,
-        quote=repr,  # a Python string
-    )

@@ -12,48 +12,88 @@ Sources read:
   `Phi3LongRoPEScaledRotaryEmbedding`: per forward batch, long factors if any position > original (positions
   are 0-based, so a batch reaching position L switches), magnitude sqrt(1 + ln(max_position/original)/ln(original))
   unless short_mscale/long_mscale; `attention_factor` not read.
-- sglang/srt/utils/hf_transformers/config.py `get_config`: `--json-model-override-args` keys `rope_scaling` /
-  `rope_parameters` are merged into the current dict (then transformers' setter re-standardizes); other keys are
-  set as attributes, so a top-level `rope_theta` override is ignored once rope_parameters holds one.
+- sglang/srt/utils/hf_transformers/config.py `get_config` (336-437, merge at 405-424): for each top-level key of
+  `--json-model-override-args`: a dict for a sub-config (`text_config`) is `update`d one level (transformers'
+  `PreTrainedConfig.update`: setattr per key, so a nested `rope_parameters` REPLACES the text config's whole dict and
+  its siblings -- rope_theta, partial_rotary_factor, mrope_section -- are lost unless given: sgl-project/sglang#33505);
+  `rope_scaling` / `rope_parameters` dicts are merged one level into the current dict (a layer type's dict is
+  replaced whole; `rope_scaling` then goes through transformers' setter, which re-standardizes); other keys are set
+  as attributes, so a top-level `rope_theta` override is ignored once rope_parameters holds one, and on a composite
+  config a top-level rope override lands on the parent, which the text model never reads.
+- rope_variant.py `Gemma4RotaryEmbedding` (895-955) and factory.py's proportional branch (428-436): base^(-2i/head_size)
+  over the first int(p·head_size // 2) frequencies, zeros beyond; gemma4_causal.py (417-425) hands get_rope only
+  rope_type and rope_theta, so a proportional slot's `factor` is never read. SGLang 0.5.23 has no LFM3 model.
+- model_loader/utils.py (224-239): architectures SGLang does not implement fall back to transformers' own model
+  code (models/transformers.py), where transformers' rotary embedding runs (`engines.transformers_backend`).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 
 import torch
 
-from .. import compat
-from ..methods import engine_rules
-from . import hf_config
-from .served import MODEL, EngineHint, NotServed, Served, default_inv_freq, fmt_float
-from .vllm import compact_json, full_slot, longrope_magnitude, rotary_dim, yarn_inv_freq
+from .. import hf_config
+from ..ported import longrope_magnitude, proportional_inv_freq, rotary_dim, yarn_inv_freq, yarn_magnitude
+from ..served import NotServed, Served, default_inv_freq
 
 VERSION = "SGLang 0.5.23"
-NAME = "sglang"
 LONGER = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"  # SGLang's permission to serve beyond the model's window
 # Positions SGLang keeps back from a prompt: with --context-length N it accepts prompts of at most N - 7 tokens
 # (measured in 0.5.15; its managers/tp_worker.py `get_worker_info`: max_req_input_len = min(context_len - 1,
 # pool - 1) - 5, and a prompt must be shorter than that). A request of n tokens (n - 1 prompt tokens, one generated)
 # that --context-length n serves in every other engine needs n + RESERVED here; the RoPE does not depend on it.
 RESERVED = 6
+# The architectures (of vLLM's Transformers-backend list) SGLang 0.5.23 has no class for: served through its
+# transformers fallback (model_loader/utils.py:224-239).
+TRANSFORMERS_FALLBACK = frozenset({
+    "CwmForCausalLM", "FlexOlmoForCausalLM", "GlmForCausalLM", "GPTNeoXForCausalLM", "Jais2ForCausalLM",
+    "Kolibri1ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM", "SmolLM3ForCausalLM", "VaultGemmaForCausalLM",
+})
+NOT_LOADABLE = {"lfm3": "SGLang 0.5.23 has no LFM3 model (nor does the transformers 5.19.0 it pins)"}
+
+
+def through_transformers(config: dict) -> bool:
+    """SGLang serves this config.json's architecture with its transformers fallback."""
+    return hf_config.architecture(config) in TRANSFORMERS_FALLBACK
 
 
 def load_config(config: dict, override_args: dict | None = None) -> tuple[dict, dict]:
-    """(config fields, rope_parameters) as SGLang 0.5.23 sees them, `--json-model-override-args` applied."""
+    """(the text model's config fields, its full-attention rope_parameters) as SGLang 0.5.23 sees them,
+    `--json-model-override-args` applied as it applies them."""
+    composite = isinstance(config.get("text_config"), dict)
     fields, rope = hf_config.load(config)
+    whole = fields.get("rope_parameters") if _by_layer(fields.get("rope_parameters")) else rope
     for key, value in (override_args or {}).items():
-        if key in ("rope_scaling", "rope_parameters") and isinstance(value, dict):
-            merged = {**rope, **copy.deepcopy(value)}
-            rope = hf_config.standardize(fields, merged, fields.get("rope_theta")) if key == "rope_scaling" else merged
+        if composite and key == "text_config" and isinstance(value, dict):  # one level: each key replaced
+            for sub, item in value.items():
+                fields[sub] = copy.deepcopy(item)
+            if "rope_parameters" in value:
+                whole = copy.deepcopy(value["rope_parameters"])
+                rope = _full(whole) if _by_layer(whole) else hf_config.standardize(fields, whole, None)
+        elif composite:
+            continue  # set on the parent config: the text model never reads it
+        elif key in ("rope_scaling", "rope_parameters") and isinstance(value, dict):
+            whole = {**whole, **copy.deepcopy(value)}  # one level
+            if _by_layer(whole):
+                rope = _full(whole)
+            else:
+                rope = hf_config.standardize(fields, whole, fields.get("rope_theta")) if key == "rope_scaling" else whole
         else:
             fields[key] = copy.deepcopy(value)
+    if _by_layer(whole):
+        fields["rope_parameters"] = whole
     return fields, rope
 
 
-def _mscale(scale: float, m: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+def _by_layer(rope) -> bool:
+    return isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict)
+
+
+def _full(whole: dict) -> dict:
+    return whole["full_attention"]
 
 
 def served(fields: dict, rope: dict, n: int) -> Served | NotServed:
@@ -63,7 +103,9 @@ def served(fields: dict, rope: dict, n: int) -> Served | NotServed:
     dim = rotary_dim(fields, rope)
     max_position = int(fields.get("max_position_embeddings", 8192))
     magnitude, note = 1.0, ""
-    if rope_type == "default":
+    if rope_type == "proportional":  # Gemma4RotaryEmbedding: over the whole head; the factor never reaches it
+        inv_freq, note = proportional_inv_freq(fields, rope), "proportional RoPE: its factor is not read"
+    elif rope_type == "default":
         inv_freq = default_inv_freq(dim, base)
     elif rope_type == "linear":
         inv_freq = default_inv_freq(dim, base).double() / float(rope.get("factor", 1.0))
@@ -90,11 +132,7 @@ def served(fields: dict, rope: dict, n: int) -> Served | NotServed:
     elif rope_type == "yarn":
         factor = float(rope.get("factor", 1.0))
         original = int(rope.get("original_max_position_embeddings", max_position))
-        if rope.get("mscale") is not None and rope.get("mscale_all_dim") is not None:
-            magnitude = _mscale(factor, rope["mscale"]) / _mscale(factor, rope["mscale_all_dim"])
-        else:
-            magnitude = _mscale(factor)
-        magnitude *= rope.get("attn_factor", 1)
+        magnitude = yarn_magnitude(rope, factor, set_means_given=True) * rope.get("attn_factor", 1)
         inv_freq = yarn_inv_freq(
             dim, base, factor, original, rope.get("beta_fast", 32), rope.get("beta_slow", 1), rope.get("truncate", True)
         )
@@ -103,9 +141,7 @@ def served(fields: dict, rope: dict, n: int) -> Served | NotServed:
     elif rope_type == "longrope":
         original = int(rope.get("original_max_position_embeddings", max_position))
         use_long = n - 1 > original
-        scale = max_position / original
-        default_m = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
-        magnitude = rope.get("long_mscale" if use_long else "short_mscale") or default_m
+        magnitude = rope.get("long_mscale" if use_long else "short_mscale") or longrope_magnitude(max_position, original)
         factors = torch.tensor(rope["long_factor" if use_long else "short_factor"], dtype=torch.float32)
         inv_freq = 1.0 / (factors * (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)))
         if n - 1 == original:
@@ -127,64 +163,6 @@ def context_length(max_position: int, rope: dict) -> int:
     return int(factor * max_position)
 
 
-def serving_rule(plan) -> EngineHint:
-    """The SGLang command for OUT and `--json-model-override-args` for the original model; the method's rules
-    (`methods.engine_rules`) add what SGLang does differently."""
-    full = full_slot(plan)
-    rule = engine_rules(plan.method).rule("sglang", plan, VERSION)
-    L, target = plan.spec.original_max_position_embeddings, rule.max_len or plan.spec.target_length
-    rope_parameters = dict(full)
-    fix: dict = {}
-    if full.get("rope_type") == "yarn":
-        # SGLang ignores attention_factor; its magnitude is (mscale ratio or 0.1 ln s + 1) × attn_factor
-        factor = float(full["factor"])
-        if full.get("mscale") is not None and full.get("mscale_all_dim") is not None:
-            own = _mscale(factor, full["mscale"]) / _mscale(factor, full["mscale_all_dim"])
-        else:
-            own = _mscale(factor)
-        if not math.isclose(plan.attention_factor, own, rel_tol=1e-9):
-            fix["attn_factor"] = plan.attention_factor / own
-    if full.get("rope_type") == "longrope":
-        default = longrope_magnitude(plan.max_position_embeddings, L)
-        if not math.isclose(plan.attention_factor, default, rel_tol=1e-9):
-            fix.update({"short_mscale": plan.attention_factor, "long_mscale": plan.attention_factor})
-    rope_parameters.update(fix)
-    original_overrides = {"rope_theta": full["rope_theta"]}
-    scaling = compat.scaling_dict(full)
-    if scaling is not None:
-        original_overrides["rope_scaling"] = scaling
-    original_overrides["rope_parameters"] = rope_parameters
-    original_overrides["max_position_embeddings"] = plan.max_position_embeddings
-    # the whole rope_parameters, fix included: SGLang 0.5.15 (transformers 5.12 inside) replaces the checkpoint's
-    # rope_parameters with an override's, where 0.5.23 merges them ({"attn_factor": x} alone: "Unknown RoPE scaling
-    # type", measured by make sglang-check on ntk-by-parts); the whole dict is read the same by both
-    out_overrides = {"rope_parameters": rope_parameters} if fix else {}
-    derived = context_length(plan.max_position_embeddings, full)
-    env = {LONGER: "1"} if target > derived else {}
-    extra = f" --json-model-override-args '{compact_json(out_overrides)}'" if out_overrides else ""
-    notes = list(rule.notes)
-    notes.append(
-        f"SGLang accepts prompts of at most N − {RESERVED + 1} tokens at --context-length N (measured in 0.5.15: it "
-        f"keeps {RESERVED} positions back); for a prompt of all {target} tokens, give --context-length "
-        f"{target + RESERVED + 1} with {LONGER}=1"
-    )
-    if "attn_factor" in fix:
-        notes.append(
-            f"{VERSION} ignores attention_factor; attn_factor {fmt_float(fix['attn_factor'])} in the overrides "
-            "gives it the same magnitude"
-        )
-    return EngineHint(
-        engine="SGLang",
-        version=VERSION,
-        command=f"{''.join(f'{k}={v} ' for k, v in env.items())}python -m sglang.launch_server --model-path {MODEL} --context-length {target}{extra}",
-        original=f"--json-model-override-args '{compact_json(original_overrides)}'",
-        args={"out_overrides": out_overrides, "original_overrides": original_overrides, "context_length": target,
-              "env": env},
-        warnings=rule.warnings,
-        notes=notes,
-    )
-
-
 def own_fix(rope: dict) -> dict:
     """What SGLang 0.5.23 needs added to a model's own rope_parameters to give the magnitude transformers gives it.
     YaRN: SGLang reads no `attention_factor`; its magnitude is (mscale / mscale_all_dim ratio, else 0.1 ln s + 1) x
@@ -195,12 +173,40 @@ def own_fix(rope: dict) -> dict:
     if attention is None:
         return {}
     if rope.get("rope_type") == "yarn":
-        factor = float(rope.get("factor", 1.0))
-        if rope.get("mscale") is not None and rope.get("mscale_all_dim") is not None:
-            own = _mscale(factor, rope["mscale"]) / _mscale(factor, rope["mscale_all_dim"])
-        else:
-            own = _mscale(factor)
+        own = yarn_magnitude(rope, float(rope.get("factor", 1.0)), set_means_given=True)
         return {} if math.isclose(float(attention), own, rel_tol=1e-9) else {"attn_factor": float(attention) / own}
     if rope.get("rope_type") == "longrope" and rope.get("short_mscale") is None and rope.get("long_mscale") is None:
         return {"short_mscale": attention, "long_mscale": attention}
     return {}
+
+
+@dataclass(frozen=True)
+class SglangServing:
+    """`python -m sglang.launch_server --model-path FOLDER --context-length N [--json-model-override-args JSON]` with
+    `env` (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN): the settings of one route, read back by the port
+    (`served_by`) and the run adapter."""
+
+    context_length: int
+    override_args: dict | None
+    env: dict
+
+
+def window(fields: dict, rope: dict) -> int:
+    """The context length SGLang derives from the config (beyond it, it needs LONGER=1)."""
+    return context_length(int(fields.get("max_position_embeddings", 8192)), rope)
+
+
+def served_by(settings: SglangServing, config: dict, n: int) -> Served | NotServed:
+    """What the SGLang server with `settings` applies to a request of n tokens of the checkpoint whose config.json is
+    `config` (its architecture through SGLang's own model code or its transformers fallback)."""
+    fields, rope = load_config(config, settings.override_args)
+    if through_transformers(config):
+        from .. import transformers_backend
+
+        return transformers_backend.served(fields, rope, n, VERSION)
+    return served(fields, rope, n)
+
+
+def needs_longer(fields: dict, rope: dict, length: int) -> dict:
+    """The environment SGLang needs to serve `length` tokens ({} within its derived window)."""
+    return {LONGER: "1"} if length > window(fields, rope) else {}

@@ -1,16 +1,16 @@
-"""A real vLLM, run: the run-engine adapter of vLLM (`VllmEngine`, registered as `vllm`) and its client of
-`vllm_worker.py` (`VllmWorker`). The worked example of `rope_extend.engines.runs.RunEngine`.
+"""A real vLLM, run: the run adapter of the vLLM room (`VllmRun`, the room's `run`) and its client of `worker.py`
+(`VllmWorker`). The worked example of `rope_extend.engines.runs.RunEngine`.
 
-`VllmWorker` starts the worker under the vLLM environment's Python (`vllm_env`) and sends it requests (JSON lines):
+`VllmWorker` starts the worker under the vLLM environment's Python (`env.py`) and sends it requests (JSON lines):
 load a checkpoint through a route (`offline`: `vllm.LLM` in the worker; `server`: the OpenAI-compatible server in a
 subprocess of it, queried with the `openai` client), get prompt log-probabilities, generate greedily. One worker
 serves many checkpoints in turn. What vLLM refuses (a config, a request longer than --max-model-len) comes back as
 `VllmRefused` with vLLM's own message: for the report that is a result.
 
-`VllmEngine` tells the two commands what vLLM is to them: `--run vllm` (the offline LLM) and `--run vllm-server`
-(the OpenAI server); the card's two routes with its printed command's settings (`VllmServing`: --max-model-len,
-VLLM_ALLOW_LONG_MAX_MODEL_LEN, `--hf-overrides`); for `eval --engine vllm`, what vLLM serves as rope-extend computes
-it, checked through the vLLM port (`engines.vllm`) before anything loads; and how a folder is loaded with those
+`VllmRun` tells the two commands what vLLM is to them: `--run vllm` (the offline LLM) and `--run vllm-server`
+(the OpenAI server); the card's two routes with its printed command's settings (the room's hint: `VllmServing`:
+--max-model-len, VLLM_ALLOW_LONG_MAX_MODEL_LEN, `--hf-overrides`); for `eval --engine vllm`, what vLLM serves as rope-extend computes
+it, checked through the vLLM port (`port.py`) before anything loads; and how a folder is loaded with those
 settings. The comparison itself (prompt log-probabilities against transformers running rope-extend's RoPE) is
 the same for every run engine: `engines.runs`.
 """
@@ -22,17 +22,18 @@ import math
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import vllm
-from .runs import CardRoute, EngineRefused, EvalServing, log_tail, register
-from .served import NotServed, compare, own_rope
-from .vllm_env import VllmEnv, ensure_vllm
+from ..runs import EngineRefused, EvalServing, card_routes, card_settings, log_tail, port_verdicts
+from . import port
+from .env import VllmEnv, ensure_vllm
+from .port import VllmServing
 
 if TYPE_CHECKING:
-    from ..plan import PatchPlan
+    from ...plan import PatchPlan
+    from ..hint import EngineHint, Route
+    from ..registry import ServingEngine
 
 ROUTES = ("offline", "server")
 
@@ -56,7 +57,7 @@ def kv_cache_bytes(config: dict, max_model_len: int) -> int:
 
 
 class VllmWorker:
-    """One `vllm_worker.py` process: `load` a checkpoint, then `prompt_logprobs` / `generate`; `close` ends it.
+    """One `worker.py` process: `load` a checkpoint, then `prompt_logprobs` / `generate`; `close` ends it.
 
     threads: CPU threads vLLM computes with (VLLM_CPU_OMP_THREADS_BIND=0-<threads-1>); None leaves vLLM's default
     (on the CPU it binds all cores but one). The worker's stderr (vLLM's log) goes to `log_path` (a temp file by
@@ -64,7 +65,7 @@ class VllmWorker:
     """
 
     def __init__(self, env: VllmEnv | None = None, *, threads: int | None = None, log_path: str | None = None):
-        from . import vllm_worker
+        from . import worker as vllm_worker
 
         self.env = env or ensure_vllm()
         self.version = self.env.vllm_version
@@ -161,57 +162,32 @@ class VllmWorker:
 
 
 # --- the run-engine adapter ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class VllmServing:
-    """`vllm serve FOLDER --max-model-len N [--hf-overrides JSON]` with `env` (VLLM_ALLOW_LONG_MAX_MODEL_LEN)."""
+class VllmRun:
+    """vLLM as a run engine (`rope_extend.engines.runs.RunEngine`): the adapter of the `vllm` room."""
 
-    max_model_len: int
-    hf_overrides: dict | None
-    env: dict
-
-
-class VllmEngine:
-    """vLLM as a run engine (`rope_extend.engines.runs.RunEngine`)."""
-
-    name = "vllm"
-    title = "vLLM"
     runs = {"vllm": "offline", "vllm-server": "server"}
     eval_route = "offline"
     options = ("tensor_parallel_size", "pipeline_parallel_size")
 
-    def card_routes(self, plan: PatchPlan) -> tuple[list[CardRoute], list[str]]:
-        """The card's vLLM lines: this checkpoint as written, and the original model with `--hf-overrides`; both
-        with the printed command's --max-model-len and environment."""
-        hint = vllm.serving_rule(plan)
-        v = hint.args
-        return [CardRoute("this checkpoint", False, VllmServing(v["max_model_len"], v["out_overrides"], v["env"])),
-                CardRoute("original model + --hf-overrides", True,
-                          VllmServing(v["max_model_len"], v["original_overrides"], v["env"]))], list(hint.warnings)
+    def __init__(self, room: ServingEngine):
+        self.room = room  # its rules and port: the card routes it serves, the checks before anything loads
+        self.name, self.title = room.name, room.title
+
+
+    def environment_label(self) -> str:
+        return ensure_vllm().label
+
+    def card_routes(self, hint: EngineHint) -> list[Route]:
+        return card_routes(hint)
 
     def eval_serving(self, plan: PatchPlan | None, original_config: dict, max_len: int, lengths) -> EvalServing:
-        """The original model served with plan's method and --max-model-len max_len, checked through the vLLM port
-        at every request length (positions 0..n-1) against rope-extend's own RoPE. The unpatched model is checked
-        against its own RoPE (vLLM's cache holds max_position_embeddings positions)."""
-        overrides = None if plan is None else vllm.serving_rule(plan).args["original_overrides"]
-        fields, rope = vllm.load_config(original_config, overrides)
-        env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"} if max_len > vllm.derived_max_model_len(fields, rope) else {}
-        verdicts = {}
-        for n in sorted(set(lengths)):
-            served = vllm.served(fields, rope, max_len, n)
-            if plan is not None and plan.method.acts_on_attention:
-                verdicts[n] = f"{plan.spec.method} acts on attention, which vLLM does not apply"
-                continue
-            if isinstance(served, NotServed):
-                verdicts[n] = served.reason
-                continue
-            if plan is None:
-                verdicts[n] = None  # the original RoPE, within vLLM's cache
-                continue
-            delta = compare(served, own_rope(plan, n), n)
-            verdicts[n] = None if delta.identical else (
-                f"{vllm.VERSION} builds cos/sin {max(delta.max_cos, delta.max_sin):.2g} away from rope-extend's"
-                + (f": {served.note}" if served.note else ""))
-        return EvalServing(VllmServing(int(max_len), overrides, env), verdicts)
+        """The original model served with plan's method and --max-model-len max_len (the card's overrides), checked
+        through the vLLM port at every request length (positions 0..n-1) against rope-extend's own RoPE. The
+        unpatched model is checked against its own RoPE (vLLM's cache holds max_position_embeddings positions)."""
+        overrides = None if plan is None else card_settings(self.room, plan, original_config).hf_overrides
+        fields, rope = port.load_config(original_config, overrides)
+        settings = VllmServing(int(max_len), overrides, port.needs_long(fields, rope, int(max_len)))
+        return port_verdicts(self.room, plan, settings, original_config, lengths)
 
     def open(self) -> VllmWorker:
         return VllmWorker()
@@ -224,5 +200,3 @@ class VllmEngine:
     def describe(self, settings: VllmServing) -> dict:
         return {"hf_overrides": settings.hf_overrides, "max_model_len": settings.max_model_len, "env": settings.env}
 
-
-VLLM = register(VllmEngine())

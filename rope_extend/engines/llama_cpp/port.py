@@ -32,11 +32,9 @@ import shlex
 import numpy as np
 import torch
 
-from ..methods import engine_rules
-from .served import EngineHint, NotServed, Served
+from ..served import NotServed, Served
 
 VERSION = "llama.cpp as vendored in llama-cpp-python 0.3.36"
-NAME = "llama.cpp"
 # HF model types convert_hf_to_gguf.py maps to the LLaMA architecture (conversion/llama.py registrations we model).
 LLAMA_ARCH_MODEL_TYPES = ("llama", "mistral")
 ARCH = "llama"
@@ -217,24 +215,3 @@ def _corr_dims(n_dims, n_ctx_orig, base, beta_fast, beta_slow) -> tuple[float, f
 
     start, end = math.floor(corr(beta_fast)), math.ceil(corr(beta_slow))
     return float(max(0, start)), float(min(n_dims - 1, end))
-
-
-def serving_rule(plan) -> EngineHint:
-    """llama.cpp flags on the original GGUF and for a GGUF converted from OUT, from the method's rules
-    (`methods.engine_rules`): which flags reproduce it, and every difference."""
-    rule = engine_rules(plan.method).rule("llama.cpp", plan, VERSION)
-
-    def arch(text: str) -> str:
-        return text.replace("{arch}", ARCH)
-
-    ctx = rule.max_len or plan.spec.target_length
-    flags, converted = (None if rule.flags is None else arch(rule.flags)), arch(rule.converted_flags)
-    return EngineHint(
-        engine="llama.cpp",
-        version=VERSION,
-        command=f"llama-server -m out.gguf -c {ctx}{converted}" if rule.convertible or rule.max_len else None,
-        original=None if flags is None else f"llama-server -m model.gguf -c {ctx} {flags}".rstrip(),
-        args={"flags": None if flags is None else f"-c {ctx} {flags}", "converted_flags": f"-c {ctx}{converted}"},
-        warnings=[arch(w) for w in rule.warnings],
-        notes=[arch(n) for n in rule.notes],
-    )

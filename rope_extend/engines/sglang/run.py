@@ -1,5 +1,5 @@
-"""A real SGLang, run: the run-engine adapter of SGLang (`SglangEngine`, registered as `sglang`) and its worker
-(`SglangWorker`): SGLang's own server, started under the SGLang environment's Python (`sglang_env`).
+"""A real SGLang, run: the run adapter of the SGLang room (`SglangRun`, the room's `run`) and its worker
+(`SglangWorker`): SGLang's own server, started under the SGLang environment's Python (`env.py`).
 
 `SglangWorker.load` starts `python -m sglang.launch_server --model-path FOLDER --context-length N
 [--json-model-override-args JSON]` as the card prints it, with `--device cpu --dtype float32` on the CPU engine
@@ -12,11 +12,11 @@ refuses (a config it will not start with, a request longer than its context leng
 There is one route, the server: SGLang's offline `sglang.Engine` runs the same tokenizer manager, scheduler and
 model runner in-process, so it would serve the same numbers through the same code (`--run sglang`).
 
-`SglangEngine` tells the two commands what SGLang is to them: the card's two routes with its printed command's
+`SglangRun` tells the two commands what SGLang is to them: the card's two routes with its printed command's
 settings (`SglangServing`: --context-length, --json-model-override-args, the environment), and for `eval --engine
 sglang` what SGLang serves, checked through the SGLang port (`engines.sglang`) before anything loads. The port
 follows SGLang 0.5.23's source; the engine that runs is 0.5.15 (the last release that runs on a CPU from PyPI:
-`sglang_env`), and the rows and records name the version each was checked on.
+`env.py`), and the rows and records name the version each was checked on.
 """
 
 from __future__ import annotations
@@ -30,17 +30,18 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import sglang
-from .runs import CardRoute, EngineRefused, EvalServing, log_tail, register
-from .served import NotServed, compare, own_rope
-from .sglang_env import CPU_ENV, SglangEnv, ensure_sglang
+from ..runs import EngineRefused, EvalServing, card_routes, card_settings, log_tail, port_verdicts
+from . import port
+from .env import CPU_ENV, SglangEnv, ensure_sglang
+from .port import SglangServing
 
 if TYPE_CHECKING:
-    from ..plan import PatchPlan
+    from ...plan import PatchPlan
+    from ..hint import EngineHint, Route
+    from ..registry import ServingEngine
 
 ROUTES = ("server",)
 START_TIMEOUT = 900.0  # seconds for a server to answer /health (a start takes 20-40 s on 2 idle cores)
@@ -218,59 +219,31 @@ class SglangWorker:
 
 
 # --- the run-engine adapter ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SglangServing:
-    """`python -m sglang.launch_server --model-path FOLDER --context-length N [--json-model-override-args JSON]` with
-    `env` (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN)."""
+class SglangRun:
+    """SGLang as a run engine (`rope_extend.engines.runs.RunEngine`): the adapter of the `sglang` room."""
 
-    context_length: int
-    override_args: dict | None
-    env: dict
-
-
-class SglangEngine:
-    """SGLang as a run engine (`rope_extend.engines.runs.RunEngine`)."""
-
-    name = "sglang"
-    title = "SGLang"
     runs = {"sglang": "server"}
     eval_route = "server"
     options = tuple(FLAGS)
 
-    def card_routes(self, plan: PatchPlan) -> tuple[list[CardRoute], list[str]]:
-        """The card's SGLang lines: this checkpoint as written, and the original model with
-        `--json-model-override-args`; both with the printed command's --context-length and environment."""
-        hint = sglang.serving_rule(plan)
-        g = hint.args
-        return [CardRoute("this checkpoint", False, SglangServing(g["context_length"], g["out_overrides"] or None,
-                                                                  g["env"])),
-                CardRoute("original model + --json-model-override-args", True,
-                          SglangServing(g["context_length"], g["original_overrides"], g["env"]))], list(hint.warnings)
+    def __init__(self, room: ServingEngine):
+        self.room = room  # its rules and port: the card routes it serves, the checks before anything loads
+        self.name, self.title = room.name, room.title
+
+
+    def environment_label(self) -> str:
+        return ensure_sglang().label
+
+    def card_routes(self, hint: EngineHint) -> list[Route]:
+        return card_routes(hint)
 
     def eval_serving(self, plan: PatchPlan | None, original_config: dict, max_len: int, lengths) -> EvalServing:
-        """The original model served with plan's method and --context-length max_len, checked through the SGLang
-        port at every request length (positions 0..n-1) against rope-extend's own RoPE."""
-        overrides = None if plan is None else sglang.serving_rule(plan).args["original_overrides"]
-        fields, rope = sglang.load_config(original_config, overrides)
-        derived = sglang.context_length(int(fields.get("max_position_embeddings", 8192)), rope)
-        env = {sglang.LONGER: "1"} if max_len > derived else {}
-        verdicts = {}
-        for n in sorted(set(lengths)):
-            if plan is not None and plan.method.acts_on_attention:
-                verdicts[n] = f"{plan.spec.method} acts on attention, which SGLang does not apply"
-                continue
-            if plan is None:
-                verdicts[n] = None if n <= derived else f"beyond the model's {derived}-token window"
-                continue
-            served = sglang.served(fields, rope, n)
-            if isinstance(served, NotServed):
-                verdicts[n] = served.reason
-                continue
-            delta = compare(served, own_rope(plan, n), n)
-            verdicts[n] = None if delta.identical else (
-                f"{sglang.VERSION} builds cos/sin {max(delta.max_cos, delta.max_sin):.2g} away from rope-extend's"
-                + (f": {served.note}" if served.note else ""))
-        return EvalServing(SglangServing(int(max_len), overrides, env), verdicts)
+        """The original model served with plan's method and --context-length max_len (the card's overrides),
+        checked through the SGLang port at every request length (positions 0..n-1) against rope-extend's own RoPE."""
+        overrides = None if plan is None else card_settings(self.room, plan, original_config).override_args
+        fields, rope = port.load_config(original_config, overrides)
+        settings = SglangServing(int(max_len), overrides, port.needs_longer(fields, rope, int(max_len)))
+        return port_verdicts(self.room, plan, settings, original_config, lengths)
 
     def open(self) -> SglangWorker:
         return SglangWorker()
@@ -278,23 +251,21 @@ class SglangEngine:
     def load(self, worker: SglangWorker, folder: Path, settings: SglangServing, *, route: str,
              engine_args: dict | None = None) -> float:
         """Serve `folder` with the card's settings, --context-length raised by the positions SGLang keeps back from a
-        prompt (`sglang.RESERVED`), so that a request of the card's N tokens is accepted; SGLang's permission to exceed the
-        model's window is added only where those positions alone cross it (the card's own env is kept as printed)."""
+        prompt (`port.RESERVED`), so that a request of the card's N tokens is accepted; SGLang's permission to exceed
+        the model's window is added only where those positions alone cross it (the card's own env is kept as
+        printed)."""
         if route not in ROUTES:
             raise ValueError(f"route {route!r} is not one of {', '.join(ROUTES)}")
         env = dict(settings.env)
-        context = settings.context_length + sglang.RESERVED
+        context = settings.context_length + port.RESERVED
         if not env:
-            fields, rope = sglang.load_config(json.loads((Path(folder) / "config.json").read_text()),
-                                              settings.override_args)
-            window = sglang.context_length(int(fields.get("max_position_embeddings", 8192)), rope)
-            if settings.context_length <= window < context:
-                env[sglang.LONGER] = "1"
+            fields, rope = port.load_config(json.loads((Path(folder) / "config.json").read_text()),
+                                            settings.override_args)
+            if settings.context_length <= port.window(fields, rope) < context:
+                env[port.LONGER] = "1"
         return worker.load(folder, context, override_args=settings.override_args, env=env, engine_args=engine_args)
 
     def describe(self, settings: SglangServing) -> dict:
         return {"json_model_override_args": settings.override_args, "context_length": settings.context_length,
                 "env": settings.env}
 
-
-SGLANG = register(SglangEngine())

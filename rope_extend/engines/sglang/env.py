@@ -2,7 +2,7 @@
 
 SGLang pins its own torch and transformers (0.5.15: torch 2.11.0, transformers 5.12.1), so it cannot share
 rope-extend's environment; rope-extend starts SGLang's own server (`python -m sglang.launch_server`) under this
-Python and talks to it over HTTP (`sglang_run.py`). `ensure_sglang()` (`python -m rope_extend.engines.sglang_env`,
+Python and talks to it over HTTP (`sglang/run.py`). `ensure_sglang()` (`python -m rope_extend.engines.sglang.env`,
 `make sglang`) builds it into `$ROPE_EXTEND_CACHE/sglang-<version>/` (default `~/.cache/rope-extend/`) from PyPI,
 in three pip steps, each pinned here with its reason (measured on this 2-core x86_64 CPU machine, 2026-12-06):
 
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..demo_model import cache_root
-from .engine_env import EngineEnvError, create_venv, installed_versions, locked, pip, read_stamp, write_stamp
+from ...demo_model import cache_root
+from ..engine_env import EngineEnvError, create_venv, installed_versions, locked, pip, read_stamp, write_stamp
 
 SGLANG_VERSION = "0.5.15"
 TORCH = ("torch==2.14.1", "torchvision==0.29.1")
@@ -135,7 +135,7 @@ def _build(root: Path, log: Callable[[str], None]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m rope_extend.engines.sglang_env [--print-python]`: build (or find) the environment."""
+    """`python -m rope_extend.engines.sglang.env [--print-python]`: build (or find) the environment."""
     env = ensure_sglang()
     if "--print-python" in argv:
         print(env.python)
