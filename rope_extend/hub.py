@@ -183,7 +183,6 @@ def _status(exc) -> str:
 # What a push sends is decided by rope_extend.record (no network, nothing written); this part talks to the Hub.
 # OUT is never written by a push: a card naming the repo is sent from memory.
 SERVING_HEADING = "\n## Serving\n\n"
-RETRY_STATUSES = ("408", "429", "500", "502", "503", "504")
 
 
 @dataclass
@@ -358,33 +357,32 @@ def push(plan: PushPlan, token: str, report=None, retry=None) -> bool | None:
     push writes nothing into it), and a failure a retry can fix offers the command that resumes; Ctrl-C raises
     `upload.PushInterrupted`, whose line says the same."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
 
-    from .upload import network_error, send
+    from .upload import retryable, send, status_of, without_urls
 
     refusal = plan.selection.refusal()
     if refusal is not None:
         raise refusal
     try:
         transfer = send(plan, token, report, retry)
-    except HfHubHTTPError as exc:
-        status = _status(exc)
-        said = " ".join(str(getattr(exc, "server_message", None) or "").split())[:200]
+    except (KeyboardInterrupt, SystemExit, MemoryError, CheckpointError):
+        raise
+    except Exception as exc:  # huggingface_hub's HTTP errors, connection errors and timeouts of its HTTP client
+        status = status_of(exc)
+        if status is None:
+            reason = without_urls(" ".join(str(exc).split()))[:200]
+            raise CheckpointError(f"pushing to {plan.repo_id!r} failed ({type(exc).__name__}"
+                                  f"{': ' + reason if reason else ''}){plan.kept(retry=retryable(exc))}") from None
+        said = without_urls(" ".join(str(getattr(exc, "server_message", None) or "").split()))[:200]
         said = f" ({said})" if said else ""
-        if status in ("401", "403"):
+        if status in (401, 403):
             raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP {status}{said}; check that the token "
                                   f"has write access to it{plan.kept()}") from None
-        if status == "404":
+        if status == 404:
             raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP 404{said}; check the repo id and that "
                                   f"the token may write to it{plan.kept()}") from None
         raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP {status}{said}"
-                              f"{plan.kept(retry=status in RETRY_STATUSES)}") from None
-    except (KeyboardInterrupt, SystemExit, MemoryError, CheckpointError):
-        raise
-    except Exception as exc:  # connection errors and timeouts of whichever HTTP client huggingface_hub uses
-        reason = " ".join(str(exc).split())[:200]
-        raise CheckpointError(f"pushing to {plan.repo_id!r} failed ({type(exc).__name__}{': ' + reason if reason else ''})"
-                              f"{plan.kept(retry=network_error(exc))}") from None
+                              f"{plan.kept(retry=retryable(exc))}") from None
     plan.url = transfer.url or f"{_endpoint()}/{plan.repo_id}"
     plan.transfer = transfer
     try:

@@ -904,8 +904,8 @@ def test_a_file_changed_between_an_interrupted_push_and_its_resumption_is_refuse
 def test_faults_are_retried_a_429_waits_its_retry_after_and_a_reset_resends_one_part(sharded, tmp_path, hub,
                                                                                         capsys):
     """A 500 on creating the repo (retried after 1 s), a 429 with Retry-After: 3 on the commit (waited 3 s, then
-    committed once), a connection reset in the middle of a shard (huggingface_hub resends that part, not the
-    file): the push succeeds with every file intact and says each retry."""
+    committed once), a connection reset in the middle of a shard's second part (that part is sent again, not the
+    file): the push succeeds with every file intact and says each retry, naming the request, never its URL."""
     from hubserver import Fault
 
     out = tmp_path / "out"
@@ -919,13 +919,55 @@ def test_faults_are_retried_a_429_waits_its_retry_after_and_a_reset_resends_one_
     capsys.readouterr()
     assert cli("push", out, "me/faults") == 0
     err = capsys.readouterr().err
-    assert hub.waits == [1.0, 3.0]
+    assert hub.waits == [1.0, 1.0, 3.0]  # the repo, the cut part, the commit: each request retried alone
     assert "HTTP 500 on creating the repo: retrying in 1 s (try 2 of 5)" in err
+    assert re.search(rf"\w+ on {re.escape(names[0])}, part 2: retrying in 1 s \(try 2 of 5\)", err), err
     assert "HTTP 429 on the commit: retrying in 3 s (try 2 of 5)" in err
     assert total < hub.received <= total + PART  # the cut part again, not the whole shard
     assert len([r for r in hub.requests if "/commit/" in r.path]) == 2
+    assert "/lfs/" not in err and hub.endpoint not in err
     repo = hub.repos["me/faults"]
     assert len(repo.commits) == 1 and repo.files == folder_bytes(out, sent_names(out), "me/faults")
+
+
+def test_one_retry_policy_a_persistent_503_is_tried_as_stated_and_no_url_is_printed(sharded, tmp_path, hub,
+                                                                                      capsys):
+    """A part the Hub answers 503 on every try (issue 66 item 2: 5 tries of rope-extend around huggingface_hub's 6
+    made 30 in ~135 s, each logged by huggingface_hub with the part's whole URL): the part is tried
+    `upload.RETRY.attempts` times in all, waiting 1, 2, 4, 8 s, one rope-extend line per retry naming the file and
+    part; huggingface_hub logs nothing; then one error line offers the command that resumes. Nothing is committed."""
+    import logging
+
+    from hubserver import Fault
+
+    from rope_extend.upload import RETRY
+
+    out = tmp_path / "out"
+    assert cli("patch", sharded, *YARN, "-o", out) == 0
+    first = shards(out)[0]
+    hub.part_size = PART
+    fault = hub.fault(Fault(nth=1, status=503, path="/lfs/me--down/", times=None))  # its parts
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    logger = logging.getLogger("huggingface_hub")
+    logger.addHandler(handler)
+    capsys.readouterr()
+    try:
+        assert cli("push", out, "me/down") == 2
+    finally:
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert RETRY.attempts == 5 and fault.fired == RETRY.attempts
+    assert hub.waits == [1.0, 2.0, 4.0, 8.0]
+    retries = [line for line in err.splitlines() if "retrying in" in line]
+    assert [line.split("rope-extend: ")[-1] for line in retries] == [
+        f"HTTP 503 on {first}, part 1: retrying in {wait} s (try {n} of 5)" for n, wait in ((2, 1), (3, 2), (4, 4), (5, 8))]
+    error = one_error(err)
+    assert "pushing to 'me/down' failed: HTTP 503" in error and f"push it later with `rope-extend push {out} me/down`" in error
+    assert "/lfs/" not in err and hub.endpoint not in err
+    assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+    assert hub.repos["me/down"].commits == []
 
 
 @pytest.mark.parametrize("status", [401, 403, 404])
