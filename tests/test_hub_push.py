@@ -1044,3 +1044,23 @@ def test_include_through_dot_dot_escaped_names_and_what_a_users_folder_sends_byt
     assert MODEL_ID not in record and "vllm serve me/edges" in record and "model_id: me/edges" in record
     note = next(line for line in record.splitlines() if line.startswith("# output_record:"))
     assert "inode" not in record and "time" not in note and "model_id" in note
+
+
+def test_rope_extend_imports_no_private_huggingface_hub_name():
+    """The Hub client through huggingface_hub's public API (issue 67 item 6): no module of rope_extend imports a
+    private module or name of huggingface_hub (`_commit_api`, `_fetch_upload_modes`...), which change between its
+    majors (0.36 and 2.x are both supported)."""
+    import ast
+
+    import rope_extend
+
+    found = []
+    for path in sorted(Path(rope_extend.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "huggingface_hub":
+                private = [part for part in node.module.split(".") if part.startswith("_")]
+                private += [alias.name for alias in node.names if alias.name.startswith("_")]
+                found += [f"{path.name}:{node.lineno} {name}" for name in private]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "").startswith("_build_hf_headers"):
+                found.append(f"{path.name}:{node.lineno} _build_hf_headers")
+    assert found == []
