@@ -199,6 +199,7 @@ class PushPlan:
     serve: str | None = None  # the serve line for the pushed repo (from OUT's record)
     written_now: bool = False  # `patch`/`train --push-to-hub`: OUT was just written, its command is news
     include: tuple[str, ...] = ()  # push's --include names (the push-later command repeats them)
+    unverified: bool = False  # push --unverified (the push-later command repeats it)
     url: str = ""
     transfer: object = None  # upload.Transfer of the push that ran (what was sent, what the Hub held)
 
@@ -210,7 +211,8 @@ class PushPlan:
     def later(self) -> str:
         """The one command that pushes `folder` (what a failure a retry can fix prints)."""
         return (f"rope-extend push {shlex.quote(str(self.folder))} {self.repo_id}" + (" --private" if self.private else "")
-                + "".join(f" --include {shlex.quote(name)}" for name in self.include))
+                + "".join(f" --include {shlex.quote(name)}" for name in self.include)
+                + (" --unverified" if self.unverified else ""))
 
     def kept(self, retry: bool = False) -> str:
         """How a failure ends: OUT is kept as it was, and, when a retry can fix the failure (network, 5xx), the
@@ -238,13 +240,16 @@ class PushPlan:
                     f"it may not send, {' and '.join(w for w in why if w)}; the {files_count(len(sendable))} marked + "
                     "would go once they are dealt with")
         lines = [head, f"commit message: {self.commit_message}"]
-        if self.card is not None:
+        if selection.unverified is not None and selection.allow_unverified:
+            lines.append(f"--unverified: {selection.unverified}; the {CARD} sent says rope-extend did not verify it "
+                         "(OUT's copy is not changed)")
+        elif self.card is not None:
             lines.append(f"{CARD}: sent with its Serving section naming {self.repo_id} (OUT's copy is not changed)")
         elif selection.card_edited:
             lines.append(f"{CARD}: edited since rope-extend wrote it: yours, sent as written")
-        if selection.record is not None and not selection.record.verified:
-            lines.append(f"not verified: OUT was written with --no-verify; `rope-extend verify "
-                         f"{shlex.quote(str(self.folder))}` verifies it")
+        if find_token() is None:
+            lines.append("no Hugging Face token is set: the push itself would stop before sending anything; set "
+                         "HF_TOKEN to a token with write access or log in once with `hf auth login`")
         if self.record_text is not None:
             lines.append(f"{SPEC_FILE}: sent without this machine's data (inodes, times), its serving commands naming "
                          f"{self.repo_id}; OUT's copy is not changed")
@@ -278,10 +283,11 @@ def check_repo_id(repo_id: str, flag: str = "REPO") -> str:
 
 
 def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: Sequence[str] = (), *,
-              flag: str = "REPO", written_now: bool = False) -> PushPlan:
+              flag: str = "REPO", written_now: bool = False, unverified: bool = False) -> PushPlan:
     """Check the repo id and OUT and compute the upload (`record.select`); no network, nothing written. Refused
-    files are in `plan.selection.refused` (`selection.refusal()` is the error the push raises)."""
-    from .record import CARD, SPEC_FILE, public_text, select, spec_text
+    files are in `plan.selection.refused` (`selection.refusal()` is the error the push raises). `unverified`: push
+    --unverified, an OUT rope-extend did not verify sent as it is with a card that says so."""
+    from .record import CARD, SPEC_FILE, Sent, public_text, select, spec_text
 
     check_repo_id(repo_id, flag)
     given = str(folder)
@@ -294,9 +300,11 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
         raise CheckpointError(f"OUT {given!r} is not a checkpoint folder (no config.json); give the folder "
                               "`rope-extend patch` or `train` wrote")
     folder = Path(os.path.abspath(folder))
-    hint = (f"`rope-extend push {shlex.quote(str(folder))} {repo_id} --include {{name}}`" if written_now
+    command = f"rope-extend push {shlex.quote(str(folder))} {repo_id}"
+    hint = (f"`{command} --include {{name}}`" if written_now
             else "--include {name}")  # patch and train have no --include: the push command does
-    selection = select(folder, include, hint)
+    selection = select(folder, include, hint, unverified=unverified,
+                       unverified_hint=f"`{command} --unverified`" if written_now else "--unverified")
     record = selection.record
     card = None
     readme = next((entry for entry in selection.sent if entry.name == CARD), None)
@@ -307,6 +315,20 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
             text = None  # not a card rope-extend wrote: sent as it is
         new = text and _with_serving(text, record.serving_for(repo_id))
         card = None if new == text else new.encode("utf-8")
+    if selection.unverified is not None and unverified:  # the card sent says so, whatever OUT's says
+        if readme is None:
+            readme = Sent(CARD, folder / CARD, "written by this push (OUT has none): it says rope-extend did not "
+                                               "verify this folder")
+            selection.sent = sorted([*selection.sent, readme], key=lambda entry: entry.name)
+            text = None
+        elif card is not None:
+            text = card.decode("utf-8")
+        else:
+            try:
+                text = readme.path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                text = None
+        card = unverified_card(text, folder.name, selection.unverified).encode("utf-8")
     spec = spec_text(folder)
     what = " ".join(spec.split()) if spec else f"upload {folder.name}"
     sends_record = record is not None and any(entry.name == SPEC_FILE for entry in selection.sent)
@@ -314,7 +336,26 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
                     commit_message=("rope-extend: " + what)[:1000], card=card,
                     record_text=public_text(folder, record, card, repo_id).encode("utf-8") if sends_record else None,
                     serve=record.serve_for(repo_id) if record is not None else None, written_now=written_now,
-                    include=tuple(include))
+                    include=tuple(include), unverified=unverified and selection.unverified is not None)
+
+
+UNVERIFIED_NOTE = ("> **Not verified by rope-extend.** Pushed as it is with `rope-extend push --unverified`: {why}. "
+                   "rope-extend vouches for none of these files.")
+
+
+def unverified_card(text: str | None, name: str, why: str) -> str:
+    """The card an unverified push sends: `text` (OUT's card; None: OUT has none, a title is made from `name`) with
+    a note under its title (after the metadata block) saying rope-extend did not verify it and why."""
+    note = UNVERIFIED_NOTE.format(why=why)
+    if not text:
+        return f"# {name}\n\n{note}\n"
+    lines = text.split("\n")
+    start = 0
+    if lines and lines[0].strip() == "---":  # the metadata block the Hub reads stays first
+        start = next((i + 1 for i in range(1, len(lines)) if lines[i].strip() == "---"), 0)
+    title = next((i for i in range(start, len(lines)) if lines[i].startswith("# ")), None)
+    at = title + 1 if title is not None else start
+    return "\n".join(lines[:at] + ["", note, ""] + lines[at:])
 
 
 def _with_serving(text: str, serving: str) -> str:
@@ -328,12 +369,17 @@ def _with_serving(text: str, serving: str) -> str:
     return text[:body] + serving.strip() + "\n" + text[end:]
 
 
+def find_token() -> str | None:
+    """HF_TOKEN, else huggingface_hub's stored token (`hf auth login`), else None (never printed)."""
+    from huggingface_hub import get_token
+
+    return os.environ.get("HF_TOKEN") or get_token() or None
+
+
 def hub_token(where: str = "") -> str:
     """HF_TOKEN, else huggingface_hub's stored token (`hf auth login`); a missing one is refused here, before any
     network call. The token goes to huggingface_hub only: never printed, logged or written."""
-    from huggingface_hub import get_token
-
-    token = os.environ.get("HF_TOKEN") or get_token()
+    token = find_token()
     if not token:
         raise CheckpointError(
             "no Hugging Face token: set HF_TOKEN to a token with write access or log in once with `hf auth login`"

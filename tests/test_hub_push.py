@@ -351,12 +351,16 @@ def test_a_hub_cache_snapshot_is_pushed_through_its_blob_links(source, tmp_path,
     into another repo's blobs is refused."""
     snapshot = hub_snapshot(source, tmp_path / "hub")
     names = sorted(p.name for p in source.iterdir() if p.is_file())
-    assert cli("push", snapshot, "me/copy") == 0
-    assert hub.repos["me/copy"].files == {name: (source / name).read_bytes() for name in names}
+    assert cli("push", snapshot, "me/copy") == 2  # not written or verified by rope-extend: only on purpose
+    assert "--unverified" in one_error(capsys.readouterr().err) and "me/copy" not in hub.repos
+    assert cli("push", snapshot, "me/copy", "--unverified") == 0
+    files = hub.repos["me/copy"].files
+    assert files.pop("README.md").startswith(f"# {snapshot.name}\n\n> **Not verified by rope-extend.**".encode())
+    assert files == {name: (source / name).read_bytes() for name in names}
     other = hubcache.from_folder(tmp_path / "hub", "evil/other", tmp_path / "hub" / "models--acme--tiny-llama" / "blobs")
     blob = next(p for p in other.iterdir())
     (snapshot / "tokenizer.json").symlink_to(os.path.relpath(os.path.realpath(blob), snapshot))
-    assert cli("push", snapshot, "me/copy2") == 2
+    assert cli("push", snapshot, "me/copy2", "--unverified") == 2
     assert "tokenizer.json (a symbolic link to" in one_error(capsys.readouterr().err)
     assert "me/copy2" not in hub.repos
 
@@ -726,7 +730,7 @@ def test_a_hub_cache_blob_is_sent_only_when_its_bytes_are_the_repos(source, tmp_
     blob = Path(os.path.realpath(snapshot / "model.safetensors"))
     assert blob.stat().st_nlink == 4
     capsys.readouterr()
-    assert cli("push", snapshot, "me/snap") == 0
+    assert cli("push", snapshot, "me/snap", "--unverified") == 0
     assert hub.repos["me/snap"].files["model.safetensors"] == (source / "model.safetensors").read_bytes()
 
     secret = tmp_path / "id_ed25519"
@@ -736,7 +740,7 @@ def test_a_hub_cache_blob_is_sent_only_when_its_bytes_are_the_repos(source, tmp_
     os.link(secret, small)
     received = len(hub.requests)
     for named in ([], ["--include", "generation_config.json"]):
-        assert cli("push", snapshot, "me/blob", *named) == 2
+        assert cli("push", snapshot, "me/blob", "--unverified", *named) == 2
         error = one_error(capsys.readouterr().err)
         assert ("generation_config.json (a Hub cache blob with 2 names whose bytes do not hash to its name: they are "
                 "another file's (a hard link), so it is never sent, even when named)") in error
@@ -770,23 +774,80 @@ def test_include_names_that_would_send_nothing_are_refused_and_counts_read_as_en
     one = tmp_path / "one"
     one.mkdir()
     (one / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    assert cli("push", one, "me/one", "--dry-run") == 0
+    (one / "README.md").write_text("# one\n\nmy model\n")
+    assert cli("push", one, "me/one", "--unverified", "--dry-run") == 0
     printed = capsys.readouterr().out
-    assert "would push 1 file to me/one" in printed and max(map(len, printed.splitlines())) <= 80
-    assert cli("push", one, "me/one") == 0
-    assert "(1 file, public)" in capsys.readouterr().out
+    assert "would push 2 files to me/one" in printed and max(map(len, printed.splitlines())) <= 80
+    (one / "README.md").unlink()
+    assert cli("push", one, "me/one", "--unverified") == 0
+    assert "(2 files, public)" in capsys.readouterr().out  # config.json and the card saying it was not verified
+    from rope_extend.hub import files_count
+
+    assert files_count(1) == "1 file"
 
 
-def test_an_output_written_without_verification_says_so_until_verify(source, tmp_path, hub, capsys):
+def test_push_publishes_only_what_rope_extend_wrote_and_verified(source, tmp_path, hub, capsys, monkeypatch):
+    """Issue 66 item 1: a folder holding only a config.json was pushed (`pushed: ... (1 file, public)`, exit 0).
+    A push refuses, in one line before any request, a folder rope-extend did not write (saying `patch` makes one), an
+    OUT written with --no-verify and one whose record lists no weight file (saying `verify` verifies it); each goes
+    with --unverified, the card sent then saying so under its title (OUT's card unchanged). The dry run says when no
+    token is set."""
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    capsys.readouterr()
+    for dry in (["--dry-run"], []):
+        assert cli("push", one, "me/one", *dry) == 2
+        error = one_error(capsys.readouterr().err)
+        assert error == (f"rope-extend: error: OUT {str(one)!r} is not a checkpoint rope-extend verified: it holds no "
+                         "record of rope-extend's (rope_extend.yaml with output_record), so rope-extend did not write "
+                         "or verify it, so nothing was sent (a push publishes what rope-extend wrote and verified); "
+                         f"write it with `rope-extend patch {one} --method METHOD --factor N -o NEW` (which verifies "
+                         "the checkpoint it writes and records every file) and push NEW, or push it as it is with "
+                         "--unverified (the card it sends then says rope-extend did not verify it)")
+    assert hub.requests == []
+    assert cli("push", one, "me/one", "--unverified") == 0
+    card = hub.repos["me/one"].files["README.md"].decode()
+    assert card == ("# one\n\n> **Not verified by rope-extend.** Pushed as it is with `rope-extend push --unverified`: "
+                    "it holds no record of rope-extend's (rope_extend.yaml with output_record), so rope-extend did not "
+                    "write or verify it. rope-extend vouches for none of these files.\n")
+    assert sorted(hub.repos["me/one"].files) == ["README.md", "config.json"] and not (one / "README.md").exists()
+
     out = tmp_path / "out"
     assert cli("patch", source, *YARN, "-o", out, "--no-verify") == 0
     assert read_record(out).verified is False
+    before = tree(out)
     capsys.readouterr()
-    assert cli("push", out, "me/nv", "--dry-run") == 0
-    assert f"not verified: OUT was written with --no-verify; `rope-extend verify {out}` verifies it" in " ".join(
-        capsys.readouterr().out.split())
+    assert cli("push", out, "me/nv", "--dry-run") == 2
+    error = one_error(capsys.readouterr().err)
+    assert ("its record says it is not verified (written with --no-verify, or kept after a failed verification), so "
+            "nothing was sent") in error and f"`rope-extend verify {out}` verifies OUT as it is now" in error
+    assert cli("push", out, "me/nv", "--unverified") == 0
+    sent = hub.repos["me/nv"].files
+    lines = sent["README.md"].decode().split("\n")
+    title = next(i for i, line in enumerate(lines) if line.startswith("# "))
+    assert lines[0] == "---" and lines[title + 2].startswith("> **Not verified by rope-extend.** Pushed as it is")
+    assert "verified: false" in sent["rope_extend.yaml"].decode() and tree(out) == before
     assert cli("verify", out) == 0 and read_record(out).verified is True
-    assert cli("push", out, "me/nv", "--dry-run") == 0 and "not verified" not in capsys.readouterr().out
+    assert cli("push", out, "me/nv2", "--dry-run") == 0 and "--unverified" not in capsys.readouterr().out
+
+    # a record that lists no weight file vouches for no model: refused, the weights refused as unverified
+    text = (out / "rope_extend.yaml").read_text()
+    (out / "rope_extend.yaml").write_text("".join(line for line in text.splitlines(keepends=True)
+                                                  if not line.startswith("    model.safetensors:")))
+    assert read_record(out).weights == []
+    capsys.readouterr()
+    assert cli("push", out, "me/nw") == 2
+    error = one_error(capsys.readouterr().err)
+    assert "its record lists no weight file, so it vouches for no model" in error and "verify" in error
+    monkeypatch.delenv("HF_TOKEN")
+    assert cli("push", out, "me/nw", "--dry-run", "--unverified") == 2  # the unrecorded weights stay refused
+    printed = capsys.readouterr()
+    assert "model.safetensors (weights rope-extend did not verify" in one_error(printed.err)
+    assert "move it out" not in printed.err and f"`rope-extend verify {out}` verifies OUT with the weights" in printed.err
+    assert "no Hugging Face token is set: the push itself would stop before sending anything" in " ".join(
+        printed.out.split())
+    assert "me/nw" not in hub.repos
 
 
 def test_a_pushed_output_downloaded_into_a_hub_cache_pushes_again_on_its_public_record(source, tmp_path, hub, capsys):
