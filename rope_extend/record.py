@@ -200,10 +200,11 @@ def write_fresh(path: Path, text: str) -> None:
             fresh.unlink()
 
 
-def refresh(folder: Path, recorded: Record, verified: bool = True) -> None:
-    """Rewrite `folder`'s record from `recorded`: the same files, those still there, with their contents as they are
-    now (the weights `recorded` shared by their identity), the same serving commands, and `verified`."""
-    still = [name for name in sorted(recorded.files) if os.path.lexists(folder / name)]
+def refresh(folder: Path, recorded: Record, verified: bool = True, added: Sequence[str] = ()) -> None:
+    """Rewrite `folder`'s record from `recorded`: the same files, those still there, and `added` (weights verified
+    since), with their contents as they are now (the weights `recorded` shared by their identity), the same serving
+    commands, and `verified`."""
+    still = sorted({name for name in recorded.files if os.path.lexists(folder / name)} | set(added))
     shared = {name: entry.shared for name, entry in recorded.entries.items()  # still SOURCE's bytes: same inode
               if entry.shared in sharing.SHARED and name in still and os.stat(folder / name).st_ino == entry.inode}
     write_record(folder, spec_text(folder) or "", recorded.serve, recorded.serving, shared=shared, verified=verified,

@@ -21,7 +21,10 @@ is, the same one `patch` runs:
    card is rope-extend's (unchanged since it was recorded), its 'Where it serves identically' section recomputed and
    a line in its Provenance saying what was re-verified. A card edited by hand is the user's: left as written.
 
-Files added to OUT after it was written stay out of the record (a push sends them only with `--include`).
+Files added to OUT after it was written stay out of the record (a push sends them only with `--include`), but for
+weights: weight files (and their index) the record does not list, a full checkpoint re-sharded for instance, make
+the forward run on the real weights, and the record then lists them (a record that lists no weights vouches for no
+model: `record.unverified_reason`). An OUT with no weight file is refused.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Reverified:
     changed: list[tuple[str, str]] = field(default_factory=list)  # what differed from the record, with how
     real_weights: bool = False  # the forward ran on the real weights (they changed)
     card: str = "refreshed"  # or "kept as edited", "none"
+    weights: list[str] = field(default_factory=list)  # the weight files (and index) the record now vouches for
     seconds: float = 0.0
 
 
@@ -88,11 +92,16 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
     changed = record.changes(root, recorded) if recorded.contents_known else [
         (name, "not recorded by content") for name in sorted(recorded.files)]
     weights = sorted(name for name, _ in record.walk(root) if sharing.is_weight(name) and "/" not in name)
+    if not weights:
+        raise CheckpointError(f"OUT {given!r} holds no weight file (*.safetensors), so there is no model to verify; "
+                              "put its weights back, or write OUT again with `rope-extend patch` into a new folder")
+    added = [name for name, _ in record.walk(root) if record.is_top_weight(name) and name not in recorded.files]
+    changed += [(name, "added") for name in added]  # e.g. weights re-sharded: verified on them, then recorded
     step(f"checking {len(weights)} weight file{'s' * (len(weights) != 1)} and the index")
     for name in weights:
         files.check_safetensors(record.contents(root, name))
     files.index_shards(root)
-    real = any(sharing.is_weight(name) for name, _ in changed) or not recorded.contents_known
+    real = any(record.is_top_weight(name) for name, _ in changed) or not recorded.contents_known
     if real:  # OUT's weights are loaded: refused before loading when they do not fit the memory
         from . import memory
         from .checkpoint import check_loading
@@ -125,7 +134,8 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
                 f"and a forward beyond the original length{' on the real weights' if real else ''}.")
         record.write_fresh(card_path, refresh_card(card_path.read_text(encoding="utf-8"), card_section(plan, root),
                                                    note))
-    record.refresh(root, recorded)
+    record.refresh(root, recorded, added=added)
+    result.weights = record.read_record(root).weights
     result.seconds = time.perf_counter() - started
     return result
 

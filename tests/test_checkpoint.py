@@ -75,6 +75,44 @@ def test_fast_and_full_paths_load_to_identical_logits(source, tmp_path, capsys):
     assert f"report: {fast / 'README.md'}" in words and "--rope-scaling yarn" in (fast / "README.md").read_text()
 
 
+def test_a_full_write_keeps_sources_shard_layout_and_never_writes_shards_over_the_cap(source, tmp_path, monkeypatch):
+    """Issue 66 item 2: `patch --mode full` wrote one model.safetensors whatever SOURCE's shards (transformers 5's
+    default max_shard_size is 50 GB). A SOURCE in 4 shards gives the same 4 shards, the same index; an unsharded
+    SOURCE larger than the cap (`checkpoint.MAX_SHARD_BYTES`, 5 GB; set to 40 kB here) gives shards of at most the
+    cap; the record lists every shard and the index."""
+    from safetensors import safe_open
+
+    from rope_extend import checkpoint
+    from rope_extend.record import read_record
+
+    sharded = tmp_path / "sharded"
+    tiny.make_model("llama").save_pretrained(sharded, max_shard_size="40KB")
+    names = sorted(p.name for p in sharded.glob("*.safetensors"))
+    assert len(names) >= 3
+    out = tmp_path / "out"
+    assert cli("patch", sharded, "--method", "yarn", "--factor", 4, "-o", out, "--mode", "full") == 0
+    assert sorted(p.name for p in out.glob("*.safetensors")) == names  # as many shards, none larger
+
+    def tensor_bytes(shard: Path) -> int:
+        with safe_open(shard, "pt") as handle:
+            return sum(handle.get_tensor(k).nbytes for k in handle.keys())
+
+    assert max(tensor_bytes(out / n) for n in names) <= max(tensor_bytes(sharded / n) for n in names)
+    index = "model.safetensors.index.json"
+    assert set(json.loads((out / index).read_text())["weight_map"].values()) == set(names)
+    assert read_record(out).weights == sorted([*names, index])
+
+    cap = 40_000
+    monkeypatch.setattr(checkpoint, "MAX_SHARD_BYTES", cap)
+    assert (source / "model.safetensors").stat().st_size > 2 * cap
+    capped = tmp_path / "capped"
+    assert cli("patch", source, "--method", "yarn", "--factor", 4, "-o", capped, "--mode", "full") == 0
+    shards = sorted(capped.glob("*.safetensors"))
+    assert len(shards) >= 3 and not (capped / "model.safetensors").exists()
+    assert max(map(tensor_bytes, shards)) <= cap  # the tensors' bytes of each shard (its header aside)
+    torch.testing.assert_close(stock_logits(capped, tiny.input_ids()), stock_logits(out, tiny.input_ids()))
+
+
 def test_config_only_does_not_load_weights(source, tmp_path, monkeypatch):
     """The fast path never opens the weights with torch: poison the loaders and it still works."""
     import safetensors.torch

@@ -901,6 +901,38 @@ def sent_names(out: Path) -> list[str]:
     return sorted(read_record(out).files)
 
 
+def test_weights_resharded_after_writing_are_verified_on_recorded_and_pushed(source, tmp_path, hub, capsys):
+    """Issue 66 item 2: a full OUT whose weights were re-sharded by hand: `verify` said verified "on the real
+    weights" while its record then listed no weight file, and the push refused every shard as "added later" (moving
+    them out pushed a checkpoint with no weights). Now verify runs on the shards, the record lists them and their
+    index, and the push sends them; an OUT with no weight file left is refused by verify."""
+    import torch
+    from huggingface_hub import save_torch_state_dict
+    from safetensors.torch import load_file
+
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out, "--mode", "full") == 0
+    state = load_file(out / "model.safetensors")
+    (out / "model.safetensors").unlink()
+    save_torch_state_dict({k: v.to(torch.float32) for k, v in state.items()}, out, max_shard_size="20KB")
+    names = shards(out)
+    assert len(names) >= 2 and "model.safetensors" not in names
+    capsys.readouterr()
+    assert cli("verify", out) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "on the real weights" in said and f"vouching for the weights {names[0]}" in said
+    assert read_record(out).weights == sorted([*names, "model.safetensors.index.json"])
+    assert cli("push", out, "me/resharded") == 0
+    sent = hub.repos["me/resharded"].files
+    assert sorted(name for name in sent if "safetensors" in name) == sorted([*names, "model.safetensors.index.json"])
+    assert all(sent[name] == (out / name).read_bytes() for name in names)
+
+    for name in [*names, "model.safetensors.index.json"]:
+        (out / name).unlink()
+    assert cli("verify", out) == 2
+    assert "holds no weight file (*.safetensors), so there is no model to verify" in one_error(capsys.readouterr().err)
+
+
 def test_an_interrupted_push_resumes_sending_only_what_the_hub_lacks(sharded, tmp_path, hub, capsys):
     """Ctrl-C in the middle of a sharded push (after half of the shards' bytes arrived): exit 130, one line saying
     what the Hub holds, that nothing was committed and the command that resumes; the repo shows nothing. Rerun: the
