@@ -294,8 +294,15 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
     folder = Path(folder).expanduser()
     if not folder.exists():
         raise CheckpointError(f"OUT {given!r} does not exist; give the folder `rope-extend patch` or `train` wrote")
+    if folder.is_file():
+        from .gguf import is_gguf
+
+        if is_gguf(folder):
+            return plan_gguf_push(folder, repo_id, private, written_now=written_now, unverified=unverified)
+        raise CheckpointError(f"OUT {given!r} is a file, not a GGUF; give the checkpoint folder (with config.json) "
+                              "or a .gguf file")
     if not folder.is_dir():
-        raise CheckpointError(f"OUT {given!r} is a file; give the checkpoint folder (with config.json)")
+        raise CheckpointError(f"OUT {given!r} is neither a folder nor a file; give the checkpoint folder")
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"OUT {given!r} is not a checkpoint folder (no config.json); give the folder "
                               "`rope-extend patch` or `train` wrote")
@@ -337,6 +344,55 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
                     record_text=public_text(folder, record, card, repo_id).encode("utf-8") if sends_record else None,
                     serve=record.serve_for(repo_id) if record is not None else None, written_now=written_now,
                     include=tuple(include), unverified=unverified and selection.unverified is not None)
+
+
+def plan_gguf_push(path: Path, repo_id: str, private: bool, *, written_now: bool = False,
+                   unverified: bool = False) -> PushPlan:
+    """A push of one GGUF file as a GGUF repo: the file and a card (sent from memory) saying what llama.cpp reads
+    from its metadata and how to serve it from the repo. A GGUF holds no rope-extend record, so it goes only with
+    `unverified` (the card says so). Its header is read first: what is not a model GGUF is refused in one line."""
+    from .gguf import read_gguf_info
+    from .record import CARD, Selection, Sent
+
+    path = Path(os.path.abspath(path))
+    info = read_gguf_info(path)
+    command = f"rope-extend push {shlex.quote(str(path))} {repo_id} --unverified"
+    selection = Selection(folder=path, record=None, allow_unverified=unverified,
+                          unverified_hint=f"`{command}`" if written_now else "--unverified")
+    selection.unverified = ("it is a GGUF file, which keeps no record of rope-extend's (its metadata is what "
+                            "llama.cpp reads), so rope-extend cannot say it wrote and verified it")
+    selection.unverified_fix = ("`rope-extend patch` checks the GGUF it writes against llama.cpp's RoPE math, but "
+                                "keeps no record inside it either")
+    selection.sent = [Sent(CARD, path.with_name(CARD), "written by this push: what llama.cpp reads from the file, "
+                                                       "how to serve it"),
+                      Sent(path.name, path, "the GGUF file")]
+    return PushPlan(folder=path, repo_id=repo_id, private=private, selection=selection,
+                    commit_message=f"rope-extend: upload {path.name}",
+                    card=gguf_card(info, repo_id, path.name, selection.unverified).encode("utf-8"),
+                    written_now=written_now, unverified=unverified)
+
+
+def gguf_card(info, repo_id: str, file_name: str, why: str) -> str:
+    """The card of a pushed GGUF: the Hub's gguf tag, what llama.cpp reads from its metadata (no local path), the
+    note that rope-extend did not verify it, and the command that serves it from the repo."""
+    scaling = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.scaling.items())
+    rope_freqs = f"{len(info.rope_freqs)} factors" if info.rope_freqs is not None else "none"
+    context = f" -c {info.context_length}" if info.context_length else ""
+    return "\n".join([
+        "---", "tags:", "- gguf", "- rope-scaling", "- long-context", "---", "",
+        f"# {repo_id.split('/', 1)[1]}", "", UNVERIFIED_NOTE.format(why=why), "",
+        f"`{file_name}`: {info.name or 'a model'} as one GGUF file for llama.cpp ({info.architecture}, "
+        f"{info.tensor_count} tensors, {info.file_size / 1e6:.1f} MB).", "",
+        "## What llama.cpp reads from it", "",
+        f"- context_length: {info.context_length}",
+        f"- rope.freq_base: {info.freq_base:.9g}",
+        f"- rope.dimension_count: {info.rope_dim}",
+        f"- rope.scaling: {scaling or 'none'}",
+        f"- rope_freqs tensor: {rope_freqs}", "",
+        "Read from the file's metadata by rope-extend (`rope-extend show FILE.gguf` prints the same).", "",
+        "## Serving", "", "```bash",
+        f"llama-server --hf-repo {repo_id} --hf-file {shlex.quote(file_name)}{context}", "```", "",
+    ])
 
 
 UNVERIFIED_NOTE = ("> **Not verified by rope-extend.** Pushed as it is with `rope-extend push --unverified`: {why}. "

@@ -366,6 +366,7 @@ class Selection:
     unverified: str | None = None  # why OUT is not a checkpoint rope-extend verified (None: it is)
     allow_unverified: bool = False  # push --unverified: sent as it is, the card saying so
     unverified_hint: str = "--unverified"  # how the caller's command pushes an unverified OUT on purpose
+    unverified_fix: str | None = None  # how to make a verified one, where `patch`/`verify` are not the way (a GGUF)
 
     @property
     def names(self) -> list[str]:
@@ -410,7 +411,9 @@ class Selection:
 
     def _unverified_refusal(self) -> str:
         quoted = shlex.quote(str(self.folder))
-        if self.record is None:
+        if self.unverified_fix is not None:
+            fix = self.unverified_fix
+        elif self.record is None:
             fix = (f"write it with `rope-extend patch {quoted} --method METHOD --factor N -o NEW` (which verifies the "
                    "checkpoint it writes and records every file) and push NEW")
         else:

@@ -878,6 +878,50 @@ def test_a_pushed_output_downloaded_into_a_hub_cache_pushes_again_on_its_public_
     assert "generation_config.json (edited)" in one_error(capsys.readouterr().err) and "me/third" not in hub.repos
 
 
+def test_a_gguf_file_is_pushed_as_a_gguf_repo_with_its_card(tmp_path, hub, capsys):
+    """Issue 66 item 6: `push model.gguf me/x` (was: "is a file; give the checkpoint folder"). A GGUF keeps no
+    rope-extend record, so it goes with --unverified only (one line before any request says so); then the repo
+    holds the file byte for byte and a card the Hub reads as a GGUF repo's (the gguf tag), saying what llama.cpp
+    reads from the metadata, that rope-extend did not verify it, and the llama-server command for the repo; no
+    local path in it. A vocab-only GGUF is refused for what it is."""
+    import gguf
+    from helpers import write_tiny_gguf
+
+    source = write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = tmp_path / "tiny-yarn.gguf"
+    assert cli("patch", source, "--method", "yarn", "--factor", "2", "-o", out) == 0
+    capsys.readouterr()
+    assert cli("push", out, "me/tiny-gguf") == 2
+    error = one_error(capsys.readouterr().err)
+    assert error.startswith(f"rope-extend: error: OUT {str(out)!r} is not a checkpoint rope-extend verified: it is a "
+                            "GGUF file, which keeps no record of rope-extend's") and "--unverified" in error
+    assert hub.requests == []
+    assert cli("push", out, "me/tiny-gguf", "--unverified", "--dry-run") == 0
+    printed = capsys.readouterr().out
+    assert dry_run_lines(printed) == ["README.md", "tiny-yarn.gguf"] and "would push 2 files" in printed
+    assert cli("push", out, "me/tiny-gguf", "--unverified") == 0
+    assert "(2 files, public)" in capsys.readouterr().out
+    files = hub.repos["me/tiny-gguf"].files
+    assert sorted(files) == ["README.md", "tiny-yarn.gguf"] and files["tiny-yarn.gguf"] == out.read_bytes()
+    card = files["README.md"].decode()
+    assert "gguf" in card_data(card, tmp_path).tags
+    meta = {name: f.contents() for name, f in gguf.GGUFReader(out).fields.items()}
+    assert f"- context_length: {meta['llama.context_length']}" in card
+    assert f"factor={meta['llama.rope.scaling.factor']:g}" in card and "type=yarn" in card
+    assert "> **Not verified by rope-extend.**" in card
+    assert f"llama-server --hf-repo me/tiny-gguf --hf-file tiny-yarn.gguf -c {meta['llama.context_length']}" in card
+    assert str(tmp_path) not in card
+
+    vocab = tmp_path / "ggml-vocab.gguf"
+    writer = gguf.GGUFWriter(str(vocab), "llama")
+    writer.add_token_list(["a", "b"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert cli("push", vocab, "me/vocab", "--unverified") == 2
+    assert "is a vocab-only GGUF" in one_error(capsys.readouterr().err) and "me/vocab" not in hub.repos
+
+
 # --- large outputs: LFS objects first, one commit, resumed after faults (issue 59) -----------------------------------
 PART = 16 << 10  # the test Hub's multipart part size: every shard travels in several parts
 

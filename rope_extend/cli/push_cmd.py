@@ -24,6 +24,8 @@ EXAMPLES = """Examples:
 
   rope-extend push out/smollm2-16k me/smollm2-16k --include adapter
 
+  rope-extend push out/smollm2-yarn2.gguf me/smollm2-yarn2-gguf --unverified
+
 Only a checkpoint rope-extend wrote and verified is sent (--unverified sends
 another as it is, its card saying so), and only its files; anything else in OUT
 is refused, named, before any network call (--include NAME sends a file inside
@@ -170,7 +172,7 @@ class TransferReport:
 
 @app.command(epilog=EXAMPLES)
 def push(
-    folder: Annotated[Path, typer.Argument(help="The OUT folder `patch` or `train` wrote.")],
+    folder: Annotated[Path, typer.Argument(help="The OUT folder `patch` or `train` wrote, or a .gguf file (a GGUF repo: the file and a card).")],
     repo_id: Annotated[str, typer.Argument(help="Hub repo id, e.g. me/my-model-64k (created if missing).")],
     private: Annotated[bool, typer.Option("--private", help="Create the repo as private.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be sent and left out; send nothing.")] = False,
