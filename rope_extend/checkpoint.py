@@ -109,8 +109,19 @@ def check_output_path(source: Path, out: Path, overwrite: bool) -> Path:
     if existing is None or not existing.is_dir():
         raise CheckpointError(f"cannot create OUT {given!r}: {str(existing)!r} is not a folder; choose another -o")
     if not os.access(existing, os.W_OK | os.X_OK):
+        if read_only_filesystem(existing):
+            raise CheckpointError(f"cannot write to {str(existing)!r}: it is on a read-only filesystem; choose an -o "
+                                  "on a writable one")
         raise CheckpointError(f"cannot write to {str(existing)!r} (permission denied); choose another -o")
     return out
+
+
+def read_only_filesystem(path: Path) -> bool:
+    """Whether `path` lies on a filesystem mounted read-only (no permission would let anyone write there)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows): say permission denied as before
+        return False
 
 
 def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
@@ -244,6 +255,9 @@ def _atomic_dir(out: Path, overwrite: bool):
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise CheckpointError(f"no space left on the device while writing {str(out)!r}; free space or use another -o") from None
+        if exc.errno == errno.EROFS:
+            raise CheckpointError(f"writing OUT {str(out)!r} failed: it is on a read-only filesystem; choose an -o on "
+                                  "a writable one") from None
         raise CheckpointError(
             f"writing OUT {str(out)!r} failed: {exc.strerror or type(exc).__name__}; nothing was left at OUT"
         ) from None

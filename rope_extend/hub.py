@@ -273,7 +273,10 @@ def check_repo_id(repo_id: str, flag: str = "REPO") -> str:
     from huggingface_hub.utils import validate_repo_id
 
     if not REPO_ID.match(repo_id or ""):
-        raise CheckpointError(f"{flag} expects a Hub repo id like 'user/model-name', got {repo_id!r}")
+        meant = (repo_id or "").lstrip("-")
+        dash = (f"; it starts with '-': a repo id starts with a letter or a digit, e.g. {meant!r}"
+                if (repo_id or "").startswith("-") and REPO_ID.match(meant) else "")
+        raise CheckpointError(f"{flag} expects a Hub repo id like 'user/model-name', got {repo_id!r}{dash}")
     try:
         validate_repo_id(repo_id)
     except HFValidationError as exc:

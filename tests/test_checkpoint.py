@@ -137,6 +137,54 @@ def test_config_from_yaml_with_overrides(source, tmp_path):
     assert config["max_position_embeddings"] == 2 * tiny.ORIGINAL
 
 
+def test_messages_suggest_what_the_command_line_can_do(source, tmp_path, capsys):
+    """Issue 66 item 7: patching rope-extend's own output again suggested `unpatch_model()` (the Python API) to a
+    command-line user; a method given where a spec file goes (`--config yarn`, eval's `--spec yarn`) said only that
+    the file does not exist: each names what to type instead."""
+    from rope_extend.errors import SpecError
+    from rope_extend.spec import parse_inline_spec
+
+    out = tmp_path / "out"
+    assert cli("patch", source, "--method", "yarn", "--factor", 2, "-o", out) == 0
+    capsys.readouterr()
+    for method, said in (("yarn", "or patch the model this one was written from, its SOURCE"),
+                         ("self-extend", "which would drop that patch: patch the model this one was written from, "
+                                         "its SOURCE, with self-extend")):
+        assert cli("patch", out, "--method", method, "--factor", 4, "-o", tmp_path / method) == 2
+        error = one_error_line(capsys)
+        assert said in error and "unpatch_model" not in error, error
+    assert cli("patch", source, "--config", "yarn", "-o", tmp_path / "c") == 2
+    assert one_error_line(capsys) == (
+        "rope-extend: error: spec file 'yarn' does not exist; 'yarn' is a method, not a spec file: give it with its "
+        "factor (patch: --method yarn --factor 2; eval: --spec method=yarn,factor=2)")
+    with pytest.raises(SpecError) as info:
+        parse_inline_spec("YaRN")
+    assert str(info.value) == ("--spec 'YaRN' names a method but no spec: write it inline with its factor, e.g. "
+                               "--spec method=yarn,factor=2, or give a spec YAML file")
+    assert parse_inline_spec("method=yarn,factor=2") == {"method": "yarn", "factor": 2}
+
+
+def test_a_read_only_filesystem_is_named_as_such(source, tmp_path):
+    """Issue 66 item 7: OUT on a read-only filesystem was refused as "permission denied". A tmpfs mounted
+    read-only in a private mount namespace (`unshare`, as root or through a user namespace)."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare, "-Urm", "true"], capture_output=True) if unshare else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("needs unshare with user and mount namespaces to mount a read-only filesystem")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    script = (f"mount -t tmpfs -o ro tmpfs {mount} && exec {sys.executable} -m rope_extend patch {source} "
+              f"--method yarn --factor 2 -o {mount}/out")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([unshare, "-Urm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2, done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("rope-extend: error:")]
+    assert error == [f"rope-extend: error: cannot write to {str(mount)!r}: it is on a read-only filesystem; choose "
+                     "an -o on a writable one"]
+
+
 def one_error_line(capsys) -> str:
     """The one error line on stderr (progress lines of work that had started, `rope-extend: [i/n] ...`, aside)."""
     err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("rope-extend: [")]

@@ -498,6 +498,23 @@ def test_the_visibility_printed_is_the_hubs(source, tmp_path, hub, capsys):
     assert capsys.readouterr().out.count("(6 files, public)") == 2
 
 
+def test_a_repo_id_with_a_leading_dash_is_explained(source, tmp_path, hub, capsys):
+    """Issue 66 item 7: `push OUT -me/x` said only "No such option: -m" (click reads the id as options), and
+    `--push-to-hub -me/x` did not say what was wrong with it: both say the id starts with '-' and the id meant."""
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    capsys.readouterr()
+    assert cli("push", out, "-me/x") == 2
+    assert one_error(capsys.readouterr().err) == (
+        "rope-extend: error: No such option: -m; '-me/x' starts with '-', so it was read as options: a Hub repo id "
+        "starts with a letter or a digit (user/name), e.g. 'me/x'")
+    assert cli("patch", source, *YARN, "-o", tmp_path / "o2", "--push-to-hub", "-me/x") == 2
+    assert one_error(capsys.readouterr().err) == (
+        "rope-extend: error: --push-to-hub expects a Hub repo id like 'user/model-name', got '-me/x'; it starts "
+        "with '-': a repo id starts with a letter or a digit, e.g. 'me/x'")
+    assert hub.requests == [] and not (tmp_path / "o2").exists()
+
+
 def test_push_with_the_hub_down_keeps_out_and_prints_the_push_later_command(source, tmp_path, hub, monkeypatch,
                                                                             capsys):
     from huggingface_hub import constants
