@@ -37,10 +37,12 @@ from typing import TYPE_CHECKING
 from . import sglang
 from .runs import CardRoute, EngineRefused, EvalServing, log_tail, register
 from .served import NotServed, compare, own_rope
-from .sglang_env import CPU_ENV, SglangEnv, ensure_sglang
 
+# sglang_env is imported where the engine starts, not here: `python -m rope_extend.engines.sglang_env` runs it as
+# __main__, and the package (which imports this module) must not have imported it first (runpy's warning)
 if TYPE_CHECKING:
     from ..plan import PatchPlan
+    from .sglang_env import SglangEnv
 
 ROUTES = ("server",)
 START_TIMEOUT = 900.0  # seconds for a server to answer /health (a start takes 20-40 s on 2 idle cores)
@@ -94,6 +96,8 @@ class SglangWorker:
     names what SGLang refused to start with."""
 
     def __init__(self, env: SglangEnv | None = None, *, log_path: str | None = None, device: str = "cpu"):
+        from .sglang_env import ensure_sglang
+
         self.env = env or ensure_sglang()
         self.version = self.env.sglang_version
         self.device = device
@@ -139,6 +143,8 @@ class SglangWorker:
         """Serve `folder` as `python -m sglang.launch_server --model-path FOLDER --context-length N
         [--json-model-override-args JSON]` would, with `env` (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN); returns
         the start's seconds. Raises SglangRefused with SGLang's last error line when the server does not start."""
+        from .sglang_env import CPU_ENV
+
         self._stop()
         unknown = [key for key in (engine_args or {}) if key not in FLAGS]
         if unknown:

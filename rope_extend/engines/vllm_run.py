@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING
 from . import vllm
 from .runs import CardRoute, EngineRefused, EvalServing, log_tail, register
 from .served import NotServed, compare, own_rope
-from .vllm_env import VllmEnv, ensure_vllm
 
+# vllm_env is imported where the engine starts, not here: `python -m rope_extend.engines.vllm_env` runs it as
+# __main__, and the package (which imports this module) must not have imported it first (runpy's warning)
 if TYPE_CHECKING:
     from ..plan import PatchPlan
+    from .vllm_env import VllmEnv
 
 ROUTES = ("offline", "server")
 
@@ -65,6 +67,7 @@ class VllmWorker:
 
     def __init__(self, env: VllmEnv | None = None, *, threads: int | None = None, log_path: str | None = None):
         from . import vllm_worker
+        from .vllm_env import ensure_vllm
 
         self.env = env or ensure_vllm()
         self.version = self.env.vllm_version
