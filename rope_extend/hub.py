@@ -30,7 +30,8 @@ def _offline() -> bool:
 
 
 # Model aliases every command accepts as SOURCE (resolved before any path or Hub lookup).
-ALIASES = {"smollm2": "the demo model SmolLM2-135M-Instruct (built once under ~/.cache/rope-extend)"}
+ALIASES = {"smollm2": "the demo model SmolLM2-135M-Instruct (built once under $ROPE_EXTEND_CACHE, default "
+                      "~/.cache/rope-extend)"}
 REACH_TIMEOUT_S = 3.0
 
 

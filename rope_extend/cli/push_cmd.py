@@ -26,10 +26,10 @@ EXAMPLES = """Examples:
 
   rope-extend push out/smollm2-yarn2.gguf me/smollm2-yarn2-gguf --unverified
 
-Only a checkpoint rope-extend wrote and verified is sent (--unverified sends
-another as it is, its card saying so), and only its files; anything else in OUT
-is refused, named, before any network call (--include NAME sends a file inside
-OUT on purpose).
+Only a checkpoint rope-extend wrote and verified is sent (--unverified
+sends another as it is, its card saying so), and only its files; anything
+else in OUT is refused, named, before any network call (--include NAME
+sends a file inside OUT on purpose).
 The token is HF_TOKEN or the one `hf auth login` stored; it is never printed.
 """
 
