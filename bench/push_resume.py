@@ -5,7 +5,8 @@ interruption at 50 %, and the pushing process's peak memory, for two checkpoint 
     python bench/push_resume.py --gb 2 --shards 30
 
 Each checkpoint is a plain folder (config.json, an index, N sparse `model-0000i-of-0000N.safetensors` shards, each
-with its own first bytes so that no two are the same object). Each push is `rope-extend push` in a fresh child
+with its own first bytes so that no two are the same object; not written by rope-extend, so pushed with
+--unverified). Each push is `rope-extend push` in a fresh child
 process (peak RSS from os.wait4) with HF_ENDPOINT at a HubServer running in this process, which keeps each object's
 sha256 and size, not its bytes. The interrupted run gets SIGINT once the server has received half of the shards'
 bytes; the resumed run is the command its last line prints. `received` is what the server read from upload
@@ -53,7 +54,7 @@ def push(folder: Path, repo: str, hub: HubServer, interrupt_at: int | None = Non
     env.pop("HF_HUB_OFFLINE", None)
     before = hub.received
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "rope_extend", "push", str(folder), repo], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "rope_extend", "push", str(folder), repo, "--unverified"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if interrupt_at is not None:
         def watch():
@@ -83,7 +84,7 @@ def one_size(total: int, shards: int, work: Path, part: int) -> dict:
         cut = push(folder, "me/resumed", hub, interrupt_at=weights // 2)
         assert cut["exit"] == 130, cut
         resume = re.search(r"`([^`]+)` resumes", cut["last_line"])[1]
-        assert shlex.split(resume)[1:] == ["push", str(folder), "me/resumed"], resume
+        assert shlex.split(resume)[1:] == ["push", str(folder), "me/resumed", "--unverified"], resume
         held = len(hub.repos["me/resumed"].objects)
         resumed = push(folder, "me/resumed", hub)
         assert resumed["exit"] == 0, resumed

@@ -4,7 +4,9 @@ RoPE scaling changes no weight, so the default (`mode="auto"` without a dtype ch
 (portable across transformers 4.x/5.x), updates the length caps in generation_config.json / tokenizer_config.json,
 shares the weights with SOURCE and copies every other file (`rope_extend.sharing` decides how). Nothing is loaded
 but JSON and the safetensors headers, so time and memory do not grow with the model. `mode="full"` loads, patches and
-`save_pretrained`s the model with the same output layout.
+`save_pretrained`s the model in SOURCE's shard layout: shards no larger than SOURCE's largest, and never over
+`MAX_SHARD_BYTES` (5 GB, the size the Hub's advice and transformers 4.x use: transformers 5's default of 50 GB wrote
+a 16 GB model as one file, which a resumed push sends again whole).
 
 Output is built in a temporary folder beside OUT and renamed into place at the end: after an error, Ctrl-C or
 SIGKILL, OUT is absent (or its previous content, with --overwrite) and SOURCE is never written (every file we change
@@ -30,7 +32,7 @@ from .card import build_model_card
 from .engines.parity import card_parity
 from .engines.serving import ServeHint, ServingHints
 from .errors import CheckpointError, SpecError, UnverifiedCheckpointError, VerificationError
-from .files import check_safetensors, read_json
+from .files import check_safetensors, read_json, read_safetensors_header
 from .hub import resolve_source
 from .patch import verify_or_explain
 from .plan import PatchPlan, check_rope_model
@@ -43,6 +45,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SKIP_NAMES = {".git", ".gitattributes", ".cache", ".huggingface"}
 WRITTEN = {"config.json", "generation_config.json", "tokenizer_config.json", "rope_extend.yaml", "README.md"}
 TMP_TAG = ".rope-extend-tmp-"
+MAX_SHARD_BYTES = 5 * 10**9  # the largest shard a full write makes (transformers 4.x's default, the Hub's advice)
 
 
 @dataclass
@@ -106,8 +109,19 @@ def check_output_path(source: Path, out: Path, overwrite: bool) -> Path:
     if existing is None or not existing.is_dir():
         raise CheckpointError(f"cannot create OUT {given!r}: {str(existing)!r} is not a folder; choose another -o")
     if not os.access(existing, os.W_OK | os.X_OK):
+        if read_only_filesystem(existing):
+            raise CheckpointError(f"cannot write to {str(existing)!r}: it is on a read-only filesystem; choose an -o "
+                                  "on a writable one")
         raise CheckpointError(f"cannot write to {str(existing)!r} (permission denied); choose another -o")
     return out
+
+
+def read_only_filesystem(path: Path) -> bool:
+    """Whether `path` lies on a filesystem mounted read-only (no permission would let anyone write there)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows): say permission denied as before
+        return False
 
 
 def scan_source(source: Path, allow_pickle: bool) -> list[Path]:
@@ -241,6 +255,9 @@ def _atomic_dir(out: Path, overwrite: bool):
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise CheckpointError(f"no space left on the device while writing {str(out)!r}; free space or use another -o") from None
+        if exc.errno == errno.EROFS:
+            raise CheckpointError(f"writing OUT {str(out)!r} failed: it is on a read-only filesystem; choose an -o on "
+                                  "a writable one") from None
         raise CheckpointError(
             f"writing OUT {str(out)!r} failed: {exc.strerror or type(exc).__name__}; nothing was left at OUT"
         ) from None
@@ -322,7 +339,7 @@ def _save_loaded(model, source: Path, tmp: Path, files: list[Path], plan: PatchP
 
     with warnings.catch_warnings():  # what stock loaders make of the checkpoint is in result.warnings (printed)
         warnings.simplefilter("ignore")
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, max_shard_size=shard_size(source, files))
     saved = {p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file()}
     for rel in files:
         name = rel.as_posix()
@@ -334,6 +351,18 @@ def _save_loaded(model, source: Path, tmp: Path, files: list[Path], plan: PatchP
     new = compat.portable_checkpoint_config(saved_config, plan.slots, plan.max_position_embeddings, plan.marker)
     _write_json(tmp / "config.json", new)
     return new
+
+
+def shard_size(source: Path, files: list[Path]) -> int:
+    """The largest shard a full write of SOURCE makes, in bytes of tensors: when SOURCE is sharded, the tensors of
+    its largest shard (transformers packs tensors in order while they fit, so in the same dtype the output gets
+    SOURCE's shards), at most `MAX_SHARD_BYTES`."""
+    shards = []
+    for rel in files:
+        if rel.suffix == ".safetensors" and len(rel.parts) == 1:
+            _, header_len, size = read_safetensors_header(source / rel)
+            shards.append(size - 8 - header_len)
+    return min(max(shards), MAX_SHARD_BYTES) if len(shards) > 1 else MAX_SHARD_BYTES
 
 
 def verify_output(

@@ -221,9 +221,17 @@ def _read_header(path: Path) -> _Header:
     size = path.stat().st_size
     try:
         with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return _parse_header(mm, size)
+            header = _parse_header(mm, size)
     except (struct.error, ValueError, IndexError, UnicodeDecodeError, OSError) as exc:
         raise CheckpointError(f"{str(path)!r} is not a readable GGUF file ({exc}); re-download or re-convert it") from exc
+    if not header.tensors:  # complete as it is: nothing to re-download
+        vocab = any(key.startswith("tokenizer.") for key in header.kvs)
+        what = ("a vocab-only GGUF: a tokenizer (tokenizer.* metadata) and no tensor, as llama.cpp's "
+                "ggml-vocab-*.gguf files and `convert_hf_to_gguf.py --vocab-only` write" if vocab
+                else "a GGUF with no tensor")
+        raise CheckpointError(f"{str(path)!r} is {what}, so it holds no model; give the GGUF of the model itself "
+                              "(with its weights)")
+    return header
 
 
 def _parse_header(mm, size: int) -> _Header:
@@ -279,7 +287,7 @@ def _parse_header(mm, size: int) -> _Header:
         tensors.append(_TensorInfo(name, tuple(dims), ggml_type, offset, bytes(mm[start:pos])))
     alignment = int(kvs["general.alignment"].value) if "general.alignment" in kvs else 32
     header = _Header(version, kvs, tensors, alignment, _pad(pos, alignment), size)
-    if header.data_start + header.data_end > size:
+    if tensors and header.data_start + header.data_end > size:  # without tensors there is no data section
         raise ValueError(f"tensor data ends at {header.data_start + header.data_end} but the file has {size} bytes")
     return header
 

@@ -30,7 +30,8 @@ def _offline() -> bool:
 
 
 # Model aliases every command accepts as SOURCE (resolved before any path or Hub lookup).
-ALIASES = {"smollm2": "the demo model SmolLM2-135M-Instruct (built once under ~/.cache/rope-extend)"}
+ALIASES = {"smollm2": "the demo model SmolLM2-135M-Instruct (built once under $ROPE_EXTEND_CACHE, default "
+                      "~/.cache/rope-extend)"}
 REACH_TIMEOUT_S = 3.0
 
 
@@ -183,7 +184,6 @@ def _status(exc) -> str:
 # What a push sends is decided by rope_extend.record (no network, nothing written); this part talks to the Hub.
 # OUT is never written by a push: a card naming the repo is sent from memory.
 SERVING_HEADING = "\n## Serving\n\n"
-RETRY_STATUSES = ("408", "429", "500", "502", "503", "504")
 
 
 @dataclass
@@ -200,6 +200,7 @@ class PushPlan:
     serve: str | None = None  # the serve line for the pushed repo (from OUT's record)
     written_now: bool = False  # `patch`/`train --push-to-hub`: OUT was just written, its command is news
     include: tuple[str, ...] = ()  # push's --include names (the push-later command repeats them)
+    unverified: bool = False  # push --unverified (the push-later command repeats it)
     url: str = ""
     transfer: object = None  # upload.Transfer of the push that ran (what was sent, what the Hub held)
 
@@ -211,7 +212,8 @@ class PushPlan:
     def later(self) -> str:
         """The one command that pushes `folder` (what a failure a retry can fix prints)."""
         return (f"rope-extend push {shlex.quote(str(self.folder))} {self.repo_id}" + (" --private" if self.private else "")
-                + "".join(f" --include {shlex.quote(name)}" for name in self.include))
+                + "".join(f" --include {shlex.quote(name)}" for name in self.include)
+                + (" --unverified" if self.unverified else ""))
 
     def kept(self, retry: bool = False) -> str:
         """How a failure ends: OUT is kept as it was, and, when a retry can fix the failure (network, 5xx), the
@@ -239,13 +241,16 @@ class PushPlan:
                     f"it may not send, {' and '.join(w for w in why if w)}; the {files_count(len(sendable))} marked + "
                     "would go once they are dealt with")
         lines = [head, f"commit message: {self.commit_message}"]
-        if self.card is not None:
+        if selection.unverified is not None and selection.allow_unverified:
+            lines.append(f"--unverified: {selection.unverified}; the {CARD} sent says rope-extend did not verify it "
+                         "(OUT's copy is not changed)")
+        elif self.card is not None:
             lines.append(f"{CARD}: sent with its Serving section naming {self.repo_id} (OUT's copy is not changed)")
         elif selection.card_edited:
             lines.append(f"{CARD}: edited since rope-extend wrote it: yours, sent as written")
-        if selection.record is not None and not selection.record.verified:
-            lines.append(f"not verified: OUT was written with --no-verify; `rope-extend verify "
-                         f"{shlex.quote(str(self.folder))}` verifies it")
+        if find_token() is None:
+            lines.append("no Hugging Face token is set: the push itself would stop before sending anything; set "
+                         "HF_TOKEN to a token with write access or log in once with `hf auth login`")
         if self.record_text is not None:
             lines.append(f"{SPEC_FILE}: sent without this machine's data (inodes, times), its serving commands naming "
                          f"{self.repo_id}; OUT's copy is not changed")
@@ -269,7 +274,10 @@ def check_repo_id(repo_id: str, flag: str = "REPO") -> str:
     from huggingface_hub.utils import validate_repo_id
 
     if not REPO_ID.match(repo_id or ""):
-        raise CheckpointError(f"{flag} expects a Hub repo id like 'user/model-name', got {repo_id!r}")
+        meant = (repo_id or "").lstrip("-")
+        dash = (f"; it starts with '-': a repo id starts with a letter or a digit, e.g. {meant!r}"
+                if (repo_id or "").startswith("-") and REPO_ID.match(meant) else "")
+        raise CheckpointError(f"{flag} expects a Hub repo id like 'user/model-name', got {repo_id!r}{dash}")
     try:
         validate_repo_id(repo_id)
     except HFValidationError as exc:
@@ -279,25 +287,35 @@ def check_repo_id(repo_id: str, flag: str = "REPO") -> str:
 
 
 def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: Sequence[str] = (), *,
-              flag: str = "REPO", written_now: bool = False) -> PushPlan:
+              flag: str = "REPO", written_now: bool = False, unverified: bool = False) -> PushPlan:
     """Check the repo id and OUT and compute the upload (`record.select`); no network, nothing written. Refused
-    files are in `plan.selection.refused` (`selection.refusal()` is the error the push raises)."""
-    from .record import CARD, SPEC_FILE, public_text, select, spec_text
+    files are in `plan.selection.refused` (`selection.refusal()` is the error the push raises). `unverified`: push
+    --unverified, an OUT rope-extend did not verify sent as it is with a card that says so."""
+    from .record import CARD, SPEC_FILE, Sent, public_text, select, spec_text
 
     check_repo_id(repo_id, flag)
     given = str(folder)
     folder = Path(folder).expanduser()
     if not folder.exists():
         raise CheckpointError(f"OUT {given!r} does not exist; give the folder `rope-extend patch` or `train` wrote")
+    if folder.is_file():
+        from .gguf import is_gguf
+
+        if is_gguf(folder):
+            return plan_gguf_push(folder, repo_id, private, written_now=written_now, unverified=unverified)
+        raise CheckpointError(f"OUT {given!r} is a file, not a GGUF; give the checkpoint folder (with config.json) "
+                              "or a .gguf file")
     if not folder.is_dir():
-        raise CheckpointError(f"OUT {given!r} is a file; give the checkpoint folder (with config.json)")
+        raise CheckpointError(f"OUT {given!r} is neither a folder nor a file; give the checkpoint folder")
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"OUT {given!r} is not a checkpoint folder (no config.json); give the folder "
                               "`rope-extend patch` or `train` wrote")
     folder = Path(os.path.abspath(folder))
-    hint = (f"`rope-extend push {shlex.quote(str(folder))} {repo_id} --include {{name}}`" if written_now
+    command = f"rope-extend push {shlex.quote(str(folder))} {repo_id}"
+    hint = (f"`{command} --include {{name}}`" if written_now
             else "--include {name}")  # patch and train have no --include: the push command does
-    selection = select(folder, include, hint)
+    selection = select(folder, include, hint, unverified=unverified,
+                       unverified_hint=f"`{command} --unverified`" if written_now else "--unverified")
     record = selection.record
     card = None
     readme = next((entry for entry in selection.sent if entry.name == CARD), None)
@@ -308,6 +326,20 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
             text = None  # not a card rope-extend wrote: sent as it is
         new = text and _with_serving(text, record.serving_for(repo_id))
         card = None if new == text else new.encode("utf-8")
+    if selection.unverified is not None and unverified:  # the card sent says so, whatever OUT's says
+        if readme is None:
+            readme = Sent(CARD, folder / CARD, "written by this push (OUT has none): it says rope-extend did not "
+                                               "verify this folder")
+            selection.sent = sorted([*selection.sent, readme], key=lambda entry: entry.name)
+            text = None
+        elif card is not None:
+            text = card.decode("utf-8")
+        else:
+            try:
+                text = readme.path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                text = None
+        card = unverified_card(text, folder.name, selection.unverified).encode("utf-8")
     spec = spec_text(folder)
     what = " ".join(spec.split()) if spec else f"upload {folder.name}"
     sends_record = record is not None and any(entry.name == SPEC_FILE for entry in selection.sent)
@@ -315,7 +347,75 @@ def plan_push(folder: str | os.PathLike, repo_id: str, private: bool, include: S
                     commit_message=("rope-extend: " + what)[:1000], card=card,
                     record_text=public_text(folder, record, card, repo_id).encode("utf-8") if sends_record else None,
                     serve=record.serve_for(repo_id) if record is not None else None, written_now=written_now,
-                    include=tuple(include))
+                    include=tuple(include), unverified=unverified and selection.unverified is not None)
+
+
+def plan_gguf_push(path: Path, repo_id: str, private: bool, *, written_now: bool = False,
+                   unverified: bool = False) -> PushPlan:
+    """A push of one GGUF file as a GGUF repo: the file and a card (sent from memory) saying what llama.cpp reads
+    from its metadata and how to serve it from the repo. A GGUF holds no rope-extend record, so it goes only with
+    `unverified` (the card says so). Its header is read first: what is not a model GGUF is refused in one line."""
+    from .gguf import read_gguf_info
+    from .record import CARD, Selection, Sent
+
+    path = Path(os.path.abspath(path))
+    info = read_gguf_info(path)
+    command = f"rope-extend push {shlex.quote(str(path))} {repo_id} --unverified"
+    selection = Selection(folder=path, record=None, allow_unverified=unverified,
+                          unverified_hint=f"`{command}`" if written_now else "--unverified")
+    selection.unverified = ("it is a GGUF file, which keeps no record of rope-extend's (its metadata is what "
+                            "llama.cpp reads), so rope-extend cannot say it wrote and verified it")
+    selection.unverified_fix = ("`rope-extend patch` checks the GGUF it writes against llama.cpp's RoPE math, but "
+                                "keeps no record inside it either")
+    selection.sent = [Sent(CARD, path.with_name(CARD), "written by this push: what llama.cpp reads from the file, "
+                                                       "how to serve it"),
+                      Sent(path.name, path, "the GGUF file")]
+    return PushPlan(folder=path, repo_id=repo_id, private=private, selection=selection,
+                    commit_message=f"rope-extend: upload {path.name}",
+                    card=gguf_card(info, repo_id, path.name, selection.unverified).encode("utf-8"),
+                    written_now=written_now, unverified=unverified)
+
+
+def gguf_card(info, repo_id: str, file_name: str, why: str) -> str:
+    """The card of a pushed GGUF: the Hub's gguf tag, what llama.cpp reads from its metadata (no local path), the
+    note that rope-extend did not verify it, and the command that serves it from the repo."""
+    scaling = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.scaling.items())
+    rope_freqs = f"{len(info.rope_freqs)} factors" if info.rope_freqs is not None else "none"
+    context = f" -c {info.context_length}" if info.context_length else ""
+    return "\n".join([
+        "---", "tags:", "- gguf", "- rope-scaling", "- long-context", "---", "",
+        f"# {repo_id.split('/', 1)[1]}", "", UNVERIFIED_NOTE.format(why=why), "",
+        f"`{file_name}`: {info.name or 'a model'} as one GGUF file for llama.cpp ({info.architecture}, "
+        f"{info.tensor_count} tensors, {info.file_size / 1e6:.1f} MB).", "",
+        "## What llama.cpp reads from it", "",
+        f"- context_length: {info.context_length}",
+        f"- rope.freq_base: {info.freq_base:.9g}",
+        f"- rope.dimension_count: {info.rope_dim}",
+        f"- rope.scaling: {scaling or 'none'}",
+        f"- rope_freqs tensor: {rope_freqs}", "",
+        "Read from the file's metadata by rope-extend (`rope-extend show FILE.gguf` prints the same).", "",
+        "## Serving", "", "```bash",
+        f"llama-server --hf-repo {repo_id} --hf-file {shlex.quote(file_name)}{context}", "```", "",
+    ])
+
+
+UNVERIFIED_NOTE = ("> **Not verified by rope-extend.** Pushed as it is with `rope-extend push --unverified`: {why}. "
+                   "rope-extend vouches for none of these files.")
+
+
+def unverified_card(text: str | None, name: str, why: str) -> str:
+    """The card an unverified push sends: `text` (OUT's card; None: OUT has none, a title is made from `name`) with
+    a note under its title (after the metadata block) saying rope-extend did not verify it and why."""
+    note = UNVERIFIED_NOTE.format(why=why)
+    if not text:
+        return f"# {name}\n\n{note}\n"
+    lines = text.split("\n")
+    start = 0
+    if lines and lines[0].strip() == "---":  # the metadata block the Hub reads stays first
+        start = next((i + 1 for i in range(1, len(lines)) if lines[i].strip() == "---"), 0)
+    title = next((i for i in range(start, len(lines)) if lines[i].startswith("# ")), None)
+    at = title + 1 if title is not None else start
+    return "\n".join(lines[:at] + ["", note, ""] + lines[at:])
 
 
 def _with_serving(text: str, serving: str) -> str:
@@ -329,12 +429,17 @@ def _with_serving(text: str, serving: str) -> str:
     return text[:body] + serving.strip() + "\n" + text[end:]
 
 
+def find_token() -> str | None:
+    """HF_TOKEN, else huggingface_hub's stored token (`hf auth login`), else None (never printed)."""
+    from huggingface_hub import get_token
+
+    return os.environ.get("HF_TOKEN") or get_token() or None
+
+
 def hub_token(where: str = "") -> str:
     """HF_TOKEN, else huggingface_hub's stored token (`hf auth login`); a missing one is refused here, before any
     network call. The token goes to huggingface_hub only: never printed, logged or written."""
-    from huggingface_hub import get_token
-
-    token = os.environ.get("HF_TOKEN") or get_token()
+    token = find_token()
     if not token:
         raise CheckpointError(
             "no Hugging Face token: set HF_TOKEN to a token with write access or log in once with `hf auth login`"
@@ -358,33 +463,32 @@ def push(plan: PushPlan, token: str, report=None, retry=None) -> bool | None:
     push writes nothing into it), and a failure a retry can fix offers the command that resumes; Ctrl-C raises
     `upload.PushInterrupted`, whose line says the same."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
 
-    from .upload import network_error, send
+    from .upload import retryable, send, status_of, without_urls
 
     refusal = plan.selection.refusal()
     if refusal is not None:
         raise refusal
     try:
         transfer = send(plan, token, report, retry)
-    except HfHubHTTPError as exc:
-        status = _status(exc)
-        said = " ".join(str(getattr(exc, "server_message", None) or "").split())[:200]
+    except (KeyboardInterrupt, SystemExit, MemoryError, CheckpointError):
+        raise
+    except Exception as exc:  # huggingface_hub's HTTP errors, connection errors and timeouts of its HTTP client
+        status = status_of(exc)
+        if status is None:
+            reason = without_urls(" ".join(str(exc).split()))[:200]
+            raise CheckpointError(f"pushing to {plan.repo_id!r} failed ({type(exc).__name__}"
+                                  f"{': ' + reason if reason else ''}){plan.kept(retry=retryable(exc))}") from None
+        said = without_urls(" ".join(str(getattr(exc, "server_message", None) or "").split()))[:200]
         said = f" ({said})" if said else ""
-        if status in ("401", "403"):
+        if status in (401, 403):
             raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP {status}{said}; check that the token "
                                   f"has write access to it{plan.kept()}") from None
-        if status == "404":
+        if status == 404:
             raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP 404{said}; check the repo id and that "
                                   f"the token may write to it{plan.kept()}") from None
         raise CheckpointError(f"pushing to {plan.repo_id!r} failed: HTTP {status}{said}"
-                              f"{plan.kept(retry=status in RETRY_STATUSES)}") from None
-    except (KeyboardInterrupt, SystemExit, MemoryError, CheckpointError):
-        raise
-    except Exception as exc:  # connection errors and timeouts of whichever HTTP client huggingface_hub uses
-        reason = " ".join(str(exc).split())[:200]
-        raise CheckpointError(f"pushing to {plan.repo_id!r} failed ({type(exc).__name__}{': ' + reason if reason else ''})"
-                              f"{plan.kept(retry=network_error(exc))}") from None
+                              f"{plan.kept(retry=retryable(exc))}") from None
     plan.url = transfer.url or f"{_endpoint()}/{plan.repo_id}"
     plan.transfer = transfer
     try:

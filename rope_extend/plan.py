@@ -297,11 +297,12 @@ def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any)
     changed = _changes(facts, new_slots, int(new_max), new_marker, method)
     if changed and method.keeps_scheme:  # the model's scheme and window stay: only a patch under it is refused
         if marker is not None and not _marker_keeps_scheme(marker):
-            raise AlreadyScaledError(
-                f"the model carries rope-extend's own patch ({_describe(facts.slots, targets, marker)}); "
-                f"{resolved.method} keeps the RoPE a model ships and remaps attention on top, which would drop that "
-                f"patch: call unpatch_model() first (or load the original model), then apply {resolved.method}"
-            )
+            def keeps(words) -> str:
+                return (f"the model carries rope-extend's own patch ({_describe(facts.slots, targets, marker)}); "
+                        f"{resolved.method} keeps the RoPE a model ships and remaps attention on top, which would "
+                        f"drop that patch: {_undo(words)}, with {resolved.method}")
+
+            raise AlreadyScaledError(keeps(_flags), compose=keeps)
     elif changed:
         _check_window(facts, resolved, targets, base_theta)
     plan = replace(plan, changed=changed, attention_factor=float(plan.expected_stock(targets[0])[1]))
@@ -367,7 +368,7 @@ def _check_window(facts, spec: RopeSpec, targets, base_theta: float) -> None:
                         f"{words({'replace_existing': True})}"
                         + (" (spec: replace_existing: true)" if words is _flags else "")
                         + f" to re-derive {spec.method} from the original length {original} and base {base_theta:g} "
-                        "instead" + (", or unpatch_model() first" if facts.marker else ""))
+                        "instead" + (f", or {_undo(words)}" if facts.marker else ""))
 
             raise AlreadyScaledError(on_top(_flags), fix={"replace_existing": True}, compose=on_top)
 
@@ -375,7 +376,7 @@ def _check_window(facts, spec: RopeSpec, targets, base_theta: float) -> None:
             return (f"{now}; {reach} would reach only {target}, shorter than now. To extend it: {extend_text(words)}; "
                     f"to replace the scheme at {window} tokens: "
                     f"{words({'target_length': window, 'replace_existing': True})} ({spec.method} "
-                    f"x{window / original:g})" + ("; or unpatch_model() first" if facts.marker else ""))
+                    f"x{window / original:g})" + (f"; or {_undo(words)}" if facts.marker else ""))
 
         raise AlreadyScaledError(shorter_than_now(_flags), fix=extend, compose=shorter_than_now)
     if target < window and not spec.shorten_window:
@@ -393,6 +394,15 @@ def _flags(keys: dict) -> str:
     words = {"target_length": "--target-length {}", "factor": "--factor {:g}"}
     return " ".join(words[key].format(value) if key in words else f"--set {key}={str(value).lower()}"
                     for key, value in keys.items())
+
+
+_flags.undo = "patch the model this one was written from, its SOURCE"
+
+
+def _undo(words) -> str:
+    """How a front end says "start from the unpatched model": `words.undo` (patch's: its SOURCE), else in words every
+    front end can act on (a command line has no `unpatch_model()`)."""
+    return getattr(words, "undo", "start from the original model, the one this was written from")
 
 
 def _marker_keeps_scheme(marker: dict) -> bool:

@@ -20,6 +20,10 @@ time or path).
 - An OUT rope-extend wrote (its config.json carries the `rope_extend` marker, or it has a `rope_extend.yaml`) without
   a record sends nothing: one line says how to make one (write it again into a new folder). A record from before
   contents were recorded (names and inodes only) sends nothing either: `rope-extend verify OUT` records them.
+- A folder that is not a checkpoint rope-extend verified (`unverified_reason`: no record, a record that says it is
+  not verified, a record that lists no weight file) sends nothing, the line naming `patch` or `verify`, unless the
+  push says `--unverified` (`select(..., unverified=True)`: the card it sends then says so). Top-level weights the
+  record does not list are refused even when named: `rope-extend verify OUT` records the weights it verifies.
 - A recorded file that changed since verification sends nothing: one line names each, with the command that
   re-verifies OUT as it is now and refreshes its card and record (`rope-extend verify OUT`). The card (README.md) is
   the exception: edited by hand it is the user's, sent as written.
@@ -67,6 +71,9 @@ PUBLIC_NOTE = (f"# {OUTPUT_RECORD_KEY}: rope-extend's record of this checkpoint 
                "model by their size), the serving commands for model_id. `rope-extend push` of a download of this "
                "repo sends these files, as recorded, and no other.\n")
 SHOWN = 8  # files named in a refusal
+WEIGHT_INDEX = ".safetensors.index.json"
+UNVERIFIED_WEIGHTS = ("weights rope-extend did not verify (not in its record: added or re-sharded since), refused "
+                      "even when named")
 CHUNK = 1 << 20
 
 
@@ -123,6 +130,11 @@ class Record:
     @property
     def files(self) -> frozenset[str]:
         return frozenset(self.entries)
+
+    @property
+    def weights(self) -> list[str]:
+        """The weight files the record vouches for (top level: a checkpoint's weights)."""
+        return sorted(name for name in self.entries if is_top_weight(name))
 
     def serve_for(self, repo_id: str) -> str | None:
         return None if self.serve is None else self.serve.replace(MODEL_ID, repo_id)
@@ -188,10 +200,11 @@ def write_fresh(path: Path, text: str) -> None:
             fresh.unlink()
 
 
-def refresh(folder: Path, recorded: Record, verified: bool = True) -> None:
-    """Rewrite `folder`'s record from `recorded`: the same files, those still there, with their contents as they are
-    now (the weights `recorded` shared by their identity), the same serving commands, and `verified`."""
-    still = [name for name in sorted(recorded.files) if os.path.lexists(folder / name)]
+def refresh(folder: Path, recorded: Record, verified: bool = True, added: Sequence[str] = ()) -> None:
+    """Rewrite `folder`'s record from `recorded`: the same files, those still there, and `added` (weights verified
+    since), with their contents as they are now (the weights `recorded` shared by their identity), the same serving
+    commands, and `verified`."""
+    still = sorted({name for name in recorded.files if os.path.lexists(folder / name)} | set(added))
     shared = {name: entry.shared for name, entry in recorded.entries.items()  # still SOURCE's bytes: same inode
               if entry.shared in sharing.SHARED and name in still and os.stat(folder / name).st_ino == entry.inode}
     write_record(folder, spec_text(folder) or "", recorded.serve, recorded.serving, shared=shared, verified=verified,
@@ -350,6 +363,10 @@ class Selection:
     changed: list[tuple[str, str]] = field(default_factory=list)  # recorded files not as verified
     card_edited: bool = False  # README.md is not the card rope-extend wrote: sent as written
     no_record: str | None = None  # why OUT, written by rope-extend, has no record to send on
+    unverified: str | None = None  # why OUT is not a checkpoint rope-extend verified (None: it is)
+    allow_unverified: bool = False  # push --unverified: sent as it is, the card saying so
+    unverified_hint: str = "--unverified"  # how the caller's command pushes an unverified OUT on purpose
+    unverified_fix: str | None = None  # how to make a verified one, where `patch`/`verify` are not the way (a GGUF)
 
     @property
     def names(self) -> list[str]:
@@ -360,6 +377,8 @@ class Selection:
         named), and the way forward; or None."""
         if self.no_record is not None:
             return CheckpointError(self.no_record)
+        if self.unverified is not None and not self.allow_unverified:
+            return CheckpointError(self._unverified_refusal())
         if not self.changed and not self.refused:
             return None
         where, count = f"OUT {str(self.folder)!r}", len(self.refused)
@@ -375,14 +394,52 @@ class Selection:
                          "reload and a forward beyond the original length) and refreshes its card and record; then "
                          "push again")
         blobs = sum(1 for _, why in self.refused if why.startswith("a Hub cache blob"))
-        if count > blobs:
-            them = "them" if count - blobs != 1 else "it"
+        weights = sum(1 for _, why in self.refused if why == UNVERIFIED_WEIGHTS)
+        if weights:  # moving them out would leave a checkpoint without its weights
+            fixes.append(f"`rope-extend verify {shlex.quote(str(self.folder))}` verifies OUT with the weights it holds "
+                         "now (stock reload and a forward beyond the original length on them) and records them; then "
+                         "push again")
+        if count > blobs + weights:
+            them = "them" if count - blobs - weights != 1 else "it"
             fixes.append(f"move {them} out of OUT, or send a file you added on purpose with "
                          f"{self.hint.format(name='NAME')}")
         if blobs:  # a blob cannot be moved out of its snapshot
             fixes.append(f"a Hub cache blob stays in its cache: copy the snapshot's files into a new folder "
                          f"(cp -rL {shlex.quote(str(self.folder))} NEW) and push NEW")
         return CheckpointError(f"{what}; {'; '.join(fixes)}")
+
+
+    def _unverified_refusal(self) -> str:
+        quoted = shlex.quote(str(self.folder))
+        if self.unverified_fix is not None:
+            fix = self.unverified_fix
+        elif self.record is None:
+            fix = (f"write it with `rope-extend patch {quoted} --method METHOD --factor N -o NEW` (which verifies the "
+                   "checkpoint it writes and records every file) and push NEW")
+        else:
+            fix = (f"`rope-extend verify {quoted}` verifies OUT as it is now (stock reload and a forward beyond the "
+                   "original length) and records its files; then push again")
+        return (f"OUT {str(self.folder)!r} is not a checkpoint rope-extend verified: {self.unverified}, so nothing "
+                f"was sent (a push publishes what rope-extend wrote and verified); {fix}, or push it as it is with "
+                f"{self.unverified_hint} (the card it sends then says rope-extend did not verify it)")
+
+
+def unverified_reason(record: Record | None) -> str | None:
+    """Why an OUT with `record` is not a checkpoint rope-extend verified, or None when it is: no record, a record
+    that says it is not verified, or one that lists no weight file (it vouches for no model)."""
+    if record is None:
+        return (f"it holds no record of rope-extend's ({SPEC_FILE} with {OUTPUT_RECORD_KEY}), so rope-extend did not "
+                "write or verify it")
+    if not record.verified:
+        return "its record says it is not verified (written with --no-verify, or kept after a failed verification)"
+    if not record.weights:
+        return "its record lists no weight file, so it vouches for no model"
+    return None
+
+
+def is_top_weight(name: str) -> bool:
+    """Whether `name` (relative to OUT) is one of a checkpoint's weight files or their index (top level)."""
+    return "/" not in name and (sharing.is_weight(name) or name.endswith(WEIGHT_INDEX))
 
 
 def shown_name(name: str) -> str:
@@ -426,14 +483,18 @@ def no_record_message(folder: Path) -> str:
             f"from as SOURCE, and push NEW ({quoted} is left as it is)")
 
 
-def select(folder: Path, include: Sequence[str] = (), hint: str = "--include {name}") -> Selection:
+def select(folder: Path, include: Sequence[str] = (), hint: str = "--include {name}", *, unverified: bool = False,
+           unverified_hint: str = "--unverified") -> Selection:
     """What a push of `folder` sends (see the module docstring); no network, nothing written. `include` are the
-    names of `push --include`; `hint` is how the caller's command sends a file on purpose (said in reasons)."""
+    names of `push --include`; `hint` is how the caller's command sends a file on purpose (said in reasons);
+    `unverified`: push --unverified (an OUT rope-extend did not verify is sent as it is), `unverified_hint` how the
+    caller's command says so."""
     root = Path(os.path.abspath(folder))
     real_root = Path(os.path.realpath(root))
     record = read_record(root)
     chosen = _resolve_include(root, real_root, include)
-    selection = Selection(folder=root, record=record, hint=hint)
+    selection = Selection(folder=root, record=record, hint=hint, allow_unverified=unverified,
+                          unverified_hint=unverified_hint)
     if record is None and written_by_rope_extend(root):
         selection.no_record = no_record_message(root)
         return selection
@@ -444,6 +505,7 @@ def select(folder: Path, include: Sequence[str] = (), hint: str = "--include {na
             "OUT as it is now (stock reload and a forward beyond the original length) and records them; then push "
             "again")
         return selection
+    selection.unverified = unverified_reason(record)
     if record is not None:
         for name, why in changes(root, record):
             if name == CARD and why == "edited":
@@ -456,6 +518,8 @@ def select(folder: Path, include: Sequence[str] = (), hint: str = "--include {na
         included = any(rel == name or rel.startswith(name + "/") for name in chosen)
         sent = _sendable(root, real_root, rel, path, record, included)  # links first: they say the most
         why = sent if isinstance(sent, str) else _refused_name(rel, record, included)
+        if record is not None and rel not in record.files and is_top_weight(rel):
+            why = UNVERIFIED_WEIGHTS  # sending them would publish weights no verification ran on
         if why is None:
             selection.sent.append(sent)
         elif not isinstance(sent, str) and record is not None and rel in record.files:

@@ -21,12 +21,16 @@ is, the same one `patch` runs:
    card is rope-extend's (unchanged since it was recorded), its 'Where it serves identically' section recomputed and
    a line in its Provenance saying what was re-verified. A card edited by hand is the user's: left as written.
 
-Files added to OUT after it was written stay out of the record (a push sends them only with `--include`).
+Files added to OUT after it was written stay out of the record (a push sends them only with `--include`), but for
+weights: weight files (and their index) the record does not list, a full checkpoint re-sharded for instance, make
+the forward run on the real weights, and the record then lists them (a record that lists no weights vouches for no
+model: `record.unverified_reason`). An OUT with no weight file is refused.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +49,7 @@ class Reverified:
     changed: list[tuple[str, str]] = field(default_factory=list)  # what differed from the record, with how
     real_weights: bool = False  # the forward ran on the real weights (they changed)
     card: str = "refreshed"  # or "kept as edited", "none"
+    weights: list[str] = field(default_factory=list)  # the weight files (and index) the record now vouches for
     seconds: float = 0.0
 
 
@@ -74,25 +79,45 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
             raise CheckpointError(record.no_record_message(root).replace(", so nothing was sent", ""))
         raise CheckpointError(f"OUT {given!r} was not written by rope-extend (no rope_extend.yaml, no rope_extend "
                               "marker in config.json): there is no patch to verify; write one with `rope-extend patch`")
-    config = files.load_config(root)
+    config = _quietly(lambda: files.load_config(root))  # transformers' own warnings about an edit: said below
     text = compat.text_config(config)
     marker = compat.read_marker(text)
+    restore = "restore config.json, or write OUT again with `rope-extend patch` into a new folder"
     if not marker or not isinstance(marker.get("spec"), dict):
         raise CheckpointError(f"OUT {given!r}: config.json has lost rope-extend's marker (the `rope_extend` key: the "
-                              "spec and the RoPE before the patch), so the patch cannot be planned again; restore "
-                              "config.json, or write OUT again with `rope-extend patch` into a new folder")
+                              f"spec and the RoPE before the patch), so the patch cannot be planned again; {restore}")
     facts = read_rope(text)  # the marker's record of the RoPE before the patch: the patch is planned from there
+    try:
+        spec = RopeSpec(**marker["spec"])
+    except (ValueError, TypeError) as exc:  # SpecError, pydantic's: the marker itself was edited
+        reason = re.sub(r"; (give|use|set|remove|pass) .*$", "", " ".join(str(exc).split())).removeprefix(
+            "invalid spec: ")  # the spec's own advice is for a spec a user writes, not for this marker
+        raise CheckpointError(f"OUT {given!r} does not verify as it is now: config.json's rope_extend marker (its "
+                              f"record of the patch) was edited and no longer holds together ({reason}); nothing was "
+                              f"written: {restore}") from None
     pristine = compat.stock_config(text, facts.pristine_slots, facts.pristine_max_position_embeddings, None)
     # what its marker records, planned from the RoPE before the patch (config.json as it is now may be edited)
-    plan = plan_source(Source(given, root, files.read_config(root), pristine), RopeSpec(**marker["spec"]))
+    plan = plan_source(Source(given, root, files.read_config(root), pristine), spec)
+    edits = config_edits(facts, plan)  # before any model is built: config.json is read, not run
+    if edits:
+        raise VerificationError(
+            f"OUT {given!r} does not verify as it is now: config.json's rope parameters no longer match the record: "
+            f"{'; '.join(edits)} (the patch its rope_extend marker records, {plan.spec.method} x{plan.spec.factor:g} "
+            f"over {plan.spec.original_max_position_embeddings} tokens, writes those), so stock loaders would serve "
+            f"another RoPE; nothing was written: {restore}")
     changed = record.changes(root, recorded) if recorded.contents_known else [
         (name, "not recorded by content") for name in sorted(recorded.files)]
     weights = sorted(name for name, _ in record.walk(root) if sharing.is_weight(name) and "/" not in name)
+    if not weights:
+        raise CheckpointError(f"OUT {given!r} holds no weight file (*.safetensors), so there is no model to verify; "
+                              "put its weights back, or write OUT again with `rope-extend patch` into a new folder")
+    added = [name for name, _ in record.walk(root) if record.is_top_weight(name) and name not in recorded.files]
+    changed += [(name, "added") for name in added]  # e.g. weights re-sharded: verified on them, then recorded
     step(f"checking {len(weights)} weight file{'s' * (len(weights) != 1)} and the index")
     for name in weights:
         files.check_safetensors(record.contents(root, name))
     files.index_shards(root)
-    real = any(sharing.is_weight(name) for name, _ in changed) or not recorded.contents_known
+    real = any(record.is_top_weight(name) for name, _ in changed) or not recorded.contents_known
     if real:  # OUT's weights are loaded: refused before loading when they do not fit the memory
         from . import memory
         from .checkpoint import check_loading
@@ -104,11 +129,6 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
     edited = ", ".join(name for name, _ in changed) or "no file"
     undo = (f"nothing was written: restore what changed ({edited}), or write OUT again with `rope-extend patch` into "
             "a new folder")
-    if facts.max_position_embeddings != plan.max_position_embeddings:
-        raise VerificationError(
-            f"OUT {given!r} does not verify as it is now: config.json's max_position_embeddings is "
-            f"{facts.max_position_embeddings}, but the patch its marker records ({plan.spec.method}) writes "
-            f"{plan.max_position_embeddings}, so stock loaders would serve another window; {undo}")
     try:
         _verify(root, plan, real, pristine)
     except VerificationError as exc:
@@ -125,9 +145,55 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
                 f"and a forward beyond the original length{' on the real weights' if real else ''}.")
         record.write_fresh(card_path, refresh_card(card_path.read_text(encoding="utf-8"), card_section(plan, root),
                                                    note))
-    record.refresh(root, recorded)
+    record.refresh(root, recorded, added=added)
+    result.weights = record.read_record(root).weights
     result.seconds = time.perf_counter() - started
     return result
+
+
+def config_edits(facts, plan) -> list[str]:
+    """What config.json (as `facts` read it) holds that the planned patch does not write: each RoPE parameter the
+    plan writes with another value or missing, and max_position_embeddings. Empty when config.json is as written."""
+    import math
+
+    edits = []
+    for slot, params in plan.slots.items():
+        now = facts.slots.get(slot)
+        where = "" if slot in (None, compat.FLAT) else f"{slot}: "
+        if now is None:
+            edits.append(f"{where}no rope parameters where the patch writes {params}")
+            continue
+        for key, value in params.items():
+            held = now.get(key)
+            same = (held == value if not (isinstance(held, (int, float)) and isinstance(value, (int, float)))
+                    else math.isclose(float(held), float(value), rel_tol=1e-9, abs_tol=1e-12))
+            if not same:
+                edits.append(f"{where}{key} is {_shown(held)} where the patch writes {_shown(value)}")
+    if facts.max_position_embeddings != plan.max_position_embeddings:
+        edits.append(f"max_position_embeddings is {facts.max_position_embeddings} where the patch writes "
+                     f"{plan.max_position_embeddings}")
+    return edits
+
+
+def _shown(value) -> str:
+    return "missing" if value is None else repr(value) if isinstance(value, float) else str(value)
+
+
+def _quietly(call: Callable):
+    """`call()` with transformers' logging at errors only (its warning about an edited config is said by
+    `config_edits` in rope-extend's words)."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return call()
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def _verify(root: Path, plan, real: bool, source) -> None:

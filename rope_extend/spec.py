@@ -473,6 +473,10 @@ def parse_inline_spec(text: str) -> dict[str, Any] | str:
     """A `--spec` argument (eval): an inline spec `method=yarn,factor=2` becomes a dict, each value read as `--set`
     reads one (`parse_value`); anything else (a YAML/JSON path) is returned as is."""
     if "=" not in text or text.endswith((".yaml", ".yml", ".json")):
+        method = _method_named(text)
+        if method is not None and not Path(text).exists():
+            raise SpecError(f"--spec {text!r} names a method but no spec: write it inline with its factor, e.g. "
+                            f"--spec method={method},factor=2, or give a spec YAML file", field="method", value=text)
         return text
     out: dict[str, Any] = {}
     for item in text.split(","):
@@ -482,6 +486,14 @@ def parse_inline_spec(text: str) -> dict[str, Any] | str:
                             field=item)
         out[key] = parse_value(key, raw.strip(), "--spec") if raw.strip() else None
     return out
+
+
+def _method_named(text: str) -> str | None:
+    """The method `text` names (an alias or spelling `canonical_name` accepts), or None."""
+    try:
+        return canonical_name(text.strip())
+    except SpecError:
+        return None
 
 
 def _split_assignment(item: str) -> tuple[str | None, str]:
@@ -584,7 +596,10 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
             )
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError(f"spec file {str(path)!r} does not exist; check the path", field="config", value=str(path)) from None
+        method = _method_named(str(path))
+        fix = (f"{str(path)!r} is a method, not a spec file: give it with its factor (patch: --method {method} "
+               f"--factor 2; eval: --spec method={method},factor=2)" if method else "check the path")
+        raise SpecError(f"spec file {str(path)!r} does not exist; {fix}", field="config", value=str(path)) from None
     except IsADirectoryError:
         raise SpecError(f"spec file {str(path)!r} is a folder; give a YAML file", field="config", value=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -75,6 +75,44 @@ def test_fast_and_full_paths_load_to_identical_logits(source, tmp_path, capsys):
     assert f"report: {fast / 'README.md'}" in words and "--rope-scaling yarn" in (fast / "README.md").read_text()
 
 
+def test_a_full_write_keeps_sources_shard_layout_and_never_writes_shards_over_the_cap(source, tmp_path, monkeypatch):
+    """Issue 66 item 2: `patch --mode full` wrote one model.safetensors whatever SOURCE's shards (transformers 5's
+    default max_shard_size is 50 GB). A SOURCE in 4 shards gives the same 4 shards, the same index; an unsharded
+    SOURCE larger than the cap (`checkpoint.MAX_SHARD_BYTES`, 5 GB; set to 40 kB here) gives shards of at most the
+    cap; the record lists every shard and the index."""
+    from safetensors import safe_open
+
+    from rope_extend import checkpoint
+    from rope_extend.record import read_record
+
+    sharded = tmp_path / "sharded"
+    tiny.make_model("llama").save_pretrained(sharded, max_shard_size="40KB")
+    names = sorted(p.name for p in sharded.glob("*.safetensors"))
+    assert len(names) >= 3
+    out = tmp_path / "out"
+    assert cli("patch", sharded, "--method", "yarn", "--factor", 4, "-o", out, "--mode", "full") == 0
+    assert sorted(p.name for p in out.glob("*.safetensors")) == names  # as many shards, none larger
+
+    def tensor_bytes(shard: Path) -> int:
+        with safe_open(shard, "pt") as handle:
+            return sum(handle.get_tensor(k).nbytes for k in handle.keys())
+
+    assert max(tensor_bytes(out / n) for n in names) <= max(tensor_bytes(sharded / n) for n in names)
+    index = "model.safetensors.index.json"
+    assert set(json.loads((out / index).read_text())["weight_map"].values()) == set(names)
+    assert read_record(out).weights == sorted([*names, index])
+
+    cap = 40_000
+    monkeypatch.setattr(checkpoint, "MAX_SHARD_BYTES", cap)
+    assert (source / "model.safetensors").stat().st_size > 2 * cap
+    capped = tmp_path / "capped"
+    assert cli("patch", source, "--method", "yarn", "--factor", 4, "-o", capped, "--mode", "full") == 0
+    shards = sorted(capped.glob("*.safetensors"))
+    assert len(shards) >= 3 and not (capped / "model.safetensors").exists()
+    assert max(map(tensor_bytes, shards)) <= cap  # the tensors' bytes of each shard (its header aside)
+    torch.testing.assert_close(stock_logits(capped, tiny.input_ids()), stock_logits(out, tiny.input_ids()))
+
+
 def test_config_only_does_not_load_weights(source, tmp_path, monkeypatch):
     """The fast path never opens the weights with torch: poison the loaders and it still works."""
     import safetensors.torch
@@ -97,6 +135,54 @@ def test_config_from_yaml_with_overrides(source, tmp_path):
     assert config["rope_scaling"]["factor"] == 2.0 and config["rope_scaling"]["beta_fast"] == 64.0
     assert config["rope_parameters"]["rope_type"] == "yarn" and config["rope_theta"] == 10000.0
     assert config["max_position_embeddings"] == 2 * tiny.ORIGINAL
+
+
+def test_messages_suggest_what_the_command_line_can_do(source, tmp_path, capsys):
+    """Issue 66 item 7: patching rope-extend's own output again suggested `unpatch_model()` (the Python API) to a
+    command-line user; a method given where a spec file goes (`--config yarn`, eval's `--spec yarn`) said only that
+    the file does not exist: each names what to type instead."""
+    from rope_extend.errors import SpecError
+    from rope_extend.spec import parse_inline_spec
+
+    out = tmp_path / "out"
+    assert cli("patch", source, "--method", "yarn", "--factor", 2, "-o", out) == 0
+    capsys.readouterr()
+    for method, said in (("yarn", "or patch the model this one was written from, its SOURCE"),
+                         ("self-extend", "which would drop that patch: patch the model this one was written from, "
+                                         "its SOURCE, with self-extend")):
+        assert cli("patch", out, "--method", method, "--factor", 4, "-o", tmp_path / method) == 2
+        error = one_error_line(capsys)
+        assert said in error and "unpatch_model" not in error, error
+    assert cli("patch", source, "--config", "yarn", "-o", tmp_path / "c") == 2
+    assert one_error_line(capsys) == (
+        "rope-extend: error: spec file 'yarn' does not exist; 'yarn' is a method, not a spec file: give it with its "
+        "factor (patch: --method yarn --factor 2; eval: --spec method=yarn,factor=2)")
+    with pytest.raises(SpecError) as info:
+        parse_inline_spec("YaRN")
+    assert str(info.value) == ("--spec 'YaRN' names a method but no spec: write it inline with its factor, e.g. "
+                               "--spec method=yarn,factor=2, or give a spec YAML file")
+    assert parse_inline_spec("method=yarn,factor=2") == {"method": "yarn", "factor": 2}
+
+
+def test_a_read_only_filesystem_is_named_as_such(source, tmp_path):
+    """Issue 66 item 7: OUT on a read-only filesystem was refused as "permission denied". A tmpfs mounted
+    read-only in a private mount namespace (`unshare`, as root or through a user namespace)."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare, "-Urm", "true"], capture_output=True) if unshare else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("needs unshare with user and mount namespaces to mount a read-only filesystem")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    script = (f"mount -t tmpfs -o ro tmpfs {mount} && exec {sys.executable} -m rope_extend patch {source} "
+              f"--method yarn --factor 2 -o {mount}/out")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([unshare, "-Urm", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2, done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("rope-extend: error:")]
+    assert error == [f"rope-extend: error: cannot write to {str(mount)!r}: it is on a read-only filesystem; choose "
+                     "an -o on a writable one"]
 
 
 def one_error_line(capsys) -> str:

@@ -78,3 +78,20 @@ def test_methods_and_commands_have_no_heavy_import_at_module_top():
                               if n.split(".")[0] in HEAVY]
     assert not offenders, offenders
 
+
+
+def test_the_engine_environment_builders_run_as_modules_without_runpy_warning():
+    """Issue 66 item 8: `python -m rope_extend.engines.vllm_env` warned "found in sys.modules after import of package
+    'rope_extend.engines', but prior to execution" (runpy) because the package imported it through the run engines'
+    registry. Importing the package (and the registry, with both run engines registered) leaves the builders
+    unimported, which is what runpy needs; the builders' own runs (which build the environments) are `make vllm` and
+    `make sglang`."""
+    probe = ("import sys, warnings\n"
+             "from rope_extend.engines import runs\n"
+             "builders = [m for m in ('rope_extend.engines.vllm_env', 'rope_extend.engines.sglang_env') "
+             "if m in sys.modules]\n"
+             "print(builders, sorted(engine.name for engine in runs.run_engines()))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "[] ['sglang', 'vllm']"

@@ -273,6 +273,38 @@ def test_unknown_tensor_type_names_the_tensor_and_the_fix(tmp_path):
         read_gguf_info(bad)
 
 
+def test_a_vocab_only_gguf_is_diagnosed_as_such_and_a_truncated_one_as_truncated(tiny, tmp_path, capsys):
+    """Issue 66 item 6: a vocab-only GGUF (what `convert_hf_to_gguf.py --vocab-only` writes: the header and the
+    tokenizer's metadata, no tensor, no data section) was called truncated (`tensor data ends at 7818144 but the file
+    has 7818140 bytes; re-download`). It is named for what it is, in one line, whatever reads it; a model GGUF cut
+    short still says truncated."""
+    from rope_extend.cli import run
+
+    vocab = tmp_path / "ggml-vocab-tiny.gguf"
+    writer = gguf.GGUFWriter(str(vocab), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(300)])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert gguf.GGUFReader(vocab).tensors == []  # gguf's own reader: a well-formed file with no tensor
+    with pytest.raises(CheckpointError) as info:
+        read_gguf_info(vocab)
+    message = str(info.value)
+    assert message == (f"{str(vocab)!r} is a vocab-only GGUF: a tokenizer (tokenizer.* metadata) and no tensor, as "
+                       "llama.cpp's ggml-vocab-*.gguf files and `convert_hf_to_gguf.py --vocab-only` write, so it "
+                       "holds no model; give the GGUF of the model itself (with its weights)")
+    assert "re-download" not in message and "tensor data ends" not in message
+    capsys.readouterr()
+    assert run(["patch", str(vocab), "--method", "yarn", "--factor", "2", "-o", str(tmp_path / "o.gguf")]) == 2
+    assert "is a vocab-only GGUF" in capsys.readouterr().err and not (tmp_path / "o.gguf").exists()
+
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny.read_bytes()[:-4])
+    with pytest.raises(CheckpointError, match="tensor data ends at .* but the file has .*re-download"):
+        read_gguf_info(cut)
+
+
 # --- atomicity and memory (child processes) -----------------------------------------------------------------------
 KILL_CHILD = """
 import sys, time

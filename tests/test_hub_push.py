@@ -351,12 +351,16 @@ def test_a_hub_cache_snapshot_is_pushed_through_its_blob_links(source, tmp_path,
     into another repo's blobs is refused."""
     snapshot = hub_snapshot(source, tmp_path / "hub")
     names = sorted(p.name for p in source.iterdir() if p.is_file())
-    assert cli("push", snapshot, "me/copy") == 0
-    assert hub.repos["me/copy"].files == {name: (source / name).read_bytes() for name in names}
+    assert cli("push", snapshot, "me/copy") == 2  # not written or verified by rope-extend: only on purpose
+    assert "--unverified" in one_error(capsys.readouterr().err) and "me/copy" not in hub.repos
+    assert cli("push", snapshot, "me/copy", "--unverified") == 0
+    files = hub.repos["me/copy"].files
+    assert files.pop("README.md").startswith(f"# {snapshot.name}\n\n> **Not verified by rope-extend.**".encode())
+    assert files == {name: (source / name).read_bytes() for name in names}
     other = hubcache.from_folder(tmp_path / "hub", "evil/other", tmp_path / "hub" / "models--acme--tiny-llama" / "blobs")
     blob = next(p for p in other.iterdir())
     (snapshot / "tokenizer.json").symlink_to(os.path.relpath(os.path.realpath(blob), snapshot))
-    assert cli("push", snapshot, "me/copy2") == 2
+    assert cli("push", snapshot, "me/copy2", "--unverified") == 2
     assert "tokenizer.json (a symbolic link to" in one_error(capsys.readouterr().err)
     assert "me/copy2" not in hub.repos
 
@@ -492,6 +496,23 @@ def test_the_visibility_printed_is_the_hubs(source, tmp_path, hub, capsys):
     assert "(6 files, private)" in capsys.readouterr().out and hub.repos["me/p"].private is True
     assert cli("push", out, "me/q") == 0 and cli("push", out, "me/q", "--private") == 0
     assert capsys.readouterr().out.count("(6 files, public)") == 2
+
+
+def test_a_repo_id_with_a_leading_dash_is_explained(source, tmp_path, hub, capsys):
+    """Issue 66 item 7: `push OUT -me/x` said only "No such option: -m" (click reads the id as options), and
+    `--push-to-hub -me/x` did not say what was wrong with it: both say the id starts with '-' and the id meant."""
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out) == 0
+    capsys.readouterr()
+    assert cli("push", out, "-me/x") == 2
+    assert one_error(capsys.readouterr().err) == (
+        "rope-extend: error: No such option: -m; '-me/x' starts with '-', so it was read as options: a Hub repo id "
+        "starts with a letter or a digit (user/name), e.g. 'me/x'")
+    assert cli("patch", source, *YARN, "-o", tmp_path / "o2", "--push-to-hub", "-me/x") == 2
+    assert one_error(capsys.readouterr().err) == (
+        "rope-extend: error: --push-to-hub expects a Hub repo id like 'user/model-name', got '-me/x'; it starts "
+        "with '-': a repo id starts with a letter or a digit, e.g. 'me/x'")
+    assert hub.requests == [] and not (tmp_path / "o2").exists()
 
 
 def test_push_with_the_hub_down_keeps_out_and_prints_the_push_later_command(source, tmp_path, hub, monkeypatch,
@@ -726,7 +747,7 @@ def test_a_hub_cache_blob_is_sent_only_when_its_bytes_are_the_repos(source, tmp_
     blob = Path(os.path.realpath(snapshot / "model.safetensors"))
     assert blob.stat().st_nlink == 4
     capsys.readouterr()
-    assert cli("push", snapshot, "me/snap") == 0
+    assert cli("push", snapshot, "me/snap", "--unverified") == 0
     assert hub.repos["me/snap"].files["model.safetensors"] == (source / "model.safetensors").read_bytes()
 
     secret = tmp_path / "id_ed25519"
@@ -736,7 +757,7 @@ def test_a_hub_cache_blob_is_sent_only_when_its_bytes_are_the_repos(source, tmp_
     os.link(secret, small)
     received = len(hub.requests)
     for named in ([], ["--include", "generation_config.json"]):
-        assert cli("push", snapshot, "me/blob", *named) == 2
+        assert cli("push", snapshot, "me/blob", "--unverified", *named) == 2
         error = one_error(capsys.readouterr().err)
         assert ("generation_config.json (a Hub cache blob with 2 names whose bytes do not hash to its name: they are "
                 "another file's (a hard link), so it is never sent, even when named)") in error
@@ -770,23 +791,80 @@ def test_include_names_that_would_send_nothing_are_refused_and_counts_read_as_en
     one = tmp_path / "one"
     one.mkdir()
     (one / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    assert cli("push", one, "me/one", "--dry-run") == 0
+    (one / "README.md").write_text("# one\n\nmy model\n")
+    assert cli("push", one, "me/one", "--unverified", "--dry-run") == 0
     printed = capsys.readouterr().out
-    assert "would push 1 file to me/one" in printed and max(map(len, printed.splitlines())) <= 80
-    assert cli("push", one, "me/one") == 0
-    assert "(1 file, public)" in capsys.readouterr().out
+    assert "would push 2 files to me/one" in printed and max(map(len, printed.splitlines())) <= 80
+    (one / "README.md").unlink()
+    assert cli("push", one, "me/one", "--unverified") == 0
+    assert "(2 files, public)" in capsys.readouterr().out  # config.json and the card saying it was not verified
+    from rope_extend.hub import files_count
+
+    assert files_count(1) == "1 file"
 
 
-def test_an_output_written_without_verification_says_so_until_verify(source, tmp_path, hub, capsys):
+def test_push_publishes_only_what_rope_extend_wrote_and_verified(source, tmp_path, hub, capsys, monkeypatch):
+    """Issue 66 item 1: a folder holding only a config.json was pushed (`pushed: ... (1 file, public)`, exit 0).
+    A push refuses, in one line before any request, a folder rope-extend did not write (saying `patch` makes one), an
+    OUT written with --no-verify and one whose record lists no weight file (saying `verify` verifies it); each goes
+    with --unverified, the card sent then saying so under its title (OUT's card unchanged). The dry run says when no
+    token is set."""
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    capsys.readouterr()
+    for dry in (["--dry-run"], []):
+        assert cli("push", one, "me/one", *dry) == 2
+        error = one_error(capsys.readouterr().err)
+        assert error == (f"rope-extend: error: OUT {str(one)!r} is not a checkpoint rope-extend verified: it holds no "
+                         "record of rope-extend's (rope_extend.yaml with output_record), so rope-extend did not write "
+                         "or verify it, so nothing was sent (a push publishes what rope-extend wrote and verified); "
+                         f"write it with `rope-extend patch {one} --method METHOD --factor N -o NEW` (which verifies "
+                         "the checkpoint it writes and records every file) and push NEW, or push it as it is with "
+                         "--unverified (the card it sends then says rope-extend did not verify it)")
+    assert hub.requests == []
+    assert cli("push", one, "me/one", "--unverified") == 0
+    card = hub.repos["me/one"].files["README.md"].decode()
+    assert card == ("# one\n\n> **Not verified by rope-extend.** Pushed as it is with `rope-extend push --unverified`: "
+                    "it holds no record of rope-extend's (rope_extend.yaml with output_record), so rope-extend did not "
+                    "write or verify it. rope-extend vouches for none of these files.\n")
+    assert sorted(hub.repos["me/one"].files) == ["README.md", "config.json"] and not (one / "README.md").exists()
+
     out = tmp_path / "out"
     assert cli("patch", source, *YARN, "-o", out, "--no-verify") == 0
     assert read_record(out).verified is False
+    before = tree(out)
     capsys.readouterr()
-    assert cli("push", out, "me/nv", "--dry-run") == 0
-    assert f"not verified: OUT was written with --no-verify; `rope-extend verify {out}` verifies it" in " ".join(
-        capsys.readouterr().out.split())
+    assert cli("push", out, "me/nv", "--dry-run") == 2
+    error = one_error(capsys.readouterr().err)
+    assert ("its record says it is not verified (written with --no-verify, or kept after a failed verification), so "
+            "nothing was sent") in error and f"`rope-extend verify {out}` verifies OUT as it is now" in error
+    assert cli("push", out, "me/nv", "--unverified") == 0
+    sent = hub.repos["me/nv"].files
+    lines = sent["README.md"].decode().split("\n")
+    title = next(i for i, line in enumerate(lines) if line.startswith("# "))
+    assert lines[0] == "---" and lines[title + 2].startswith("> **Not verified by rope-extend.** Pushed as it is")
+    assert "verified: false" in sent["rope_extend.yaml"].decode() and tree(out) == before
     assert cli("verify", out) == 0 and read_record(out).verified is True
-    assert cli("push", out, "me/nv", "--dry-run") == 0 and "not verified" not in capsys.readouterr().out
+    assert cli("push", out, "me/nv2", "--dry-run") == 0 and "--unverified" not in capsys.readouterr().out
+
+    # a record that lists no weight file vouches for no model: refused, the weights refused as unverified
+    text = (out / "rope_extend.yaml").read_text()
+    (out / "rope_extend.yaml").write_text("".join(line for line in text.splitlines(keepends=True)
+                                                  if not line.startswith("    model.safetensors:")))
+    assert read_record(out).weights == []
+    capsys.readouterr()
+    assert cli("push", out, "me/nw") == 2
+    error = one_error(capsys.readouterr().err)
+    assert "its record lists no weight file, so it vouches for no model" in error and "verify" in error
+    monkeypatch.delenv("HF_TOKEN")
+    assert cli("push", out, "me/nw", "--dry-run", "--unverified") == 2  # the unrecorded weights stay refused
+    printed = capsys.readouterr()
+    assert "model.safetensors (weights rope-extend did not verify" in one_error(printed.err)
+    assert "move it out" not in printed.err and f"`rope-extend verify {out}` verifies OUT with the weights" in printed.err
+    assert "no Hugging Face token is set: the push itself would stop before sending anything" in " ".join(
+        printed.out.split())
+    assert "me/nw" not in hub.repos
 
 
 def test_a_pushed_output_downloaded_into_a_hub_cache_pushes_again_on_its_public_record(source, tmp_path, hub, capsys):
@@ -817,6 +895,50 @@ def test_a_pushed_output_downloaded_into_a_hub_cache_pushes_again_on_its_public_
     assert "generation_config.json (edited)" in one_error(capsys.readouterr().err) and "me/third" not in hub.repos
 
 
+def test_a_gguf_file_is_pushed_as_a_gguf_repo_with_its_card(tmp_path, hub, capsys):
+    """Issue 66 item 6: `push model.gguf me/x` (was: "is a file; give the checkpoint folder"). A GGUF keeps no
+    rope-extend record, so it goes with --unverified only (one line before any request says so); then the repo
+    holds the file byte for byte and a card the Hub reads as a GGUF repo's (the gguf tag), saying what llama.cpp
+    reads from the metadata, that rope-extend did not verify it, and the llama-server command for the repo; no
+    local path in it. A vocab-only GGUF is refused for what it is."""
+    import gguf
+    from helpers import write_tiny_gguf
+
+    source = write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = tmp_path / "tiny-yarn.gguf"
+    assert cli("patch", source, "--method", "yarn", "--factor", "2", "-o", out) == 0
+    capsys.readouterr()
+    assert cli("push", out, "me/tiny-gguf") == 2
+    error = one_error(capsys.readouterr().err)
+    assert error.startswith(f"rope-extend: error: OUT {str(out)!r} is not a checkpoint rope-extend verified: it is a "
+                            "GGUF file, which keeps no record of rope-extend's") and "--unverified" in error
+    assert hub.requests == []
+    assert cli("push", out, "me/tiny-gguf", "--unverified", "--dry-run") == 0
+    printed = capsys.readouterr().out
+    assert dry_run_lines(printed) == ["README.md", "tiny-yarn.gguf"] and "would push 2 files" in printed
+    assert cli("push", out, "me/tiny-gguf", "--unverified") == 0
+    assert "(2 files, public)" in capsys.readouterr().out
+    files = hub.repos["me/tiny-gguf"].files
+    assert sorted(files) == ["README.md", "tiny-yarn.gguf"] and files["tiny-yarn.gguf"] == out.read_bytes()
+    card = files["README.md"].decode()
+    assert "gguf" in card_data(card, tmp_path).tags
+    meta = {name: f.contents() for name, f in gguf.GGUFReader(out).fields.items()}
+    assert f"- context_length: {meta['llama.context_length']}" in card
+    assert f"factor={meta['llama.rope.scaling.factor']:g}" in card and "type=yarn" in card
+    assert "> **Not verified by rope-extend.**" in card
+    assert f"llama-server --hf-repo me/tiny-gguf --hf-file tiny-yarn.gguf -c {meta['llama.context_length']}" in card
+    assert str(tmp_path) not in card
+
+    vocab = tmp_path / "ggml-vocab.gguf"
+    writer = gguf.GGUFWriter(str(vocab), "llama")
+    writer.add_token_list(["a", "b"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert cli("push", vocab, "me/vocab", "--unverified") == 2
+    assert "is a vocab-only GGUF" in one_error(capsys.readouterr().err) and "me/vocab" not in hub.repos
+
+
 # --- large outputs: LFS objects first, one commit, resumed after faults (issue 59) -----------------------------------
 PART = 16 << 10  # the test Hub's multipart part size: every shard travels in several parts
 
@@ -838,6 +960,38 @@ def shards(folder: Path) -> list[str]:
 
 def sent_names(out: Path) -> list[str]:
     return sorted(read_record(out).files)
+
+
+def test_weights_resharded_after_writing_are_verified_on_recorded_and_pushed(source, tmp_path, hub, capsys):
+    """Issue 66 item 2: a full OUT whose weights were re-sharded by hand: `verify` said verified "on the real
+    weights" while its record then listed no weight file, and the push refused every shard as "added later" (moving
+    them out pushed a checkpoint with no weights). Now verify runs on the shards, the record lists them and their
+    index, and the push sends them; an OUT with no weight file left is refused by verify."""
+    import torch
+    from huggingface_hub import save_torch_state_dict
+    from safetensors.torch import load_file
+
+    out = tmp_path / "out"
+    assert cli("patch", source, *YARN, "-o", out, "--mode", "full") == 0
+    state = load_file(out / "model.safetensors")
+    (out / "model.safetensors").unlink()
+    save_torch_state_dict({k: v.to(torch.float32) for k, v in state.items()}, out, max_shard_size="20KB")
+    names = shards(out)
+    assert len(names) >= 2 and "model.safetensors" not in names
+    capsys.readouterr()
+    assert cli("verify", out) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "on the real weights" in said and f"vouching for the weights {names[0]}" in said
+    assert read_record(out).weights == sorted([*names, "model.safetensors.index.json"])
+    assert cli("push", out, "me/resharded") == 0
+    sent = hub.repos["me/resharded"].files
+    assert sorted(name for name in sent if "safetensors" in name) == sorted([*names, "model.safetensors.index.json"])
+    assert all(sent[name] == (out / name).read_bytes() for name in names)
+
+    for name in [*names, "model.safetensors.index.json"]:
+        (out / name).unlink()
+    assert cli("verify", out) == 2
+    assert "holds no weight file (*.safetensors), so there is no model to verify" in one_error(capsys.readouterr().err)
 
 
 def test_an_interrupted_push_resumes_sending_only_what_the_hub_lacks(sharded, tmp_path, hub, capsys):
@@ -904,8 +1058,8 @@ def test_a_file_changed_between_an_interrupted_push_and_its_resumption_is_refuse
 def test_faults_are_retried_a_429_waits_its_retry_after_and_a_reset_resends_one_part(sharded, tmp_path, hub,
                                                                                         capsys):
     """A 500 on creating the repo (retried after 1 s), a 429 with Retry-After: 3 on the commit (waited 3 s, then
-    committed once), a connection reset in the middle of a shard (huggingface_hub resends that part, not the
-    file): the push succeeds with every file intact and says each retry."""
+    committed once), a connection reset in the middle of a shard's second part (that part is sent again, not the
+    file): the push succeeds with every file intact and says each retry, naming the request, never its URL."""
     from hubserver import Fault
 
     out = tmp_path / "out"
@@ -919,13 +1073,55 @@ def test_faults_are_retried_a_429_waits_its_retry_after_and_a_reset_resends_one_
     capsys.readouterr()
     assert cli("push", out, "me/faults") == 0
     err = capsys.readouterr().err
-    assert hub.waits == [1.0, 3.0]
+    assert hub.waits == [1.0, 1.0, 3.0]  # the repo, the cut part, the commit: each request retried alone
     assert "HTTP 500 on creating the repo: retrying in 1 s (try 2 of 5)" in err
+    assert re.search(rf"\w+ on {re.escape(names[0])}, part 2: retrying in 1 s \(try 2 of 5\)", err), err
     assert "HTTP 429 on the commit: retrying in 3 s (try 2 of 5)" in err
     assert total < hub.received <= total + PART  # the cut part again, not the whole shard
     assert len([r for r in hub.requests if "/commit/" in r.path]) == 2
+    assert "/lfs/" not in err and hub.endpoint not in err
     repo = hub.repos["me/faults"]
     assert len(repo.commits) == 1 and repo.files == folder_bytes(out, sent_names(out), "me/faults")
+
+
+def test_one_retry_policy_a_persistent_503_is_tried_as_stated_and_no_url_is_printed(sharded, tmp_path, hub,
+                                                                                      capsys):
+    """A part the Hub answers 503 on every try (issue 66 item 2: 5 tries of rope-extend around huggingface_hub's 6
+    made 30 in ~135 s, each logged by huggingface_hub with the part's whole URL): the part is tried
+    `upload.RETRY.attempts` times in all, waiting 1, 2, 4, 8 s, one rope-extend line per retry naming the file and
+    part; huggingface_hub logs nothing; then one error line offers the command that resumes. Nothing is committed."""
+    import logging
+
+    from hubserver import Fault
+
+    from rope_extend.upload import RETRY
+
+    out = tmp_path / "out"
+    assert cli("patch", sharded, *YARN, "-o", out) == 0
+    first = shards(out)[0]
+    hub.part_size = PART
+    fault = hub.fault(Fault(nth=1, status=503, path="/lfs/me--down/", times=None))  # its parts
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    logger = logging.getLogger("huggingface_hub")
+    logger.addHandler(handler)
+    capsys.readouterr()
+    try:
+        assert cli("push", out, "me/down") == 2
+    finally:
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert RETRY.attempts == 5 and fault.fired == RETRY.attempts
+    assert hub.waits == [1.0, 2.0, 4.0, 8.0]
+    retries = [line for line in err.splitlines() if "retrying in" in line]
+    assert [line.split("rope-extend: ")[-1] for line in retries] == [
+        f"HTTP 503 on {first}, part 1: retrying in {wait} s (try {n} of 5)" for n, wait in ((2, 1), (3, 2), (4, 4), (5, 8))]
+    error = one_error(err)
+    assert "pushing to 'me/down' failed: HTTP 503" in error and f"push it later with `rope-extend push {out} me/down`" in error
+    assert "/lfs/" not in err and hub.endpoint not in err
+    assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+    assert hub.repos["me/down"].commits == []
 
 
 @pytest.mark.parametrize("status", [401, 403, 404])
@@ -1002,3 +1198,23 @@ def test_include_through_dot_dot_escaped_names_and_what_a_users_folder_sends_byt
     assert MODEL_ID not in record and "vllm serve me/edges" in record and "model_id: me/edges" in record
     note = next(line for line in record.splitlines() if line.startswith("# output_record:"))
     assert "inode" not in record and "time" not in note and "model_id" in note
+
+
+def test_rope_extend_imports_no_private_huggingface_hub_name():
+    """The Hub client through huggingface_hub's public API (issue 67 item 6): no module of rope_extend imports a
+    private module or name of huggingface_hub (`_commit_api`, `_fetch_upload_modes`...), which change between its
+    majors (0.36 and 2.x are both supported)."""
+    import ast
+
+    import rope_extend
+
+    found = []
+    for path in sorted(Path(rope_extend.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "huggingface_hub":
+                private = [part for part in node.module.split(".") if part.startswith("_")]
+                private += [alias.name for alias in node.names if alias.name.startswith("_")]
+                found += [f"{path.name}:{node.lineno} {name}" for name in private]
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "").startswith("_build_hf_headers"):
+                found.append(f"{path.name}:{node.lineno} _build_hf_headers")
+    assert found == []

@@ -183,6 +183,47 @@ def test_verify_refuses_a_tokenizer_that_does_not_load_and_writes_nothing(with_t
     assert _cli("verify", out) == 0
 
 
+def test_verify_names_an_edit_of_config_json_before_building_a_model(with_tokenizer, tmp_path, capsys, monkeypatch):
+    """Issue 66 item 7: config.json's rope factor edited from 2 to 3 after patching: `verify` said "factor 3.0 and
+    target_length 16384 disagree; give only one of them" (an edited marker) or ran a model to report an inv_freq
+    difference (an edited factor). It names the edit, config.json's rope parameters against the patch the marker
+    records, without building a model; and an edited marker is named as the marker."""
+    import tiny
+
+    from rope_extend import checkpoint
+
+    out = tmp_path / "out"
+    assert _cli("patch", with_tokenizer, "-o", out, "--method", "yarn", "--factor", "2") == 0
+    original = json.loads((out / "config.json").read_text())
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("verify built a model before naming the edit")
+
+    monkeypatch.setattr(checkpoint, "verify_output", no_model)
+    edited = copy.deepcopy(original)
+    for key in ("rope_parameters", "rope_scaling"):
+        edited[key]["factor"] = 3.0
+    (out / "config.json").write_text(json.dumps(edited))
+    before = tiny.checksums(out)
+    capsys.readouterr()
+    assert _cli("verify", out) == 2
+    printed = capsys.readouterr()
+    assert _one_error(printed.err) == (
+        f"rope-extend: error: OUT {str(out)!r} does not verify as it is now: config.json's rope parameters no longer "
+        "match the record: factor is 3.0 where the patch writes 2.0 (the patch its rope_extend marker records, yarn x2 "
+        "over 32 tokens, writes those), so stock loaders would serve another RoPE; nothing was written: restore "
+        "config.json, or write OUT again with `rope-extend patch` into a new folder")
+    assert "[transformers]" not in printed.err and tiny.checksums(out) == before
+    marker = copy.deepcopy(original)
+    marker["rope_extend"]["spec"]["factor"] = 3.0
+    (out / "config.json").write_text(json.dumps(marker))
+    assert _cli("verify", out) == 2
+    error = _one_error(capsys.readouterr().err)
+    assert ("config.json's rope_extend marker (its record of the patch) was edited and no longer holds together "
+            "(factor 3.0 and target_length 64 disagree for original length 32 (3.0 x 32 = 96))") in error
+    assert "give only one of them" not in error
+
+
 @pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json", "chat_template.json"])
 def test_a_chat_template_that_does_not_compile_is_never_verified(with_tokenizer, tmp_path, capsys, where):
     """Issue 57: a chat template with an unclosed `{{` in any of the places transformers reads one: `patch` from

@@ -134,6 +134,18 @@ def _flag_value_hint(argv: list[str]) -> str:
     return ""
 
 
+def _repo_id_hint(argv: list[str]) -> str:
+    """For `push OUT -me/x` (a repo id with a leading dash, which click reads as options): what happened and the id
+    meant."""
+    import re
+
+    for arg in argv:
+        if re.fullmatch(r"-+[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", arg):
+            return (f"; {arg!r} starts with '-', so it was read as options: a Hub repo id starts with a letter or a "
+                    f"digit (user/name), e.g. {arg.lstrip('-')!r}")
+    return ""
+
+
 def run(argv: list[str], debug: bool = False) -> int:
     """Run one command line; returns the exit code (never raises for user errors or interrupts)."""
     argv = list(argv)
@@ -171,6 +183,7 @@ def run(argv: list[str], debug: bool = False) -> int:
         if hasattr(exc, "format_message"):  # usage errors: bad option, missing argument
             message = " ".join(exc.format_message().split())
             hint = _flag_value_hint(argv) if "unexpected extra argument" in message else ""
+            hint = hint or (_repo_id_hint(argv) if message.startswith("No such option") else "")
             print(f"rope-extend: error: {message}{hint}", file=sys.stderr)
             return 2
         if type(exc).__name__ == "Abort":

@@ -24,21 +24,25 @@ EXAMPLES = """Examples:
 
   rope-extend push out/smollm2-16k me/smollm2-16k --include adapter
 
-Only the checkpoint's files are sent; anything else in OUT is refused, named,
-before any network call (--include NAME sends a file inside OUT on purpose).
+  rope-extend push out/smollm2-yarn2.gguf me/smollm2-yarn2-gguf --unverified
+
+Only a checkpoint rope-extend wrote and verified is sent (--unverified
+sends another as it is, its card saying so), and only its files; anything
+else in OUT is refused, named, before any network call (--include NAME
+sends a file inside OUT on purpose).
 The token is HF_TOKEN or the one `hf auth login` stored; it is never printed.
 """
 
 
 def publish(folder: Path, repo_id: str, private: bool, dry_run: bool, include: Sequence[str] = (), *,
-            flag: str = "REPO", written_now: bool = False) -> None:
+            flag: str = "REPO", written_now: bool = False, unverified: bool = False) -> None:
     """Push `folder` to `repo_id` (or, with `dry_run`, print exactly what the push would send and leave out).
     `flag` names the repo id in errors (`REPO` for push, `--push-to-hub` for patch and train); `written_now`: OUT
-    was just written by patch or train."""
+    was just written by patch or train; `unverified`: push --unverified."""
     from ..hub import check_reachable, files_count, hub_token, plan_push, push
     from ..record import shown_name
 
-    plan = plan_push(folder, repo_id, private, include, flag=flag, written_now=written_now)
+    plan = plan_push(folder, repo_id, private, include, flag=flag, written_now=written_now, unverified=unverified)
     if dry_run:  # wrapped at the terminal's width; a file's reason continues under its name
         for line in plan.dry_run_lines():
             indent = len(line) - len(line.lstrip())
@@ -168,11 +172,12 @@ class TransferReport:
 
 @app.command(epilog=EXAMPLES)
 def push(
-    folder: Annotated[Path, typer.Argument(help="The OUT folder `patch` or `train` wrote.")],
+    folder: Annotated[Path, typer.Argument(help="The OUT folder `patch` or `train` wrote, or a .gguf file (a GGUF repo: the file and a card).")],
     repo_id: Annotated[str, typer.Argument(help="Hub repo id, e.g. me/my-model-64k (created if missing).")],
     private: Annotated[bool, typer.Option("--private", help="Create the repo as private.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be sent and left out; send nothing.")] = False,
     include: Annotated[list[str] | None, typer.Option("--include", metavar="NAME", help="Also send this file or folder of OUT (a name relative to OUT; repeatable).")] = None,
+    unverified: Annotated[bool, typer.Option("--unverified", help="Push a folder rope-extend did not verify (no record, written with --no-verify, or a record without weights) as it is; the card sent says so.")] = False,
 ) -> None:
     """Upload a checkpoint folder to the Hugging Face Hub (creates the repo; a later push adds a commit)."""
-    publish(folder, repo_id, private, dry_run, include or [])
+    publish(folder, repo_id, private, dry_run, include or [], unverified=unverified)

@@ -40,4 +40,6 @@ def verify(
     say(f"changed since the last verification: {changed}", hang="  ")
     card = {"refreshed": "refreshed (its engines section and a re-verification line)",
             "kept as edited": "kept as you edited it", "none": "none in OUT"}[result.card]
-    say(f"record: {shell_path(result.folder / 'rope_extend.yaml')} rewritten; card: {card}", hang="  ")
+    listed = ", ".join(result.weights[:4]) + (f" and {len(result.weights) - 4} more" if len(result.weights) > 4 else "")
+    say(f"record: {shell_path(result.folder / 'rope_extend.yaml')} rewritten, vouching for the weights {listed}; "
+        f"card: {card}", hang="  ")
