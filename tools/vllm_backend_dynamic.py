@@ -94,7 +94,7 @@ def main():
                        kv_cache_memory_bytes=64 * 1024 * 1024, enable_prefix_caching=False)
         try:
             impl = llm.apply_model(lambda m: type(m).__name__)[0]
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             impl = f"? ({type(exc).__name__})"
         backend = llm.llm_engine.model_config.using_transformers_backend()
         (a1,), (a_with_b, _), (a_after_b,), (_,), (a_after_c,) = vllm_logprobs(llm, [[A], [A, B], [A], [C], [A]])
