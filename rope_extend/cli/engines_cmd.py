@@ -121,7 +121,7 @@ def _cell(result, notes: list[str]) -> str:
         return f"{label} [{notes.index(result.reason) + 1}]"
     if isinstance(result, LogprobDelta):  # a real engine: log-probabilities, NaN counted
         return f"{result.max_abs:.2g} / {result.mean_abs:.2g} logprob" + (f", {result.nan} NaN" if result.nan else "")
-    return f"{max(result.max_cos, result.max_sin):.2g}"
+    return f"{max(result.max_cos, result.max_sin):.2g} cos/sin"
 
 
 def _audit(checkpoint: str, other_python: str | None, runs: list[str], as_json: bool) -> bool:

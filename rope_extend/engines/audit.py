@@ -56,7 +56,7 @@ def _ranges(layers: tuple[int, ...]) -> str:
 
 @dataclass
 class AuditRow(Row):
-    """A parity row (`parity.Row`: engine, route, short, long, checked) for one layer group, with the exact command
+    """A parity row (`parity.Row`: engine, route, short, long, kind) for one layer group, with the exact command
     or flags of its route."""
 
     layers: str = ""
@@ -179,7 +179,7 @@ class AuditReport:
         out = wrap(f"{self.model} ({self.model_type}): {self.scheme}. Each cell: max |Δcos|, |Δsin| against "
                    f"{self.reference}'s own rotary embedding of this config.json, for a short request ({self.short} "
                    f"tokens) and a long one ({self.long} tokens).", width)
-        header = ["engine", "route", "layers", f"short ({self.short})", f"long ({self.long})", "result"]
+        header = ["engine", "route", "layers", f"max |Δcos/sin| ({self.short})", f"max |Δcos/sin| ({self.long})", "result"]
         rows = [[row.engine, row.route, row.layers, _cell(row.short), _cell(row.long), _result(row)]
                 for row in self.rows]
         out += [""] + table_lines(header, rows, width) + [""]
@@ -259,10 +259,10 @@ def audit(model: str | os.PathLike, *, other_python: str | None = None) -> Audit
     name = str(model)
     rows: list[AuditRow] = []
 
-    def add(engine, route, command, group, results, checked=PORT):
+    def add(engine, route, command, group, results, kind=PORT):
         short_r, long_r = (r if isinstance(r, NotServed) else _compare(r, refs[groups.index(group)][n], n)
                            for n, r in zip((short, long), results))
-        rows.append(AuditRow(engine, route, short_r, long_r, [], checked, layers=group.label, command=command))
+        rows.append(AuditRow(engine, route, short_r, long_r, [], kind, layers=group.label, command=command))
 
     other = probes.run_other(jobs, other_python)
     for group, (other_version, served) in zip(groups, other):
