@@ -252,7 +252,7 @@ class BorrowedWorker:
         self.loads += 1
         return self.worker.load(*args, **kwargs)
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
         pass
 
 

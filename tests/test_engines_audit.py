@@ -234,3 +234,49 @@ def test_docs_serving_audit_example_is_current(tmp_path, monkeypatch, capsys):
         return re.sub(r"transformers \d+\.\d+\.\d+\S*", "transformers X", s)
 
     assert versionless(shown) == versionless(printed), "rerun the command in docs/serving.md and paste its output"
+
+
+# --- a GGUF's own RoPE (issue 66 item 6) --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def yarn_gguf(demo_gguf, tmp_path_factory):
+    """The demo GGUF patched with YaRN x2 by rope-extend (its rope.scaling.* keys written)."""
+    out = tmp_path_factory.mktemp("gguf") / "yarn2.gguf"
+    assert run(["patch", str(demo_gguf), "--method", "yarn", "--factor", "2", "-o", str(out)]) == 0
+    return out
+
+
+def test_a_gguf_is_audited_against_llama_cpps_reading_of_its_metadata(demo_gguf, yarn_gguf, monkeypatch):
+    """`rope-extend engines model.gguf`: llama.cpp's RoPE of the file's metadata (its port) is the reference; the GGUF
+    loaded back through transformers' GGUF reader (what vLLM and SGLang read for a .gguf) is compared with it. The
+    demo GGUF (plain RoPE) is identical everywhere; a YaRN x2 GGUF is not: transformers' reader carries no
+    rope.scaling.* key (its GGUF_CONFIG_MAPPING), so every engine that loads it back serves the original RoPE, which
+    the rows measure (|Δcos| up to 2 at the long request's end) and the note names."""
+    from rope_extend.engines.audit import audit_gguf
+    from rope_extend.engines.llama_cpp import port as llama_cpp
+    from rope_extend.gguf import read_gguf_info
+
+    monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)
+    plain = audit_gguf(demo_gguf)
+    assert plain.measured_against.startswith("llama.cpp's RoPE of this GGUF's metadata")
+    ran = [v for v in plain.verdicts() if v.identical is not None]
+    assert {v.engine.split()[0] for v in ran} == {"transformers", "vLLM", "SGLang"} and all(v.identical for v in ran)
+    info = read_gguf_info(yarn_gguf)
+    assert info.scaling["type"] == "yarn" and info.scaling["factor"] == 2.0
+    scaled = audit_gguf(yarn_gguf)
+    assert (scaled.short, scaled.long) == (8192, 16384) and "yarn x2" in scaled.scheme
+    rows = [r for r in scaled.rows if r.label != "not run"]
+    assert rows and all(not r.identical and r.long.max_cos > 1 for r in rows)
+    (note,) = scaled.notes
+    assert "no rope.scaling.* key" in note and '"rope_type": "default"' in note and "serve it in llama.cpp" in note
+    # the reference is the port's reading of the file: llama.cpp serves YaRN's magnitude 1 + 0.1 ln 2 from the keys
+    meta = {"context_length": 16384, "rope.dimension_count": 64, "rope.freq_base": info.freq_base,
+            **{f"rope.scaling.{k}": v for k, v in info.scaling.items()}}
+    assert llama_cpp.served(meta, "", 16384).magnitude == pytest.approx(0.1 * math.log(2) + 1, rel=1e-6)
+
+
+def test_engines_takes_a_gguf_and_says_so_in_its_json(yarn_gguf, capsys, monkeypatch):
+    monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)
+    capsys.readouterr()
+    assert run(["engines", str(yarn_gguf), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model_type"] == "GGUF llama" and not report["identical"] and report["notes"]

@@ -64,8 +64,8 @@ class StockWorker:
     def generate(self, ids: list[int], max_tokens: int) -> list[int]:
         raise NotImplementedError
 
-    def close(self) -> None:
-        self.events.append(("close", None, time.perf_counter()))
+    def close(self, now: bool = False) -> None:
+        self.events.append(("close", now, time.perf_counter()))
 
 
 class StockTransformers:
@@ -196,18 +196,23 @@ def test_an_engine_that_serves_as_the_card_says_exits_0_with_its_evidence_and_pr
     # elapsed time and, once a request has run, an estimate of what is left; nothing more
     lines = [line for line in err.splitlines() if line.startswith("rope-extend: engines ")]
     assert lines[0].startswith("rope-extend: engines --run: Stock (offline): each engine started, the transformers")
-    assert "Stock: starting its worker" in lines[1] and "ready in" in lines[2]  # the engine starts first
+    # the estimate comes before anything starts: the 2 reference requests and 2 x 2 engine ones, timed by two
+    # transformers forwards on this machine
+    assert lines[1].startswith("rope-extend: engines estimate: about 0:") and "for 6 requests (2304 tokens)" in lines[1]
+    assert "transformers ran 256 tokens in" in lines[1] and "512 tokens in" in lines[1]
+    assert "Stock: starting its worker" in lines[2] and "ready in" in lines[3]  # the engine starts first
+    assert all("left)" in line for line in lines[2:])  # calibrated: what is left is said from the start
     assert sum("transformers (reference): request of" in line for line in lines) == 2
     requests = [line for line in lines if "Stock 5-stock on cpu, offline: request of" in line]
     assert len(requests) == 4 and all("elapsed" in line for line in requests)
     assert "left)" in lines[-1]
-    assert len(lines) == 1 + 2 * 2 + 2 + 2 * 2 + 2 * 4, lines
+    assert len(lines) == 1 + 1 + 2 * 2 + 2 + 2 * 2 + 2 * 4, lines
     rows = json.loads(out)["rows"]
     ran = [r for r in rows if r["engine"].startswith("Stock")]
     assert [r["route"] for r in ran] == ["this checkpoint", "original model + --hf-overrides"]
     assert [e[0] for e in engine.events].count("load") == 2 and engine.events[-1][0] == "close"
     for row in ran:
-        assert (row["label"], row["checked"], row["version"], row["device"]) == ("run", "run", "5-stock", "cpu")
+        assert (row["label"], row["kind"], row["version"], row["device"]) == ("run", "run", "5-stock", "cpu")
         assert row["identical"] and row["short"]["tokens"] == 256 and row["long"]["tokens"] == 512
         evidence = row["evidence"]
         assert evidence["max_abs_dlogprob"] == max(row["short"]["max_abs_dlogprob"], row["long"]["max_abs_dlogprob"])
@@ -255,7 +260,46 @@ def test_run_never_labels_a_row_that_was_not_run(stock, capsys, monkeypatch):
     assert len(ran) == 2 and all(row.label == "not run" for row in ran) and engine.events == []
     assert {row.label for row in report.rows} == {"run", "port", "not run"}
     for row in report.rows:
-        assert (row.label == "run") == (row.checked == "run" and not row.skipped), row
+        assert (row.label == "run") == (row.kind == "run" and not row.skipped), row
+    for row in report.to_dict()["rows"]:  # the JSON says what kind of check a row is and what was done, apart
+        assert "checked" not in row and row["kind"] in ("port", "run")
+        assert row["label"] == ("not run" if "not run" in json.dumps([row["short"], row["long"]]) else row["kind"])
     other = next(row for row in report.rows if row.engine == "transformers (other line)")
     assert other.label == "not run" and "| not run |" in report.markdown()
     assert report.contradictions() == []
+
+
+def test_an_interrupt_is_acknowledged_at_once_and_stops_the_engines_within_seconds(stock, short_window, capsys,
+                                                                                   monkeypatch):
+    """Ctrl-C during a long engine request: one line on stderr within a second saying the signal was received, the
+    run's engines stopped at once (`close(now=True)`, not after their request), exit 130 within a few seconds."""
+    import os
+    import signal
+    import threading
+
+    engine = stock()
+    calls = []
+
+    def slow(self, ids):  # a request that would take a minute
+        calls.append(time.perf_counter())
+        for _ in range(600):
+            time.sleep(0.1)
+        raise AssertionError("not interrupted")
+
+    monkeypatch.setattr(StockWorker, "prompt_logprobs", slow)
+    stamped = Stamped(sys.stderr)
+    monkeypatch.setattr(sys, "stderr", stamped)
+    sent = []
+
+    def interrupt():
+        while not calls:
+            time.sleep(0.05)
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    code, _, err = engines(capsys, short_window, "--method", "yarn", "--factor", "2", "--run", "stock")
+    ended = time.perf_counter()
+    assert code == 130 and ended - sent[0] < 5, (code, ended - sent[0])
+    assert [(kind, now) for kind, now, _ in engine.events if kind == "close"] == [("close", True)]
+    assert err.strip().splitlines()[-1].startswith("rope-extend: interrupted (SIGINT)")

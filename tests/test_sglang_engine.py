@@ -122,8 +122,8 @@ def test_engines_run_sglang_serves_both_card_routes_as_transformers(sglang_worke
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert borrowed.loads == 2  # both routes were served by the real engine
     for route in ROUTES:
-        port = next(r for r in rows if r["checked"] == "port" and r["engine"] == "SGLang 0.5.23" and r["route"] == route)
-        got_row = next(r for r in rows if r["checked"] == "run" and r["engine"].startswith("SGLang")
+        port = next(r for r in rows if r["kind"] == "port" and r["engine"] == "SGLang 0.5.23" and r["route"] == route)
+        got_row = next(r for r in rows if r["kind"] == "run" and r["engine"].startswith("SGLang")
                        and r["route"] == route)
         assert got_row["engine"] == "SGLang 0.5.15 on cpu, server + native /generate"
         assert port["identical"] and got_row["identical"]
@@ -139,14 +139,14 @@ def test_a_rope_scaling_only_override_runs_at_the_wrong_theta(sglang_worker, sho
     serves another RoPE. The card's override (rope_theta inside rope_parameters) serves transformers' numbers."""
     from transformers import AutoConfig
 
-    from rope_extend.engines.reference import reference, text_ids
+    from rope_extend.engines.reference import reference, reference_model, text_ids
     from rope_extend.plan import plan_patch
     from rope_extend.spec import load_spec
 
     plan = plan_patch(AutoConfig.from_pretrained(short_window), load_spec({"method": "yarn", "factor": 2}))
     n = 2 * WINDOW
     requests = {n: text_ids(short_window, n - 1)}
-    truth = reference(short_window, plan, requests)
+    truth = reference(reference_model(short_window, plan), plan, requests)
     _, original = sglang_hint(plan).routes
     # the card's override without rope_parameters: rope_scaling and the window only
     scaling_only = {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": WINDOW},
@@ -214,7 +214,7 @@ def test_the_recorded_runs_are_generated_from_the_records():
     assert f"{start}\n{tool.docs_block(data, 'sglang')}\n{end}" in (root / "docs" / "serving.md").read_text(), stale
     record = next(json.loads(line) for line in
                   (root / "eval" / "reports" / "sglang-engines-smollm2" / "results.jsonl").read_text().splitlines())
-    runs = [r for r in record["report"]["rows"] if r["checked"] == "run" and r["engine"].startswith("SGLang")]
+    runs = [r for r in record["report"]["rows"] if r.get("kind", r.get("checked")) == "run" and r["engine"].startswith("SGLang")]
     assert len(runs) == 2 and {r["route"] for r in runs} == set(ROUTES)
     (line,) = [line for line in runs_lines(get_engine("sglang"), record["method"]) if "SmolLM2-135M through" in line]
     assert line.startswith(f"  - run (not on this checkpoint): SGLang 0.5.15 on cpu served `{record['method']}` x2")

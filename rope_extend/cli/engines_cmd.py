@@ -121,19 +121,21 @@ def _cell(result, notes: list[str]) -> str:
         return f"{label} [{notes.index(result.reason) + 1}]"
     if isinstance(result, LogprobDelta):  # a real engine: log-probabilities, NaN counted
         return f"{result.max_abs:.2g} / {result.mean_abs:.2g} logprob" + (f", {result.nan} NaN" if result.nan else "")
-    return f"{max(result.max_cos, result.max_sin):.2g}"
+    return f"{max(result.max_cos, result.max_sin):.2g} cos/sin"
 
 
 def _audit(checkpoint: str, other_python: str | None, runs: list[str], as_json: bool) -> bool:
     """Audit the model's own RoPE per engine (`engines.audit`) when rope-extend did not write it; False otherwise."""
-    from ..engines.audit import audit, is_own_scheme
+    from ..engines.audit import audit, audit_gguf, is_own_scheme
+    from ..gguf import is_gguf
 
-    if not is_own_scheme(checkpoint):
+    gguf = is_gguf(checkpoint)
+    if not gguf and not is_own_scheme(checkpoint):
         return False
     if runs:
         raise ValueError(f"--run {runs[0]}: the audit of a model's own RoPE runs the engine ports only; drop --run "
                          "(a checkpoint rope-extend wrote takes it)")
-    report = audit(checkpoint, other_python=other_python)
+    report = (audit_gguf if gguf else audit)(checkpoint, other_python=other_python)
     if as_json:
         out.print_json(report.to_json())
     else:

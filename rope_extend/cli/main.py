@@ -22,6 +22,7 @@ from .app import app
 USER_ERRORS = (RopeExtendError, ValueError, OSError, KeyError)
 OUTPUT_FLAGS = ("-o", "--output")
 ATOMIC_COMMANDS = {"patch"}  # commands whose output appears whole or not at all
+ACKNOWLEDGE_AFTER = 0.5  # seconds: a signal whose cleanup takes longer is acknowledged on stderr at once
 
 
 class _Signals:
@@ -31,10 +32,25 @@ class _Signals:
     def __init__(self):
         self.received: int | None = None
         self.previous: dict[int, object] = {}
+        self.acknowledged = None  # a timer: the line saying the signal was received, if stopping takes a while
 
     def _handler(self, signum, frame):
+        if self.received is None:
+            import threading
+
+            name = signal.Signals(signum).name
+            self.acknowledged = threading.Timer(ACKNOWLEDGE_AFTER, print, (
+                f"rope-extend: {name} received: stopping (what was started is being stopped and cleaned up)",),
+                {"file": sys.stderr, "flush": True})
+            self.acknowledged.daemon = True
+            self.acknowledged.start()
         self.received = signum
         raise KeyboardInterrupt
+
+    def done(self) -> None:
+        """Stopped: the acknowledgement is not needed any more (printed already, or never)."""
+        if self.acknowledged is not None:
+            self.acknowledged.cancel()
 
     @contextlib.contextmanager
     def installed(self):
@@ -64,6 +80,7 @@ def _output_of(argv: list[str]) -> Path | None:
 
 
 def _interrupted(signals: _Signals, output: Path | None, atomic: bool) -> int:
+    signals.done()
     signum = signals.received or signal.SIGINT
     name = signal.Signals(signum).name
     if output is None:

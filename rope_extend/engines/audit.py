@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .parity import PORT, RUN, Row, ports_note
@@ -56,7 +56,7 @@ def _ranges(layers: tuple[int, ...]) -> str:
 
 @dataclass
 class AuditRow(Row):
-    """A parity row (`parity.Row`: engine, route, short, long, checked) for one layer group, with the exact command
+    """A parity row (`parity.Row`: engine, route, short, long, kind) for one layer group, with the exact command
     or flags of its route."""
 
     layers: str = ""
@@ -122,6 +122,8 @@ class AuditReport:
     long: int
     groups: list[Group]
     rows: list[AuditRow]
+    measured_against: str = REFERENCE  # what every cell is compared with
+    notes: list[str] = field(default_factory=list)  # facts a reader needs beside the verdicts
 
     def verdicts(self) -> list[Verdict]:
         out = []
@@ -159,13 +161,14 @@ class AuditReport:
             "model": self.model,
             "model_type": self.model_type,
             "scheme": self.scheme,
-            "reference": f"{self.reference}: {REFERENCE}",
+            "reference": f"{self.reference}: {self.measured_against}",
             "short_tokens": self.short,
             "long_tokens": self.long,
             "layer_groups": [{"layer_type": g.layer_type, "layers": list(g.layers)} for g in self.groups],
             "rows": [row.to_dict() for row in self.rows],
             "verdicts": [v.__dict__ for v in self.verdicts()],
             "identical": self.identical,
+            "notes": self.notes,
         }
 
     def to_json(self) -> str:
@@ -177,9 +180,9 @@ class AuditReport:
         from ..terminal import table_lines, wrap
 
         out = wrap(f"{self.model} ({self.model_type}): {self.scheme}. Each cell: max |Δcos|, |Δsin| against "
-                   f"{self.reference}'s own rotary embedding of this config.json, for a short request ({self.short} "
+                   f"{self.measured_against.replace('transformers', self.reference, 1)}, for a short request ({self.short} "
                    f"tokens) and a long one ({self.long} tokens).", width)
-        header = ["engine", "route", "layers", f"short ({self.short})", f"long ({self.long})", "result"]
+        header = ["engine", "route", "layers", f"max |Δcos/sin| ({self.short})", f"max |Δcos/sin| ({self.long})", "result"]
         rows = [[row.engine, row.route, row.layers, _cell(row.short), _cell(row.long), _result(row)]
                 for row in self.rows]
         out += [""] + table_lines(header, rows, width) + [""]
@@ -193,6 +196,8 @@ class AuditReport:
                             f"Otherwise DIFFERS: {verdict.why}", width, hang="    ")
             else:
                 out += wrap(f"{verdict.engine}: DIFFERS on every route: {verdict.why}", width, hang="    ")
+        for note in self.notes:
+            out += wrap(f"Note: {note}", width, hang="    ")
         out += [""] + wrap(f"Identical: within float32 tolerance (magnitude within 1e-5, every frequency within "
                            f"2^-18 relative). {ports_note(self.rows)}", width)
         return out
@@ -259,10 +264,10 @@ def audit(model: str | os.PathLike, *, other_python: str | None = None) -> Audit
     name = str(model)
     rows: list[AuditRow] = []
 
-    def add(engine, route, command, group, results, checked=PORT):
+    def add(engine, route, command, group, results, kind=PORT):
         short_r, long_r = (r if isinstance(r, NotServed) else _compare(r, refs[groups.index(group)][n], n)
                            for n, r in zip((short, long), results))
-        rows.append(AuditRow(engine, route, short_r, long_r, [], checked, layers=group.label, command=command))
+        rows.append(AuditRow(engine, route, short_r, long_r, [], kind, layers=group.label, command=command))
 
     other = probes.run_other(jobs, other_python)
     for group, (other_version, served) in zip(groups, other):
@@ -299,7 +304,7 @@ def _features(raw: dict, facts) -> frozenset[str]:
 def _compare(engine: Served, reference: Served, n: int) -> Delta | NotServed:
     """`served.compare`, or why not: a port that rotates another number of dimensions than transformers (DeepSeek's
     MLA rotates qk_rope_head_dim, which the ports do not read) is not modelled, not "different"."""
-    columns = reference.cos.shape[-1]
+    columns = reference.cos.shape[-1] if reference.cos is not None else reference.inv_freq.numel()
     if engine.inv_freq is not None and engine.inv_freq.numel() != columns:
         return NotServed(f"not modelled: the port rotates {2 * engine.inv_freq.numel()} dimensions, transformers "
                          f"{2 * columns} (a rotary dimension the port does not read)")
@@ -337,3 +342,92 @@ def is_own_scheme(model: str | os.PathLike) -> bool:
     from ..source import load_source
 
     return recorded_spec(load_source(model, config_only=True).config) is None
+
+
+# --- a GGUF's own RoPE -------------------------------------------------------------------------------------------------
+GGUF_REFERENCE = "llama.cpp's RoPE of this GGUF's metadata (rope-extend's port)"
+
+
+def audit_gguf(path: str | os.PathLike, *, other_python: str | None = None) -> AuditReport:
+    """Audit a GGUF's own RoPE (`rope-extend engines model.gguf`): what llama.cpp, the engine whose native format it
+    is (`ServingEngine.native_format`), computes from its metadata is the reference; every other engine loads the
+    GGUF's config through transformers' GGUF reader (`from_pretrained(..., gguf_file=...)`, which vLLM and SGLang use
+    for a .gguf model too): what a conversion back carries, row by row, is compared with it."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from ..gguf import VERIFIED_ARCHITECTURES, read_gguf_info
+    from .registry import serving_engines
+
+    info = read_gguf_info(path)
+    if info.architecture not in VERIFIED_ARCHITECTURES or not info.context_length or not info.rope_dim:
+        raise ValueError(f"{str(path)!r}: GGUF architecture {info.architecture!r} is not audited (rope-extend ports "
+                         f"llama.cpp's RoPE for {', '.join(VERIFIED_ARCHITECTURES)}); convert it to Hugging Face and "
+                         "audit that, or patch the original")
+    native = next(engine for engine in serving_engines() if engine.native_format == "gguf")
+    long = int(info.context_length)
+    short = min(int(info.original_context_length or long), long)
+    meta = {"context_length": long, "rope.dimension_count": info.rope_dim, "rope.freq_base": info.freq_base,
+            **{f"rope.scaling.{key}": value for key, value in info.scaling.items()}}
+    if info.rope_freqs is not None:
+        meta["rope_freqs"] = info.rope_freqs
+    refs = {n: native.gguf_served(meta, long, n) for n in (short, long)}
+    config = _gguf_config(Path(path))
+    group = Group(None, tuple(range(int(config.get("num_hidden_layers") or 0))))
+    name = str(path)
+    rows: list[AuditRow] = []
+
+    def add(engine, route, command, results, kind=PORT):
+        short_r, long_r = (r if isinstance(r, NotServed) else _compare(r, refs[n], n)
+                           for n, r in zip((short, long), results))
+        rows.append(AuditRow(engine, route, short_r, long_r, [], kind, layers=group.label, command=command))
+
+    with tempfile.TemporaryDirectory(prefix="rope-extend-gguf-") as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        jobs = [(Path(tmp), sorted({short, long}))]
+        lines = [(probes.run_here(jobs)[0], None), (probes.run_other(jobs, other_python)[0], "(other line)")]
+    for (version, served), unnamed in lines:
+        add(f"transformers {version or unnamed}", "the GGUF loaded back (gguf_file=)",
+            f"AutoModelForCausalLM.from_pretrained(DIR, gguf_file={Path(path).name!r})", [served[short], served[long]],
+            RUN)
+    audited = AuditedModel(name=name, model_type=str(config.get("model_type", "")), loaded=config, raw=config,
+                           groups=(group,), short=short, long=long, architectures=tuple(config.get("architectures") or ()))
+    for engine in ported_engines():
+        if engine is native:
+            continue
+        for route in engine.audit_routes(audited):
+            add(engine.row_name, f"{route.label} (its GGUF config)", route.command, list(route.results[group]))
+    scheme = (f"{info.scaling_type if info.is_scaled else 'default'}"
+              + (f" x{float(info.scaling['factor']):g}" if info.scaling.get("factor") else "")
+              + (f", rope_freqs ({len(info.rope_freqs)} factors)" if info.rope_freqs else "")
+              + f" (θ {info.freq_base:g}), original length {short}, window {long} tokens")
+    import transformers
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    carried = {key: config[key] for key in ("rope_theta", "rope_parameters", "rope_scaling", "max_position_embeddings")
+               if config.get(key) is not None}
+    read = sorted(key for key in GGUF_CONFIG_MAPPING.get(info.architecture, {}) if key.startswith("rope."))
+    note = (f"what the GGUF loaded back carries (transformers {transformers.__version__}'s GGUF reader, "
+            f"integrations/ggml.py GGUF_CONFIG_MAPPING, which vLLM and SGLang use for a .gguf model): "
+            f"{json.dumps(carried, sort_keys=True)}; of the RoPE keys it reads {', '.join(read) or 'none'}"
+            + ("" if any(k.startswith("rope.scaling") for k in read) else ", no rope.scaling.* key")
+            + ", and no rope_freqs tensor")
+    if info.is_scaled:
+        note += ("; so this GGUF's scaling is not served there: serve it in llama.cpp, or serve the patched Hugging "
+                 "Face checkpoint in those engines")
+    return AuditReport(name, f"GGUF {info.architecture}", scheme, native.row_name, short, long, [group], rows,
+                       measured_against=GGUF_REFERENCE, notes=[note])
+
+
+def _gguf_config(path) -> dict:
+    """The config transformers' GGUF reader makes of the file's metadata (`from_pretrained(..., gguf_file=...)`),
+    as a config.json dict."""
+    import warnings
+
+    from transformers import AutoConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    return config.to_dict()

@@ -50,17 +50,17 @@ if TYPE_CHECKING:
 class Row:
     """One serving route of one engine, compared for the short and the long request.
 
-    checked: "port" (rope-extend's port of the engine's RoPE, cos/sin compared) or "run" (the engine itself: the
-    installed transformers' rotary module, cos/sin compared; or a run engine (`engines.runs`) serving the checkpoint,
-    prompt log-probabilities compared with transformers running rope-extend's RoPE). `label` says what was done:
-    `checked`, or "not run" where a request was not run."""
+    kind: how the row checks the route: "port" (rope-extend's port of the engine's RoPE, cos/sin compared) or "run"
+    (the engine itself: the installed transformers' rotary module, cos/sin compared; or a run engine (`engines.runs`)
+    serving the checkpoint, prompt log-probabilities compared with transformers running rope-extend's RoPE).
+    `label` says what was done: `kind`, "not run" where a request was not run, or "unchecked"."""
 
     engine: str  # the engine as a user names it, with its version (and, for a real engine, its device and route)
     route: str  # how the checkpoint reaches it
     short: Result
     long: Result
     warnings: list[str] = field(default_factory=list)  # the hint's warnings for this engine
-    checked: str = PORT
+    kind: str = PORT
     serves: tuple[str, str] | None = None  # the card line the row checks: (the engine's title, `hint.COMMAND` or `hint.ORIGINAL`)
     version: str | None = None  # the engine's version (a port: the source version it follows)
     device: str | None = None  # where it computed (a port: none, rope-extend's numpy copy)
@@ -88,7 +88,7 @@ class Row:
     def label(self) -> str:
         """What was done: "port", "run", "not run" (a request was not run: "run" never stands on such a row), or
         "unchecked" (the engine's rules do not cover the checkpoint)."""
-        return UNCHECKED if self.unchecked else NOT_RUN if self.skipped else self.checked
+        return UNCHECKED if self.unchecked else NOT_RUN if self.skipped else self.kind
 
     def evidence(self) -> dict[str, Any]:
         """The row's measurement over its served requests: the largest |Δ logprob| (max, mean) of a run engine, the
@@ -136,7 +136,7 @@ class Row:
         return {
             "engine": self.engine,
             "route": self.route,
-            "checked": self.checked,
+            "kind": self.kind,
             "label": self.label,
             "version": self.version,
             "device": self.device,
@@ -201,7 +201,7 @@ class ParityReport:
         """Where a run engine measured otherwise what the card lists as identical: a request its port row (the same
         serving line) says is served identically, and the engine's run of it is not identical (it differs, gives NaN,
         or the engine refused it). One line each; what `rope-extend engines` exits 3 on."""
-        claims = {row.serves: row for row in self.rows if row.checked == PORT and row.serves}
+        claims = {row.serves: row for row in self.rows if row.kind == PORT and row.serves}
         out = []
         for row in self.rows:
             port = claims.get(row.serves)
@@ -357,8 +357,10 @@ def parity_many(
             try:
                 for i, (x, report) in enumerate(zip(inputs, reports)):
                     report.rows += _run_rows(x, planned_runs, workers, Path(tmp) / f"run-{i}")
-            finally:
-                workers.close()
+            except BaseException:  # an interrupt or a failure: the engines are stopped at once
+                workers.close(now=True)
+                raise
+            workers.close()
         return reports
 
 
@@ -384,11 +386,12 @@ def _card_routes(inputs: _Inputs, engine: RunEngine):
 
 
 def _run_progress(inputs: list[_Inputs], runs: list[tuple[RunEngine, str]]) -> RunProgress:
-    """Progress for the runs, its estimate from the tokens every request will run: the reference's and each run
-    engine's (every card route each)."""
-    tokens = sum(sum(_lengths(x.plan)) for x in inputs if x.weights is not None)
-    routes = sum(len(_card_routes(x, engine)[0]) for engine, _ in runs for x in inputs[:1])
-    progress = RunProgress(tokens * (1 + routes))
+    """Progress for the runs, knowing every request they will serve: the reference's and each run engine's on every
+    card route, for each checkpoint with weights (its estimate is calibrated once the reference model loads)."""
+    requests = [n for x in inputs if x.weights is not None
+                for _ in range(1 + sum(len(_card_routes(x, engine)[0]) for engine, _ in runs))
+                for n in _lengths(x.plan)]
+    progress = RunProgress(requests)
     names = ", ".join(f"{engine.title} ({route})" for engine, route in runs)
     progress.say(f"--run: {names}: each engine started, the transformers reference run, then each engine on each "
                  "route the card lists")
@@ -408,9 +411,9 @@ class _Workers:
                 self.open[engine.name] = engine.open()
         return self.open[engine.name]
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
         for worker in self.open.values():
-            worker.close()
+            worker.close(now)
 
 
 def _run_rows(inputs: _Inputs, runs: list[tuple[RunEngine, str]], workers: _Workers, tmp: Path) -> list[Row]:
@@ -418,7 +421,7 @@ def _run_rows(inputs: _Inputs, runs: list[tuple[RunEngine, str]], workers: _Work
     the card lists, with its printed command's settings; prompt log-probabilities against transformers running
     rope-extend's RoPE on the same tokens (`engines.reference`)."""
     from ..hub import resolve_source
-    from .reference import reference, text_ids
+    from .reference import calibrate, reference, reference_model, text_ids
 
     planned = [(engine, route, *_card_routes(inputs, engine)) for engine, route in runs]
     if inputs.weights is None:
@@ -432,8 +435,13 @@ def _run_rows(inputs: _Inputs, runs: list[tuple[RunEngine, str]], workers: _Work
     lengths = _lengths(inputs.plan)
     ids = text_ids(weights, max(lengths))
     requests = {n: ids[: n - 1] for n in lengths}  # n - 1 prompt tokens + 1 generated: n tokens
-    started = {engine.name: workers(engine) for engine, *_ in planned}  # each engine starts first (a few seconds
-    truth = reference(original, inputs.plan, requests, workers.progress)  # to minutes), then the reference runs
+    model = reference_model(original, inputs.plan)
+    if workers.progress.cost is float:  # before anything else starts: how long the whole run will take
+        cost = calibrate(model, ids, max(lengths))
+        workers.progress.calibrated(cost, f"transformers ran {cost.describe()} here")
+    started = {engine.name: workers(engine) for engine, *_ in planned}  # each engine starts (seconds to minutes),
+    truth = reference(model, inputs.plan, requests, workers.progress)  # then the reference runs
+    del model
     rows = []
     for engine, route, cards, warnings in planned:
         worker = started[engine.name]
@@ -467,11 +475,11 @@ def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -
         not_served = (f"serves {plan.method.served} (its own RoPE and attention); {spec.method} acts on attention, "
                       "which only rope_extend.patch_model applies")
 
-    def row(name, route, results, hint, serves, checked=PORT, version=None, device=None):
+    def row(name, route, results, hint, serves, kind=PORT, version=None, device=None):
         if not_served:
             results = [r if isinstance(r, NotServed) else NotServed(not_served) for r in results]
         short, long = (r if isinstance(r, NotServed) else compare(r, refs[n], n) for n, r in zip(lengths, results))
-        rows.append(Row(name, route, short, long, list(hint.warnings), checked, serves, version or name, device))
+        rows.append(Row(name, route, short, long, list(hint.warnings), kind, serves, version or name, device))
 
     reference = next(hint for hint in hints.values() if not get_engine(hint.engine).ported)
     for probed in (here, other):
@@ -536,7 +544,7 @@ def unbacked_routes(report: ParityReport) -> dict[tuple[str, str], str]:
     the hint's own words."""
     out = {}
     for row in report.rows:
-        if row.serves is None or row.checked != PORT or not row.differs:
+        if row.serves is None or row.kind != PORT or not row.differs:
             continue
         served = [not isinstance(r, NotServed) for r in (row.short, row.long)]
         if not any(served):

@@ -9,6 +9,7 @@ the difference.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 from .runs import REFERENCE, RunProgress
@@ -49,21 +50,62 @@ def _text_ids(tokenizer_dir: str, n: int, text: str | None) -> tuple[int, ...]:
     return tuple(ids[:n])
 
 
-def reference(model_dir: Path, plan, requests: dict[int, list[int]],
-              progress: RunProgress | None = None) -> dict[int, list[float]]:
-    """transformers running rope-extend's RoPE (`plan` applied to the model in `model_dir`), float32: the
-    log-probabilities of each request's prompt tokens. A request of n tokens is a prompt of n - 1 tokens and one
-    generated token (an engine refuses a prompt of its whole context length: nothing could be generated); a dynamic
-    method holds its scale at n, as rope-extend serves such a request (`fixed_rope_length`)."""
+def reference_model(model_dir: Path, plan):
+    """The original model in `model_dir` with rope-extend's RoPE (`plan` applied), float32: what the reference runs
+    (the writer's verification is not at stake here)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from ..compat import dtype_kwargs
-    from ..dynamic import fixed_rope_length
     from ..patch import apply_patch
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), **dtype_kwargs(torch.float32)).eval()
-    apply_patch(model, plan)  # the RoPE rope-extend computes; the writer's verification is not at stake
+    apply_patch(model, plan)
+    return model
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Seconds a forward of n tokens takes on this machine, a·n + b·n² (the projections grow with n, attention with
+    n²), fitted on two forwards of the reference model (`calibrate`)."""
+
+    a: float
+    b: float
+    timed: tuple[tuple[int, float], ...]  # (tokens, seconds) of the forwards it was fitted on
+
+    def __call__(self, n: int) -> float:
+        return self.a * n + self.b * n * n
+
+    def describe(self) -> str:
+        return " and ".join(f"{n} tokens in {t:.2g} s" for n, t in self.timed)
+
+
+def calibrate(model, ids: list[int], longest: int) -> Cost:
+    """Time two forwards of `model` (at n and 2n tokens, n = min(512, longest / 2), after a short one that takes the
+    first call's one-time costs) and fit `Cost` to them."""
+    import time
+
+    n1 = max(16, min(512, longest // 2))
+    reference_logprobs(model, ids[:16])
+    timed = []
+    for n in (n1, 2 * n1):
+        started = time.perf_counter()
+        reference_logprobs(model, ids[:n])
+        timed.append((n, time.perf_counter() - started))
+    (n1, t1), (n2, t2) = timed
+    b = max(0.0, (t2 - 2 * t1) / (2 * n1 * n1))
+    a = max(0.0, (t1 - b * n1 * n1) / n1) if b else t2 / n2
+    return Cost(a, b, tuple(timed))
+
+
+def reference(model, plan, requests: dict[int, list[int]],
+              progress: RunProgress | None = None) -> dict[int, list[float]]:
+    """transformers running rope-extend's RoPE (`reference_model`: `plan` applied), float32: the log-probabilities of
+    each request's prompt tokens. A request of n tokens is a prompt of n - 1 tokens and one generated token (an
+    engine refuses a prompt of its whole context length: nothing could be generated); a dynamic method holds its
+    scale at n, as rope-extend serves such a request (`fixed_rope_length`)."""
+    from ..dynamic import fixed_rope_length
+
     out = {}
     for n, ids in requests.items():
         with (progress or RunProgress.silent()).request(f"{REFERENCE} (reference)", n):

@@ -81,6 +81,8 @@ class ServingEngine:
     first_choice: its place among the engines `serve_hint` proposes when they serve a checkpoint exactly (None:
     never proposed first).
     ported: its rows come from its port (`served`); False for the reference, transformers, run as a library.
+    native_format: a model file format the engine reads natively ("gguf": llama.cpp); its port gives that format's
+    own RoPE (`gguf_served`), what the audit of such a file compares every other engine with.
     """
 
     name: ClassVar[str]
@@ -90,6 +92,7 @@ class ServingEngine:
     features: ClassVar[frozenset[str]] = frozenset()
     first_choice: ClassVar[int | None] = None
     ported: ClassVar[bool] = True
+    native_format: ClassVar[str | None] = None  # the model file format the engine reads natively ("gguf")
     # The routes the card lists, in order, as skeletons (commands and settings filled in by `serve`).
     routes: ClassVar[tuple[Route, ...]] = ()
 

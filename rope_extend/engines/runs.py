@@ -34,7 +34,7 @@ import math
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,8 +87,9 @@ class EngineWorker(Protocol):
     def generate(self, ids: list[int], max_tokens: int) -> list[int]:
         """Greedy continuation of `ids` (at most `max_tokens` token ids; the engine stops at the model's EOS)."""
 
-    def close(self) -> None:
-        """End the worker (and whatever it started)."""
+    def close(self, now: bool = False) -> None:
+        """End the worker (and whatever it started); `now`: at once, without waiting for a request in progress (an
+        interrupt: within a few seconds)."""
 
 
 @runtime_checkable
@@ -323,12 +324,18 @@ def _clock(seconds: float) -> str:
 
 
 class RunProgress:
-    """One line on stderr per step of a run (`rope-extend engines --run`): before an engine starts and after, before
-    each request and after, with the elapsed time and an estimate of what is left from the tokens still to run (a
-    request's cost taken as its length). A line per event, never a redrawn bar: it reads the same in a log."""
+    """One line on stderr per step of a run (`rope-extend engines --run`): the estimate before anything starts
+    (`calibrated`), then before an engine starts and after, before each request and after, with the elapsed time and
+    what is left. A request's cost is its length until `calibrated` gives the machine's seconds for n tokens; once
+    requests have run, what is left is their measured seconds per unit of cost times the cost still to run. A line
+    per event, never a redrawn bar: it reads the same in a log."""
 
-    def __init__(self, total_tokens: int = 0, write: Callable[[str], None] | None = None):
-        self.total, self.done, self.started = max(1, total_tokens), 0, time.perf_counter()
+    def __init__(self, requests: Sequence[int] = (), write: Callable[[str], None] | None = None):
+        self.requests = list(requests)  # every request's length the run will serve, the reference's included
+        self.cost: Callable[[int], float] = float
+        self.total = max(1.0, sum(map(self.cost, self.requests)))
+        self.done = self.spent = 0.0  # cost run so far, and the seconds its requests took
+        self.started = time.perf_counter()
         self.write = write
 
     @classmethod
@@ -342,12 +349,23 @@ class RunProgress:
         else:
             print(line, file=sys.stderr, flush=True)
 
+    def _left(self) -> float | None:
+        if self.done:
+            return self.spent / self.done * max(0.0, self.total - self.done)
+        return self.total if self.cost is not float else None  # calibrated: seconds; else unknown yet
+
     def _times(self) -> str:
         elapsed = time.perf_counter() - self.started
-        if not self.done:
-            return f"{_clock(elapsed)} elapsed"
-        left = elapsed / self.done * max(0, self.total - self.done)
-        return f"{_clock(elapsed)} elapsed, about {_clock(left)} left"
+        left = self._left()
+        return f"{_clock(elapsed)} elapsed" + ("" if left is None else f", about {_clock(left)} left")
+
+    def calibrated(self, cost: Callable[[int], float], how: str) -> None:
+        """Cost requests in seconds (`reference.Cost`) and say, before the engines start, how long the run will take."""
+        self.cost = cost
+        self.total = max(1e-9, sum(map(cost, self.requests)))
+        tokens = sum(self.requests)
+        self._print(f"estimate: about {_clock(self.total)} for {len(self.requests)} requests ({tokens} tokens), plus "
+                    f"each engine's start ({how}; each engine taken as fast as transformers on this machine)")
 
     def say(self, message: str) -> None:
         self._print(f"{message} ({self._times()})")
@@ -364,5 +382,7 @@ class RunProgress:
         self._print(f"{who}: request of {n} tokens ({self._times()})")
         started = time.perf_counter()
         yield
-        self.done += n
-        self._print(f"{who}: {n} tokens in {time.perf_counter() - started:.1f} s ({self._times()})")
+        seconds = time.perf_counter() - started
+        self.done += self.cost(n)
+        self.spent += seconds
+        self._print(f"{who}: {n} tokens in {seconds:.1f} s ({self._times()})")

@@ -174,7 +174,8 @@ def runs_lines(engine, method: str) -> list[str]:
         f"  - run (not on this checkpoint): {run['engine']} on {run['device'] or 'cpu'} served `{method}` x{run['factor']:g}"
         f" on {RUN_MODELS.get(run['model'], run['model'])} through both {adapter.title} routes"
         f" ({' and '.join(run['ways'])}), {run['tokens'][0]} and {run['tokens'][1]} tokens, on {run['date']}:"
-        f" {words.get(run['verdict'], run['verdict'])} (rope-extend's {run['record']})"
+        f" {words.get(run['verdict'], run['verdict'])} (rope-extend's {run['record']}; the run took {run['seconds']} s"
+        f" on a 2-core CPU at load {run['load']})"
         for run in recorded_runs(adapter, method)
     ]
 

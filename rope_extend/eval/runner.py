@@ -280,9 +280,12 @@ def run_eval(
 
     try:
         run_jobs(jobs, load, original, record, progress)
-    finally:
+    except BaseException:  # an interrupt or a failure: the engine is stopped at once
         if own_worker and worker is not None:
-            worker.close()
+            worker.close(now=True)
+        raise
+    if own_worker and worker is not None:
+        worker.close()
     if served_by is not None and worker is not None:
         meta["engine"] = worker.label(served_by.eval_route)
         (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))

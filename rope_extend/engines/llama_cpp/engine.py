@@ -118,6 +118,7 @@ class LlamaCppEngine(ServingEngine):
     version = port.VERSION
     rope_types = tuple(BY_ROPE_TYPE)
     features = frozenset({"mscale", "text_config"})
+    native_format = "gguf"
     routes = (
         Route("original GGUF + flags", ORIGINAL, "- llama.cpp, original GGUF", True, None,
               column="llama.cpp, original GGUF + flags", listed=False),
@@ -183,6 +184,10 @@ class LlamaCppEngine(ServingEngine):
         if settings.flags is None:
             return NotServed(settings.why)
         return port.served(port.convert(dict(config)), settings.flags, n)
+
+    def gguf_served(self, meta: dict, context: int, n: int):
+        """What `llama-server -m model.gguf -c context` applies to a request of n tokens of a GGUF with `meta`."""
+        return port.served(meta, f"-c {context}", n)
 
     def audit_routes(self, model: AuditedModel) -> list[AuditRoute]:
         """The GGUF convert_hf_to_gguf.py writes from this checkpoint, run with `-c W`."""

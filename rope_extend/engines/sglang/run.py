@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -123,14 +124,19 @@ class SglangWorker:
         errors = [line for line in lines if "Error:" in line or "Exception:" in line]
         return (errors or lines or ["no log"])[-1][:1000]
 
-    def _stop(self) -> None:
+    def _stop(self, now: bool = False) -> None:
+        """Stop the server: SIGTERM and up to a minute to exit, or `now` (an interrupt): its whole session killed."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+            if now:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # started with start_new_session: its scheduler too
                 self.proc.wait()
+            else:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
         if self._log is not None:
             self._log.close()
         self.proc, self._log = None, None
@@ -208,8 +214,8 @@ class SglangWorker:
         """Greedy continuation of `ids` (token ids, at most `max_tokens`; SGLang stops at the model's EOS)."""
         return [int(t) for t in self._generate(ids, max_tokens, logprobs=False)["output_ids"]]
 
-    def close(self) -> None:
-        self._stop()
+    def close(self, now: bool = False) -> None:
+        self._stop(now)
 
     def __enter__(self) -> SglangWorker:
         return self

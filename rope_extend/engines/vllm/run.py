@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..registry import ServingEngine
 
 ROUTES = ("offline", "server")
+STOP_SECONDS = 5  # how long an interrupted worker may take to close its engine before it is killed
 
 
 class VllmError(RuntimeError):
@@ -82,6 +83,7 @@ class VllmWorker:
         self.proc = subprocess.Popen(
             [str(self.env.python), "-I", vllm_worker.__file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._log, env=environ, text=True, cwd=tempfile.gettempdir(),
+            start_new_session=True,  # a terminal's Ctrl-C reaches rope-extend, which stops the worker (close(now=True))
         )
         hello = self._read()
         self.loaded: dict | None = None
@@ -144,14 +146,22 @@ class VllmWorker:
         """Greedy continuation of `ids` (token ids, at most `max_tokens`; vLLM stops at the model's EOS)."""
         return self._ask({"op": "generate", "prompt": [int(i) for i in ids], "max_tokens": int(max_tokens)})["token_ids"]
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
+        """End the worker: after its current request (`quit`), or `now` (an interrupt): SIGTERM, which makes it close
+        its engine and server and exit, then SIGKILL after a few seconds."""
         if self.proc.poll() is None:
             try:
+                if now:
+                    raise subprocess.TimeoutExpired("interrupt", 0)
                 self._ask({"op": "quit"})
                 self.proc.wait(120)
             except (VllmError, VllmRefused, OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+                self.proc.terminate()
+                try:
+                    self.proc.wait(STOP_SECONDS)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
         self._log.close()
 
     def __enter__(self) -> VllmWorker:

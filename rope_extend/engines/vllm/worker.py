@@ -226,6 +226,10 @@ def main() -> None:
         protocol.write(json.dumps(message) + "\n")
         protocol.flush()
 
+    def stop(signum, frame):  # the client ends the worker at once (an interrupt): serve's finally closes the engine
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
     import vllm
     from vllm.platforms import current_platform
 
