@@ -27,8 +27,8 @@ What a reader needs to trust a plot is drawn in, whatever the records hold:
 Figures are built on :class:`matplotlib.figure.Figure`, not pyplot: building one (in a test, in a thread) leaves
 no global state and nothing to close. A variant's markers carry its name as ``gid`` (reference lines: ``window``,
 ``ceiling``; guides: ``link``; band edges: ``band``; a difference panel's lines: ``<variant>:difference``),
-which is how tests find what was drawn; their data are the measured values, the nudge is in their transform. :func:`make_plots` writes the PNGs the
-report links.
+which is how tests find what was drawn; their data are the measured values, the nudge is in their transform.
+:func:`make_plots` writes the PNGs the report links.
 """
 
 from __future__ import annotations

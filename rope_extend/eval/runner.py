@@ -64,10 +64,10 @@ def check_dtype(dtype) -> None:
         raise ValueError(f"--dtype {dtype!r}: eval loads the model in one of {', '.join(DTYPES[:3])}")
 
 
-def say_resumed(out: Path, model: str, suite: Suite, variants) -> None:
+def say_resumed(out: Path, model: str, suite: Suite, variants, engine: str) -> None:
     """At once, before anything heavy loads: how many of this run's cases OUT's results.jsonl holds already ("16 of
-    16 cases done"), when OUT is an earlier run of the same model (its run.json gives the window the cases are
-    laid out from)."""
+    16 cases done"), when OUT is an earlier run of the same model with the same engine (its run.json gives the
+    window the cases are laid out from)."""
     from .variants import applies
 
     try:
@@ -76,6 +76,8 @@ def say_resumed(out: Path, model: str, suite: Suite, variants) -> None:
         return
     if meta.get("model_path") != model or not meta.get("original_length") or meta.get("left_out"):
         return  # another model, or an engine's run that left cases out (counted once it is planned)
+    if str(meta.get("engine") or engine).split()[0].lower() != engine:
+        return  # another engine's run: refused once the engines are imported (`_check_same_engine`)
     cases = suite.cases(int(meta["original_length"]))
     wanted = {(v.name, v.fingerprint, c.case_id) for v in variants for c in cases if applies(c, v)}
     done = len(wanted & {_key(r) for r in read_results(out)})
@@ -229,7 +231,7 @@ def run_eval(
         check_text(name)
     variants = make_variants(specs, include_baseline=include_baseline)
     if progress and resume:
-        say_resumed(out, str(model_path), suite_obj, variants)
+        say_resumed(out, str(model_path), suite_obj, variants, engine)
 
     from ..engines.runs import REFERENCE, check_engine_args, lookup
 
