@@ -125,7 +125,7 @@ def test_a_bad_eval_argument_and_an_existing_patch_out_are_refused_before_torch_
         (run + ["--spec", "method=no-such-method,factor=2"], "unknown RoPE method 'no-such-method'"),
         (run + ["--spec", "no-such-spec.yaml"], "spec file 'no-such-spec.yaml' does not exist"),
         (run + ["--name", "unpatched"], "--name 'unpatched'"),
-        (run + ["--dtype", "float8"], "--dtype 'float8'"),
+        (run + ["--dtype", "float8"], "--dtype 'float8' is not a dtype to load weights in; use one of auto, float64"),
         (run + ["--text", str(tmp_path / "no-such.txt")], "evaluation text not found"),
         (["eval", "smollm2", "-o", str(user)], "is not an eval output folder"),
         (["patch", "smollm2", "--method", "yarn", "--factor", "2", "-o", str(checkpoint)],

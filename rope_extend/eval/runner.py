@@ -39,7 +39,6 @@ from .variants import (
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = EVAL_RUN_FILE  # also what marks a folder as an eval output (outputs.py)
-DTYPES = ("float32", "bfloat16", "float16", "auto")  # what `load_model` loads a model in
 
 
 def say(message: str, prefix: str = "rope-extend: eval ") -> None:
@@ -59,9 +58,13 @@ def _word(text: str) -> str:
 
 
 def check_dtype(dtype) -> None:
-    """ValueError naming the choices for a --dtype eval cannot load a model in (a torch dtype passes)."""
-    if isinstance(dtype, str) and dtype not in DTYPES:
-        raise ValueError(f"--dtype {dtype!r}: eval loads the model in one of {', '.join(DTYPES[:3])}")
+    """ValueError naming the choices for a --dtype `load_model` cannot load weights in (the names of
+    `memory.DTYPE_BYTES`, and auto; a torch dtype passes), in `memory.load_dtype`'s words, before torch loads."""
+    from ..memory import DTYPE_BYTES
+
+    if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPE_BYTES:
+        raise ValueError(f"--dtype {dtype!r} is not a dtype to load weights in; use one of auto, "
+                         f"{', '.join(DTYPE_BYTES)}")
 
 
 def say_resumed(out: Path, model: str, suite: Suite, variants, engine: str) -> None:
