@@ -361,7 +361,8 @@ def test_a_new_probe_is_registered_in_one_place():
         def decode(self, ids, skip_special_tokens=True):
             return " ".join(map(str, ids))
 
-    probes.register_probe(probes.Probe("echo", "needle", make, probes.first_number, spread=True, needles=True))
+    probes.register_probe(probes.Probe("echo", "needle", make, probes.first_number, answer_tokens=5, spread=True,
+                                       needles=True, per_needle=True))
     try:
         suite = Suite.from_dict({"short_context": [32], "needle": {"tasks": ["echo"], "lengths": [64], "samples": 2,
                                                                    "depths": [0.1, 0.9], "num_needles": 3}})
@@ -375,6 +376,7 @@ def test_a_new_probe_is_registered_in_one_place():
         assert "echo" in lm_tasks.all_tasks()
         docs = lm_tasks.build_docs(Tokenizer(), "echo", [16], depths=[0.2, 0.8], num_needles=5)
         assert [(d["task"], d["length"], d["depth"], d["target"]) for d in docs] == [("echo", 16, -1.0, "5")]
+        assert probes.get_probe("echo").max_new_tokens(5) == 25 and lm_tasks.max_answer_tokens(5) >= 25
         assert section_rank("echo") == section_rank("niah_single") > section_rank("passkey")
     finally:
         del probes.PROBES["echo"]

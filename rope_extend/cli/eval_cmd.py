@@ -50,13 +50,12 @@ def eval_command(
     pipeline_parallel_size: Annotated[int | None, typer.Option("--pipeline-parallel-size", help="--engine vllm: vLLM's pipeline parallelism (GPUs or nodes).")] = None,
 ) -> None:
     """Evaluate before/after: perplexity by length, passkey, needles, short-context regression; resumable."""
-    from ..engines.runs import check_engine_args
+    # light imports only until the arguments are checked: a bad one is refused at once, before torch loads
     from ..eval.runner import run_eval, summary_markdown
     from ..spec import parse_inline_spec
 
     engine_args = {key: value for key, value in (("tensor_parallel_size", tensor_parallel_size),
                                                  ("pipeline_parallel_size", pipeline_parallel_size)) if value}
-    check_engine_args(engine_args, engine)  # an unknown --engine, or an argument it does not take: before loading
     variants = [parse_inline_spec(s) for s in specs or []]
     if name is not None:
         from ..eval.variants import BASELINE
