@@ -103,6 +103,7 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         return
 
+    from rope_extend.eval.options import EvalOptions
     from rope_extend.eval.runner import run_eval
 
     model, suite = demo_model(), paper_shaped(a.scale)
@@ -111,7 +112,8 @@ def main() -> None:
     walls, recs = {}, {}
     for name, share in (("before", False), ("after", True)):
         started = time.perf_counter()
-        recs[name] = run_eval(model, specs, suite, out / name, progress=False, plots=False, share=share, resume=False)
+        recs[name] = run_eval(model, specs, suite, out / name,
+                              EvalOptions(progress=False, plots=False, share=share, resume=False))
         walls[name] = time.perf_counter() - started
         print(f"{name}: {walls[name]:.1f} s ({len(recs[name])} cases)", flush=True)
 

@@ -1,6 +1,7 @@
 """`WriteOptions`: how the checkpoint writer writes OUT, declared once: the Python API's keywords
 (`patch_checkpoint(..., mode=...)`) and, for the fields whose metadata holds a `help`, `patch`'s flags
-(`cli.options.options_flags` turns them into typer options: `flag` names a flag other than `--field-name`).
+(`cli.options.options_flags` turns them into typer options: `flag` names a flag other than `--field-name`); the
+flags other commands share (`--dtype`, `--overwrite`, `--no-verify`, `--no-memory-check`) are `flags`' own.
 
 Imports nothing heavy: the CLI reads it to declare `patch`'s flags before any command runs."""
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError
+from .flags import DTYPE, MEMORY_CHECK, OVERWRITE, VERIFY
 
 DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
           "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -39,12 +41,9 @@ class WriteOptions:
 
     mode: str = field(default="auto", metadata={
         "help": "auto | config-only (link weights, write config) | full (load + save)."})
-    dtype: str | None = field(default=None, metadata={
-        "help": "Weights dtype for --mode full: float32, bfloat16, float16, auto."})
-    overwrite: bool = field(default=False, metadata={
-        "help": "Replace an existing OUT that is a checkpoint (a folder of other files is refused)."})
-    verify: bool = field(default=True, metadata={
-        "flag": "--no-verify", "help": "Skip reloading OUT with stock transformers."})
+    dtype: str | None = DTYPE.field(None)
+    overwrite: bool = OVERWRITE.field(False)
+    verify: bool = VERIFY.field(True)
     allow_pickle: bool = field(default=False, metadata={
         "help": "Accept pickle (.bin) weights. Only for trusted sources."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow the checkpoint's own Python code."})
@@ -54,9 +53,7 @@ class WriteOptions:
     engines_report: bool = True
     extra: Callable[[Path], None] | None = None
     keep_unverified: str | os.PathLike | None = None
-    memory_check: bool = field(default=True, metadata={
-        "flag": "--no-memory-check",
-        "help": "Load the weights (--mode full, --eval) even if the memory estimate says they do not fit."})
+    memory_check: bool = MEMORY_CHECK.field(True)
     on_step: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:

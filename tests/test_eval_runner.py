@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rope_extend.eval.options import EvalOptions
 from rope_extend.eval.runner import read_results, run_eval, summary_markdown
 
 SUITE = {
@@ -31,7 +32,7 @@ def _lines(path: Path) -> list[str]:
 
 
 def test_outputs(tiny_ckpt, tmp_path):
-    recs = run_eval(tiny_ckpt, SPECS, SUITE, tmp_path, progress=False)
+    recs = run_eval(tiny_ckpt, SPECS, SUITE, tmp_path, EvalOptions(progress=False))
     variants = {r["variant"] for r in recs}
     assert variants == {"unpatched", "linear-x2", "yarn-x2"}
     # the needles at 300 lie beyond the 256-token window: the unpatched model alone also answers them at 256
@@ -62,7 +63,7 @@ class Boom(RuntimeError):
 def test_prompt_that_does_not_fit_fails_before_any_work(tiny_ckpt, tmp_path):
     bad = dict(SUITE, needle={"tasks": ["niah_multivalue"], "lengths": [120], "num_needles": 4})
     with pytest.raises(ValueError, match="refusing to truncate"):
-        run_eval(tiny_ckpt, SPECS, bad, tmp_path, progress=False)
+        run_eval(tiny_ckpt, SPECS, bad, tmp_path, EvalOptions(progress=False))
     assert not (tmp_path / "results.jsonl").exists()
 
 
@@ -75,7 +76,7 @@ def test_resume_after_crash(tiny_ckpt, tmp_path):
             raise Boom("simulated crash")
 
     with pytest.raises(Boom):
-        run_eval(tiny_ckpt, SPECS, SUITE, tmp_path, progress=False, on_record=crash_after_5)
+        run_eval(tiny_ckpt, SPECS, SUITE, tmp_path, EvalOptions(progress=False, on_record=crash_after_5))
     first = _lines(tmp_path / "results.jsonl")
     assert len(first) == 5
 
@@ -84,7 +85,7 @@ def test_resume_after_crash(tiny_ckpt, tmp_path):
         f.write('{"variant": "unpatched", "fingerp')
 
     new = []
-    recs = run_eval(tiny_ckpt, SPECS, SUITE, tmp_path, progress=False, on_record=new.append)
+    recs = run_eval(tiny_ckpt, SPECS, SUITE, tmp_path, EvalOptions(progress=False, on_record=new.append))
     total = len(recs)
     assert len(new) == total - 5  # nothing recomputed ...
     lines = _lines(tmp_path / "results.jsonl")
@@ -95,13 +96,14 @@ def test_resume_after_crash(tiny_ckpt, tmp_path):
 
     # third run: everything done, nothing computed
     again = []
-    assert len(run_eval(tiny_ckpt, SPECS, SUITE, tmp_path, progress=False, on_record=again.append)) == total
+    assert len(run_eval(tiny_ckpt, SPECS, SUITE, tmp_path,
+                        EvalOptions(progress=False, on_record=again.append))) == total
     assert again == []
 
     # changing one variant's spec recomputes only that variant
     changed = []
-    run_eval(tiny_ckpt, [SPECS[0], {"method": "yarn", "factor": 3.0}], SUITE, tmp_path, progress=False,
-             on_record=changed.append)
+    run_eval(tiny_ckpt, [SPECS[0], {"method": "yarn", "factor": 3.0}], SUITE, tmp_path,
+             EvalOptions(progress=False, on_record=changed.append))
     assert changed and {r["variant"] for r in changed} == {"yarn-x3"}
 
 
@@ -110,23 +112,24 @@ def test_resume_refuses_records_whose_method_defaults_moved(tiny_ckpt, tmp_path)
     local_window L/16 -> L/8 did), the same spec resolves to another model: resuming must refuse, not pool."""
     suite = {"name": "t", "short_context": [200], "passkey": {"lengths": [200], "depths": [0.0, 1.0]}}
     spec = {"method": "dual-chunk", "factor": 2.0}
-    run_eval(tiny_ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False)
+    run_eval(tiny_ckpt, [spec], suite, tmp_path, EvalOptions(include_baseline=False, progress=False))
     path = tmp_path / "results.jsonl"
     recs = [json.loads(ln) for ln in _lines(path)]
     first = next(r for r in recs if "patch_report" in r)
     resolved = first["patch_report"]["spec"]
     assert resolved["local_window"] == 256 // 8  # dual-chunk's default (L // 8), filled in by the plan
     new = []  # as recorded: the same parameters resume, nothing computed
-    run_eval(tiny_ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False, on_record=new.append)
+    run_eval(tiny_ckpt, [spec], suite, tmp_path,
+             EvalOptions(include_baseline=False, progress=False, on_record=new.append))
     assert new == []
     resolved["local_window"] = 256 // 16  # as recorded by the release before issue 51 (L // 16)
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     with pytest.raises(ValueError, match=r"dual-chunk-x2.*local_window 16 then, 32 now.*--no-resume"):
-        run_eval(tiny_ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False)
+        run_eval(tiny_ckpt, [spec], suite, tmp_path, EvalOptions(include_baseline=False, progress=False))
     assert [json.loads(ln) for ln in _lines(path)] == recs  # nothing appended
     redone = []
-    run_eval(tiny_ckpt, [spec], suite, tmp_path, include_baseline=False, progress=False, resume=False,
-             on_record=redone.append)
+    run_eval(tiny_ckpt, [spec], suite, tmp_path,
+             EvalOptions(include_baseline=False, progress=False, resume=False, on_record=redone.append))
     assert len(redone) == 2
 
 
@@ -134,10 +137,11 @@ def test_another_seed_is_other_cases_not_a_resume(tiny_ckpt, tmp_path):
     """A suite's seed picks the probes' keys: rerunning a folder with another seed must compute its prompts (with
     other keys), never resume the first seed's records as if they were done, and the seeds' records stay apart."""
     suite = {"name": "t", "short_context": [200], "passkey": {"lengths": [200], "depths": [0.0, 1.0]}}
-    first = run_eval(tiny_ckpt, SPECS[:1], suite, tmp_path, include_baseline=False, progress=False)
+    first = run_eval(tiny_ckpt, SPECS[:1], suite, tmp_path,
+                     EvalOptions(include_baseline=False, progress=False))
     new = []
-    second = run_eval(tiny_ckpt, SPECS[:1], suite | {"seed": 1}, tmp_path, include_baseline=False, progress=False,
-                      on_record=new.append)
+    second = run_eval(tiny_ckpt, SPECS[:1], suite | {"seed": 1}, tmp_path,
+                      EvalOptions(include_baseline=False, progress=False, on_record=new.append))
     assert len(new) == len(second) == len(first) == 2
     assert [r["case_id"] for r in first] == ["passkey/filler/L200/d0/s0", "passkey/filler/L200/d1/s0"]
     assert [r["case_id"] for r in second] == [c + "/seed1" for c in ("passkey/filler/L200/d0/s0",
@@ -145,8 +149,8 @@ def test_another_seed_is_other_cases_not_a_resume(tiny_ckpt, tmp_path):
     assert [r["metrics"]["answers"] for r in first] != [r["metrics"]["answers"] for r in second]  # other keys
     assert len(read_results(tmp_path)) == 4
     again = []
-    run_eval(tiny_ckpt, SPECS[:1], suite | {"seed": 1}, tmp_path, include_baseline=False, progress=False,
-             on_record=again.append)
+    run_eval(tiny_ckpt, SPECS[:1], suite | {"seed": 1}, tmp_path,
+             EvalOptions(include_baseline=False, progress=False, on_record=again.append))
     assert again == []  # and each seed resumes its own records
 
 
@@ -154,10 +158,11 @@ def test_resume_after_kill(tiny_ckpt, tmp_path):
     """SIGKILL a real run part-way through, then finish it."""
     script = textwrap.dedent(f"""
         import json, time, sys
+        from rope_extend.eval.options import EvalOptions
         from rope_extend.eval.runner import run_eval
         suite = json.loads({json.dumps(json.dumps(SUITE))})
-        run_eval({str(tiny_ckpt)!r}, None, suite, {str(tmp_path)!r}, progress=False,
-                 on_record=lambda r: time.sleep(0.4))
+        run_eval({str(tiny_ckpt)!r}, None, suite, {str(tmp_path)!r},
+                 EvalOptions(progress=False, on_record=lambda r: time.sleep(0.4)))
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     results = tmp_path / "results.jsonl"
@@ -175,7 +180,7 @@ def test_resume_after_kill(tiny_ckpt, tmp_path):
     before = _lines(results)
     assert 2 <= len(before)
     new = []
-    recs = run_eval(tiny_ckpt, None, SUITE, tmp_path, progress=False, on_record=new.append)
+    recs = run_eval(tiny_ckpt, None, SUITE, tmp_path, EvalOptions(progress=False, on_record=new.append))
     assert len(new) + len(before) == len(recs)
     assert _lines(results)[: len(before)] == before
     assert {r["variant"] for r in recs} == {"unpatched"}
@@ -206,8 +211,9 @@ def test_shared_forward_gives_the_same_numbers(tiny_ckpt, tmp_path):
     suite = {"name": "share", "short_context": [128], "perplexity": {"lengths": [200, "2x"], "block_size": 32},
              "passkey": {"lengths": [300], "depths": [0.0, 0.5, 1.0], "samples": 2}}
     specs = [{"method": "yarn", "factor": 2.0}, {"method": "dynamic-yarn", "factor": 2.0}]
-    shared = run_eval(tiny_ckpt, specs, suite, tmp_path / "shared", progress=False, plots=False)
-    separate = run_eval(tiny_ckpt, specs, suite, tmp_path / "separate", progress=False, plots=False, share=False)
+    shared = run_eval(tiny_ckpt, specs, suite, tmp_path / "shared", EvalOptions(progress=False, plots=False))
+    separate = run_eval(tiny_ckpt, specs, suite, tmp_path / "separate",
+                        EvalOptions(progress=False, plots=False, share=False))
     assert [r["case_id"] for r in shared] == [r["case_id"] for r in separate]
     probes = [(a, b) for a, b in zip(shared, separate) if a["kind"] == "passkey"]
     # 3 variants, 128 and 300 tokens, 6 prompts each; the unpatched model's ceiling: the same 6 at 256
@@ -232,7 +238,8 @@ def test_report_carries_intervals_and_sample_sizes(tiny_ckpt, tmp_path):
     suite = {"name": "rep", "smoke": True, "short_context": [200],
              "perplexity": {"texts": ["pydoc_topics", "debian_licenses"], "lengths": [256], "block_size": 32},
              "passkey": {"lengths": [200], "depths": [0.0, 1.0], "samples": 2}}
-    recs = run_eval(tiny_ckpt, [{"method": "linear", "factor": 2.0}], suite, tmp_path, progress=False)
+    recs = run_eval(tiny_ckpt, [{"method": "linear", "factor": 2.0}], suite, tmp_path,
+                    EvalOptions(progress=False))
     ppl = [r for r in recs if r["kind"] == "perplexity"]
     assert {r["metrics"]["text"] for r in ppl} == {"pydoc_topics", "debian_licenses"}
     for r in ppl:
@@ -324,7 +331,7 @@ def test_a_shipped_scheme_is_measured_against_the_window_it_serves(tmp_path):
     tok.save_pretrained(folder)
     suite = {"name": "w", "short_context": [], "perplexity": {"lengths": ["1x", "2x"], "bucket_size": 256,
                                                                "chunk_size": 256}}
-    recs = run_eval(folder, None, suite, tmp_path / "r", progress=False, plots=False)
+    recs = run_eval(folder, None, suite, tmp_path / "r", EvalOptions(progress=False, plots=False))
     assert sorted(r["length"] for r in recs) == [512, 1024] and {r["original_length"] for r in recs} == {512}
     meta = json.loads((tmp_path / "r" / "run.json").read_text())
     assert (meta["original_length"], meta["pre_scaling_length"], meta["shipped_scheme"]) == (512, 64, "llama3 x8")
@@ -364,7 +371,7 @@ def test_a_128_token_perplexity_suite_writes_its_report(tiny_ckpt, tmp_path):
     report.md written, naming it."""
     suite = {"name": "b", "short_context": [128], "perplexity": {"lengths": [128], "bucket_size": 64,
                                                                   "chunk_size": 64}}
-    recs = run_eval(tiny_ckpt, SPECS[:1], suite, tmp_path / "r", progress=False)
+    recs = run_eval(tiny_ckpt, SPECS[:1], suite, tmp_path / "r", EvalOptions(progress=False))
     for r in recs:
         m = r["metrics"]
         assert len(m["block_losses"]) == 1
@@ -442,7 +449,8 @@ def test_jobs_run_on_the_cores_other_processes_leave_free(tiny_ckpt, tmp_path, m
     own = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        run_eval(tiny_ckpt, [{"method": "yarn", "factor": 2.0}], suite, tmp_path / "r", loader=loader, plots=False)
+        run_eval(tiny_ckpt, [{"method": "yarn", "factor": 2.0}], suite, tmp_path / "r",
+                 EvalOptions(loader=loader, plots=False))
         assert seen and set(seen) == {1}, seen
         assert torch.get_num_threads() == 2
     finally:

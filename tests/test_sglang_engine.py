@@ -167,14 +167,16 @@ def test_a_rope_scaling_only_override_runs_at_the_wrong_theta(sglang_worker, sho
 def test_eval_engine_sglang_reproduces_the_transformers_eval(sglang_worker, short_window, tmp_path):
     """`rope-extend eval --engine sglang` on the same suite as transformers: every perplexity within 1e-3 (relative),
     every probe answer the same text; the unpatched model's cases beyond its window (256) are left out."""
+    from rope_extend.eval.options import EvalOptions
     from rope_extend.eval.runner import run_eval
 
     specs = {"yarn-x2": {"method": "yarn", "factor": 2}}
     borrowed = BorrowedWorker(sglang_worker)
-    got = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "sglang", engine="sglang", worker=borrowed, plots=False,
-                   progress=False)
+    got = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "sglang",
+                   EvalOptions(engine="sglang", worker=borrowed, plots=False, progress=False))
     assert borrowed.loads == 2  # unpatched and yarn: each served by the real engine
-    want = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "hf", plots=False, progress=False)
+    want = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "hf",
+                    EvalOptions(plots=False, progress=False))
     run = json.loads((tmp_path / "sglang" / "run.json").read_text())
     assert_engine_eval_matches(got, want, run, "SGLang 0.5.15 on cpu", WINDOW)
 
@@ -185,11 +187,13 @@ def test_eval_engine_sglang_reproduces_the_transformers_eval(sglang_worker, shor
 ])
 def test_eval_engine_sglang_refuses_what_sglang_serves_otherwise_before_loading(spec, why, short_window, tmp_path,
                                                                                 monkeypatch):
+    from rope_extend.eval.options import EvalOptions
     from rope_extend.eval.runner import run_eval
 
     monkeypatch.setattr(SGLANG, "open", lambda: pytest.fail("an engine was started"))
     with pytest.raises(ValueError, match=f"SGLang does not serve .* at \\d+ tokens .*{why}.*--engine transformers"):
-        run_eval(short_window, [spec], ENGINE_SUITE, tmp_path / "out", engine="sglang", plots=False, progress=False)
+        run_eval(short_window, [spec], ENGINE_SUITE, tmp_path / "out",
+                 EvalOptions(engine="sglang", plots=False, progress=False))
     assert not (tmp_path / "out").exists()  # refused before anything was written or loaded
 
 

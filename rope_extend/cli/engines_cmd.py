@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..terminal import column_widths, fits, row_lines
 from .app import app, out, say
-from .options import Factor, Sets, SpecFile, TargetLength, build_spec, method_option
+from .options import Factor, Json, Sets, SpecFile, TargetLength, build_spec, method_option
 
 EXAMPLES = """Examples:
 
@@ -47,7 +47,7 @@ def engines(
         "--run", help="Also serve it in a real engine: vllm (offline LLM), vllm-server (OpenAI server) or sglang "
         "(SGLang's server); repeatable. Builds the engine's own virtualenv once (`make vllm`, `make sglang`). Progress goes to stderr; exits 3 when "
         "a run measures otherwise a route the card lists as identical.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    as_json: Json = False,
 ) -> None:
     """Per engine and route, max |Δcos|, |Δsin| against rope-extend (a port), or |Δ logprob| against transformers (a
     run), for a short and a long request, or why not. Exits 3 when a run contradicts the card."""

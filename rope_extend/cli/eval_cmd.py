@@ -6,13 +6,16 @@ calls `demo`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from ..eval.options import EngineArgs, EvalOptions
 from ..terminal import shell_path
 from .app import app, say, say_markdown
+from .options import NoPlots, UnpatchedModel, options_flags
 
 EXAMPLES = """Examples:
 
@@ -30,32 +33,21 @@ EXAMPLES = """Examples:
 
 
 @app.command(name="eval", epilog=EXAMPLES)
+@options_flags(options=EvalOptions, engine_args=EngineArgs)
 def eval_command(
-    model: Annotated[str, typer.Argument(help="Unpatched checkpoint folder, Hub id, or 'smollm2' (the demo model).")],
+    model: UnpatchedModel,
     output: Annotated[Path, typer.Option("-o", "--output", "--out", help="Report folder (results.jsonl, report.md, PNGs).")],
     specs: Annotated[list[str] | None, typer.Option("--spec", help="Spec YAML or inline method=...,factor=... (repeatable).")] = None,
     suite: Annotated[str, typer.Option(help="quick, paper, full, smoke, readme, or a suite YAML path.")] = "quick",
-    text: Annotated[list[str] | None, typer.Option(help="Perplexity text: a file, pydoc_topics or debian_licenses (repeatable; replaces the suite's).")] = None,
-    dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
-    device_map: Annotated[str | None, typer.Option("--device-map", help="e.g. auto (accelerate) for models larger than one device.")] = None,
-    device: Annotated[str | None, typer.Option(help="e.g. cuda (ignored with --device-map).")] = None,
-    no_baseline: Annotated[bool, typer.Option("--no-baseline", help="Skip the unpatched model.")] = False,
     name: Annotated[str | None, typer.Option("--name", help="Name MODEL's own row (evaluated as it loads) instead of 'unpatched', e.g. 'trained yarn-x2' for a checkpoint that already carries its scaling; there is then no unpatched row.")] = None,
-    no_resume: Annotated[bool, typer.Option("--no-resume", help="Start a fresh results.jsonl instead of resuming.")] = False,
-    no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
-    interleave: Annotated[bool, typer.Option("--interleave", help="Sample round by round across variants, so a stopped run compares like with like.")] = False,
-    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the model even if the memory estimate says it does not fit.")] = False,
-    engine: Annotated[str, typer.Option(help="transformers (the reference, in this process) or a run engine serving each variant: vllm or sglang (the real engine; builds its virtualenv once). Variants the engine does not serve identically are refused before loading.")] = "transformers",
-    tensor_parallel_size: Annotated[int | None, typer.Option("--tensor-parallel-size", help="--engine vllm or sglang: the engine's tensor parallelism (GPUs).")] = None,
-    pipeline_parallel_size: Annotated[int | None, typer.Option("--pipeline-parallel-size", help="--engine vllm: vLLM's pipeline parallelism (GPUs or nodes).")] = None,
+    options: EvalOptions = None,  # --text, --dtype, --device, --device-map, --no-memory-check, --no-baseline, ... --engine
+    engine_args: EngineArgs = None,  # --tensor-parallel-size, --pipeline-parallel-size
 ) -> None:
     """Evaluate before/after: perplexity by length, passkey, needles, short-context regression; resumable."""
     # light imports only until the arguments are checked: a bad one is refused at once, before torch loads
     from ..eval.runner import run_eval, summary_markdown
     from ..spec import parse_inline_spec
 
-    engine_args = {key: value for key, value in (("tensor_parallel_size", tensor_parallel_size),
-                                                 ("pipeline_parallel_size", pipeline_parallel_size)) if value}
     variants = [parse_inline_spec(s) for s in specs or []]
     if name is not None:
         from ..eval.variants import BASELINE
@@ -63,24 +55,8 @@ def eval_command(
         if name == BASELINE or not name.strip():
             raise ValueError(f"--name {name!r}: {BASELINE!r} (or an empty name) is what MODEL is called without "
                              "--name; give the checkpoint a name of its own, e.g. --name 'trained yarn-x2'")
-        variants, no_baseline = [(name, None), *variants], True
-    records = run_eval(
-        model,
-        variants,
-        suite,
-        output,
-        dtype=dtype,
-        device_map=device_map,
-        device=device,
-        text=list(text) if text else None,
-        include_baseline=not no_baseline,
-        resume=not no_resume,
-        plots=not no_plots,
-        interleave=interleave,
-        memory_check=not no_memory_check,
-        engine=engine,
-        engine_args=engine_args or None,
-    )
+        variants, options = [(name, None), *variants], replace(options, include_baseline=False)
+    records = run_eval(model, variants, suite, output, replace(options, engine_args=engine_args))
     say_markdown(summary_markdown(records))
     say(f"report: {shell_path(output / 'report.md')}", hang="        ")
 
@@ -88,7 +64,7 @@ def eval_command(
 @app.command(name="eval-report")
 def eval_report_command(
     output: Annotated[Path, typer.Argument(help="An eval output folder (results.jsonl + run.json).")],
-    no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
+    no_plots: NoPlots = False,
     compare: Annotated[list[Path] | None, typer.Option(
         "--compare", help="Another eval folder whose variants on the same cases the plots draw beside OUTPUT's "
         "(e.g. the base model's eval as a trained checkpoint's 'before'). Repeatable.")] = None,

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..terminal import column_widths, fits, shell_path
 from .app import app, fail, out, say, say_command
-from .options import Factor, SpecFile, TargetLength, method_option
+from .options import Factor, Json, Revision, SpecFile, TargetLength, method_option
 
 if TYPE_CHECKING:
     from ..spec import RopeSpec
@@ -63,8 +63,8 @@ def inspect(
     recommend_: Annotated[
         bool, typer.Option("--recommend", help="Recommend a factor and method for --target-length.")
     ] = False,
-    revision: Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag, commit).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")] = False,
+    revision: Revision = None,
+    as_json: Json = False,
 ) -> None:
     """Show each rotary dimension (a disk turning θ_i per token): wavelength, turns within the original length,
     and, with a method, its new frequency and regime (extrapolated / blended / interpolated)."""

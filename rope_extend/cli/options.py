@@ -3,8 +3,11 @@
 - The spec's flags (`Method`, `Factor`, `TargetLength`, `SpecFile`, `Sets`), shared by `patch`, `train`, `engines`
   and `inspect`, and the one spec they build (`build_spec`); `eval`'s inline `--spec` reads its values with the same
   parser (`spec.parse_inline_spec`).
-- `options_flags`: the fields of an options dataclass (`checkpoint.WriteOptions`) that carry a `help` in their
-  metadata become the command's flags, and the command receives the dataclass built from them.
+- `options_flags`: the fields of an options dataclass (`write_options.WriteOptions`, `eval.options.EvalOptions`,
+  `tune.options.TuneOptions`) that carry a `help` in their metadata become the command's flags, and the command
+  receives the dataclass built from them.
+- The flags several commands share without such a dataclass: `rope_extend.flags`' (`flag_option`: `NoMemoryCheck`,
+  `Dtype`...) and the Hub's and the unpatched model's (`PushToHub`, `Private`, `Revision`, `UnpatchedModel`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..errors import SpecError
+from ..flags import DTYPE, MEMORY_CHECK, OVERWRITE, PLOTS, VERIFY, Flag
 from .app import fail
 
 if TYPE_CHECKING:
@@ -30,6 +34,26 @@ Factor = Annotated[float | None, typer.Option("--factor", "-f", help="Scale fact
 TargetLength = Annotated[int | None, typer.Option("--target-length", "-t", help="New context length (derives the factor).")]
 SpecFile = Annotated[Path | None, typer.Option("--config", "-c", help="YAML spec; flags override its keys.")]
 Sets = Annotated[list[str] | None, typer.Option("--set", help="Override a spec key: --set beta_fast=64 (repeatable).")]
+
+
+def flag_option(flag: Flag, annotation: Any) -> Any:
+    """A shared flag (`flags.Flag`) as the typer option of a command that has no options dataclass for it (a
+    `--no-...` flag: a bool that is false unless given)."""
+    return Annotated[annotation, typer.Option(flag.name, help=flag.help)]
+
+
+Dtype = flag_option(DTYPE, str)
+NoMemoryCheck = flag_option(MEMORY_CHECK, bool)
+NoPlots = flag_option(PLOTS, bool)
+NoVerify = flag_option(VERIFY, bool)
+Overwrite = flag_option(OVERWRITE, bool)
+PushToHub = Annotated[str | None, typer.Option(
+    "--push-to-hub", help="Then upload OUT to this Hub repo id (token: HF_TOKEN or `hf auth login`).")]
+Private = Annotated[bool, typer.Option("--private", help="Create the Hub repo as private.")]
+Revision = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit) of SOURCE.")]
+UnpatchedModel = Annotated[str, typer.Argument(
+    help="Unpatched checkpoint folder, Hub id, or 'smollm2' (the demo model).")]
+Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 
 
 def method_option(help: str) -> Any:

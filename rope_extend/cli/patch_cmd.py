@@ -12,7 +12,18 @@ from ..errors import AlreadyScaledError, CheckpointError, NoExtensionError, Shor
 from ..terminal import shell_path
 from ..write_options import WriteOptions
 from .app import Progress, app, console, fail, say, say_command
-from .options import Factor, Method, Sets, SpecFile, TargetLength, build_spec, options_flags
+from .options import (
+    Factor,
+    Method,
+    Private,
+    PushToHub,
+    Revision,
+    Sets,
+    SpecFile,
+    TargetLength,
+    build_spec,
+    options_flags,
+)
 
 if TYPE_CHECKING:
     from ..spec import RopeSpec
@@ -115,9 +126,9 @@ def patch(
     config: SpecFile = None,
     sets: Sets = None,
     options: WriteOptions = None,  # --mode, --dtype, --overwrite, --no-verify, --allow-pickle, --trust-remote-code...
-    revision: Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit) of SOURCE.")] = None,
-    push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", help="Then upload OUT to this Hub repo id (token: HF_TOKEN or `hf auth login`).")] = None,
-    private: Annotated[bool, typer.Option("--private", help="Create the Hub repo as private.")] = False,
+    revision: Revision = None,
+    push_to_hub: PushToHub = None,
+    private: Private = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="With --push-to-hub: write OUT, print what the push would upload, send nothing.")] = False,
     eval_suite: Annotated[str | None, typer.Option("--eval", help="Run this eval suite (e.g. quick) before/after; summary goes into the card.")] = None,
     eval_dir: Annotated[Path | None, typer.Option("--eval-dir", help="Where the eval report goes (default: OUT-eval beside OUT).")] = None,
@@ -167,6 +178,7 @@ def _patch(source: str, output: Path, spec: RopeSpec, options: WriteOptions, *, 
     loaded, plan = plan_checkpoint(source, spec, output, options, revision=revision)  # the one plan
     if eval_suite:
         from ..eval.card_section import CardEval
+        from ..eval.options import EvalOptions
         from ..eval.runner import run_eval
         from ..eval.suite import load_suite
         from ..eval.variants import Variant, variant_name
@@ -178,7 +190,8 @@ def _patch(source: str, output: Path, spec: RopeSpec, options: WriteOptions, *, 
         except FileNotFoundError as exc:
             raise CheckpointError(f"--eval {eval_suite!r}: {exc}") from None
         variant = Variant(variant_name(spec, set()), spec, plan=plan)  # evaluated with the plan OUT is written with
-        records = run_eval(str(loaded.folder), [variant], suite, report_dir, memory_check=options.memory_check)
+        records = run_eval(str(loaded.folder), [variant], suite, report_dir,
+                           EvalOptions(memory_check=options.memory_check))
         options = replace(options, eval_summary=CardEval(records, suite=suite.name, smoke=suite.smoke))
     with Progress("patching", options.steps) as progress:
         result = write_checkpoint(loaded, plan, output, replace(options, on_step=progress.step))
@@ -210,7 +223,7 @@ def _patch(source: str, output: Path, spec: RopeSpec, options: WriteOptions, *, 
 )
 def show(
     source: Annotated[str, typer.Argument(help="Local checkpoint folder, Hub repo id, or 'smollm2' (the demo model).")],
-    revision: Annotated[str | None, typer.Option(help="Hub revision.")] = None,
+    revision: Revision = None,
 ) -> None:
     """Show the model's current RoPE setup: type, base, rotary dim, lengths, layer types, existing scheme."""
     from .. import compat

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from .app import app, console, out, say
+from .options import Private
 
 EXAMPLES = """Examples:
 
@@ -174,7 +175,7 @@ class TransferReport:
 def push(
     folder: Annotated[Path, typer.Argument(help="The OUT folder `patch` or `train` wrote, or a .gguf file (a GGUF repo: the file and a card).")],
     repo_id: Annotated[str, typer.Argument(help="Hub repo id, e.g. me/my-model-64k (created if missing).")],
-    private: Annotated[bool, typer.Option("--private", help="Create the repo as private.")] = False,
+    private: Private = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be sent and left out; send nothing.")] = False,
     include: Annotated[list[str] | None, typer.Option("--include", metavar="NAME", help="Also send this file or folder of OUT (a name relative to OUT; repeatable).")] = None,
     unverified: Annotated[bool, typer.Option("--unverified", help="Push a folder rope-extend did not verify (no record, written with --no-verify, or a record without weights) as it is; the card sent says so.")] = False,

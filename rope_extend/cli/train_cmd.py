@@ -14,7 +14,21 @@ import typer
 
 from ..terminal import shell_path
 from .app import app, fail, say
-from .options import Factor, Sets, SpecFile, TargetLength, build_spec, method_option
+from .options import (
+    Dtype,
+    Factor,
+    NoMemoryCheck,
+    NoVerify,
+    Overwrite,
+    Private,
+    PushToHub,
+    Sets,
+    SpecFile,
+    TargetLength,
+    UnpatchedModel,
+    build_spec,
+    method_option,
+)
 
 EXAMPLES = """Examples:
 
@@ -34,7 +48,7 @@ Rerunning the same command after an interruption (SIGTERM, Ctrl-C, SIGKILL) resu
 
 @app.command(name="train", epilog=EXAMPLES)
 def train_command(
-    source: Annotated[str, typer.Argument(help="Unpatched checkpoint folder, Hub id, or 'smollm2' (the demo model).")],
+    source: UnpatchedModel,
     output: Annotated[Path, typer.Option("-o", "--output", help="Output checkpoint folder (written atomically).")],
     method: method_option("Static scaling method (yarn, linear, ...).") = None,
     factor: Factor = None,
@@ -62,7 +76,7 @@ def train_command(
     save_adapter: Annotated[bool, typer.Option("--save-adapter", help="Also keep the adapter in OUT/adapter.")] = False,
     save_steps: Annotated[int | None, typer.Option("--save-steps", help="Checkpoint every N steps (default 10 % of the run).")] = None,
     logging_steps: Annotated[int, typer.Option("--logging-steps", help="Progress line and log entry every N steps.")] = 1,
-    dtype: Annotated[str, typer.Option("--dtype", help="auto (bf16 on GPUs that have it), float32, bfloat16.")] = "auto",
+    dtype: Dtype = "auto",
     gradient_checkpointing: Annotated[str, typer.Option(
         "--gradient-checkpointing", help="auto (on when a micro-batch's activations need it; the progress line "
         "says which), on, off.")] = "auto",
@@ -71,12 +85,12 @@ def train_command(
     deepspeed: Annotated[Path | None, typer.Option("--deepspeed", help="DeepSpeed JSON config of a --sequence-parallel run (default: ZeRO-0; configs/deepspeed/).")] = None,
     eval_suite: Annotated[str | None, typer.Option("--eval-suite", help="Eval suite before/after; into the card.")] = None,
     eval_text: Annotated[list[Path] | None, typer.Option("--eval-text", help="Held-out text: refused if it overlaps a training text.")] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT that is a checkpoint (a folder of other files is refused).")] = False,
+    overwrite: Overwrite = False,
     restart: Annotated[bool, typer.Option("--restart", help="Discard OUT.train-state and start over.")] = False,
-    no_verify: Annotated[bool, typer.Option("--no-verify")] = False,
-    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the model even if the memory estimate says it does not fit.")] = False,
-    push_to_hub: Annotated[str | None, typer.Option("--push-to-hub", help="Then upload OUT to this Hub repo id (token: HF_TOKEN or `hf auth login`).")] = None,
-    private: Annotated[bool, typer.Option("--private", help="With --push-to-hub: create the repo as private.")] = False,
+    no_verify: NoVerify = False,
+    no_memory_check: NoMemoryCheck = False,
+    push_to_hub: PushToHub = None,
+    private: Private = False,
 ) -> None:
     """Fine-tune SOURCE at the extended length (YaRN recipe, PoSE windows, optional LoRA+) and write OUT."""
     from ..train import TrainSpec

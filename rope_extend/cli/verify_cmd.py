@@ -10,6 +10,7 @@ import typer
 
 from ..terminal import shell_path
 from .app import Progress, app, say
+from .options import NoMemoryCheck
 
 EXAMPLES = """Examples:
 
@@ -25,8 +26,7 @@ STEPS = 3
 @app.command(epilog=EXAMPLES)
 def verify(
     folder: Annotated[Path, typer.Argument(help="The OUT folder `patch` or `train` wrote.")],
-    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load changed weights even if the "
-                                                  "memory estimate says they do not fit.")] = False,
+    no_memory_check: NoMemoryCheck = False,
 ) -> None:
     """Re-verify OUT as it is now (stock reload + a forward beyond the original length); refresh its card and record."""
     from ..reverify import reverify

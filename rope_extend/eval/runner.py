@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from ..outputs import EVAL_RUN_FILE, check_replaceable
 from ..terminal import KEEP, shell_path, wrap
 from .cpu_threads import CpuThreads
 from .jobs import Evaluator, Job, plan_jobs
+from .options import EvalOptions
 from .suite import Suite, load_suite
 from .texts import check_text
 from .variants import (
@@ -170,23 +172,7 @@ def run_eval(
     specs: list | dict | None = None,
     suite: str | os.PathLike | dict | Suite = "quick",
     out_dir: str | os.PathLike = "eval-out",
-    *,
-    dtype: str = "float32",
-    device_map: str | None = None,
-    device: str | None = None,
-    text: str | os.PathLike | list | None = None,
-    include_baseline: bool = True,
-    resume: bool = True,
-    progress: bool = True,
-    plots: bool = True,
-    share: bool = True,
-    interleave: bool = False,
-    loader: Callable[[], tuple[Any, Any]] | None = None,
-    on_record: Callable[[dict], None] | None = None,
-    memory_check: bool = True,
-    engine: str = "transformers",
-    engine_args: dict | None = None,
-    worker=None,
+    options: EvalOptions | None = None,
 ) -> list[dict]:
     """Evaluate the unpatched model and each spec on *suite*; write results, report and plots.
 
@@ -198,165 +184,242 @@ def run_eval(
             freshly loaded copy of the model.
         suite: bundled suite name (``quick``, ``full``, ``paper``), YAML path, dict or ``Suite``.
         out_dir: where ``results.jsonl``, ``report.md`` and the PNG plots go.
-        dtype / device_map / device: model loading (``float32`` by default; ``device_map``
-            e.g. ``"auto"`` needs accelerate).
-        text: perplexity text file(s) replacing the suite's texts.
-        include_baseline: also evaluate the unpatched model (the "before" column).
-        resume: skip cases already in ``results.jsonl`` (``False`` starts a fresh file).
-        share: one forward for all perplexity lengths of a text on length-independent variants (the same numbers up
-            to rounding: in bfloat16 dual-chunk's tokens in its first chunk round otherwise inside a longer forward).
-        interleave: evaluate round by round across variants (see :func:`~rope_extend.eval.jobs.plan_jobs`).
-        loader: optional ``() -> (model, tokenizer)`` replacing ``load_model`` (tests, custom loading).
-        on_record: called with every new record after it has been written.
-        memory_check: refuse, before loading, a run that needs more memory than the device has
-            (``rope_extend.memory``; ``--no-memory-check`` turns it off). Transformers' estimate: not made for a
-            run engine, which sizes its own KV cache at start.
-        engine: ``transformers`` (the reference: each variant patched in this process) or a run engine registered
-            in :mod:`rope_extend.engines.runs` (``vllm``: each variant served by a real vLLM as the card serves the
-            original model with the method; see :mod:`rope_extend.eval.backends`: variants it does not serve
-            identically are refused before anything loads, and the unpatched model's cases beyond its window are
-            left out). ``engine_args``: the run engine's arguments passed through (its ``options``: for vLLM
-            ``tensor_parallel_size``, ``pipeline_parallel_size``); ``worker``: a running worker of that engine to
-            use (the caller closes it).
+        options: how it runs (`eval.options.EvalOptions`: how the weights load, the texts, the baseline, resuming,
+            plots, the engine...; the defaults when None).
 
     Returns:
         All records for this run's variants (resumed + new), in suite order.
     """
+    options = options or EvalOptions()
     out = Path(out_dir)
-    # What can be checked without torch or transformers first: a bad argument is one line at once (issue 66)
-    check_replaceable(out, "eval")  # a new or empty folder, or an eval output (resumed): never a user's folder
-    check_dtype(dtype)
-    results_path = out / RESULTS_FILE
-    suite_obj = load_suite(suite)
-    if text is not None:
-        suite_obj = suite_obj.with_texts([str(t) for t in (text if isinstance(text, list | tuple) else [text])])
-    for name in suite_obj.texts():
-        check_text(name)
-    variants = make_variants(specs, include_baseline=include_baseline)
-    if progress and resume:
-        say_resumed(out, str(model_path), suite_obj, variants, engine)
-
-    from ..engines.runs import REFERENCE, check_engine_args, lookup
-
-    served_by = lookup(engine)  # a run engine's adapter; None: the reference, transformers in this process
-    check_engine_args(engine_args or {}, engine)
-    if served_by is not None and (loader is not None or device_map or device or dtype != "float32"):
-        raise ValueError(f"--engine {engine}: the model is served by {served_by.title} in float32 (--dtype, "
-                         f"--device, --device-map and a custom loader apply to {REFERENCE})")
-    _check_same_engine(out, engine, resume)
-
-    plans: dict[str, Any] = {}  # variant name -> its PatchPlan on SOURCE's config, applied to the loaded model
-    if loader is None:
-        from .. import compat
-        from ..patch import verify_or_explain
-        from ..source import load_source
-
-        loaded = load_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
-        folder, config = loaded.folder, loaded.config
-        window, preflight_tok = _config_window(loaded), None
-        for variant in variants:  # each spec planned once (or its plan given), on SOURCE's config, before any
-            if variant.spec is not None and not callable(variant.spec):  # weights load: a spec the model refuses (a
-                plan = variant.plan  # shipped scheme without replace_existing...) is one line now
-                plans[variant.name] = plan if plan is not None else _plan(loaded, variant.rope_spec())
-    else:
-        m, preflight_tok = loader()
-        window = model_window(m.config)
-        del m
-    original = window.length  # what every length, label and ceiling counts from (records: "original_length")
-    cases = suite_obj.cases(original)
-    serving, excluded = {}, frozenset()
-    if served_by is not None:  # planned once, before anything loads: refuses what it does not serve identically
-        from .backends import plan_engine
-
-        preflight_tok = preflight_tok or _tokenizer(folder)
-        sampler = Evaluator(None, preflight_tok, original, suite_obj.seed)
-        serving = plan_engine(served_by, folder, variants, plans,
-                              {v.name: [c for c in cases if applies(c, v)] for v in variants},
-                              lambda c: sampler.probe(c).max_new_tokens)
-        excluded = frozenset((name, case_id) for name, s in serving.items() for case_id in s.left_out)
-        for name, s in serving.items():
-            if s.left_out and progress:
-                say(f"{len(s.left_out)} case(s) of {_word(name)} left out: {s.why}", f"rope-extend: eval --engine {engine}: ")
-    done = {_key(r): r for r in read_results(results_path)} if resume else {}
-    _check_resumed_plans(out, done, variants, plans)
-    jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave, excluded=excluded)
-    if loader is None:
-        for name in dict.fromkeys(j.variant.name for j in jobs):  # only a variant that runs is run once first
-            if name in plans and plans[name].changed:  # checked as patch_model checks it (stock transformers
-                verify_or_explain(plans[name], config)  # rebuilds it, a forward runs)
-        check_memory(str(model_path), folder, compat.text_config(config), [c for j in jobs for c in j.cases], dtype,
-                     device, device_map, skip=not memory_check or served_by is not None)
-
-    if jobs and loader is None:  # a model without a tokenizer is one line before the output folder appears
-        preflight_tok = preflight_tok or _tokenizer(folder)
-    out.mkdir(parents=True, exist_ok=True)  # only now: a bad suite, spec, model or size leaves no empty folder
-    if not resume and results_path.exists():
-        results_path.rename(out / f"results.{int(time.time())}.jsonl.bak")
-    meta = _run_meta(model_path, original, suite_obj, variants, dtype, device_map)
-    if window.pre_scaling is not None:
-        meta.update(pre_scaling_length=window.pre_scaling, shipped_scheme=window.scheme)
-    meta["device"] = None if device_map else (device or "cpu")
-    meta["expected_records"] = sum(applies(c, v) and (v.name, c.case_id) not in excluded
-                                   for c in cases for v in variants)
-    meta["engine"] = engine if served_by is not None else f"{REFERENCE} {_transformers_version()}"
-    if served_by is not None:
-        meta["left_out"] = {name: f"{len(s.left_out)} case(s): {s.why}" for name, s in serving.items() if s.left_out}
-    (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
-
+    suite_obj, variants = _check_arguments(out, suite, specs, options)  # before torch loads: one line at once
+    if options.progress and options.resume:
+        say_resumed(out, str(model_path), suite_obj, variants, options.engine)
+    engine = _run_engine(out, options)
+    model = _read_model(model_path, variants, options.loader)
+    cases = suite_obj.cases(model.original)
+    serving = {} if engine is None else _plan_serving(engine, model, variants, cases, suite_obj.seed, options)
+    excluded = frozenset((name, case_id) for name, s in serving.items() for case_id in s.left_out)
+    done = {_key(r): r for r in read_results(out / RESULTS_FILE)} if options.resume else {}
+    _check_resumed_plans(out, done, variants, model.plans)
+    jobs = plan_jobs(cases, variants, set(done), share=options.share, interleave=options.interleave,
+                     excluded=excluded)
+    _check_before_loading(str(model_path), model, jobs, engine, options)
+    meta = _start_output(out, model_path, model, suite_obj, variants, cases, serving, engine, options)
     if jobs:
-        preflight_tok = preflight_tok or _tokenizer(folder)
         pending = {c.case_id: c for j in jobs for c in j.cases}
-        Evaluator(None, preflight_tok, original, suite_obj.seed).preflight(list(pending.values()))
-
-    own_worker = served_by is not None and worker is None and bool(jobs)
-
-    def load(v: Variant) -> Evaluator:
-        nonlocal worker
-        if served_by is not None:  # the variant served by the run engine, with the settings planned above
-            from .backends import EngineBackend
-
-            if worker is None:
-                worker = served_by.open()
-            settings = serving[v.name].settings
-            served_by.load(worker, folder, settings, route=served_by.eval_route, engine_args=engine_args)
-            ev = Evaluator(None, preflight_tok, original, suite_obj.seed, backend=EngineBackend(worker, preflight_tok))
-            ev.patch_report = {"engine": worker.label(served_by.eval_route), **served_by.describe(settings)}
-            return ev
-        model, tok = loader() if loader is not None else load_model(
-            folder, dtype=dtype, device_map=device_map, device=device
-        )
-        ev = Evaluator(model, tok, original, suite_obj.seed)
-        if v.name in plans:  # the plan made before loading, executed on the model loaded from the same SOURCE
-            from ..patch import apply_patch
-
-            ev.patch_report = apply_patch(model, plans[v.name])
-        else:
-            ev.patch_report = apply_spec(model, v.spec)
-        return ev
-
-    def record(rec: dict) -> None:
-        _append(results_path, rec)
-        done[_key(rec)] = rec
-        if on_record is not None:
-            on_record(rec)
-
-    cpu = served_by is None and device_map is None and (device or "cpu") == "cpu"
-    threads = CpuThreads() if cpu and jobs else None  # a model on the CPU: torch's threads fitted to the load
-    try:
-        with threads or contextlib.nullcontext():
-            run_jobs(jobs, load, original, record, progress, threads)
-    except BaseException:  # an interrupt or a failure: the engine is stopped at once
-        if own_worker and worker is not None:
-            worker.close(now=True)
-        raise
-    if own_worker and worker is not None:
-        worker.close()
-    if served_by is not None and worker is not None:
-        meta["engine"] = worker.label(served_by.eval_route)
+        Evaluator(None, model.loaded_tokenizer(), model.original, suite_obj.seed).preflight(list(pending.values()))
+    load = _load_in_process(model, suite_obj.seed, options) if engine is None else \
+        _EngineLoader(engine, model, serving, suite_obj.seed, options)
+    _evaluate(jobs, load, model.original, done, out, options, in_process=engine is None)
+    if engine is not None and load.worker is not None:
+        meta["engine"] = load.worker.label(engine.eval_route)
         (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
     records = [done[k] for v in variants for c in cases if (k := (v.name, v.fingerprint, c.case_id)) in done]
-    write_outputs(records, out, plots=plots, meta=meta)
+    write_outputs(records, out, plots=options.plots, meta=meta)
     return records
+
+
+@dataclass
+class EvalModel:
+    """The model a run evaluates, read once before any weights load: SOURCE's folder and config (None with a custom
+    `loader`), the window the suite's lengths count from, each spec variant's plan on that config (by name), and its
+    tokenizer (loaded when first needed)."""
+
+    folder: Path | None
+    config: Any
+    window: Window
+    plans: dict[str, Any]
+    tokenizer: Any = None
+
+    @property
+    def original(self) -> int:
+        """What every length, label and ceiling counts from (the records' `original_length`)."""
+        return self.window.length
+
+    def loaded_tokenizer(self):
+        if self.tokenizer is None:
+            self.tokenizer = _tokenizer(self.folder)
+        return self.tokenizer
+
+
+def _check_arguments(out: Path, suite, specs, options: EvalOptions) -> tuple[Suite, list[Variant]]:
+    """What can be checked without torch or transformers, first (a bad argument is one line at once, issue 66): the
+    output folder (a new or empty folder, or an eval output, resumed: never a user's folder), the dtype, the suite
+    and its texts; then the variants."""
+    check_replaceable(out, "eval")
+    check_dtype(options.dtype)
+    suite_obj = load_suite(suite)
+    if options.text is not None:
+        suite_obj = suite_obj.with_texts(options.text)
+    for name in suite_obj.texts():
+        check_text(name)
+    return suite_obj, make_variants(specs, include_baseline=options.include_baseline)
+
+
+def _run_engine(out: Path, options: EvalOptions):
+    """The run engine's adapter (None: the reference, transformers in this process), its arguments checked, and OUT
+    holding no other engine's records."""
+    from ..engines.runs import REFERENCE, check_engine_args, lookup
+
+    engine = lookup(options.engine)
+    check_engine_args(options.engine_args.given(), options.engine)
+    if engine is not None and (options.loader is not None or options.device_map or options.device
+                               or options.dtype != "float32"):
+        raise ValueError(f"--engine {options.engine}: the model is served by {engine.title} in float32 (--dtype, "
+                         f"--device, --device-map and a custom loader apply to {REFERENCE})")
+    _check_same_engine(out, options.engine, options.resume)
+    return engine
+
+
+def _read_model(model_path, variants: list[Variant], loader) -> EvalModel:
+    """SOURCE (a folder, a Hub id through the Hub cache, or an alias: as `patch` resolves it) and each spec planned
+    once (or its plan given) on its config, before any weights load: a spec the model refuses (a shipped scheme
+    without replace_existing...) is one line now. With a custom `loader`: the window and tokenizer of its model."""
+    if loader is not None:
+        loaded_model, tokenizer = loader()
+        window = model_window(loaded_model.config)
+        del loaded_model
+        return EvalModel(None, None, window, {}, tokenizer)
+    from ..source import load_source
+
+    loaded = load_source(model_path)
+    plans = {v.name: v.plan if v.plan is not None else _plan(loaded, v.rope_spec())
+             for v in variants if v.spec is not None and not callable(v.spec)}
+    return EvalModel(loaded.folder, loaded.config, _config_window(loaded), plans)
+
+
+def _plan_serving(engine, model: EvalModel, variants: list[Variant], cases: list, seed: int,
+                  options: EvalOptions) -> dict:
+    """How the run engine serves each variant (`backends.EngineServing`, by name), planned once before anything
+    loads (`backends.plan_engine`): a variant it does not serve identically is refused; the cases it leaves out
+    are said."""
+    from .backends import plan_engine
+
+    sampler = Evaluator(None, model.loaded_tokenizer(), model.original, seed)
+    serving = plan_engine(engine, model.folder, variants, model.plans,
+                          {v.name: [c for c in cases if applies(c, v)] for v in variants},
+                          lambda c: sampler.probe(c).max_new_tokens)
+    for name, s in serving.items():
+        if s.left_out and options.progress:
+            say(f"{len(s.left_out)} case(s) of {_word(name)} left out: {s.why}",
+                f"rope-extend: eval --engine {options.engine}: ")
+    return serving
+
+
+def _check_before_loading(name: str, model: EvalModel, jobs: list[Job], engine, options: EvalOptions) -> None:
+    """Before OUT appears, for the variants that run: each plan checked as `patch_model` checks it (stock
+    transformers rebuilds it, a forward runs), the memory the longest case needs (transformers' estimate: a run
+    engine sizes its own KV cache at start), and the tokenizer loaded (a model without one is one line)."""
+    if options.loader is not None:
+        return
+    from .. import compat
+    from ..patch import verify_or_explain
+
+    for variant in dict.fromkeys(j.variant.name for j in jobs):  # only a variant that runs is checked, once
+        if variant in model.plans and model.plans[variant].changed:
+            verify_or_explain(model.plans[variant], model.config)
+    check_memory(name, model.folder, compat.text_config(model.config), [c for j in jobs for c in j.cases],
+                 options.dtype, options.device, options.device_map,
+                 skip=not options.memory_check or engine is not None)
+    if jobs:
+        model.loaded_tokenizer()
+
+
+def _start_output(out: Path, model_path, model: EvalModel, suite: Suite, variants: list[Variant], cases: list,
+                  serving: dict, engine, options: EvalOptions) -> dict:
+    """OUT created (only now: a bad suite, spec, model or size leaves no empty folder), a fresh run's earlier
+    results.jsonl kept as a .bak, and run.json written (what the report and a resumed run read); returns it."""
+    out.mkdir(parents=True, exist_ok=True)
+    if not options.resume and (out / RESULTS_FILE).exists():
+        (out / RESULTS_FILE).rename(out / f"results.{int(time.time())}.jsonl.bak")
+    excluded = {(name, case_id) for name, s in serving.items() for case_id in s.left_out}
+    meta = _run_meta(model_path, model.original, suite, variants, options.dtype, options.device_map)
+    if model.window.pre_scaling is not None:
+        meta.update(pre_scaling_length=model.window.pre_scaling, shipped_scheme=model.window.scheme)
+    meta["device"] = None if options.device_map else (options.device or "cpu")
+    meta["expected_records"] = sum(applies(c, v) and (v.name, c.case_id) not in excluded
+                                   for c in cases for v in variants)
+    if engine is None:
+        from ..engines.runs import REFERENCE
+
+        meta["engine"] = f"{REFERENCE} {_transformers_version()}"
+    else:
+        meta["engine"] = options.engine
+        meta["left_out"] = {name: f"{len(s.left_out)} case(s): {s.why}" for name, s in serving.items() if s.left_out}
+    (out / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
+    return meta
+
+
+def _load_in_process(model: EvalModel, seed: int, options: EvalOptions) -> Callable[[Variant], Evaluator]:
+    """A variant's evaluator in this process: the model loaded (`variants.load_model`, or the custom loader) and
+    patched with the plan made before loading from the same SOURCE (or with its spec: a callable, or a custom
+    loader's model)."""
+
+    def load(v: Variant) -> Evaluator:
+        loaded, tok = options.loader() if options.loader is not None else load_model(
+            model.folder, dtype=options.dtype, device_map=options.device_map, device=options.device)
+        ev = Evaluator(loaded, tok, model.original, seed)
+        if v.name in model.plans:
+            from ..patch import apply_patch
+
+            ev.patch_report = apply_patch(loaded, model.plans[v.name])
+        else:
+            ev.patch_report = apply_spec(loaded, v.spec)
+        return ev
+
+    return load
+
+
+class _EngineLoader:
+    """A variant's evaluator in a run engine: served by its worker with the settings planned before loading. The
+    worker is opened on the first variant, unless the caller gave one (which the caller then closes)."""
+
+    def __init__(self, engine, model: EvalModel, serving: dict, seed: int, options: EvalOptions):
+        self.engine, self.model, self.serving, self.seed = engine, model, serving, seed
+        self.worker, self.owned = options.worker, options.worker is None
+        self.engine_args = options.engine_args.given() or None
+
+    def __call__(self, v: Variant) -> Evaluator:
+        from .backends import EngineBackend
+
+        if self.worker is None:
+            self.worker = self.engine.open()
+        settings = self.serving[v.name].settings
+        route = self.engine.eval_route
+        self.engine.load(self.worker, self.model.folder, settings, route=route, engine_args=self.engine_args)
+        tok = self.model.tokenizer
+        ev = Evaluator(None, tok, self.model.original, self.seed, backend=EngineBackend(self.worker, tok))
+        ev.patch_report = {"engine": self.worker.label(route), **self.engine.describe(settings)}
+        return ev
+
+    def close(self, now: bool = False) -> None:
+        if self.owned and self.worker is not None:
+            self.worker.close(now=now)
+
+
+def _evaluate(jobs: list[Job], load: Callable[[Variant], Evaluator], original: int, done: dict, out: Path,
+              options: EvalOptions, in_process: bool) -> None:
+    """Run the jobs (`run_jobs`), each record appended to results.jsonl as it finishes and kept in `done`; a model
+    on this process's CPU gets torch's threads fitted to the load before each job. A run engine's worker is stopped
+    at the end, at once on an interrupt or a failure."""
+
+    def record(rec: dict) -> None:
+        _append(out / RESULTS_FILE, rec)
+        done[_key(rec)] = rec
+        if options.on_record is not None:
+            options.on_record(rec)
+
+    cpu = in_process and options.device_map is None and (options.device or "cpu") == "cpu"
+    threads = CpuThreads() if cpu and jobs else None
+    close = getattr(load, "close", lambda now=False: None)
+    try:
+        with threads or contextlib.nullcontext():
+            run_jobs(jobs, load, original, record, options.progress, threads)
+    except BaseException:  # an interrupt or a failure: the engine is stopped at once
+        close(now=True)
+        raise
+    close()
 
 
 def _transformers_version() -> str:

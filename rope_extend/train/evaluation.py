@@ -43,19 +43,21 @@ def settings(spec: TrainSpec, device: str) -> dict:
 
 def before(prep: Prepared) -> list[dict]:
     """SOURCE unpatched and with the plan training-free, on the suite (resumable: finished cases are kept)."""
+    from ..eval.options import EvalOptions
     from ..eval.runner import run_eval
 
     return run_eval(str(prep.source), [prep.plan.spec], prep.spec.evaluation.suite, eval_dir(prep) / "before",
-                    progress=False, **settings(prep.spec, prep.device))
+                    EvalOptions(progress=False, **settings(prep.spec, prep.device)))
 
 
 def after(prep: Prepared, out: Path) -> list[dict]:
     """OUT as stock transformers loads it (its own config carries the scaling: no spec is applied on top), under
     its own name rather than the eval runner's 'unpatched'."""
+    from ..eval.options import EvalOptions
     from ..eval.runner import run_eval
 
     return run_eval(str(out), {trained_label(prep): None}, prep.spec.evaluation.suite, eval_dir(prep) / "after",
-                    include_baseline=False, progress=False, **settings(prep.spec, prep.device))
+                    EvalOptions(include_baseline=False, progress=False, **settings(prep.spec, prep.device)))
 
 
 def summary(prep: Prepared, before_records: list[dict], after_records: list[dict] | None) -> dict:

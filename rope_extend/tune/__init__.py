@@ -4,13 +4,13 @@
     result = tune(model, 16384, token_ids, budget=12)   # result.spec() -> the winning spec dict
 
 Modules: `space` (candidates), `objective` (loss beyond L), `search` (successive halving), `log` (resumable
-jsonl), `heldout` (comparison with bootstrap intervals), `report`, `runner` (`tune_model`, what the CLI runs).
+jsonl), `heldout` (comparison with bootstrap intervals), `report`, `runner` (`tune_model`, what the CLI runs),
+`options` (`TuneOptions`: its flags and keywords, declared once).
+
+The modules load on first use (`from rope_extend.tune import tune` works), so the CLI reads `options` without torch.
 """
 
-from .heldout import HeldoutVariant, compare, license_text
-from .objective import CalibrationObjective, eval_cost
-from .search import TuneResult, plan_schedule, rung_lengths, tune
-from .space import Candidate, Geometry, closed_form_grid, per_dim_moves
+from __future__ import annotations
 
 __all__ = [
     "CalibrationObjective",
@@ -27,3 +27,27 @@ __all__ = [
     "rung_lengths",
     "tune",
 ]
+
+_WHERE = {
+    "CalibrationObjective": "objective",
+    "Candidate": "space",
+    "Geometry": "space",
+    "HeldoutVariant": "heldout",
+    "TuneResult": "search",
+    "closed_form_grid": "space",
+    "compare": "heldout",
+    "eval_cost": "objective",
+    "license_text": "heldout",
+    "per_dim_moves": "space",
+    "plan_schedule": "search",
+    "rung_lengths": "search",
+    "tune": "search",
+}
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(name)

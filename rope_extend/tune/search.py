@@ -27,9 +27,9 @@ import torch
 from ..formatting import fmt_clock
 from .log import SearchLog
 from .objective import CalibrationObjective, Evaluation, eval_cost
+from .options import DEFAULT_BUDGET
 from .space import Candidate, Geometry, closed_form_grid, geometry_of, per_dim_moves
 
-DEFAULT_BUDGET = 12.0
 DEFAULT_ETA = 3
 
 
