@@ -180,3 +180,67 @@ def test_patch_flags_are_write_options_fields(monkeypatch, capsys):
     assert all(spec_flags <= flags[name] for name in flags)
     assert all("--set" in flags[name] for name in ("patch", "train", "engines"))
     capsys.readouterr()
+
+
+def test_eval_and_tune_flags_are_their_options_fields(monkeypatch, capsys):
+    """`eval`'s flags are `EvalOptions`' and `EngineArgs`' fields and `tune`'s `TuneOptions`' (declared once, as
+    `patch`'s are `WriteOptions`'): each command receives the object its flags build (a --no-... flag sets its field
+    false), which `run_eval` / `tune_model` take."""
+    from rope_extend.eval import runner
+    from rope_extend.eval.options import EngineArgs, EvalOptions
+    from rope_extend.tune import runner as tune_runner
+    from rope_extend.tune.options import TuneOptions
+
+    seen = {}
+    monkeypatch.setattr(runner, "run_eval", lambda model, specs, suite, out, options: seen.update(
+        eval=(model, specs, suite, options)) or [])
+    monkeypatch.setattr(tune_runner, "tune_model", lambda model, target, out, options: seen.update(
+        tune=(model, target, options)) or {"winner": "yarn", "winner_loss": 1.0})
+    assert run(["eval", "src", "-o", "out", "--spec", "method=yarn,factor=2", "--dtype", "bfloat16", "--no-baseline",
+                "--no-resume", "--text", "a.txt", "--engine", "vllm", "--tensor-parallel-size", "2"]) == 0
+    model, specs, suite, options = seen["eval"]
+    assert (model, suite, [s["method"] for s in specs]) == ("src", "quick", ["yarn"])
+    assert options == EvalOptions(dtype="bfloat16", include_baseline=False, resume=False, text=["a.txt"],
+                                  engine="vllm", engine_args=EngineArgs(tensor_parallel_size=2))
+    assert options.engine_args.given() == {"tensor_parallel_size": 2}
+    assert run(["eval", "src", "-o", "out", "--name", "trained", "--no-memory-check"]) == 0
+    assert seen["eval"][1] == [("trained", None)] and seen["eval"][3] == EvalOptions(include_baseline=False,
+                                                                                     memory_check=False)
+    assert run(["tune", "src", "--target-length", "256", "-o", "out", "--methods", "yarn, ntk", "--budget", "4",
+                "--no-plots", "--attention-factor", "1"]) == 0
+    assert seen["tune"] == ("src", 256, TuneOptions(methods=["yarn", "ntk"], budget=4.0, plots=False,
+                                                    attention_factor=1.0))
+    capsys.readouterr()
+
+
+def test_a_shared_flag_has_one_help_in_every_command():
+    """A flag several commands take (`flags.Flag`, `cli.options`' aliases) reads the same in each; each engine
+    argument (`EngineArgs`) is one some run engine takes, and its help names exactly the engines whose adapters
+    take it."""
+    import dataclasses
+
+    import typer.main
+
+    from rope_extend import flags
+    from rope_extend.cli.app import app
+    from rope_extend.engines.runs import run_engines
+    from rope_extend.eval.options import EngineArgs
+
+    command = typer.main.get_command(app)
+    helps: dict[str, set] = {}
+    for cmd in command.commands.values():
+        for param in cmd.params:
+            for opt in param.opts:
+                helps.setdefault(opt, set()).add(param.help)
+    shared = [value for value in vars(flags).values() if isinstance(value, flags.Flag)]
+    assert len(shared) >= 8
+    for flag in shared:
+        assert helps[flag.name] == {flag.help}, flag
+    for opt in ("--revision", "--private", "--push-to-hub", "--json", "--no-memory-check", "--dtype"):
+        assert len(helps[opt]) == 1, (opt, helps[opt])
+    names = [f.name for f in dataclasses.fields(EngineArgs)]
+    for engine in run_engines():
+        assert set(engine.options) <= set(names), engine.name
+    for f in dataclasses.fields(EngineArgs):
+        takers = [engine.name for engine in run_engines() if f.name in engine.options]
+        assert takers and f.metadata["help"].startswith(f"--engine {' or '.join(takers)}:"), (f.name, takers)

