@@ -163,101 +163,97 @@ def tune(
         objective.check_length(geom.target_length)
     rungs, schedule = plan_schedule(budget, rung_lengths(geom.original_length, geom.target_length),
                                     geom.target_length, eta)
-    costs = [eval_cost(n, geom.target_length) for n in rungs]
-    planned = sum(n * c for n, c in zip(schedule, costs))
     settings = {
-        "target_length": geom.target_length,
-        "original_length": geom.original_length,
-        "rotary_dim": geom.rotary_dim,
-        "base": geom.base,
-        "budget": budget,
-        "methods": methods,
-        "knots": knots,
-        "step": step,
-        "eta": eta,
-        "rungs": rungs,
-        "schedule": schedule,
-        "text_tokens": int(token_ids.numel()),
+        "target_length": geom.target_length, "original_length": geom.original_length, "rotary_dim": geom.rotary_dim,
+        "base": geom.base, "budget": budget, "methods": methods, "knots": knots, "step": step, "eta": eta,
+        "rungs": rungs, "schedule": schedule, "text_tokens": int(token_ids.numel()),
         "text_sha": _fingerprint(token_ids[: geom.target_length]),
         **({"attention_factor": attention_factor} if attention_factor is not None else {}),
         **(header or {}),
     }
-    log = SearchLog(log_path, settings, resume=resume)
-    bar = _Progress(planned, sum(schedule)) if progress else None
-    seen: dict[str, Candidate] = {}
-    results: dict[int, dict[str, Scored]] = {r: {} for r in range(len(rungs))}
-    start_time = time.perf_counter()
-    spent = 0.0
-
-    def evaluate(rung: int, cand: Candidate) -> Scored:
-        nonlocal spent
-        length = rungs[rung]
-        seen[cand.key] = cand
-        if cand.key in results[rung]:
-            return results[rung][cand.key]
-        rec = log.get(cand.key, length)
-        fresh = rec is None
-        if fresh:
-            ev = objective(cand, length)
-            rec = {
-                "key": cand.key,
-                "name": cand.name,
-                "family": cand.family,
-                "rung": rung,
-                "length": length,
-                "loss": ev.loss,
-                "n_tokens": ev.n_tokens,
-                "seconds": round(ev.seconds, 3),
-                "cost": costs[rung],
-                "spec": cand.spec,
-                "origin": cand.origin,
-            }
-            log.add(rec)
-        spent += costs[rung]
-        if bar:
-            bar.update(rung, length, cand, rec, costs[rung], fresh)
-        scored = Scored(cand, float(rec["loss"]), length)
-        results[rung][cand.key] = scored
-        return scored
-
-    def ranked(rung: int, family: str | None = None) -> list[Scored]:
-        pool = [s for s in results[rung].values() if family is None or s.candidate.family == family]
-        return sorted(pool, key=lambda s: (s.loss, s.candidate.name, s.candidate.key))
-
+    search = Search(geom, objective, rungs, SearchLog(log_path, settings, resume=resume),
+                    _Progress(search_cost(rungs, schedule, geom), sum(schedule)) if progress else None)
     # rung 0: the closed-form grid (in priority order, at most half the slots unless per-dim is off), then
     # per-dimension curves seeded from the best closed form
-    n0 = schedule[0]
-    closed = closed_form_grid(geom, methods)[: n0 if knots == 0 else math.ceil(n0 / 2)]
+    closed = closed_form_grid(geom, methods)[: schedule[0] if knots == 0 else math.ceil(schedule[0] / 2)]
     for cand in closed:
-        evaluate(0, cand)
-    remaining = n0 - len(closed) if knots else 0
-    if remaining > 0:
-        seed = ranked(0, "closed")[0]
+        search.evaluate(0, cand)
+    if knots:
+        search.improve_curves(schedule[0] - len(closed), knots, step, attention_factor)
+    for rung in range(1, len(rungs)):
+        search.promote(rung, schedule[rung])
+    return search.result(budget, schedule)
+
+
+def search_cost(rungs: list[int], schedule: list[int], geom: Geometry) -> float:
+    """The planned cost of a schedule, in target-length forwards."""
+    return sum(n * eval_cost(length, geom.target_length) for n, length in zip(schedule, rungs))
+
+
+class Search:
+    """The state of one successive-halving run: every candidate evaluated at each rung (from the log when it holds
+    it, else by `objective`), the budget spent, and the progress line."""
+
+    def __init__(self, geom: Geometry, objective, rungs: list[int], log: SearchLog, bar: _Progress | None):
+        self.geom, self.objective, self.rungs, self.log, self.bar = geom, objective, rungs, log, bar
+        self.costs = [eval_cost(n, geom.target_length) for n in rungs]
+        self.seen: dict[str, Candidate] = {}
+        self.results: dict[int, dict[str, Scored]] = {r: {} for r in range(len(rungs))}
+        self.spent = 0.0
+        self.started = time.perf_counter()
+
+    def evaluate(self, rung: int, cand: Candidate) -> Scored:
+        """`cand`'s loss at the rung's length: the log's record when it holds one, else a fresh evaluation logged."""
+        length = self.rungs[rung]
+        self.seen[cand.key] = cand
+        if cand.key in self.results[rung]:
+            return self.results[rung][cand.key]
+        rec = self.log.get(cand.key, length)
+        fresh = rec is None
+        if fresh:
+            ev = self.objective(cand, length)
+            rec = {"key": cand.key, "name": cand.name, "family": cand.family, "rung": rung, "length": length,
+                   "loss": ev.loss, "n_tokens": ev.n_tokens, "seconds": round(ev.seconds, 3),
+                   "cost": self.costs[rung], "spec": cand.spec, "origin": cand.origin}
+            self.log.add(rec)
+        self.spent += self.costs[rung]
+        if self.bar:
+            self.bar.update(rung, length, cand, rec, self.costs[rung], fresh)
+        scored = Scored(cand, float(rec["loss"]), length)
+        self.results[rung][cand.key] = scored
+        return scored
+
+    def ranked(self, rung: int, family: str | None = None) -> list[Scored]:
+        pool = [s for s in self.results[rung].values() if family is None or s.candidate.family == family]
+        return sorted(pool, key=lambda s: (s.loss, s.candidate.name, s.candidate.key))
+
+    def improve_curves(self, slots: int, knots: int, step: float, attention_factor: float | None) -> None:
+        """Rung 0's remaining `slots`: per-dimension curves seeded from the best closed form, improved by coordinate
+        moves (move to the best improving neighbour; halve the step when none improves)."""
+        if slots <= 0:
+            return
+        seed = self.ranked(0, "closed")[0]
         # with a pinned attention factor the seed's curve is itself a new candidate: improve on the best curve
         start, start_loss, cur_step = None, seed.loss if attention_factor is None else math.inf, step
-        while remaining > 0 and cur_step >= step / 16:
-            moves = [
-                m
-                for m in per_dim_moves(geom, seed.candidate.name, seed.candidate.spec, start, knots, cur_step,
-                                       attention_step=cur_step / 7.5, pinned_attention=attention_factor)
-                if m.key not in results[0]
-            ][:remaining]
+        while slots > 0 and cur_step >= step / 16:
+            moves = [m for m in per_dim_moves(self.geom, seed.candidate.name, seed.candidate.spec, start, knots,
+                                              cur_step, attention_step=cur_step / 7.5,
+                                              pinned_attention=attention_factor)
+                     if m.key not in self.results[0]][:slots]
             for m in moves:
-                evaluate(0, m)
-            remaining -= len(moves)
-            best = ranked(0, "per-dim")
+                self.evaluate(0, m)
+            slots -= len(moves)
+            best = self.ranked(0, "per-dim")
             if best and best[0].loss < start_loss:
                 start, start_loss = best[0].candidate.origin, best[0].loss
             else:
                 cur_step /= 2
 
-    # promotions: top-k by the previous rung's loss, always including the best of each family
-    for rung in range(1, len(rungs)):
-        prev = ranked(rung - 1)
-        keep = schedule[rung]
-        promoted = prev[:keep]
+    def promote(self, rung: int, keep: int) -> None:
+        """Evaluate at `rung` the previous rung's best `keep`, always including the best of each family."""
+        promoted = self.ranked(rung - 1)[:keep]
         for family in ("closed", "per-dim"):
-            best = ranked(rung - 1, family)
+            best = self.ranked(rung - 1, family)
             if best and best[0] not in promoted and keep >= 2:
                 # replace the worst promoted candidate of an over-represented family
                 other = [s for s in promoted if s.candidate.family != family]
@@ -265,24 +261,23 @@ def tune(
                     promoted.remove(other[-1])
                     promoted.append(best[0])
         for s in sorted(promoted, key=lambda s: (s.loss, s.candidate.name)):
-            evaluate(rung, s.candidate)
+            self.evaluate(rung, s.candidate)
 
-    final = ranked(len(rungs) - 1)
-    best_closed = _best_of(results, "closed")
-    best_per_dim = _best_of(results, "per-dim")
-    return TuneResult(
-        geometry=geom,
-        rungs=rungs,
-        schedule=schedule,
-        budget=budget,
-        records=list(log.records) if log.path else [],
-        winner=final[0],
-        best_closed=best_closed,
-        best_per_dim=best_per_dim,
-        spent=spent,
-        seconds=time.perf_counter() - start_time,
-        candidates=seen,
-    )
+    def result(self, budget: float, schedule: list[int]) -> TuneResult:
+        """The winner at the last rung, and the best of each family at the longest rung it reached."""
+        return TuneResult(
+            geometry=self.geom,
+            rungs=self.rungs,
+            schedule=schedule,
+            budget=budget,
+            records=list(self.log.records) if self.log.path else [],
+            winner=self.ranked(len(self.rungs) - 1)[0],
+            best_closed=_best_of(self.results, "closed"),
+            best_per_dim=_best_of(self.results, "per-dim"),
+            spent=self.spent,
+            seconds=time.perf_counter() - self.started,
+            candidates=self.seen,
+        )
 
 
 def _best_of(results: dict[int, dict[str, Scored]], family: str) -> Scored | None:
