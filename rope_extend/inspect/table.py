@@ -146,88 +146,110 @@ def inspect_rope(config, spec: RopeSpec | dict | str | None = None, **kwargs: An
     facts = read_rope(config)
     config = facts.config
     check_rope_model(config)
-    slots = facts.slots
-    slot = facts.main_slot
-    params = slots[slot]
-    current_type = params.get("rope_type", "default")
+    current_type = facts.slots[facts.main_slot].get("rope_type", "default")
     notes: list[str] = []
-    keeps = False  # an attention-level method: the model's RoPE kept, every distance mapped inside the window
     if spec is None and not kwargs:
-        dim = compat.rotary_dim(config, params, slot)
-        base = float(params["rope_theta"])
-        original = facts.original_length()
-        old = default_inv_freq(dim, base)
-        new, attention = _current_rope(config, slot, dim, params)
-        factor = float(params.get("factor") or 1.0)
-        target = int(config.max_position_embeddings)
-        if current_type != "default":
-            notes.append(
-                f"the model ships {current_type} scaling (x{factor:g} from {original}); 'new' is that scheme, "
-                "'old' the bare RoPE"
-            )
-        marker = facts.marker or {}
-        marked = recorded_spec(config)
-        if marker.get("stock_loaders") and marked is not None:  # attention-level: no config key carries it, the marker does
-            notes.append(f"rope_extend marker: {marker['method']} ({marked.rope_method.describe(marked)}); "
-                         f"stock loaders serve {marker['stock_loaders']}")
-        method = None
-    else:
-        spec = load_spec(spec, **kwargs)  # the Python API's edge (the CLI passes a parsed spec: passed through)
-        keeps = spec.rope_method.keeps_scheme  # attention-level methods keep the model's scheme: nothing re-derived
-        if facts.is_scaled and not keeps:
-            if not spec.replace_existing:
-                notes.append(
-                    f"the model already ships {current_type} scaling; shown: {spec.method} re-derived from the "
-                    "original length and base (replace_existing: true)"
-                )
-            spec = spec.model_copy(update={"replace_existing": True})
-        resolved = spec.resolve(spec.original_max_position_embeddings or facts.original_length())
-        if not keeps and facts.window and resolved.target_length < facts.window and not spec.shorten_window:
-            notes.append(f"{spec.method} x{resolved.factor:g} reaches {resolved.target_length} tokens, shorter "
-                         f"than the model's {facts.window} now: patch refuses it unless asked (shorten_window: true)")
-            spec = spec.model_copy(update={"shorten_window": True})
-        plan = plan_patch(config, spec)
-        slot = plan.targets[0]
-        dim = plan.rotary_dims[slot]
-        base = plan.base_theta
-        resolved = plan.spec
-        original = int(resolved.original_max_position_embeddings)
-        target = int(resolved.target_length)
-        factor = float(resolved.factor)
-        method = resolved.method
-        old = default_inv_freq(dim, base)
-        dynamic = plan.method.dynamic
-        new, attention = plan.compute(slot, seq_len=target if dynamic else None)
-        if dynamic:
-            notes.append(f"{method} is dynamic: frequencies shown at {target} tokens; below {original} it is the "
-                         "original RoPE")
-        if keeps:
-            notes.append(f"{method} keeps the model's RoPE ({plan.kept_scheme}; 'new' is that scheme, 'old' the bare "
-                         f"RoPE) and remaps attention distances instead: {plan.method.describe(resolved)}")
-            factor = float(plan.slots[slot].get("factor") or 1.0)  # the regimes of the kept scheme
-        if len(plan.targets) > 1 or len(slots) > 1:
-            untouched = [s for s in slots if s not in plan.targets]
-            if untouched:
-                notes.append(f"layer types {untouched} keep their RoPE (shown: {slot})")
-        notes.extend(plan.warnings)
-    rows = _rows(old.float(), new.float(), original, target, factor)
+        shown = _current_frequencies(config, facts, current_type, notes)
+    else:  # the Python API's edge (the CLI passes a parsed spec: passed through)
+        shown = _planned_frequencies(config, facts, load_spec(spec, **kwargs), current_type, notes)
+    rows = _rows(shown.old.float(), shown.new.float(), shown.original, shown.target, shown.factor)
     unseen = [r.index for r in rows if r.rotations < 1]
     if unseen:
-        beyond = (f"{method} maps every distance the model attends over into {original} tokens, so no position "
-                  "shows them an angle unseen in pretraining" if keeps else
-                  f"positions beyond {original} show them angles never seen in pretraining")
-        notes.append(f"disks {unseen[0]}..{unseen[-1]} make less than one turn in {original} tokens: {beyond}")
+        beyond = (f"{shown.method} maps every distance the model attends over into {shown.original} tokens, so no "
+                  "position shows them an angle unseen in pretraining" if shown.keeps else
+                  f"positions beyond {shown.original} show them angles never seen in pretraining")
+        notes.append(f"disks {unseen[0]}..{unseen[-1]} make less than one turn in {shown.original} tokens: {beyond}")
     return RopeInspection(
         model_type=str(getattr(config, "model_type", "?")),
-        slot=slot,
-        rotary_dim=dim,
-        base=base,
-        original_length=original,
-        target_length=target,
-        factor=factor,
-        method=method,
+        slot=shown.slot,
+        rotary_dim=shown.dim,
+        base=shown.base,
+        original_length=shown.original,
+        target_length=shown.target,
+        factor=shown.factor,
+        method=shown.method,
         current_rope_type=current_type,
-        attention_factor=float(attention),
+        attention_factor=float(shown.attention),
         rows=rows,
         notes=notes,
     )
+
+
+@dataclass
+class Frequencies:
+    """What the disk table compares: the slot shown, its rotary dimensions and base, the original and target lengths
+    and the factor the regimes are read at, the method (None: the model's current RoPE), the bare RoPE's
+    frequencies (`old`) and the ones shown beside them (`new`, with their attention factor); `keeps`: the method
+    keeps the model's RoPE and remaps attention distances (attention-level)."""
+
+    slot: str | None
+    dim: int
+    base: float
+    original: int
+    target: int
+    factor: float
+    method: str | None
+    old: torch.Tensor
+    new: torch.Tensor
+    attention: float
+    keeps: bool = False
+
+
+def _current_frequencies(config, facts, current_type: str, notes: list[str]) -> Frequencies:
+    """The model's RoPE as it builds it now (its shipped scheme, or plain RoPE) beside the bare RoPE, at its own
+    maximum length; what it ships, and a rope-extend marker's method, go to `notes`."""
+    slot = facts.main_slot
+    params = facts.slots[slot]
+    dim = compat.rotary_dim(config, params, slot)
+    base = float(params["rope_theta"])
+    original = facts.original_length()
+    new, attention = _current_rope(config, slot, dim, params)
+    factor = float(params.get("factor") or 1.0)
+    if current_type != "default":
+        notes.append(f"the model ships {current_type} scaling (x{factor:g} from {original}); 'new' is that scheme, "
+                     "'old' the bare RoPE")
+    marker = facts.marker or {}
+    marked = recorded_spec(config)
+    if marker.get("stock_loaders") and marked is not None:  # attention-level: no config key carries it, the marker does
+        notes.append(f"rope_extend marker: {marker['method']} ({marked.rope_method.describe(marked)}); "
+                     f"stock loaders serve {marker['stock_loaders']}")
+    return Frequencies(slot, dim, base, original, int(config.max_position_embeddings), factor, None,
+                       default_inv_freq(dim, base), new, attention)
+
+
+def _planned_frequencies(config, facts, spec: RopeSpec, current_type: str, notes: list[str]) -> Frequencies:
+    """`spec` planned on the model (re-derived from the original length over a shipped scheme; a shorter window
+    allowed, for the table) beside the bare RoPE, a dynamic method at the target length; what was assumed, and the
+    plan's warnings, go to `notes`."""
+    keeps = spec.rope_method.keeps_scheme  # attention-level methods keep the model's scheme: nothing re-derived
+    if facts.is_scaled and not keeps:
+        if not spec.replace_existing:
+            notes.append(f"the model already ships {current_type} scaling; shown: {spec.method} re-derived from the "
+                         "original length and base (replace_existing: true)")
+        spec = spec.model_copy(update={"replace_existing": True})
+    resolved = spec.resolve(spec.original_max_position_embeddings or facts.original_length())
+    if not keeps and facts.window and resolved.target_length < facts.window and not spec.shorten_window:
+        notes.append(f"{spec.method} x{resolved.factor:g} reaches {resolved.target_length} tokens, shorter "
+                     f"than the model's {facts.window} now: patch refuses it unless asked (shorten_window: true)")
+        spec = spec.model_copy(update={"shorten_window": True})
+    plan = plan_patch(config, spec)
+    slot, resolved = plan.targets[0], plan.spec
+    original, target, factor = int(resolved.original_max_position_embeddings), int(resolved.target_length), \
+        float(resolved.factor)
+    dynamic = plan.method.dynamic
+    new, attention = plan.compute(slot, seq_len=target if dynamic else None)
+    if dynamic:
+        notes.append(f"{resolved.method} is dynamic: frequencies shown at {target} tokens; below {original} it is the "
+                     "original RoPE")
+    if keeps:
+        notes.append(f"{resolved.method} keeps the model's RoPE ({plan.kept_scheme}; 'new' is that scheme, 'old' the "
+                     f"bare RoPE) and remaps attention distances instead: {plan.method.describe(resolved)}")
+        factor = float(plan.slots[slot].get("factor") or 1.0)  # the regimes of the kept scheme
+    untouched = [s for s in facts.slots if s not in plan.targets] if len(plan.targets) > 1 or len(facts.slots) > 1 \
+        else []
+    if untouched:
+        notes.append(f"layer types {untouched} keep their RoPE (shown: {slot})")
+    notes.extend(plan.warnings)
+    dim = plan.rotary_dims[slot]
+    return Frequencies(slot, dim, plan.base_theta, original, target, factor, resolved.method,
+                       default_inv_freq(dim, plan.base_theta), new, attention, keeps)
