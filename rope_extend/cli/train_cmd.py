@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -29,6 +29,10 @@ from .options import (
     build_spec,
     method_option,
 )
+
+if TYPE_CHECKING:
+    from ..train import TrainSpec
+    from ..train.runner import TrainResult
 
 EXAMPLES = """Examples:
 
@@ -110,28 +114,40 @@ def train_command(
         eval_suite=eval_suite, eval_texts=[str(t) for t in eval_text or []], overwrite=overwrite, resume=not restart,
         verify=not no_verify, memory_check=not no_memory_check,
     )
+    result = _train(spec)
+    if result.out is None:  # not the main process of a distributed run
+        return
+    _say_written(result)
+    if push_to_hub:
+        from .push_cmd import publish
+
+        publish(result.out, push_to_hub, private, dry_run=False, flag="--push-to-hub", written_now=True)
+
+
+def _train(spec: TrainSpec) -> TrainResult:
+    """`train_model` with a progress line per step; an interrupt (SIGTERM, Ctrl-C) is one line, from the main
+    process of a distributed run, and the exit status 128 + the signal (OUT.train-state/ resumes it)."""
     from ..train.progress import TrainingInterrupted, progress_printer
     from ..train.runner import train_model
-    from ..train.training_card import loss_line
 
     try:
-        result = train_model(spec, on_progress=progress_printer())
+        return train_model(spec, on_progress=progress_printer())
     except TrainingInterrupted as stop:
         if os.environ.get("RANK", "0") == "0":  # one line for a distributed run too, from its main process
             print(f"rope-extend: {stop.message()}", file=sys.stderr, flush=True)
         raise SystemExit(128 + int(stop.signum)) from None
-    if result.out is None:  # not the main process of a distributed run
-        return
+
+
+def _say_written(result: TrainResult) -> None:
+    """What was written: OUT, the steps, tokens and time, the loss, and whether stock transformers verified it."""
+    from ..train.training_card import loss_line
+
     if result.first_loss is None:
         fail("training logged no loss")
     say(f"wrote {shell_path(result.out)}: {result.steps} steps, {result.tokens:,} tokens in {result.seconds:.1f} s; loss "
         f"{loss_line(result.summary)}; "
         f"{'verified with stock transformers (reload equals the trained model)' if result.verified else 'NOT verified'}",
         hang="  ")
-    if push_to_hub:
-        from .push_cmd import publish
-
-        publish(result.out, push_to_hub, private, dry_run=False, flag="--push-to-hub", written_now=True)
 
 
 def _check_push(repo_id: str, output: Path, private: bool) -> None:
