@@ -76,7 +76,7 @@ def eval_report_command(
 
     path = rebuild_report(output, plots=not no_plots, compare=compare or (),
                           compare_variants=compare_variant or ())
-    say_markdown(summary_markdown(run_records(output)[1]))
+    say_markdown(summary_markdown(run_records(output).records))
     say(f"report: {shell_path(path)}", hang="        ")
 
 

@@ -60,7 +60,7 @@ from .report import (
     texts_of,
     variants_of,
 )
-from .stats import bootstrap_mean_interval
+from .stats import Interval, bootstrap_mean_interval
 from .variants import BASELINE
 
 MIN_N_FOR_BARS = 5  # below this many prompts per point, a Wilson bar says less than the count k/n does
@@ -329,7 +329,7 @@ def _bucket_blocks(m: dict, bucket: dict, other: dict | None = None) -> list[flo
     return [blocks[i] for i in inside]
 
 
-def _band(ax, xs, band, st, transform) -> bool:
+def _band(ax, xs, band: list[Interval], st, transform) -> bool:
     """A 95 % band: a light fill with edges in the series' colour and line style, so overlapping bands stay apart;
     a bucket without an interval (one block: ``(None, None)``) is a gap. Returns whether any of it was drawn."""
     lo = [math.nan if a is None else a for a, _ in band]
@@ -613,7 +613,7 @@ def retrieval_accuracy(records: list[dict]):
     ceil = ceilings(records)
     tasks = list(dict.fromkeys(task_label(r) for r in recs))
     variants = variants_of(recs)
-    series = {v: {(k, L): accuracy(s.values())[0] for (k, vv, L), s in cells.items() if vv == v} for v in variants}
+    series = {v: {(k, L): accuracy(s.values()).mean for (k, vv, L), s in cells.items() if vv == v} for v in variants}
     notes = coincidences(series, _describe_panels(tasks))
     fig = _new_figure(_grid_size(len(tasks), 4.8, 3.6))
     axes = _panels(fig, len(tasks))
@@ -629,10 +629,10 @@ def retrieval_accuracy(records: list[dict]):
             st, at = styles[v], _nudged(ax, i, len(on))
             pts = sorted((L, accuracy(s.values()), sum(s.values())) for (k, vv, L), s in cells.items()
                          if k == t and vv == v)
-            xs, ys = [L for L, _, _ in pts], [a for _, (a, _, _, _), _ in pts]
-            big = [n >= MIN_N_FOR_BARS for _, (_, _, _, n), _ in pts]
-            err = [[(a - lo) if b else 0 for (_, (a, lo, _, _), _), b in zip(pts, big)],
-                   [(hi - a) if b else 0 for (_, (a, _, hi, _), _), b in zip(pts, big)]]
+            xs, ys = [L for L, _, _ in pts], [acc.mean for _, acc, _ in pts]
+            big = [acc.n >= MIN_N_FOR_BARS for _, acc, _ in pts]
+            err = [[(acc.mean - acc.lo) if b else 0 for (_, acc, _), b in zip(pts, big)],
+                   [(acc.hi - acc.mean) if b else 0 for (_, acc, _), b in zip(pts, big)]]
             _link(ax, xs, ys, st["color"], orig, at)
             hides = v in notes  # drawn over an equal variant: hollow and larger, so the one below shows through
             bars = ax.errorbar(xs, ys, yerr=err if any(big) else None, color=st["color"], marker=st["marker"],
@@ -641,8 +641,8 @@ def retrieval_accuracy(records: list[dict]):
             bars.lines[0].set_gid(v)
             _claim(ax, xs, ys)
             variant_handles.setdefault(_label(st, notes.get(v)), bars)
-            counts += [(x, y, f"{k:g}/{n}", st["color"])
-                       for x, y, (_, (_, _, _, n), k), b in zip(xs, ys, pts, big) if not b]
+            counts += [(x, y, f"{k:g}/{acc.n}", st["color"]) for x, y, (_, acc, k), b in zip(xs, ys, pts, big)
+                       if not b]
         _counts(ax, counts)
         window = _window(ax, orig, handles)
         drawn |= window

@@ -272,39 +272,53 @@ def make_vt(tokenizer, length: int, depth: float = 0.5, index: int = 0, seed: in
     return ProbeSample("vt", length, None, index, ids, names, pos, PROBES["vt"].max_new_tokens(num_needles))
 
 
-def _niah(task: str, needles_of: Callable) -> Callable[..., ProbeSample]:
-    """A NIAH probe: key/value needles (``needles_of(rng, keys, depth, num_needles, enc)`` gives the needles, their
-    depths, the question, the answers and the depth the sample records); the answer's token budget is the
-    registered probe's (`Probe.max_new_tokens`)."""
+@dataclass(frozen=True)
+class Needles:
+    """What a needle-in-a-haystack variant puts in its prompt: the `needles` (token ids each) at their `depths`, the
+    `question` that ends the prompt, the `answers` a correct output holds, and the `depth` the sample records (None:
+    the needles sit at random depths)."""
+
+    needles: list[list[int]]
+    depths: list[float]
+    question: list[int]
+    answers: list[str]
+    depth: float | None
+
+
+def _niah(task: str, needles_of: Callable[..., Needles]) -> Callable[..., ProbeSample]:
+    """A NIAH probe: key/value needles (``needles_of(rng, keys, depth, num_needles, enc)`` gives its `Needles`); the
+    answer's token budget is the registered probe's (`Probe.max_new_tokens`)."""
 
     def make(tokenizer, length: int, depth: float = 0.5, index: int = 0, seed: int = 0, num_needles: int = 4,
              haystack: Haystack | str | None = None) -> ProbeSample:
         rng, hay, bos, enc = _needle_start(tokenizer, task, length, depth, index, seed, num_needles, haystack)
         keys = rng.sample(_KEY_WORDS, k=max(num_needles, 1))
         head = bos + _encode(tokenizer, _NIAH_PREFIX.format(kind="numbers"))
-        needles, depths, tail, answers, recorded = needles_of(rng, keys, depth, num_needles, enc)
-        ids, pos = _assemble(tokenizer, task, length, head, needles, depths, tail, hay)
-        return ProbeSample(task, length, recorded, index, ids, answers, pos, PROBES[task].max_new_tokens(num_needles))
+        placed = needles_of(rng, keys, depth, num_needles, enc)
+        ids, pos = _assemble(tokenizer, task, length, head, placed.needles, placed.depths, placed.question, hay)
+        return ProbeSample(task, length, placed.depth, index, ids, placed.answers, pos,
+                           PROBES[task].max_new_tokens(num_needles))
 
     make.__name__ = f"make_{task}"
     return make
 
 
-def _single(rng, keys, depth, num_needles, enc):
+def _single(rng, keys, depth, num_needles, enc) -> Needles:
     """One key/value needle at *depth*; answer the value."""
     key, value = keys[0], _value(rng)
-    return [enc(_NIAH_NEEDLE.format(key=key, value=value))], [depth], enc(_NIAH_Q_SINGLE.format(key=key)), [value], depth
+    return Needles([enc(_NIAH_NEEDLE.format(key=key, value=value))], [depth], enc(_NIAH_Q_SINGLE.format(key=key)),
+                   [value], depth)
 
 
-def _multikey(rng, keys, depth, num_needles, enc):
+def _multikey(rng, keys, depth, num_needles, enc) -> Needles:
     """*num_needles* needles with distinct keys (the others are distractors); the queried one sits at *depth*."""
     values = [_value(rng) for _ in keys]
     needles = [enc(_NIAH_NEEDLE.format(key=k, value=v)) for k, v in zip(keys, values)]
     depths = [depth] + [rng.uniform(0.0, 1.0) for _ in keys[1:]]
-    return needles, depths, enc(_NIAH_Q_SINGLE.format(key=keys[0])), [values[0]], depth
+    return Needles(needles, depths, enc(_NIAH_Q_SINGLE.format(key=keys[0])), [values[0]], depth)
 
 
-def _multivalue(rng, keys, depth, num_needles, enc):
+def _multivalue(rng, keys, depth, num_needles, enc) -> Needles:
     """*num_needles* values for the same key, spread at random depths; all must be recalled."""
     key = keys[0]
     values: list[str] = []
@@ -314,7 +328,7 @@ def _multivalue(rng, keys, depth, num_needles, enc):
             values.append(v)
     needles = [enc(_NIAH_NEEDLE.format(key=key, value=v)) for v in values]
     depths = [rng.uniform(0.0, 1.0) for _ in values]
-    return needles, depths, enc(_NIAH_Q_MULTI.format(key=key)), values, None
+    return Needles(needles, depths, enc(_NIAH_Q_MULTI.format(key=key)), values, None)
 
 
 def first_number(sample: ProbeSample, output: str) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 from ..formatting import fmt_tokens
 from .stats import (
@@ -203,12 +204,21 @@ def beyond_window_table(records: list[dict]) -> str:
     return _table(["task/haystack", "length", "ceiling (unpatched inside the window)"] + variants, rows)
 
 
-def accuracy(scores) -> tuple[float, float, float, int]:
+class Accuracy(NamedTuple):
+    """A cell's accuracy: the mean score, its Wilson interval and the number of prompts."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+
+
+def accuracy(scores) -> Accuracy:
     """(mean, Wilson lo, Wilson hi, n) of a cell's scores."""
     scores = list(scores)
     n = len(scores)
     lo, hi = wilson_interval(sum(scores), n)
-    return (sum(scores) / n if n else float("nan")), lo, hi, n
+    return Accuracy(sum(scores) / n if n else float("nan"), lo, hi, n)
 
 
 def _acc_cell(scores) -> str:

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from ..flags import LoadOptions
 from ..formatting import fmt_clock
 from ..outputs import EVAL_RUN_FILE, check_replaceable
 from ..terminal import KEEP, shell_path, wrap
@@ -151,20 +152,19 @@ def _plan(loaded, spec):
         raise exc.worded(spec_words(spec)) from None
 
 
-def check_memory(name: str, folder: Path, config, cases: list, dtype: str, device: str | None,
-                 device_map: str | None, skip: bool = False) -> None:
-    """Refuse in one line, before any weights load, a run whose longest pending case needs more memory than the
-    device has (`rope_extend.memory`): the probes decode with a key/value cache, entropy holds one layer's
-    attention probabilities."""
+def check_memory(name: str, folder: Path, config, cases: list, load: LoadOptions, skip: bool = False) -> None:
+    """Refuse in one line, before any weights load as `load` says, a run whose longest pending case needs more
+    memory than the device has (`rope_extend.memory`): the probes decode with a key/value cache, entropy holds one
+    layer's attention probabilities."""
     from .. import memory
 
     if not cases:
         return
     entropy = [c.length for c in cases if c.kind == "entropy"]
     ways = memory.WaysOut(length="--suite SUITE.yaml with lengths up to ~{fits} tokens")
-    memory.check_inference(name, folder, config, dtype, max(c.length for c in cases),
+    memory.check_inference(name, folder, config, load.dtype, max(c.length for c in cases),
                            kv_cache=any(c.is_probe for c in cases), scores_length=max(entropy, default=0),
-                           device=device, device_map=device_map, ways=ways, skip=skip)
+                           device=load.device, device_map=load.device_map, ways=ways, skip=skip)
 
 
 def run_eval(
@@ -319,8 +319,7 @@ def _check_before_loading(name: str, model: EvalModel, jobs: list[Job], engine, 
     for variant in dict.fromkeys(j.variant.name for j in jobs):  # only a variant that runs is checked, once
         if variant in model.plans and model.plans[variant].changed:
             verify_or_explain(model.plans[variant], model.config)
-    check_memory(name, model.folder, compat.text_config(model.config), [c for j in jobs for c in j.cases],
-                 options.dtype, options.device, options.device_map,
+    check_memory(name, model.folder, compat.text_config(model.config), [c for j in jobs for c in j.cases], options,
                  skip=not options.memory_check or engine is not None)
     if jobs:
         model.loaded_tokenizer()
@@ -655,7 +654,7 @@ def compare_records(records: list[dict], folders, variants=()) -> list[dict]:
     own = {r["variant"] for r in records}
     seen, out = set(), []
     for folder in folders:
-        theirs = run_records(folder)[1] if (Path(folder) / RUN_FILE).is_file() else read_results(folder)
+        theirs = run_records(folder).records if (Path(folder) / RUN_FILE).is_file() else read_results(folder)
         if not theirs:
             raise FileNotFoundError(f"{folder} has no {RESULTS_FILE}: --compare takes an eval output folder")
         for r in theirs:
@@ -683,7 +682,14 @@ def write_outputs(records: list[dict], out: Path, plots: bool = True, meta: dict
     return path
 
 
-def run_records(out_dir: str | os.PathLike) -> tuple[dict, list[dict]]:
+class RunRecords(NamedTuple):
+    """An eval output folder's run.json (`meta`) and the records of that run's variants, in its variant order."""
+
+    meta: dict
+    records: list[dict]
+
+
+def run_records(out_dir: str | os.PathLike) -> RunRecords:
     """``(run.json, the records of that run's variants in its variant order)`` of an eval output folder."""
     out = Path(out_dir)
     if not (out / RUN_FILE).is_file():
@@ -692,7 +698,7 @@ def run_records(out_dir: str | os.PathLike) -> tuple[dict, list[dict]]:
     order = {(v["name"], v["fingerprint"]): i for i, v in enumerate(meta.get("variants", []))}
     records = [r for r in read_results(out) if (r["variant"], r.get("fingerprint")) in order]
     records.sort(key=lambda r: order[(r["variant"], r.get("fingerprint"))])
-    return meta, records
+    return RunRecords(meta, records)
 
 
 def summary_markdown(results) -> str:

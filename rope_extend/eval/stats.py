@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,6 +41,21 @@ LEVEL = 0.95
 RESAMPLES = 2000
 SEED = 0
 NO_INTERVAL = "n = 1: no interval"  # what is printed where a bootstrap had one unit to resample
+
+
+class Interval(NamedTuple):
+    """A confidence interval ``[lo, hi]`` (None limits: a bootstrap of one unit, no interval)."""
+
+    lo: float | None
+    hi: float | None
+
+
+class Estimate(NamedTuple):
+    """A number and the interval that holds it, ``(value, lo, hi)`` (None limits: one unit, no interval)."""
+
+    value: float
+    lo: float | None
+    hi: float | None
 
 
 def interval_text(lo: float | None, hi: float | None, fmt: str = "{:.2f}") -> str:
@@ -57,13 +73,13 @@ def _z(level: float) -> float:
     return NormalDist().inv_cdf(0.5 + level / 2)
 
 
-def wilson_interval(successes: float, n: int, level: float = LEVEL) -> tuple[float, float]:
+def wilson_interval(successes: float, n: int, level: float = LEVEL) -> Interval:
     """Wilson score interval for a proportion ``successes / n`` (``successes`` may be fractional, e.g. a summed
     recall). ``n = 0`` gives ``(0, 1)``: no information."""
     if n < 0 or successes < 0 or successes > n:
         raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
     if n == 0:
-        return 0.0, 1.0
+        return Interval(0.0, 1.0)
     z = _z(level)
     p = successes / n
     denom = 1 + z * z / n
@@ -71,7 +87,7 @@ def wilson_interval(successes: float, n: int, level: float = LEVEL) -> tuple[flo
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     lo = 0.0 if successes == 0 else max(0.0, centre - half)
     hi = 1.0 if successes == n else min(1.0, centre + half)
-    return min(lo, p), max(hi, p)
+    return Interval(min(lo, p), max(hi, p))
 
 
 def _weighted_means(values: np.ndarray, weights: np.ndarray, resamples: int, seed: int) -> np.ndarray:
@@ -88,7 +104,7 @@ def bootstrap_mean(
     level: float = LEVEL,
     resamples: int = RESAMPLES,
     seed: int = SEED,
-) -> tuple[float, float | None, float | None]:
+) -> Estimate:
     """``(mean, lo, hi)``: the (weighted) mean and its percentile bootstrap interval, resampling the given units
     (blocks) with replacement; the interval always holds the mean. One unit: ``(mean, None, None)``, no interval
     (see :data:`NO_INTERVAL`).
@@ -104,17 +120,18 @@ def bootstrap_mean(
         raise ValueError(f"weights must be positive, one per value ({v.size}), got {w.shape}")
     mean = float((v * w).sum() / w.sum())
     if v.size == 1:
-        return mean, None, None
+        return Estimate(mean, None, None)
     means = _weighted_means(v, w, resamples, seed)
     a = (1 - level) / 2
     lo, hi = np.quantile(means, [a, 1 - a])
-    return mean, min(float(lo), mean), max(float(hi), mean)
+    return Estimate(mean, min(float(lo), mean), max(float(hi), mean))
 
 
 def bootstrap_mean_interval(values: Sequence[float], weights: Sequence[float] | None = None,
-                            **kwargs) -> tuple[float | None, float | None]:
+                            **kwargs) -> Interval:
     """The interval of :func:`bootstrap_mean` alone (``(None, None)`` from one unit)."""
-    return bootstrap_mean(values, weights, **kwargs)[1:]
+    estimate = bootstrap_mean(values, weights, **kwargs)
+    return Interval(estimate.lo, estimate.hi)
 
 
 def block_means(losses: Sequence[float], block_size: int) -> tuple[list[float], list[int]]:
@@ -179,7 +196,7 @@ def paired_bootstrap_interval(
     level: float = LEVEL,
     resamples: int = RESAMPLES,
     seed: int = SEED,
-) -> tuple[float, float | None, float | None]:
+) -> Estimate:
     """(mean difference, lo, hi) of ``variant - reference`` over paired units, resampling the pairs (one pair:
     ``(difference, None, None)``, no interval)."""
     a, b = np.asarray(variant, dtype=np.float64), np.asarray(reference, dtype=np.float64)
@@ -190,7 +207,7 @@ def paired_bootstrap_interval(
 
 def newcombe_paired_interval(
     variant: Sequence[bool], reference: Sequence[bool], level: float = LEVEL
-) -> tuple[float, float, float]:
+) -> Estimate:
     """(p_variant - p_reference, lo, hi) for binary outcomes on the same prompts: Newcombe (1998) method 10.
 
     With ``e`` = both right, ``f`` = only the variant right, ``g`` = only the reference right, ``h`` = both wrong,
@@ -201,7 +218,7 @@ def newcombe_paired_interval(
         raise ValueError(f"paired samples must have the same length, got {len(variant)} and {len(reference)}")
     n = len(variant)
     if n == 0:
-        return 0.0, -1.0, 1.0
+        return Estimate(0.0, -1.0, 1.0)
     pairs = list(zip(map(bool, variant), map(bool, reference)))
     e = sum(a and b for a, b in pairs)
     f = sum(a and not b for a, b in pairs)
@@ -215,7 +232,7 @@ def newcombe_paired_interval(
     d1 = (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2
     d2 = (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2
     est = p1 - p2
-    return est, max(-1.0, est - math.sqrt(max(d1, 0.0))), min(1.0, est + math.sqrt(max(d2, 0.0)))
+    return Estimate(est, max(-1.0, est - math.sqrt(max(d1, 0.0))), min(1.0, est + math.sqrt(max(d2, 0.0))))
 
 
 def significance_sentence(differences: Sequence[Difference], limit: int = 6) -> str:

@@ -18,6 +18,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from .. import compat, memory
 from . import lora, sequence_parallel, sharding
@@ -49,41 +50,55 @@ def load_patched_model(prep: Prepared):
     return model
 
 
-def model_to_train(prep: Prepared):
-    """(the model to train, the base model inside it): SOURCE patched with the plan, LoRA-wrapped when asked (peft
-    changes the base model in place)."""
+class ModelToTrain(NamedTuple):
+    """The model the Trainer trains (LoRA-wrapped when asked) and the base model inside it."""
+
+    model: Any
+    base: Any
+
+
+def model_to_train(prep: Prepared) -> ModelToTrain:
+    """SOURCE patched with the plan, LoRA-wrapped when asked (peft changes the base model in place)."""
     adapters = prep.spec.adapters
     base = load_patched_model(prep)
     if not adapters.enabled:
-        return base, base
-    return lora.wrap(base, adapters.r, adapters.alpha, adapters.dropout, adapters.train_embeddings_and_norms,
-                     prep.spec.optimisation.seed), base
+        return ModelToTrain(base, base)
+    return ModelToTrain(lora.wrap(base, adapters.r, adapters.alpha, adapters.dropout,
+                                  adapters.train_embeddings_and_norms, prep.spec.optimisation.seed), base)
 
 
 def whole_copy(prep: Prepared):
     """The model as training started, built whole in this process, for a sharded run's gathered weights."""
     with compat.without_zero3_init():
-        return model_to_train(prep)[0]
+        return model_to_train(prep).model
 
 
 # --- the arguments ---------------------------------------------------------------------------------------------------
-def gradient_checkpointing(prep: Prepared) -> tuple[bool, str]:
+class Checkpointing(NamedTuple):
+    """Whether gradient checkpointing is on, and why (the progress line's words)."""
+
+    on: bool
+    why: str
+
+
+def gradient_checkpointing(prep: Prepared) -> Checkpointing:
     """(on?, the reason the progress line gives): `--gradient-checkpointing on|off`, or `auto`: on when one
     micro-batch's activations (`memory.activation_bytes`) would take more than half of the memory the weights,
     gradients and AdamW state leave free."""
     mode, dtype = prep.spec.compute.gradient_checkpointing, prep.spec.compute.dtype
     if _fsdp_checkpoints():  # transformers refuses both at once: FSDP's own wraps every layer
-        return False, "gradient checkpointing by FSDP (fsdp_activation_checkpointing in the accelerate config)"
+        return Checkpointing(False, "gradient checkpointing by FSDP (fsdp_activation_checkpointing in the accelerate "
+                             "config)")
     if mode in ("on", "off"):
-        return mode == "on", f"gradient checkpointing {mode}"
+        return Checkpointing(mode == "on", f"gradient checkpointing {mode}")
     float32 = dtype == "float32" or (dtype == "auto" and prep.device == "cpu")
     element = 4 if float32 else 2  # mixed precision keeps most activations in 16 bits
     activations = prep.micro_tokens * memory.training_per_token(prep.text, element, checkpointing=False)
     params = memory.weights_bytes(prep.source, "float32") // 4
     available, fixed = available_memory(), memory.ADAMW_BYTES * params  # float32 weights, gradients, AdamW's moments
     on = needs_checkpointing(activations, fixed, available)
-    return on, (f"gradient checkpointing {'on' if on else 'off'} (auto: ~{activations / 2**30:.1f} GiB of "
-                f"activations per micro-batch without it, {available / 2**30:.1f} GiB available)")
+    return Checkpointing(on, f"gradient checkpointing {'on' if on else 'off'} (auto: ~{activations / 2**30:.1f} GiB "
+                         f"of activations per micro-batch without it, {available / 2**30:.1f} GiB available)")
 
 
 def _fsdp_checkpoints() -> bool:
@@ -132,7 +147,7 @@ def training_arguments(prep: Prepared, state: Path, checkpointing: bool | None =
         log_level="error",
     )
     if checkpointing is None:
-        checkpointing = gradient_checkpointing(prep)[0]
+        checkpointing = gradient_checkpointing(prep).on
     if checkpointing:
         kwargs["gradient_checkpointing"] = True
         kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}

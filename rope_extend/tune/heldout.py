@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..eval.perplexity import token_losses
+from ..eval.stats import Estimate
 from ..eval.texts import LICENSES_DIR, license_files
 from ..formatting import fmt_clock
 from ..methods import closed_forms, get_method
@@ -236,17 +237,17 @@ def bootstrap_indices(n_blocks: int, n_boot: int = 2000, seed: int = 0) -> torch
     return torch.randint(0, n_blocks, (n_boot, n_blocks), generator=gen)
 
 
-def ppl_interval(blocks: dict[str, list[float]], n_boot: int = 2000, seed: int = 0, level: float = 0.95):
+def ppl_interval(blocks: dict[str, list[float]], n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> Estimate:
     """(perplexity, low, high) with a percentile bootstrap over token blocks."""
     sums = torch.tensor(blocks["sums"], dtype=torch.float64)
     counts = torch.tensor(blocks["counts"], dtype=torch.float64)
     idx = bootstrap_indices(sums.numel(), n_boot, seed)
     boot = torch.exp(sums[idx].sum(1) / counts[idx].sum(1))
     lo, hi = torch.quantile(boot, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
-    return math.exp(float(sums.sum() / counts.sum())), lo, hi
+    return Estimate(math.exp(float(sums.sum() / counts.sum())), lo, hi)
 
 
-def relative_interval(blocks, ref_blocks, n_boot: int = 2000, seed: int = 0, level: float = 0.95):
+def relative_interval(blocks, ref_blocks, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> Estimate:
     """Paired bootstrap of ppl(variant) / ppl(reference) - 1 (same blocks resampled for both)."""
     a, ca = torch.tensor(blocks["sums"], dtype=torch.float64), torch.tensor(blocks["counts"], dtype=torch.float64)
     b, cb = torch.tensor(ref_blocks["sums"], dtype=torch.float64), torch.tensor(ref_blocks["counts"], dtype=torch.float64)
@@ -256,4 +257,4 @@ def relative_interval(blocks, ref_blocks, n_boot: int = 2000, seed: int = 0, lev
     boot = torch.exp(a[idx].sum(1) / ca[idx].sum(1) - b[idx].sum(1) / cb[idx].sum(1)) - 1
     lo, hi = torch.quantile(boot, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
     point = math.exp(float(a.sum() / ca.sum() - b.sum() / cb.sum())) - 1
-    return point, lo, hi
+    return Estimate(point, lo, hi)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..eval.stats import wilson_interval
+from ..eval.stats import Estimate, wilson_interval
 from ..formatting import fmt_tokens
 from ..methods import default_inv_freq
 from . import heldout as ho
@@ -43,12 +43,12 @@ def heldout_rows(records: list[dict[str, Any]], reference: str | None = None, n_
     return rows
 
 
-def _ci(t) -> str:
-    return f"{t[0]:.3f} [{t[1]:.3f}, {t[2]:.3f}]"
+def _ci(estimate: Estimate) -> str:
+    return f"{estimate.value:.3f} [{estimate.lo:.3f}, {estimate.hi:.3f}]"
 
 
-def _pct(t) -> str:
-    return f"{100 * t[0]:+.2f} % [{100 * t[1]:+.1f}, {100 * t[2]:+.1f}]"
+def _pct(estimate: Estimate) -> str:
+    return f"{100 * estimate.value:+.2f} % [{100 * estimate.lo:+.1f}, {100 * estimate.hi:+.1f}]"
 
 
 def _passkey(r: dict) -> str:
