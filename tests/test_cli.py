@@ -186,6 +186,8 @@ def test_eval_and_tune_flags_are_their_options_fields(monkeypatch, capsys):
     """`eval`'s flags are `EvalOptions`' and `EngineArgs`' fields and `tune`'s `TuneOptions`' (declared once, as
     `patch`'s are `WriteOptions`'): each command receives the object its flags build (a --no-... flag sets its field
     false), which `run_eval` / `tune_model` take."""
+    from types import SimpleNamespace
+
     from rope_extend.eval import runner
     from rope_extend.eval.options import EngineArgs, EvalOptions
     from rope_extend.tune import runner as tune_runner
@@ -194,8 +196,9 @@ def test_eval_and_tune_flags_are_their_options_fields(monkeypatch, capsys):
     seen = {}
     monkeypatch.setattr(runner, "run_eval", lambda model, specs, suite, out, options: seen.update(
         eval=(model, specs, suite, options)) or [])
+    winner = SimpleNamespace(winner=SimpleNamespace(candidate=SimpleNamespace(name="yarn"), loss=1.0))
     monkeypatch.setattr(tune_runner, "tune_model", lambda model, target, out, options: seen.update(
-        tune=(model, target, options)) or {"winner": "yarn", "winner_loss": 1.0})
+        tune=(model, target, options)) or winner)
     assert run(["eval", "src", "-o", "out", "--spec", "method=yarn,factor=2", "--dtype", "bfloat16", "--no-baseline",
                 "--no-resume", "--text", "a.txt", "--engine", "vllm", "--tensor-parallel-size", "2"]) == 0
     model, specs, suite, options = seen["eval"]

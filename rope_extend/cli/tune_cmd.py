@@ -41,6 +41,6 @@ def tune_command(
 
     if methods:
         options = replace(options, methods=[m.strip() for m in methods.split(",")])
-    summary = tune_model(model, target_length, output, options)
-    say(f"winner: {summary['winner']} (loss beyond the window {summary['winner_loss']:.4f})", hang="  ")
+    result = tune_model(model, target_length, output, options)
+    say(f"winner: {result.winner.candidate.name} (loss beyond the window {result.winner.loss:.4f})", hang="  ")
     say(f"spec: {shell_path(output / 'best.yaml')}   report: {shell_path(output / 'report.md')}", hang="  ")

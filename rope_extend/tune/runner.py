@@ -54,8 +54,9 @@ def heldout_variants(result: TuneResult) -> list[ho.HeldoutVariant]:
 
 
 def tune_model(model_path: str, target_length: int, output: str | Path,
-               options: TuneOptions | None = None) -> dict[str, Any]:
-    """Run the search (and the held-out comparison when `options.heldout` is given); returns a summary dict.
+               options: TuneOptions | None = None) -> TuneResult:
+    """Run the search (and the held-out comparison when `options.heldout` is given), write the specs, the report
+    and OUT/summary.json; returns the search's result.
 
     `model_path`: a checkpoint folder, a Hub id or the alias `smollm2`, resolved as `patch` resolves SOURCE;
     `options`: how it runs (`tune.options.TuneOptions`; the defaults when None)."""
@@ -81,7 +82,7 @@ def tune_model(model_path: str, target_length: int, output: str | Path,
     summary = write_report(output, result, records, model.config, plots=options.plots)
     summary["specs"] = written
     (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    return result
 
 
 def _check_memory(model_path: str, target_length: int, options: TuneOptions) -> Path:
