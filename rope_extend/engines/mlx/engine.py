@@ -157,10 +157,10 @@ class MlxEngine(ServingEngine):
         fields, rope = port.load_config(dict(model.raw))
         reason = None
         if model.model_type not in port.LLAMA_TYPES:
-            reason = (f"not checked: rope-extend's port of {self.version} covers its models/llama.py, not "
+            reason = (f"rope-extend's port of {self.version} covers its models/llama.py, not "
                       f"{model.model_type!r}")
         elif len(model.groups) > 1:
-            reason = f"not checked: rope-extend's port of {self.version} does not model RoPE per layer type"
+            reason = f"rope-extend's port of {self.version} does not model RoPE per layer type"
         results = {group: tuple(Unchecked(reason) if reason else port.served(fields, rope, n)
                                 for n in (model.short, model.long)) for group in model.groups}
         return [AuditRoute("this checkpoint", f"mlx_lm.generate --model {shlex.quote(model.name)} --prompt -", results)]
