@@ -1,7 +1,8 @@
 """Structure rules of the package, checked on its source: no import cycles anywhere in rope_extend/ (imports
-inside functions included), no import from a lower layer to a higher one (the layer table of docs/development.md),
-no private name imported across modules, and no module outside methods/ branches on a method name (the method
-object owns every per-method rule)."""
+inside functions and type-only imports under `if TYPE_CHECKING:` included: a type hint is a dependency too), no
+import from a lower layer to a higher one (the layer table of docs/development.md), no private name imported across
+modules, and no module outside methods/ branches on a method name (the method object owns every per-method
+rule)."""
 
 from __future__ import annotations
 
@@ -26,16 +27,7 @@ def _modules() -> dict[str, Path]:
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
-    tree = ast.parse(path.read_text())
-    type_only = {  # `if TYPE_CHECKING:` imports never run
-        id(child)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
-        for child in ast.walk(node)
-    }
-    for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
+    for node in ast.walk(ast.parse(path.read_text())):  # `if TYPE_CHECKING:` imports too: what a module names
         if isinstance(node, ast.ImportFrom) and node.level:
             base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
             target = f"{base}.{node.module}" if node.module else base
@@ -50,8 +42,15 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
-def test_no_import_cycles_in_the_package():
-    modules = _modules()
+# Cycles still to untangle, each the modules on it (sorted), with its issue: nothing else may join this list.
+CYCLES_LEFT = {
+    ("rope_extend.hub", "rope_extend.upload"),  # issue 67 item 5: hub sends with upload, whose hints name PushPlan
+    ("rope_extend.engines.registry", "rope_extend.engines.runs"),  # runs reads the registry, whose hints name RunEngine
+}
+
+
+def import_cycles(modules: dict[str, Path]) -> set[tuple[str, ...]]:
+    """Every import cycle among `modules`, as the sorted modules on it."""
     # a package's __init__ re-exports its children: importing a child imports the parent first, so edges into an
     # __init__ from its own children are not cycles of the code's making; we drop child -> ancestor edges
     edges = {
@@ -70,7 +69,27 @@ def test_no_import_cycles_in_the_package():
 
     for start in sorted(edges):
         visit(start, [start], {start})
-    assert not cycles, [" -> ".join(c) for c in cycles[:5]]
+    return {tuple(sorted(set(cycle))) for cycle in cycles}
+
+
+def test_no_import_cycles_in_the_package():
+    found = import_cycles(_modules())
+    assert not found - CYCLES_LEFT, sorted(found - CYCLES_LEFT)
+    assert not CYCLES_LEFT - found, f"untangled: remove {sorted(CYCLES_LEFT - found)} from CYCLES_LEFT"
+
+
+def test_the_cycle_check_sees_a_type_only_import(tmp_path):
+    """A cycle closed by an import under `if TYPE_CHECKING:` (the methods <-> spec circle issue 67 found) is a
+    cycle: the type names a dependency all the same."""
+    package = tmp_path / "rope_extend"
+    (package / "methods").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "spec.py").write_text("from .methods import registry\n")
+    (package / "methods" / "__init__.py").write_text("")
+    (package / "methods" / "registry.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from ..spec import RopeSpec\n")
+    modules = {_module_name(path, package): path for path in package.rglob("*.py")}
+    assert import_cycles(modules) == {("rope_extend.methods.registry", "rope_extend.spec")}
 
 
 DOCS = PACKAGE.parent / "docs" / "development.md"
@@ -424,3 +443,4 @@ def test_the_private_name_check_sees_both_forms(tmp_path):
     modules = {_module_name(path, package): path for path in package.rglob("*.py")}
     assert private_names_crossing_modules(modules) == ["recheck.py:2 uses _walk of rope_extend.record",
                                                        "recheck.py:7 uses _walk of rope_extend.record"]
+
