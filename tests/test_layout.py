@@ -1,13 +1,17 @@
 """Structure rules of the package, checked on its source: no import cycles anywhere in rope_extend/ (imports
 inside functions and type-only imports under `if TYPE_CHECKING:` included: a type hint is a dependency too), no
 import from a lower layer to a higher one (the layer table of docs/development.md), no private name imported across
-modules, and no module outside methods/ branches on a method name (the method object owns every per-method
-rule)."""
+modules, no module outside methods/ branches on a method name (the method object owns every per-method rule), and
+no function longer than a reader can hold (80 lines).
+
+`python tests/test_layout.py [LINES]` lists the functions of rope_extend/ longer than LINES (default 80), longest
+first."""
 
 from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from pathlib import Path
 
 from rope_extend.methods import method_names
@@ -444,3 +448,69 @@ def test_the_private_name_check_sees_both_forms(tmp_path):
     assert private_names_crossing_modules(modules) == ["recheck.py:2 uses _walk of rope_extend.record",
                                                        "recheck.py:7 uses _walk of rope_extend.record"]
 
+
+MAX_FUNCTION_LINES = 80  # a function a reader can hold: a short sequence of named steps (issue 67 item 3)
+# Functions still over it, each being split (issue 67 item 3): nothing else may join this list, and each leaves it
+# when it is split.
+LONG_FUNCTIONS_LEFT = {
+    "rope_extend/eval/runner.py::run_eval",
+    "rope_extend/tune/search.py::tune",
+    "rope_extend/inspect/recommend.py::recommend",
+    "rope_extend/reverify.py::reverify",
+    "rope_extend/inspect/table.py::inspect_rope",
+    "rope_extend/tune/runner.py::tune_model",
+    "rope_extend/cli/train_cmd.py::train_command",
+    "rope_extend/checkpoint.py::write_checkpoint",
+}
+
+
+def function_lengths(package: Path = PACKAGE) -> dict[str, int]:
+    """``{"rope_extend/x.py::Class.method": lines}`` for every function and method of the package (nested ones
+    too, named after their parents), counted from its `def` (or first decorator) to its last line."""
+    lengths = {}
+
+    def visit(node: ast.AST, path: str, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                lengths[f"{path}::{prefix}{child.name}"] = child.end_lineno - first + 1
+                visit(child, path, f"{prefix}{child.name}.")
+            else:
+                visit(child, path, f"{prefix}{child.name}." if isinstance(child, ast.ClassDef) else prefix)
+
+    for file in sorted(package.rglob("*.py")):
+        visit(ast.parse(file.read_text()), file.relative_to(package.parent).as_posix(), "")
+    return lengths
+
+
+def long_functions(limit: int = MAX_FUNCTION_LINES, package: Path = PACKAGE) -> list[tuple[str, int]]:
+    """The functions of the package longer than `limit` lines, longest first."""
+    return sorted(((name, n) for name, n in function_lengths(package).items() if n > limit), key=lambda x: -x[1])
+
+
+def test_no_function_over_80_lines():
+    """No function of rope_extend/ is longer than 80 lines (`python tests/test_layout.py` lists them)."""
+    found = {name for name, _ in long_functions()}
+    assert not found - LONG_FUNCTIONS_LEFT, sorted(found - LONG_FUNCTIONS_LEFT)
+    assert not LONG_FUNCTIONS_LEFT - found, f"split: remove {sorted(LONG_FUNCTIONS_LEFT - found)} from LONG_FUNCTIONS_LEFT"
+
+
+def test_the_length_check_counts_decorators_methods_and_nested_functions(tmp_path):
+    package = tmp_path / "rope_extend"
+    package.mkdir()
+    body = "\n".join(f"x{i} = {i}" for i in range(79))
+    (package / "long.py").write_text(
+        f"@decorated\ndef top():\n{textwrap.indent(body, '    ')}\n\n\nclass Room:\n    def short(self):\n"
+        f"        pass\n\n    def method(self):\n        def inner():\n            pass\n{textwrap.indent(body, ' ' * 8)}\n")
+    assert function_lengths(package) == {"rope_extend/long.py::top": 81, "rope_extend/long.py::Room.short": 2,
+                                         "rope_extend/long.py::Room.method": 82,
+                                         "rope_extend/long.py::Room.method.inner": 2}
+    assert long_functions(package=package) == [("rope_extend/long.py::Room.method", 82),
+                                               ("rope_extend/long.py::top", 81)]
+
+
+if __name__ == "__main__":  # python tests/test_layout.py [LINES]: the functions over LINES lines, longest first
+    import sys
+
+    for name, lines in long_functions(int(sys.argv[1]) if len(sys.argv) > 1 else MAX_FUNCTION_LINES):
+        print(f"{lines:5d}  {name}")
