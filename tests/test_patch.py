@@ -135,6 +135,7 @@ def test_a_plan_is_built_complete_then_frozen(monkeypatch):
     cases += [("gemma3_text", {"method": "yarn", "factor": tiny.FACTOR, "layer_types": ["full_attention"]})]
     for arch, spec in cases:
         model = tiny.make_model(arch)
+        model.set_attn_implementation("sdpa")  # what the attention-level methods reach on both transformers lines
         built.clear()
         plan = plan_module.plan_patch(model.config, spec)
         assert len(built) == 1 and built[0] is plan, spec  # one plan, returned as built
