@@ -25,12 +25,11 @@ from ..plan import PatchPlan
 from ..spec import RopeSpec, load_spec
 from .hint import EngineHint
 from .registry import get_engine, ported_engines, serving_engines
+from .run_engine import EngineWorker, RunEngine
 from .runs import (
     LOGPROB_TOL,
     MEAN_TOL,
-    EngineWorker,
     LogprobDelta,
-    RunEngine,
     RunProgress,
     linked_folder,
     resolve_runs,

@@ -28,7 +28,7 @@ from .served import NotServed, Served, Unchecked
 from .written import FEATURES, Written
 
 if TYPE_CHECKING:
-    from .runs import RunEngine
+    from .run_engine import RunEngine
 
 
 @dataclass

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import hf_config
-from ..runs import EngineRefused, EvalServing, card_routes, card_settings, log_tail, port_verdicts
+from ..run_engine import EngineRefused, EvalServing
+from ..runs import card_routes, card_settings, log_tail, port_verdicts
 from ..served import NotServed, Served, compare, default_inv_freq
 from . import port
 from .port import MlxServing
