@@ -218,8 +218,8 @@ def test_engines_run_mlx_serves_both_card_routes_as_transformers(mlx_worker, sho
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert borrowed.loads == 2  # both routes were served by the real engine
     for route in ROUTES:
-        port_row = next(r for r in rows if r["checked"] == "port" and r["engine"] == port.VERSION and r["route"] == route)
-        got_row = next(r for r in rows if r["checked"] == "run" and r["engine"].startswith("mlx-lm")
+        port_row = next(r for r in rows if r["kind"] == "port" and r["engine"] == port.VERSION and r["route"] == route)
+        got_row = next(r for r in rows if r["kind"] == "run" and r["engine"].startswith("mlx-lm")
                        and r["route"] == route)
         assert got_row["engine"].startswith("mlx-lm 0.32.2 (mlx 0.32.4, mlx-cpu") and " on cpu, " in got_row["engine"]
         assert port_row["identical"] and got_row["identical"]
@@ -366,12 +366,12 @@ def test_the_recorded_runs_are_generated_from_the_records():
     records = [json.loads(line) for line in
                (root / "eval" / "reports" / "mlx-engines-tiny" / "results.jsonl").read_text().splitlines()]
     record = next(r for r in records if r["method"] == "dynamic")
-    runs = [r for r in record["report"]["rows"] if r["checked"] == "run" and r["engine"].startswith("mlx-lm")]
+    runs = [r for r in record["report"]["rows"] if r.get("kind", r.get("checked")) == "run" and r["engine"].startswith("mlx-lm")]
     assert len(runs) == 2 and {r["route"] for r in runs} == set(ROUTES)
     said = {(r["short"]["identical"], r["long"].get("identical", False)) for r in runs}
     assert said == {(True, False)}  # dynamic: identical up to L only, through both routes
     (mine,) = [r for r in data["methods"]["dynamic"] if r["model"] == "short-window"]
     assert mine["verdict"] == "up to L" == mine["port"] and mine["tokens"] == [WINDOW, 2 * WINDOW]
-    (line,) = [line for line in runs_lines("mlx", "dynamic") if "first 2 layers" in line]
+    (line,) = [line for line in runs_lines(MLX_ROOM, "dynamic") if "first 2 layers" in line]
     assert line.startswith("  - run (not on this checkpoint): mlx-lm 0.32.2 (mlx 0.32.4, mlx-cpu) on cpu served "
                            "`dynamic` x2") and f"on {record['finished'][:10]}: identical up to the original" in line
