@@ -49,7 +49,6 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 # Cycles still to untangle, each the modules on it (sorted), with its issue: nothing else may join this list.
 CYCLES_LEFT = {
     ("rope_extend.hub", "rope_extend.upload"),  # issue 67 item 5: hub sends with upload, whose hints name PushPlan
-    ("rope_extend.engines.registry", "rope_extend.engines.runs"),  # runs reads the registry, whose hints name RunEngine
 }
 
 

@@ -45,7 +45,7 @@ def eval_command(
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
     interleave: Annotated[bool, typer.Option("--interleave", help="Sample round by round across variants, so a stopped run compares like with like.")] = False,
     no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the model even if the memory estimate says it does not fit.")] = False,
-    engine: Annotated[str, typer.Option(help="transformers (the reference, in this process) or a run engine serving each variant: vllm or sglang (the real engine; builds its virtualenv once). Variants the engine does not serve identically are refused before loading.")] = "transformers",
+    engine: Annotated[str, typer.Option(help="transformers (the reference, in this process) or a run engine serving each variant: vllm, sglang or mlx (the real engine; builds its virtualenv once). Variants the engine does not serve identically are refused before loading.")] = "transformers",
     tensor_parallel_size: Annotated[int | None, typer.Option("--tensor-parallel-size", help="--engine vllm or sglang: the engine's tensor parallelism (GPUs).")] = None,
     pipeline_parallel_size: Annotated[int | None, typer.Option("--pipeline-parallel-size", help="--engine vllm: vLLM's pipeline parallelism (GPUs or nodes).")] = None,
 ) -> None:
