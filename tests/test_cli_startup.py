@@ -96,7 +96,7 @@ def test_the_engine_environment_builders_run_as_modules_without_runpy_warning():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[0] == "[] ['llama.cpp', 'sglang', 'vllm']"
+    assert done.stdout.split("\n")[0] == "[] ['llama.cpp', 'mlx', 'sglang', 'vllm']"
 
 
 # Each command line in one fresh interpreter: its exit code, its stderr's last line and the heavy modules imported

@@ -62,7 +62,7 @@ class EvalOptions(LoadOptions):
     interleave: bool = field(default=False, metadata={
         "help": "Sample round by round across variants, so a stopped run compares like with like."})
     engine: str = field(default="transformers", metadata={
-        "help": "transformers (the reference, in this process) or a run engine serving each variant: vllm or sglang "
+        "help": "transformers (the reference, in this process) or a run engine serving each variant: vllm, sglang or mlx "
         "(the real engine; builds its virtualenv once). Variants the engine does not serve identically are refused "
         "before loading."})
     engine_args: EngineArgs = field(default_factory=EngineArgs)
