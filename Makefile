@@ -12,7 +12,7 @@ CONSTRAINTS5 ?= .ci/constraints-transformers5.txt
 CONSTRAINTS4 ?= .ci/constraints-transformers4.txt
 PYTEST_FLAGS ?= -q -p no:cacheprovider
 
-.PHONY: install install4 llamacpp vllm vllm-check sglang sglang-check test test5 test4 test-latest compat-matrix compat-check compat-torch-floor demo bench gpu-bundle lint clean
+.PHONY: install install4 llamacpp vllm vllm-check sglang sglang-check mlx mlx-check test test5 test4 test-latest compat-matrix compat-check compat-torch-floor demo bench gpu-bundle lint clean
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
@@ -63,9 +63,22 @@ sglang-check: sglang
 	nice -n 10 $(VENV)/bin/python tools/run_engines.py --model short-window --runs sglang \
 		-o eval/reports/sglang-engines-tiny
 
+# A real mlx-lm (PyPI's mlx[cpu] 0.32.4, the Linux CPU backend, and mlx-lm 0.32.2; no torch) in its own virtualenv,
+# since it pins its own transformers and numpy: built once into ~/.cache/rope-extend/mlx-lm-<version>
+# (rope_extend/engines/mlx/env.py: every pin and why, versions.json; ~1 minute, 370 MB), then reused. Used by
+# `rope-extend engines --run mlx`, `eval --engine mlx` and the tests.
+mlx: install
+	$(VENV)/bin/python -m rope_extend.engines.mlx.env
+
+# What the suite's MLX tests leave out for CI's time: every frequency method through both card routes on the suite's
+# 2-layer demo model (mlx-cpu's reference BLAS is slow: about a minute a route); the table lands in
+# eval/reports/mlx-engines-tiny/.
+mlx-check: mlx
+	nice -n 10 $(VENV)/bin/python tools/run_engines.py --model short-window --runs mlx -o eval/reports/mlx-engines-tiny
+
 # The README's test command: the whole suite on transformers 5.x, then the portability/parity tests on 4.x, then
 # the compatibility matrix's core checks on the oldest supported 5.x.
-test: install install4 llamacpp vllm sglang compat-check
+test: install install4 llamacpp vllm sglang mlx compat-check
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV4)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_FLAGS)
 	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV)/bin/python $(VENV4)/bin/python -m pytest $(PYTEST_FLAGS) -m portability
 

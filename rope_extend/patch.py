@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from . import compat, dynamic
-from .errors import ModelConfigError, ModelRunError, SpecError
+from .errors import ModelConfigError, ModelRunError, SpecError, Suggests
 from .plan import PatchPlan, check_rope_model, plan_patch, recorded_spec
 from .rotary import ModuleChange, apply_plan, find_rotary_modules, no_rotary_modules_error
 from .spec import RopeSpec, load_spec
@@ -122,6 +122,15 @@ def _state(model: nn.Module) -> PatchState | None:
 
 
 # --- patch / unpatch -------------------------------------------------------------------------------------------------
+def _keywords(keys: dict) -> str:
+    """`patch_model`'s keywords setting spec `keys` (target_length=N, replace_existing=True): how its errors word a
+    suggestion (`errors.Suggests.worded`)."""
+    return ", ".join(f"{key}={value!r}" for key, value in keys.items())
+
+
+_keywords.undo = "call rope_extend.unpatch_model(model) first and patch the original"
+
+
 def patch_model(
     model: nn.Module,
     spec: RopeSpec | dict | str | None = None,
@@ -160,7 +169,10 @@ def patch_model(
         spec = load_spec(spec, **kwargs)
     if not find_rotary_modules(model):
         raise no_rotary_modules_error(model)
-    plan = plan_patch(config, spec)
+    try:
+        plan = plan_patch(config, spec)
+    except Suggests as exc:  # its way forward in this API's words: keywords, and unpatch_model()
+        raise exc.worded(_keywords) from None
     if verify and plan.changed:  # before anything is touched (re-patching plans from the marker's pristine RoPE)
         verify_or_explain(plan, config)
     state = _state(model)

@@ -3,8 +3,9 @@
 `plan_patch(config, spec)` reads the config once (`facts.read_rope`), resolves the spec against the model's original
 length, asks the method object for each target slot's new parameters and the new `max_position_embeddings`, and
 checks that stock transformers rebuilds exactly the planned frequencies from the rewritten config (refusing before
-anything is written otherwise). The result is a frozen `PatchPlan`, shared by `patch_model` and the checkpoint
-writer.
+anything is written otherwise). The result is a frozen `PatchPlan`, built once and complete (every slot as written,
+with the attention factor stock loaders build) and returned as built, shared by `patch_model` and the checkpoint
+writer; nothing writes into it afterwards (tests/test_patch.py::test_a_plan_is_built_complete_then_frozen).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .errors import (
 from .facts import encode_slots, read_rope
 from .methods import RopeContext, RopeMethod, default_inv_freq, get_method
 from .spec import RopeSpec, load_spec
-from .variants import variant_of
+from .variants import Proportional, variant_of
 from .version import __version__
 
 # Models without RoPE, with what would work instead.
@@ -96,15 +97,7 @@ class PatchPlan:
 
     def context(self, slot: str | None, seq_len: int | None = None, device=None) -> RopeContext:
         """The `RopeContext` of one target slot (at `seq_len` for dynamic methods)."""
-        return RopeContext(
-            rotary_dim=self.rotary_dims[slot],
-            base=self.base_theta,
-            original_max_position_embeddings=self.spec.original_max_position_embeddings,
-            factor=self.spec.factor,
-            params=self.method.context_params(self.spec, self.slots[slot]),
-            seq_len=seq_len,
-            device=device,
-        )
+        return _slot_context(self.spec, self.slots[slot], self.rotary_dims[slot], self.base_theta, seq_len, device)
 
     def compute(self, slot: str | None, seq_len: int | None = None, device=None) -> tuple[torch.Tensor, float]:
         """rope-extend's own (inv_freq, attention factor) for a target slot (the model's own where it is kept)."""
@@ -218,97 +211,176 @@ def _targets(slots: dict, spec: RopeSpec) -> tuple[str | None, ...]:
 def plan_patch(config, spec: RopeSpec | dict | str | None = None, **kwargs: Any) -> PatchPlan:
     """Plan a patch from a config (the text part of a multimodal one) and a spec without touching any module.
 
-    The spec is a parsed `RopeSpec`; a dict, a YAML path or keywords are parsed here first (the Python API's edge)."""
+    The spec is a parsed `RopeSpec`; a dict, a YAML path or keywords are parsed here first (the Python API's edge).
+    The plan is built complete, once, and returned as built: a frozen `PatchPlan` nothing writes into afterwards."""
     config = compat.text_config(config)
     check_rope_model(config)
     spec = load_spec(spec, **kwargs)
+    facts = _read_facts(config)
+    variants = _target_variants(facts, spec)
+    targets = tuple(variants)
+    resolved = _resolved(facts, spec, targets)
+    method = resolved.rope_method
+    base_theta = float(resolved.rope_theta or facts.pristine_slots[targets[0]]["rope_theta"])
+    rotary_dims, rotating = _rotary_dims(config, facts, variants)
+    own_rope, kept = _own_rope(config, facts, resolved, targets)
+    slots = _written_slots(facts, resolved, variants, rotary_dims, base_theta, own_rope)
+    # a method that keeps the scheme leaves what stock loaders read as shipped (Qwen2.5's 32768 beside its YaRN x4)
+    new_max = facts.pristine_max_position_embeddings if method.keeps_scheme else method.max_position_embeddings(resolved)
+    marker = _marker(facts, resolved)
+    changed = _changes(facts, slots, int(new_max), marker, method)
+    if changed:
+        _check_replaces(facts, resolved, targets, base_theta)
+    first = targets[0]
+    attention = _stock_attention(resolved, slots[first], rotary_dims[first], base_theta, own_rope.get(first))
+    plan = PatchPlan(
+        spec=resolved,
+        slots=slots,
+        targets=targets,
+        old_slots=facts.slots,
+        old_max_position_embeddings=facts.max_position_embeddings,
+        max_position_embeddings=int(new_max),
+        marker=marker,
+        changed=changed,
+        base_theta=base_theta,
+        rotary_dims=rotary_dims,
+        attention_factor=attention,
+        warnings=tuple(method.loader_notes(resolved)),
+        own_rope=own_rope,
+        kept_scheme=kept,
+        rotating=rotating,
+    )
+    if changed:
+        _check_stock_accepts(config, plan)
+    return plan
+
+
+def _read_facts(config):
+    """The config's RoPE, read once (`facts.read_rope`); refused without a max_position_embeddings to count from."""
     facts = read_rope(config)
     if facts.max_position_embeddings is None:
         raise SpecError(
             "the model config has no max_position_embeddings; set original_max_position_embeddings in the spec",
             field="original_max_position_embeddings",
         )
-    targets = _targets(facts.slots, spec)
+    return facts
+
+
+def _target_variants(facts, spec: RopeSpec) -> dict[str | None, Proportional | None]:
+    """The slots the spec rescales, each with the RoPE variant it ships (None: plain RoPE); refused where the
+    variant cannot carry the method."""
     pristine = facts.pristine_slots
-    variants = {target: variant_of(pristine[target]) for target in targets}
+    variants = {target: variant_of(pristine[target]) for target in _targets(facts.slots, spec)}
     for target, variant in variants.items():
         if variant is not None:
             where = "its layers" if target is None else f"its {target} layers"
             variant.check(spec.rope_method, facts.model_type, where, pristine[target])
-    resolved = spec.resolve(spec.original_max_position_embeddings or spec.rope_method.original_length(facts, targets[0]))
-    method = resolved.rope_method
-    _check_reach(facts, resolved, spec)
-    resolved = method.fill_params(resolved)  # derived parameters written out (self-extend's G and W, ...)
-    base_theta = float(resolved.rope_theta or pristine[targets[0]]["rope_theta"])
+    return variants
 
-    new_slots = {key: dict(value) for key, value in pristine.items()}
+
+def _resolved(facts, spec: RopeSpec, targets: tuple[str | None, ...]) -> RopeSpec:
+    """The spec resolved on the model: its original length (the method's choice when the spec names none), factor
+    and target length, refused if it reaches no further, with derived parameters written out (self-extend's G and
+    W, ...)."""
+    resolved = spec.resolve(spec.original_max_position_embeddings or spec.rope_method.original_length(facts, targets[0]))
+    _check_reach(facts, resolved, spec)
+    return resolved.rope_method.fill_params(resolved)
+
+
+def _rotary_dims(config, facts, variants: dict) -> tuple[dict[str | None, int], dict[str | None, int]]:
+    """Each target's rotary dimension (a variant's: the whole head_dim) and, in a variant, how many of its
+    frequencies rotate."""
     rotary_dims, rotating = {}, {}
-    for target in targets:
-        variant = variants[target]
+    for target, variant in variants.items():
         dim = facts.rotary_dims[target] if variant is None else variant.rotary_dim(config, target)
         if dim < 4 or dim % 2:
             raise UnsupportedModelError(f"rotary dimension {dim} (slot {target}) must be even and >= 4")
         rotary_dims[target] = dim
-        new_slots[target] = method.config_slot(resolved, pristine[target], dim, base_theta)
         if variant is not None:
-            new_slots[target] = variant.slot(new_slots[target], pristine[target])
-            rotating[target] = variant.rotating(pristine[target], dim)
+            rotating[target] = variant.rotating(facts.pristine_slots[target], dim)
+    return rotary_dims, rotating
 
-    # a method that keeps the scheme leaves what stock loaders read as shipped (Qwen2.5's 32768 beside its YaRN x4)
-    new_max = facts.pristine_max_position_embeddings if method.keeps_scheme else method.max_position_embeddings(resolved)
-    new_marker = {
+
+def _own_rope(config, facts, spec: RopeSpec, targets) -> tuple[dict, str | None]:
+    """A method that keeps the model's scheme: the model's own (inv_freq, attention factor) per target, as stock
+    transformers builds it from the pristine config, and that scheme in words; ({}, None) for any other method."""
+    if not spec.rope_method.keeps_scheme:
+        return {}, None
+    pristine = facts.pristine_slots
+    shipped = compat.stock_config(config, pristine, facts.pristine_max_position_embeddings, None)
+    return {target: compat.stock_rope(shipped, target) for target in targets}, _describe(pristine, targets, None)
+
+
+def _written_slots(facts, spec: RopeSpec, variants: dict, rotary_dims: dict, base_theta: float, own_rope: dict) -> dict:
+    """Every slot after the patch: each target as the method writes it (in its variant's form), with the attention
+    factor stock loaders will build where the method writes one explicitly; the other slots as shipped."""
+    method = spec.rope_method
+    slots = {key: dict(value) for key, value in facts.pristine_slots.items()}
+    for target, variant in variants.items():
+        pristine, dim = facts.pristine_slots[target], rotary_dims[target]
+        slot = method.config_slot(spec, pristine, dim, base_theta)
+        if variant is not None:
+            slot = variant.slot(slot, pristine)
+        if method.writes_attention_factor:
+            slot["attention_factor"] = _stock_attention(spec, slot, dim, base_theta, own_rope.get(target))
+        slots[target] = slot
+    return slots
+
+
+def _slot_context(spec: RopeSpec, slot: dict, rotary_dim: int, base_theta: float, seq_len: int | None = None,
+                 device=None) -> RopeContext:
+    """The `RopeContext` the method computes a written slot's RoPE from (at `seq_len` for dynamic methods)."""
+    return RopeContext(
+        rotary_dim=rotary_dim,
+        base=base_theta,
+        original_max_position_embeddings=spec.original_max_position_embeddings,
+        factor=spec.factor,
+        params=spec.rope_method.context_params(spec, slot),
+        seq_len=seq_len,
+        device=device,
+    )
+
+
+def _stock_attention(spec: RopeSpec, slot: dict, rotary_dim: int, base_theta: float, own: tuple | None) -> float:
+    """The attention factor stock loaders build from a written slot (dynamic-yarn: static YaRN's; a kept scheme:
+    the model's own, `own`)."""
+    if own is not None:
+        return float(own[1])
+    return float(spec.rope_method.stock_method.compute(_slot_context(spec, slot, rotary_dim, base_theta))[1])
+
+
+def _marker(facts, spec: RopeSpec) -> dict:
+    """What the written config records of the patch: rope-extend's version, the resolved spec and the original RoPE
+    (and what stock loaders build, where that is not the method)."""
+    marker = {
         "version": __version__,
-        "method": resolved.method,
-        "spec": resolved.to_dict(),
+        "method": spec.method,
+        "spec": spec.to_dict(),
         "original": {
-            "rope_parameters": encode_slots(pristine),
+            "rope_parameters": encode_slots(facts.pristine_slots),
             "max_position_embeddings": facts.pristine_max_position_embeddings,
         },
     }
-    if method.marker_note(resolved):
-        new_marker["stock_loaders"] = method.marker_note(resolved)
-    own_rope, kept = {}, None
-    if method.keeps_scheme:  # the model's own RoPE as stock transformers builds it from the pristine config
-        shipped = compat.stock_config(config, pristine, facts.pristine_max_position_embeddings, None)
-        own_rope = {target: compat.stock_rope(shipped, target) for target in targets}
-        kept = _describe(pristine, targets, None)
-    plan = PatchPlan(
-        spec=resolved,
-        slots=new_slots,
-        targets=targets,
-        old_slots=facts.slots,
-        old_max_position_embeddings=facts.max_position_embeddings,
-        max_position_embeddings=int(new_max),
-        marker=new_marker,
-        changed=False,
-        base_theta=base_theta,
-        rotary_dims=rotary_dims,
-        attention_factor=1.0,
-        warnings=tuple(method.loader_notes(resolved)),
-        own_rope=own_rope,
-        kept_scheme=kept,
-        rotating=rotating,
-    )
-    # The attention factor stock loaders will build; methods that have one write it explicitly.
-    if method.writes_attention_factor:
-        for target in targets:
-            new_slots[target]["attention_factor"] = float(plan.expected_stock(target)[1])
-    marker = facts.marker
-    changed = _changes(facts, new_slots, int(new_max), new_marker, method)
-    if changed and method.keeps_scheme:  # the model's scheme and window stay: only a patch under it is refused
-        if marker is not None and not _marker_keeps_scheme(marker):
-            def keeps(words) -> str:
-                return (f"the model carries rope-extend's own patch ({_describe(facts.slots, targets, marker)}); "
-                        f"{resolved.method} keeps the RoPE a model ships and remaps attention on top, which would "
-                        f"drop that patch: {_undo(words)}, with {resolved.method}")
+    note = spec.rope_method.marker_note(spec)
+    if note:
+        marker["stock_loaders"] = note
+    return marker
 
-            raise AlreadyScaledError(keeps(_flags), compose=keeps)
-    elif changed:
-        _check_window(facts, resolved, targets, base_theta)
-    plan = replace(plan, changed=changed, attention_factor=float(plan.expected_stock(targets[0])[1]))
-    if changed:
-        _check_stock_accepts(config, plan)
-    return plan
+
+def _check_replaces(facts, spec: RopeSpec, targets, base_theta: float) -> None:
+    """Refuse a patch that changes the model where what it replaces says no: a method that keeps the model's scheme
+    and window, over rope-extend's own patch (it would drop it); any other, where `_check_window` refuses."""
+    if not spec.rope_method.keeps_scheme:
+        _check_window(facts, spec, targets, base_theta)
+        return
+    marker = facts.marker
+    if marker is not None and not _marker_keeps_scheme(marker):
+        def keeps(words) -> str:
+            return (f"the model carries rope-extend's own patch ({_describe(facts.slots, targets, marker)}); "
+                    f"{spec.method} keeps the RoPE a model ships and remaps attention on top, which would "
+                    f"drop that patch: {_undo(words)}, with {spec.method}")
+
+        raise AlreadyScaledError(keeps(_flags), compose=keeps)
 
 
 def _changes(facts, slots: dict, max_position_embeddings: int, marker: dict, method: RopeMethod) -> bool:

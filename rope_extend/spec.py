@@ -2,10 +2,11 @@
 
 A spec comes from YAML (`configs/*.yaml`), keyword arguments, or CLI flags layered over YAML (`load_spec`,
 `RopeSpec.from_sources`). It is a union discriminated on `method` (pydantic's discriminated unions): each method's
-spec class, declared below and registered once (`@method_spec`; `spec_class(name)`, e.g. `YarnSpec`), holds the
-method-independent fields of `RopeSpec` plus exactly the parameters that method declares in its own file
-(`RopeMethod.params`, whose `Param` checks each value), so a parameter of another method is a validation error by
-construction. `--set key=value` and eval's inline `--spec` read their values with one parser (`parse_value`). `RopeSpec(**data)` builds the method's class. Invalid input of any shape raises
+spec class (`spec_class(name)`, e.g. `YarnSpec`) holds the method-independent fields of `RopeSpec` plus exactly the
+parameters that method declares in its own file (`RopeMethod.params`: the one declaration of a parameter, whose
+`Param` types and checks each value; the class is built from them with pydantic's `create_model`), so a parameter of
+another method is a validation error by construction. `--set key=value` and eval's inline `--spec` read their values
+with one parser (`parse_value`). `RopeSpec(**data)` builds the method's class. Invalid input of any shape raises
 `SpecError` (a `ValueError`) naming the field, the bad value and the fix; nothing else escapes.
 
 `factor` or `target_length` may be given (one derives the other from the original length). The original length
@@ -31,6 +32,7 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -294,127 +296,40 @@ def spec_keys() -> list[str]:
     return [*CORE_FIELDS, *all_params()]
 
 
-# --- one spec class per method ---------------------------------------------------------------------------------------
-# Each method's spec class declares that method's parameters (`RopeMethod.params`) as fields a type checker sees, in
-# the order every spec writes its keys (`all_params`), and is registered once with `@method_spec`; `RopeSpec`'s
-# `_param_rules` checks each value with its `Param` (tests/test_spec.py keeps the classes and the params in step).
-_SPEC_CLASSES: dict[str, type[RopeSpec]] = {}
-
-
-def method_spec(cls: type[RopeSpec]) -> type[RopeSpec]:
-    """Register `cls` as the spec class of the method its `method` field names (a `Literal`): a spec of that method,
-    the core fields of `RopeSpec` and the method's parameters."""
-    (name,) = get_args(cls.model_fields["method"].annotation)
-    if name in _SPEC_CLASSES:
-        raise ValueError(f"method {name!r} has a spec class already ({_SPEC_CLASSES[name].__name__})")
-    _SPEC_CLASSES[name] = cls
-    cls.__doc__ = cls.__doc__ or f"A {name} spec: the core fields of `RopeSpec` and {name}'s parameters."
-    return cls
-
-
-class _RampFields(RopeSpec):
-    """YaRN's frequency ramp (yarn, dynamic-yarn, ntk-by-parts)."""
-
-    beta_fast: float | None = FiniteFloat
-    beta_slow: float | None = FiniteFloat
-    truncate: bool | None = None
-
-
-class _YarnFields(_RampFields):
-    """YaRN's ramp and attention temperature (yarn, dynamic-yarn)."""
-
-    attention_factor: float | None = FiniteFloat
-    mscale: float | None = FiniteFloat
-    mscale_all_dim: float | None = FiniteFloat
-
-
-class _AttentionFactorFields(RopeSpec):
-    """A fixed attention factor (longrope, string)."""
-
-    attention_factor: float | None = FiniteFloat
-
-
-class _LogNFields(RopeSpec):
-    """log-n attention scaling beyond the original length (self-extend)."""
-
-    log_n: bool | None = None
-
-
-@method_spec
-class LinearSpec(RopeSpec):
-    method: Literal["linear"]
-
-
-@method_spec
-class NtkSpec(RopeSpec):
-    method: Literal["ntk"]
-
-
-@method_spec
-class DynamicNtkSpec(RopeSpec):
-    method: Literal["dynamic"]
-
-
-@method_spec
-class YarnSpec(_YarnFields):
-    method: Literal["yarn"]
-
-
-@method_spec
-class DynamicYarnSpec(_YarnFields):
-    method: Literal["dynamic-yarn"]
-
-
-@method_spec
-class NtkByPartsSpec(_RampFields):
-    method: Literal["ntk-by-parts"]
-
-
-@method_spec
-class Llama3Spec(RopeSpec):
-    method: Literal["llama3"]
-    low_freq_factor: float | None = FiniteFloat
-    high_freq_factor: float | None = FiniteFloat
-
-
-@method_spec
-class LongRopeSpec(_AttentionFactorFields):
-    method: Literal["longrope"]
-    short_factor: list[float] | None = None
-    long_factor: list[float] | None = None
-
-
-@method_spec
-class DualChunkSpec(RopeSpec):
-    method: Literal["dual-chunk"]
-    chunk_size: int | None = None
-    local_window: int | None = None
-    log_n: bool | None = None
-    length_scale: float | None = FiniteFloat
-
-
-@method_spec
-class SelfExtendSpec(_LogNFields):
-    method: Literal["self-extend"]
-    group_size: int | None = None
-    neighbor_window: int | None = None
-
-
-@method_spec
-class StringSpec(_AttentionFactorFields):
-    method: Literal["string"]
-    shifted_offset: int | None = None
-    local_value: int | None = None
+# --- one spec class per method, derived from the method's parameters ------------------------------------------------
+# A method declares its parameters once, in its own file (`RopeMethod.params`: type, default, doc, rule); its spec
+# class is built from them here: `RopeSpec`'s core fields, then the method's parameters as typed, optional fields in
+# the order every spec writes its keys (`all_params`), each checked by its `Param` (`RopeSpec._param_rules`).
+_FIELD_TYPES: dict[type, Any] = {float: float | None, int: int | None, bool: bool | None, list: list[float] | None}
 
 
 def spec_class(name: str) -> type[RopeSpec]:
-    """The spec class of method `name` (an alias or any spelling `canonical_name` accepts)."""
-    method = get_method(name)
-    try:
-        return _SPEC_CLASSES[method.name]
-    except KeyError:
-        raise NotImplementedError(f"method {method.name!r} has no spec class; declare one in rope_extend/spec.py "
-                                  "with @method_spec") from None
+    """The spec class of method `name` (an alias or any spelling `canonical_name` accepts), e.g. `YarnSpec`."""
+    return _spec_class_of(get_method(name))
+
+
+@functools.cache
+def _spec_class_of(method: RopeMethod) -> type[RopeSpec]:
+    order = list(all_params())
+    fields: dict[str, Any] = {"method": (Literal[method.name], ...)}
+    for key in sorted(method.params, key=order.index):
+        kind = method.params[key].kind
+        fields[key] = (_FIELD_TYPES[kind], FiniteFloat if kind is float else None)
+    return create_model(
+        f"{type(method).__name__}Spec",
+        __base__=RopeSpec,
+        __module__=__name__,
+        __doc__=f"A {method.name} spec: the core fields of `RopeSpec` and {method.name}'s parameters.",
+        **fields,
+    )
+
+
+def __getattr__(name: str) -> type[RopeSpec]:
+    """A method's spec class by its name (`rope_extend.spec.YarnSpec`): how pickle finds one."""
+    for method in all_methods():
+        if f"{type(method).__name__}Spec" == name:
+            return _spec_class_of(method)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _tag(value: Any) -> str | None:

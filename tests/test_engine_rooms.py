@@ -126,6 +126,6 @@ def test_the_audit_picks_it_up_and_says_what_it_did_not_check(toy, tmp_path, mon
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)
     verdict = next(v for v in audit("Qwen/Qwen2.5-7B-Instruct").verdicts() if v.engine == "Toy 1.0")
-    assert verdict.identical is None and "not checked: Toy 1.0's rules here cover rope_type default, linear" in verdict.why
+    assert verdict.identical is None and "Toy 1.0's rules here cover rope_type default, linear" in verdict.why
     verdict = next(v for v in audit("meta-llama/Llama-2-7b-hf").verdicts() if v.engine == "Toy 1.0")
     assert verdict.identical is True and verdict.command == "toy serve meta-llama/Llama-2-7b-hf"

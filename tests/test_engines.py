@@ -24,6 +24,7 @@ from rope_extend.cli import run
 from rope_extend.engines.hint import COMMAND, ORIGINAL
 from rope_extend.engines.llama_cpp import port as llama_cpp
 from rope_extend.engines.parity import parity_many, serving_table
+from rope_extend.engines.registry import ported_engines
 from rope_extend.engines.served import NotServed, Served, compare, default_inv_freq
 from rope_extend.engines.serving import engine_hints, serving_hints
 from rope_extend.engines.sglang import port as sglang
@@ -209,7 +210,10 @@ VARIANTS = [(m, tiny.spec_kwargs(m, "llama")) for m in tiny.METHODS] + [
     ("yarn-betas-attention", {**STATIC_CASES["yarn-betas"], "attention_factor": 1.3}),
     ("longrope-attention", {**tiny.spec_kwargs("longrope", "llama"), "attention_factor": 1.3}),
 ]
-ENGINE_WORDS = {"transformers": "transformers", "vLLM": "vLLM", "SGLang": "SGLang", "llama.cpp": "llama.cpp"}
+ENGINE_WORDS = {"transformers": "transformers", "vLLM": "vLLM", "SGLang": "SGLang", "mlx-lm": "mlx-lm",
+                "llama.cpp": "llama.cpp"}
+# The rows of one report: the two transformers lines, then every route of every ported engine.
+ROWS = 2 + sum(len(engine.routes) for engine in ported_engines())
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +231,7 @@ def _row(report, engine, route):
 def test_every_row_is_identical_or_warned_with_the_engine_and_the_reason(reports):
     assert len(reports) == len(VARIANTS)
     for name, report in reports.items():
-        assert len(report.rows) == 8, name
+        assert len(report.rows) == ROWS, name
         for row in report.rows:
             assert not row.unchecked, (name, row.engine, row.route)  # every engine's rules cover a LLaMA checkpoint
             if row.identical or row.skipped:
@@ -249,9 +253,9 @@ def test_every_row_on_the_architecture_matrix_is_identical_or_warned(arch):
         reports = parity_many([(config, tiny.spec_kwargs(m, arch)) for m in methods], other_line=False)
     for method, report in zip(methods, reports):
         for row in report.rows:
-            if row.unchecked:  # llama.cpp's port covers the LLaMA architecture only: said, never "identical"
-                assert row.engine.startswith("llama.cpp") and arch != "llama_head_dim", (arch, row.engine)
-                assert "covers the LLaMA architecture" in row.short.reason and not row.identical
+            if row.unchecked:  # llama.cpp's and mlx-lm's ports cover the LLaMA family only: said, never "identical"
+                assert row.engine.startswith(("llama.cpp", "mlx-lm")) and arch != "llama_head_dim", (arch, row.engine)
+                assert "covers" in row.short.reason and not row.identical
                 continue
             if method in ("linear", "ntk", "yarn", "ntk-by-parts") and not row.skipped:
                 assert row.identical, (arch, method, row.engine, row.route, row.reasons())
@@ -373,12 +377,12 @@ def test_engines_command_and_model_card(tmp_path, capsys, monkeypatch):
         assert run(["patch", str(source), "--method", "ntk-by-parts", "--factor", str(S), "-o", str(out)]) == 0
     card = (out / "README.md").read_text()
     assert "## Where it serves identically" in card and "llama.cpp (llama-cpp-python 0.3.36)" in card
-    ported = "rows run rope-extend's ports of those engines' RoPE code (vLLM 0.34.0, SGLang 0.5.23, llama.cpp as"
+    ported = "rows run rope-extend's ports of those engines' RoPE code (vLLM 0.34.0, SGLang 0.5.23, mlx-lm 0.32.2, llama.cpp"
     assert ported in card  # said where "identical" is claimed, with the versions ported
     capsys.readouterr()
     assert run(["engines", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["method"] == "ntk-by-parts" and len(report["rows"]) == 8
+    assert report["method"] == "ntk-by-parts" and len(report["rows"]) == ROWS
     assert all(row["identical"] for row in report["rows"] if not row["reasons"] or "not run" not in row["reasons"][0])
     assert run(["engines", str(source), "--method", "longrope", "--factor", "4"]) == 2  # needs factor lists
     assert capsys.readouterr().err.count("\n") == 1

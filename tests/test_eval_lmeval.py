@@ -67,3 +67,35 @@ def test_lm_eval_cli(tiny_ckpt):
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = proc.stdout
     assert "rope_niah_single" in table and "rope_passkey" in table and "score" in table
+
+
+def test_every_prompt_gets_its_probes_answer_budget(tiny_ckpt):
+    """issue 66 item 12: rope_niah_multivalue.yaml and rope_vt.yaml fixed max_gen_toks at 48 and 32 while the probes
+    take 12 and 8 tokens per needle: with 8 needles lm-eval cut the answer. Built by lm-eval itself from the task
+    files, every request's max_gen_toks is its prompt's budget, the probe's declaration (`Probe.max_new_tokens`),
+    and holds the whole right answer as the tokenizer writes it; no task file writes a budget of its own."""
+    import yaml
+    from lm_eval.tasks import TaskManager, get_task_dict
+    from transformers import AutoTokenizer
+
+    from rope_extend.eval.probes import get_probe, probe_names
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_ckpt))
+    needles = 8
+    metadata = {"tokenizer": str(tiny_ckpt), "max_seq_lengths": [400], "num_needles": needles, "depths": [0.5]}
+    tasks = get_task_dict([f"rope_{name}" for name in probe_names()],
+                          TaskManager(include_path=str(TASKS_DIR), include_defaults=False, metadata=metadata))
+    assert set(tasks) == {f"rope_{name}" for name in probe_names()}
+    budgets = {}
+    for name, task in tasks.items():
+        task.build_all_requests(limit=2)
+        assert task.instances
+        for request in task.instances:
+            doc, (_, settings) = request.doc, request.arguments
+            assert settings["max_gen_toks"] == doc["max_new_tokens"]
+            assert len(tok(" " + ", ".join(doc["answers"]), add_special_tokens=False).input_ids) <= settings["max_gen_toks"]
+            assert settings["max_gen_toks"] == get_probe(doc["task"]).max_new_tokens(needles)
+            budgets[doc["task"]] = settings["max_gen_toks"]
+        config = yaml.safe_load((TASKS_DIR / f"{name}.yaml").read_text().replace("!function", ""))
+        assert "max_gen_toks" not in config["generation_kwargs"], name
+    assert budgets == {"passkey": 8, "niah_single": 12, "niah_multikey": 12, "niah_multivalue": 96, "vt": 64}

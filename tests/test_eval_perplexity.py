@@ -86,3 +86,6 @@ def test_block_interval_in_perplexity_metrics(model):
     assert r["ppl_ci"] == pytest.approx([math.exp(x) for x in r["loss_ci"]])
     own = perplexity_at_length(model, ids, 100, block_size=64)
     assert res[100]["loss"] == pytest.approx(own["loss"], abs=1e-5)
+    one = perplexity_at_length(model, ids, 60, block_size=64)  # 59 losses, one block: no interval (issue 66)
+    assert len(one["block_losses"]) == 1 and "loss_ci" not in one and "ppl_ci" not in one
+    assert one["ci"] == "n = 1: no interval (one 64-token block)"

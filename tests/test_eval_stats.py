@@ -10,6 +10,7 @@ import pytest
 from scipy.stats import binomtest
 
 from rope_extend.eval.stats import (
+    NO_INTERVAL,
     Difference,
     block_means,
     block_sizes,
@@ -96,7 +97,7 @@ def test_bootstrap_is_deterministic_and_weighted():
     lo_w, hi_w = bootstrap_mean_interval(vals, w)
     lo_u, hi_u = bootstrap_mean_interval(vals)
     assert hi_w < hi_u  # the 1-token block barely moves the weighted mean
-    assert bootstrap_mean_interval([3.0]) == (3.0, 3.0)
+    assert bootstrap_mean_interval([3.0]) == (None, None)  # one unit: nothing to resample (issue 66 item 10)
     with pytest.raises(ValueError, match="positive"):
         bootstrap_mean_interval([1.0, 2.0], [1, 0])
 
@@ -151,3 +152,60 @@ def test_significance_sentence():
     assert "linear-x2 is worse than unpatched on loss at 2k" in s
     assert "passkey" not in s and "other 1 are within noise" in s
     assert significance_sentence(diffs[1:2]).startswith("None of the 1 paired differences")
+
+
+def test_one_unit_has_no_interval():
+    """issue 66 item 10: a paired difference from one pair with partial credit printed ``+0 [+0, +0]``, certainty
+    from n = 1. A bootstrap of one unit has no interval; the difference says so and is never significant, and the
+    sentence counts it apart from the differences whose interval includes 0."""
+    est, lo, hi = paired_bootstrap_interval([0.5], [0.5])
+    assert (est, lo, hi) == (0.0, None, None)
+    one = Difference("niah_multivalue/filler accuracy at 384", "yarn-x2", "unpatched", est, lo, hi, 1, False)
+    assert one.text() == f"+0 ({NO_INTERVAL})" and NO_INTERVAL == "n = 1: no interval"
+    assert not one.significant and "[" not in one.text()
+    assert significance_sentence([one]) == ("None of the 1 paired differences has an interval (each is from one "
+                                            "pair, n = 1: no interval): these samples cannot tell the variants apart.")
+    two = Difference("loss at 2k on pydoc_topics", "yarn-x2", "unpatched", 0.01, -0.02, 0.04, 16, True)
+    assert significance_sentence([two, one]) == (
+        "None of the 2 paired differences is significant at 95 % (every interval includes 0; 1 is from one pair, "
+        "n = 1: no interval): the variants cannot be told apart on these samples.")
+    sig = Difference("loss at 16k on pydoc_topics", "yarn-x2", "unpatched", -1.0, -1.1, -0.9, 128, True)
+    assert significance_sentence([sig, two, one]).endswith(
+        "; of the other 2, 1 are within noise (their intervals include 0) and 1 is from one pair, n = 1: no interval.")
+    # two pairs: an interval again, from the resampled pairs (each resample's mean is one of 0, 0.25, 0.5)
+    est, lo, hi = paired_bootstrap_interval([1.0, 0.5], [0.5, 0.5])
+    assert est == 0.25 and lo == 0.0 and hi == 0.5
+
+
+def test_report_and_card_print_no_interval_from_one_pair(tmp_path):
+    """tests/data/eval-smoke is what `rope-extend eval smollm2 --suite smoke --spec method=yarn,factor=2` wrote: at 256
+    tokens niah_multivalue is one prompt per variant, both with partial credit (0.5), and its paired difference read
+    ``+0 [+0, +0]`` in report.md. Now the report's table, its sentence and the summary (terminal, card) say
+    ``n = 1: no interval``; a perplexity of one block has none in the card's model-index either."""
+    from pathlib import Path
+
+    import torch
+
+    from rope_extend.eval.card_section import CardEval
+    from rope_extend.eval.perplexity import perplexity_metrics
+    from rope_extend.eval.report import summary_tables
+    from rope_extend.eval.runner import run_records, write_outputs
+
+    meta, records = run_records(Path(__file__).parent / "data" / "eval-smoke")
+    pair = [r for r in records if r["case_id"] == "niah_multivalue/filler/L256/s0"]
+    assert [r["metrics"]["score"] for r in pair] == [0.5, 0.5]
+    report = write_outputs(records, tmp_path, plots=False, meta=meta).read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| niah_multivalue/filler accuracy at 256 |"))
+    assert row == "| niah_multivalue/filler accuracy at 256 | yarn-x2 | +0 (n = 1: no interval) | 1 | no |"
+    assert "[+0, +0]" not in report
+    sentence = ("; of the other 9, 8 are within noise (their intervals include 0) and 1 is from one pair, "
+                "n = 1: no interval.")
+    assert sentence in report and sentence in " ".join(summary_tables(records).split())
+    # a perplexity of one 128-token block (127 losses): its cells and the card's model-index say there is no interval
+    losses = torch.tensor([2.0 + 0.01 * (i % 7) for i in range(127)])
+    one = {**records[0], "length": 128, "case_id": "perplexity/pydoc_topics/L128",
+           "metrics": {**perplexity_metrics(losses, block_size=128), "text": "pydoc_topics"}}
+    assert "ppl_ci" not in one["metrics"]
+    assert f"| 128 | {one['metrics']['ppl']:.2f} (n = 1: no interval) |" in summary_tables([one])
+    (result,) = CardEval([one], suite="smoke", variant="unpatched").results("m")
+    assert result.metric_args["interval_95"] == NO_INTERVAL and result.metric_args["n"] == 1

@@ -30,6 +30,23 @@ def test_invalid_suites_name_the_problem(suite, message):
     assert isinstance(info.value, ValueError)
 
 
+def test_a_bad_suite_file_lists_the_allowed_keys_once(tmp_path):
+    """issue 66 item 7: three misspelt keys in one section repeated the section's allowed keys three times. One line:
+    each unknown key with its closest allowed key, then what its section allows, once per section."""
+    path = tmp_path / "s.yaml"
+    path.write_text("perplexity:\n  lenghts: [1024]\n  bucket: 64\n  chunk: 64\npasskey:\n  depth: [0.5]\nfoo: 1\n")
+    with pytest.raises(SuiteError) as info:
+        load_suite(path)
+    message = str(info.value)
+    assert message == (
+        f"suite {path} is invalid: unknown keys 'perplexity.lenghts' (did you mean 'lengths'?), 'perplexity.bucket' "
+        "(did you mean 'bucket_size'?), 'perplexity.chunk' (did you mean 'chunk_size'?): perplexity allows texts, "
+        "lengths, bucket_size, chunk_size, block_size, start; unknown key 'passkey.depth' (did you mean 'depths'?): "
+        "passkey allows lengths, depths, samples, haystacks, ceiling; unknown key 'foo': a suite allows name, "
+        "description, smoke, seed, short_context, perplexity, passkey, needle, entropy")
+    assert message.count("block_size") == 1 and "\n" not in message
+
+
 def test_suite_file_errors_name_the_file(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text("name: s\npasskey:\n  lenghts: [1024]\n")

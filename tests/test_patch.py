@@ -96,6 +96,63 @@ def _registry_spec(method, **length) -> dict:
     return kwargs
 
 
+def _plain(value):
+    """A plan's field as plain values `==` compares (tensors as their dtype and values, a spec as its dump)."""
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype), value.tolist()
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(item) for item in value)
+    if hasattr(value, "model_dump"):
+        return type(value).__name__, value.model_dump()
+    return value
+
+
+def test_a_plan_is_built_complete_then_frozen(monkeypatch):
+    """plan_patch builds one PatchPlan, complete, and returns that plan as built (issue 67 item 4: it wrote the
+    attention factor into the slots of a plan it had already built, then replaced the plan); using the plan -- its
+    RoPE at construction and at the target length, what stock loaders build, applying it to a model and undoing
+    it -- writes nothing into it. Every registered method on llama, and the two-slot gemma3_text."""
+    import dataclasses
+
+    import rope_extend.plan as plan_module
+    from rope_extend.methods import all_methods
+    from rope_extend.patch import apply_patch
+
+    def fields(plan) -> dict:
+        return {f.name: _plain(getattr(plan, f.name)) for f in dataclasses.fields(plan)}
+
+    built = []
+
+    def build(real=plan_module.PatchPlan, **values):
+        built.append(real(**values))
+        return built[-1]
+
+    monkeypatch.setattr(plan_module, "PatchPlan", build)
+    cases = [("llama", _registry_spec(method, **({} if method.works_inside_window else {"factor": tiny.FACTOR})))
+             for method in all_methods()]
+    cases += [("gemma3_text", {"method": "yarn", "factor": tiny.FACTOR, "layer_types": ["full_attention"]})]
+    for arch, spec in cases:
+        model = tiny.make_model(arch)
+        model.set_attn_implementation("sdpa")  # what the attention-level methods reach on both transformers lines
+        built.clear()
+        plan = plan_module.plan_patch(model.config, spec)
+        assert len(built) == 1 and built[0] is plan, spec  # one plan, returned as built
+        as_built = fields(plan)
+        if plan.method.writes_attention_factor:  # the factor stock loaders build, in the slot from the start
+            assert as_built["slots"][plan.targets[0]]["attention_factor"] == pytest.approx(plan.attention_factor)
+        for target in plan.targets:
+            plan.compute(target)
+            plan.compute(target, seq_len=plan.spec.target_length)
+            plan.expected_stock(target)
+        plan.is_identity()
+        apply_patch(model, plan)
+        unpatch_model(model)
+        assert fields(plan) == as_built, spec
+    assert len(cases) == len(all_methods()) + 1 >= 12
+
+
 @pytest.mark.parametrize("factor, words", [(1, "factor 1"), (1.0000001, "1.0000001 x 32 rounds to 32")])
 def test_every_method_refuses_a_factor_that_extends_nothing(factor, words):
     """issue 57: factor 1 (and one that rounds to it) reaches no further than the length the method counts from, for

@@ -23,6 +23,8 @@ from rope_extend.eval.variants import BASELINE
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = Path(__file__).parent / "data" / "eval-quick" / "results.jsonl"
+SMOKE = Path(__file__).parent / "data" / "eval-smoke"  # `rope-extend eval smollm2 --suite smoke --spec
+# method=yarn,factor=2` as written (issue 66): every length inside the 8k window, five retrieval tasks
 VARIANTS = ["unpatched", "linear-x2", "yarn-x2", "dynamic-yarn-x2"]
 
 
@@ -35,9 +37,15 @@ def quick():
     return read(QUICK)
 
 
+@pytest.fixture(scope="module")
+def smoke():
+    return run_records(SMOKE)[1]
+
+
 def legend(fig) -> list[str]:
+    """The legend's entries (a long label is wrapped over lines in the figure: read back as one line)."""
     assert len(fig.legends) == 1, "one legend per figure"
-    return [t.get_text() for t in fig.legends[0].get_texts()]
+    return [" ".join(t.get_text().split()) for t in fig.legends[0].get_texts()]
 
 
 def drawn(ax, gid):
@@ -53,9 +61,27 @@ def outside(fig, ax) -> bool:
 
 
 def near(x: float, length: int, lengths) -> bool:
-    """A dodged point stays within half the gap (in octaves, at most half an octave) to the nearest other length."""
+    """A point stays within half the gap (in octaves, at most half an octave) to the nearest other length."""
     gap = min([abs(math.log2(other / length)) for other in lengths if other != length] + [1.0])
     return abs(math.log2(x / length)) < gap / 2
+
+
+def nudge(ax, line) -> list[float]:
+    """How far (in points) each of *line*'s markers is drawn from where its data put it on *ax*: its own transform
+    (what the renderer draws with) against the axes' data transform, on the same data."""
+    import numpy as np
+
+    xy = np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float)
+    pixels = line.get_transform().transform(xy)[:, 0] - ax.transData.transform(xy)[:, 0]
+    return list(pixels * 72 / ax.figure.dpi)
+
+
+def drawn_x(ax, line) -> list[float]:
+    """The display x (pixels) of *line*'s markers as drawn."""
+    import numpy as np
+
+    xy = np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float)
+    return list(line.get_transform().transform(xy)[:, 0])
 
 
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -67,15 +93,16 @@ def test_loss_vs_position_draws_every_variant_and_names_the_copy(quick):
     fig = plots.loss_vs_position(quick)
     ax, diff_ax = fig.axes  # yarn-x2 and dynamic-yarn-x2 coincide: a difference panel below
     assert legend(fig) == ["unpatched (baseline)", "linear-x2", "yarn-x2",
-                           "dynamic-yarn-x2 (= yarn-x2 at every position)", "original window (8k tokens)"]
+                           "dynamic-yarn-x2 (= yarn-x2 at every position)", "original window (8k tokens)",
+                           plots.BAND_LABEL]
     for v in VARIANTS:
         rec = next(r for r in quick if r["variant"] == v and r["kind"] == "perplexity" and r["length"] == 16384)
         line = drawn(ax, v)
         assert list(line.get_ydata()) == [b["loss"] for b in rec["metrics"]["buckets"]]
-        for b, x in zip(rec["metrics"]["buckets"], line.get_xdata()):  # dodged, inside the bucket it stands for
-            assert b["start"] < x < b["end"]
-    xs = [tuple(drawn(ax, v).get_xdata()) for v in VARIANTS]
-    assert len(set(xs)) == len(VARIANTS), "no two variants' markers at the same x"
+        assert list(line.get_xdata()) == [(b["start"] + b["end"]) / 2 for b in rec["metrics"]["buckets"]]
+        assert all(abs(dx) <= line.get_markersize() for dx in nudge(ax, line))  # within a marker's size
+    xs = [tuple(drawn_x(ax, drawn(ax, v))) for v in VARIANTS]
+    assert len(set(xs)) == len(VARIANTS), "no two variants' markers drawn at the same x"
     yarn, dyn = drawn(ax, "yarn-x2"), drawn(ax, "dynamic-yarn-x2")
     assert list(yarn.get_ydata()) == list(dyn.get_ydata())  # the records really coincide ...
     assert yarn.get_marker() != dyn.get_marker() and dyn.get_markerfacecolor() == "none"  # ... and both show
@@ -122,10 +149,10 @@ def test_perplexity_vs_length_points_at_measured_lengths_only(quick):
         line = drawn(ax, v)
         assert line.get_linestyle() == "None"  # points, not a line
         assert list(line.get_ydata()) == [m["ppl"] for _, m in recs]
-        for (L, _), x in zip(recs, line.get_xdata()):
-            assert near(x, L, [L for L, _ in recs])  # dodged, still nearer its length than any other
-        xs[v] = list(line.get_xdata())
-    for i in range(2):  # no two variants share an x: coinciding points stay side by side
+        assert list(line.get_xdata()) == [2048, 16384]  # the measured lengths, not beside them
+        assert all(abs(dx) <= line.get_markersize() for dx in nudge(ax, line))
+        xs[v] = drawn_x(ax, line)
+    for i in range(2):  # no two variants drawn at one x: coinciding points stay side by side
         assert len({xs[v][i] for v in VARIANTS}) == len(VARIANTS)
     # 2k and 16k lie on both sides of the 8k window: nothing links them as if measured in between
     assert not [ln for ln in ax.lines if ln.get_gid() == "link"]
@@ -152,7 +179,10 @@ def test_perplexity_links_points_inside_the_window():
 def test_retrieval_accuracy_shows_counts_at_small_n(quick):
     fig = plots.retrieval_accuracy(quick)
     passkey, needle = fig.axes
-    assert legend(fig) == ["unpatched (baseline)", "linear-x2", "yarn-x2", "dynamic-yarn-x2",
+    assert legend(fig) == ["unpatched (baseline)", "linear-x2 (= unpatched at 16k in passkey/filler, old probe)",
+                           "yarn-x2 (= unpatched at 2k in passkey/filler, old probe)",
+                           "dynamic-yarn-x2 (= unpatched at 2k in passkey/filler, old probe; = yarn-x2 at 16k in "
+                           "passkey/filler, old probe)",
                            "original window (8k tokens)",
                            "ceiling: unpatched at its longest length inside the window"]
     assert "n = 1 prompts per point (counts k/n shown); ceiling 1/1 at 2k" in passkey.get_title()
@@ -223,7 +253,8 @@ def test_entropy_plot():
     (ax,) = fig.axes
     assert legend(fig) == ["unpatched (baseline)", "yarn-x2 (= unpatched at 4k)", "original window (8k tokens)"]
     assert list(drawn(ax, "yarn-x2").get_ydata()) == [3.1, 3.6]
-    assert drawn(ax, "yarn-x2").get_xdata()[0] != drawn(ax, "unpatched").get_xdata()[0]
+    assert list(drawn(ax, "yarn-x2").get_xdata()) == list(drawn(ax, "unpatched").get_xdata()) == [4096, 16384]
+    assert drawn_x(ax, drawn(ax, "yarn-x2"))[0] != drawn_x(ax, drawn(ax, "unpatched"))[0]  # side by side
     assert not [ln for ln in ax.lines if ln.get_gid() == "link"]  # 4k and 16k: across the window
 
 
@@ -287,16 +318,20 @@ def test_log_length_axes_carry_four_plain_labelled_ticks(quick):
     assert plotstyle.value_ticks(9, 40) == [10, 15, 20, 30]
 
 
-def test_overlapping_markers_get_distinct_x(quick):
-    """Three of the four variants retrieve the passkey at 2k (the issue's markers on one spot): four x positions,
-    each nearer 2k than any other length, ordered as the legend."""
+def test_overlapping_markers_stand_side_by_side_at_the_measured_length(quick):
+    """Three of the four variants retrieve the passkey at 2k (the issue's markers on one spot): four drawn x
+    positions, ordered as the legend, each at most a marker's size from 2k, whose data stay 2048; the later
+    variants that equal an earlier one are hollow and larger, so the one below shows through."""
     ax = plots.retrieval_accuracy(quick).axes[0]
-    at_2k = [min(drawn(ax, v).get_xdata(), key=lambda x: abs(math.log2(x / 2048))) for v in VARIANTS]
-    assert [drawn(ax, v).get_ydata()[0] for v in VARIANTS] == [1.0, 0.0, 1.0, 1.0]
+    lines = [drawn(ax, v) for v in VARIANTS]
+    assert [line.get_xdata()[0] for line in lines] == [2048] * 4
+    assert [line.get_ydata()[0] for line in lines] == [1.0, 0.0, 1.0, 1.0]
+    at_2k = [drawn_x(ax, line)[0] for line in lines]
     assert at_2k == sorted(at_2k) and len(set(at_2k)) == 4
-    assert all(near(x, 2048, [2048, 8192, 16384]) for x in at_2k)
-    dodge = plots._dodge([2048, 12288, 16384], 4)  # room where there is room: 2k spreads wider than 12k
-    assert dodge(3, 2048) / dodge(0, 2048) > dodge(3, 12288) / dodge(0, 12288) > 1
+    assert all(abs(nudge(ax, line)[0]) <= line.get_markersize() for line in lines)
+    assert [line.get_markerfacecolor() == "none" for line in lines] == [False, True, True, True]
+    assert plots.nudge_points(0, 1) == 0 and plots.nudge_points(0, 2) == -plots.nudge_points(1, 2)
+    assert all(abs(plots.nudge_points(i, 9)) <= plots.MARKER_SIZE for i in range(9))
 
 
 def test_trained_perplexity_before_after_from_the_base_models_records():
@@ -418,3 +453,73 @@ def test_perplexity_spanning_a_factor_of_30_is_on_a_log_axis():
     assert ax.get_yscale() == "log"
     labels = ticks(ax, "y")
     assert len(labels) >= 4 and all(t.replace(".", "").isdigit() for t in labels)
+
+
+# ---------------------------------------------------------------- issue 66: plots a reader can trust
+
+
+def test_markers_sit_at_the_measured_lengths_on_a_log_axis(smoke):
+    """The smoke run measured perplexity at 256 and 512 tokens and entropy at 128 and 256: the markers' data are those
+    lengths (the sideways dodge put them at 224/448 and 112/224 on an axis labelled "markers at the measured
+    lengths"); both variants still stand side by side, each within its marker's size of the length."""
+    for build, kind, lengths in ((plots.perplexity_vs_length, "perplexity", [256, 512]),
+                                 (plots.attention_entropy, "entropy", [128, 256])):
+        ax = build(smoke).axes[0]
+        drawn_at = []
+        for v in ("unpatched", "yarn-x2"):
+            line = drawn(ax, v)
+            assert list(line.get_xdata()) == lengths, (kind, v)
+            assert sorted({r["length"] for r in smoke if r["kind"] == kind and r["variant"] == v}) == lengths
+            assert all(0 < abs(dx) <= line.get_markersize() for dx in nudge(ax, line))
+            drawn_at.append(drawn_x(ax, line))
+        assert all(a < b for a, b in zip(*drawn_at))  # unpatched left of yarn-x2 at each length, as in the legend
+        assert ax.xaxis.get_label().get_text() == plots.LENGTH_LABEL
+
+
+def test_the_legend_lists_only_what_is_drawn(smoke, quick):
+    """Every smoke length lies inside the 8k window: no window line is drawn, so no legend lists one (its title says
+    the window is off the axis); where the window is on the axis (the quick run's 16k), it is drawn and listed."""
+    builders = (plots.perplexity_vs_length, plots.attention_entropy, plots.retrieval_accuracy, plots.loss_vs_position)
+    for build in builders:
+        fig = build(smoke)
+        assert not any("original window" in label for label in legend(fig)), build.__name__
+        assert not [ln for ax in fig.axes for ln in ax.lines if ln.get_gid() == "window"], build.__name__
+        assert not [c for ax in fig.axes for c in ax.collections if c.get_gid() == "ceiling"], build.__name__
+        assert "inside the original 8k-token window" in " ".join(fig.legends[0].get_title().get_text().split())
+        handles = fig.legends[0].legend_handles
+        assert len(handles) == len(legend(fig))
+    for build in builders[:1] + builders[2:]:
+        fig = build(quick)
+        assert "original window (8k tokens)" in legend(fig)
+        assert [ln.get_xdata()[0] for ln in fig.axes[0].lines if ln.get_gid() == "window"] == [8192]
+
+
+def test_every_line_of_the_loss_plot_is_explained(smoke, quick):
+    """The quick run's bands (eight 128-token blocks per 1k bucket) are drawn as a light fill between thin lines in
+    the series' style: the legend says so. The smoke run's buckets hold one block each: no band (no interval from one
+    block), no thin lines, no legend entry for them."""
+    fig = plots.loss_vs_position(quick)
+    gids = {ln.get_gid() for ax in fig.axes for ln in ax.lines}
+    assert gids == {*VARIANTS, "band", "window", *(f"{v}:difference" for v in ("yarn-x2", "dynamic-yarn-x2"))}
+    assert plots.BAND_LABEL in legend(fig)
+    fig = plots.loss_vs_position(smoke)
+    (ax,) = fig.axes
+    assert {ln.get_gid() for ln in ax.lines} == {"unpatched", "yarn-x2"}
+    assert legend(fig) == ["unpatched (baseline)", "yarn-x2"] and not ax.collections
+    assert ax.get_ylabel() == "mean next-token loss"
+
+
+def test_retrieval_panels_stand_in_a_grid(smoke):
+    """The smoke run has five retrieval tasks: a grid of two columns and three rows (not a 3443x452 strip), one
+    panel each, the accuracy label on the left column only."""
+    fig = plots.retrieval_accuracy(smoke)
+    assert len(fig.axes) == 5
+    fig.canvas.draw()
+    boxes = [ax.get_position() for ax in fig.axes]
+    assert len({round(b.x0, 3) for b in boxes}) == plots.GRID_COLUMNS == 2
+    assert len({round(b.y0, 3) for b in boxes}) == 3
+    width, height = fig.get_size_inches()
+    assert width / height < 2
+    assert [bool(ax.get_ylabel()) for ax in fig.axes] == [True, False, True, False, True]
+    assert [ax.get_title().split("\n")[0] for ax in fig.axes] == [
+        "passkey/filler", "niah_single/filler", "niah_multikey/filler", "niah_multivalue/filler", "vt/filler"]

@@ -21,7 +21,8 @@ import pytest
 from rope_extend.cli import run
 from rope_extend.engines import registry, runs
 from rope_extend.engines.parity import TABLE_CONFIG, parity
-from rope_extend.engines.runs import EngineRefused, RunEngine, port_verdicts
+from rope_extend.engines.run_engine import EngineRefused, RunEngine
+from rope_extend.engines.runs import port_verdicts
 from rope_extend.engines.vllm.engine import VLLM as VLLM_ROOM
 from rope_extend.engines.vllm.engine import VllmEngine
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
 import yaml
 
+import rope_extend.spec as spec_module
 from rope_extend import RopeSpec, SpecError, load_spec
 from rope_extend.spec import parse_inline_spec, parse_set_option
 
@@ -145,9 +147,9 @@ def test_set_and_inline_spec_refuse_yaml11_numbers_alike(value, yaml11):
     assert parse_inline_spec("method=yarn,factor=16,beta-fast=64") == {"method": "yarn", "factor": 16, "beta_fast": 64}
 
 
-def test_each_method_declares_its_spec_class():
-    """Every registered method has one declared spec class (`@method_spec`), whose fields are the core fields and
-    exactly the method's parameters, in the order specs write them, typed by each `Param.kind`."""
+def test_each_method_spec_class_is_built_from_its_params():
+    """Every registered method's spec class holds the core fields and exactly the method's parameters (their one
+    declaration, `RopeMethod.params`), in the order specs write them, typed by each `Param.kind`, floats finite."""
     from typing import Literal
 
     from rope_extend.methods import all_methods, all_params
@@ -159,20 +161,53 @@ def test_each_method_declares_its_spec_class():
         cls = spec_class(method.name)
         classes.add(cls)
         assert cls.__module__ == "rope_extend.spec" and cls.__name__ == f"{type(method).__name__}Spec"
+        assert getattr(spec_module, cls.__name__) is cls  # where pickle looks for it
         fields = cls.model_fields
         assert fields["method"].annotation == Literal[method.name]
         params = [name for name in fields if name not in CORE_FIELDS]
         assert params == sorted(method.params, key=list(all_params()).index)
         assert {name: fields[name].annotation for name in params} == {
             name: kinds[param.kind] for name, param in method.params.items()}
+        assert all(fields[name].default is None for name in params)
         assert type(RopeSpec(method=method.name, factor=2)) is cls
     assert len(classes) == len(all_methods())
+    spec = RopeSpec(method="yarn", factor=2, beta_fast=64)
+    assert pickle.loads(pickle.dumps(spec)) == spec
+
+
+def test_a_parameter_is_declared_once_with_its_method():
+    """A method registered with a new parameter is a spec at once: the key is accepted for it, typed and checked by
+    its `Param`, refused for other methods, listed among the spec keys and written to YAML -- nothing to declare in
+    spec.py."""
+    from rope_extend.methods import Param, registry
+    from rope_extend.methods.linear import Linear
+    from rope_extend.spec import spec_keys
+
+    class Widened(Linear):
+        name = "toy-widened"
+        aliases = ()
+        params = {"toy_width": Param(int, None, "a toy parameter", positive=True)}
+
+    registry.register(Widened())
+    try:
+        spec = RopeSpec(method="toy-widened", factor=2, toy_width=3)
+        assert type(spec).__name__ == "WidenedSpec" and spec.toy_width == 3
+        assert spec.to_yaml() == "method: toy-widened\nfactor: 2.0\ntoy_width: 3\n"
+        assert spec_keys()[-1] == "toy_width"
+        with pytest.raises(SpecError, match=r"^spec field 'toy_width' has bad value 0: must be > 0, got 0$"):
+            RopeSpec(method="toy-widened", factor=2, toy_width=0)
+        with pytest.raises(SpecError, match=r"'toy_width' has bad value 1.5: Input should be a valid integer"):
+            RopeSpec(method="toy-widened", factor=2, toy_width=1.5)
+        with pytest.raises(SpecError, match=r"parameter 'toy_width' does not apply to method 'yarn'"):
+            RopeSpec(method="yarn", factor=2, toy_width=3)
+    finally:
+        for table in (registry._REGISTRY, registry.GGUF_RULES, registry.ADVICE):
+            del table["toy-widened"]
 
 
 def test_eval_parses_each_spec_once(tmp_path, monkeypatch):
     """eval's variants parse each spec once (a YAML path, a dict, an inline --spec), however often their dict,
     fingerprint and spec are read afterwards; a RopeSpec is passed through unparsed."""
-    import rope_extend.spec as spec_module
     from rope_extend.eval.variants import make_variants
 
     path = tmp_path / "mine.yaml"

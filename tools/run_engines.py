@@ -117,13 +117,19 @@ DOCS = ROOT / "docs" / "serving.md"
 
 
 def summaries() -> dict:
-    """Per run engine (`rope_extend.engines.runs`): (the title its rows start with, its records' folders, its summary
-    file in its room, its docs table's markers)."""
+    """Per run engine (`rope_extend.engines.runs`): (the name its rows start with, in any case; its records' folders,
+    its summary file in its room, its docs table's markers)."""
     from rope_extend.engines.runs import run_engines
 
-    return {engine.name: (engine.title, f"{engine.name}-engines-*",
+    return {engine.name: (engine.name, f"{engine.name}-engines-*",
                           ROOT / "rope_extend" / "engines" / engine.name / "runs.json", f"{engine.name.upper()}-RUN")
             for engine in run_engines()}
+
+
+def of_engine(row: dict, name: str) -> bool:
+    """The report row names that engine (its rows start with its worker's label: 'vLLM 0.32.0 ...', 'SGLang ...',
+    'mlx-lm 0.32.2 ...'; the engine's name in any case)."""
+    return row["engine"].lower().startswith(name.lower())
 
 
 def markers(engine: str) -> tuple[str, str]:
@@ -145,12 +151,12 @@ def summary(reports: Path = REPORTS, engine: str = "vllm") -> dict:
     for results in sorted(reports.glob(f"{pattern}/results.jsonl")):
         for line in results.read_text().splitlines():
             rec = json.loads(line)
-            rows = [r for r in rec["report"]["rows"] if kind(r) == "run" and r["engine"].startswith(title)]
+            rows = [r for r in rec["report"]["rows"] if kind(r) == "run" and of_engine(r, title)]
             if not rows:
                 continue
             verdicts = sorted({verdict(r["short"], r["long"]) for r in rows})
             ports = sorted({verdict(r["short"], r["long"]) for r in rec["report"]["rows"]
-                            if kind(r) == "port" and r["engine"].startswith(title)})
+                            if kind(r) == "port" and of_engine(r, title)})
             worst = {k: max(r[k].get("max_abs_dlogprob", 0.0) for r in rows if r[k]["served"] and r[k]["identical"])
                      if any(r[k]["served"] and r[k]["identical"] for r in rows) else None for k in ("short", "long")}
             methods.setdefault(rec["method"], []).append({
@@ -173,7 +179,9 @@ MODEL_NAMES = {"smollm2": "SmolLM2-135M (L 8192)", "short-window": "SmolLM2-135M
 
 def docs_block(data: dict, engine: str = "vllm") -> str:
     """The table between the engine's markers in docs/serving.md."""
-    title = summaries()[engine][0]
+    from rope_extend.engines.runs import lookup
+
+    title = lookup(engine).title
     lines = [f"| method | model, factor | requests (tokens) | {title} run (both card routes) | the port said | date |",
              "|---|---|---|---|---|---|"]
     for method, runs in data["methods"].items():
@@ -198,8 +206,15 @@ def write_summary() -> None:
     DOCS.write_text(text)
 
 
+def settings() -> dict:
+    """The variables that change what a run serves, as set for this one: $ROPE_EXTEND_* but the cache's (another
+    engine's Python, the BLAS the MLX worker preloads)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("ROPE_EXTEND_") and k != "ROPE_EXTEND_CACHE"}
+
+
 def write_readme(out: Path, records: list[dict], argv: list[str]) -> None:
-    command = "nice -n 10 python tools/run_engines.py " + shlex.join(argv)
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in settings().items())
+    command = f"{prefix}nice -n {os.nice(0) or 10} python tools/run_engines.py " + shlex.join(argv)
     first = records[0] if records else {}
     text = [
         f"# `rope-extend engines --run` on {first.get('model', '?')}\n",
@@ -222,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2", help="smollm2, short-window (the suite's model) or a folder")
     ap.add_argument("--factor", type=float, default=2.0)
     ap.add_argument("--methods", nargs="+", default=list(FREQUENCY_METHODS))
-    ap.add_argument("--runs", nargs="+", default=["vllm"], help="vllm, vllm-server, sglang")
+    ap.add_argument("--runs", nargs="+", default=["vllm"], help="vllm, vllm-server, sglang, mlx")
+    ap.add_argument("--long-tokens", type=int, help="the long request's tokens instead of the target length (`engines "
+                    "--long-tokens`: a shorter run for a slow engine)")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads for transformers and vLLM (SGLang: its own)")
     ap.add_argument("-o", "--output", type=Path)
     ap.add_argument("--summarize", action="store_true", help="only rebuild docs/serving.md's tables and each engine's runs.json")
@@ -245,9 +262,9 @@ def main(argv: list[str] | None = None) -> int:
                VLLM_CPU_OMP_THREADS_BIND="0" if args.threads == 1 else f"0-{args.threads - 1}")
     results = out / RESULTS
     records = [json.loads(line) for line in results.read_text().splitlines()] if results.is_file() else []
-    key = {(r["model"], r["method"], r["factor"], tuple(r["runs"])) for r in records}
+    key = {(r["model"], r["method"], r["factor"], tuple(r["runs"]), r.get("long_tokens")) for r in records}
     for method in args.methods:
-        if (args.model, method, args.factor, tuple(args.runs)) in key:
+        if (args.model, method, args.factor, tuple(args.runs), args.long_tokens) in key:
             continue
         ckpt = work / f"{method}-x{args.factor:g}"
         patch = [sys.executable, "-m", "rope_extend", "patch", str(model), "--method", method, "--factor",
@@ -257,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         engines = [sys.executable, "-m", "rope_extend", "engines", str(ckpt), "--json"]
         for name in args.runs:
             engines += ["--run", name]
+        if args.long_tokens:
+            engines += ["--long-tokens", str(args.long_tokens)]
         load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
         started = time.perf_counter()
         print(f"[{method}] {shlex.join(patch[1:])}", file=sys.stderr, flush=True)
@@ -265,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         report = json.loads(run(engines, env).stdout)
         record = {
             "model": args.model, "method": method, "factor": args.factor, "runs": args.runs,
+            **({"long_tokens": args.long_tokens} if args.long_tokens else {}),
             "patch_command": shlex.join(["python", *patch[1:]]), "engines_command": shlex.join(["python", *engines[1:]]),
             "report": report, "seconds": round(time.perf_counter() - started, 1),
             "load_before": load_before, "load_after": " ".join(f"{x:.1f}" for x in os.getloadavg()),
@@ -273,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                       "thread(s) for transformers (and vLLM)",
             **({"vllm": labels["vllm"]} if "vllm" in labels else {}),
             "engines": labels,
+            **({"environment": settings()} if settings() else {}),
         }
         with open(results, "a") as f:
             f.write(json.dumps(record) + "\n")

@@ -44,9 +44,13 @@ def engines(
         str | None, typer.Option("--other-python", help="Python of the other transformers line ($ROPE_EXTEND_OTHER_PYTHON).")
     ] = None,
     runs: Annotated[list[str] | None, typer.Option(
-        "--run", help="Also serve it in a real engine: vllm (offline LLM), vllm-server (OpenAI server) or sglang "
-        "(SGLang's server); repeatable. Builds the engine's own virtualenv once (`make vllm`, `make sglang`). Progress goes to stderr; exits 3 when "
-        "a run measures otherwise a route the card lists as identical.")] = None,
+        "--run", help="Also serve it in a real engine: vllm (offline LLM), vllm-server (OpenAI server), sglang "
+        "(SGLang's server) or mlx (mlx-lm's generate_step); repeatable. Builds the engine's own virtualenv once (`make "
+        "vllm`, `make sglang`, `make mlx`). Progress goes to stderr; exits 3 when a run measures otherwise a route the "
+        "card lists as identical.")] = None,
+    long_tokens: Annotated[int | None, typer.Option(
+        "--long-tokens", help="The long request's tokens instead of the target length (above the original length): a "
+        "shorter run for a slow engine.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Per engine and route, max |Δcos|, |Δsin| against rope-extend (a port), or |Δ logprob| against transformers (a
@@ -55,12 +59,13 @@ def engines(
 
     check_runs(runs or [])  # a bad name fails before anything is loaded
     if method is None and config is None and not sets and factor is None and target_length is None:
-        if _audit(checkpoint, other_python, runs or [], as_json):  # a model rope-extend did not write
+        if _audit(checkpoint, other_python, runs or [], as_json, long_tokens):  # a model rope-extend did not write
             return
-        report = parity(checkpoint, other_python=other_python, runs=runs or ())
+        report = parity(checkpoint, other_python=other_python, runs=runs or (), long_tokens=long_tokens)
     else:
         spec = build_spec(method, factor, target_length, config, sets or [])
-        report = parity(source=checkpoint, spec=spec, other_python=other_python, runs=runs or ())
+        report = parity(source=checkpoint, spec=spec, other_python=other_python, runs=runs or (),
+                        long_tokens=long_tokens)
     contradicted = report.contradictions()
     if as_json:
         out.print_json(report.to_json())
@@ -79,14 +84,15 @@ def _print_table(report) -> None:
     if any(row.served_by_engine for row in report.rows):
         measures = ("a run row: max / mean |Δ logprob| of the prompt tokens against transformers running "
                     "rope-extend's RoPE; " + measures)
-    say(f"{report.method} x{report.factor:g}: {report.original} -> {report.target} tokens. Each cell, for a short "
+    long = f" (the long request: {report.long} tokens)" if report.long else ""
+    say(f"{report.method} x{report.factor:g}: {report.original} -> {report.target} tokens{long}. Each cell, for a short "
         f"and a long request: {measures}.")
     # Borderless, so that the columns' longest words (`--json-model-override-args`) fit 80 columns: a cell wraps
     # between words, never inside one.
     notes: list[str] = []  # why a request was not run or not served: below the table, where it has the full width
     rows = [(f"{row.engine} ({row.label})", row.route, _cell(row.short, notes), _cell(row.long, notes),
              "identical" if row.identical else ("not run" if row.skipped else "differs")) for row in report.rows]
-    header = ("engine", "route", f"short ({report.original})", f"long ({report.target})", "result")
+    header = ("engine", "route", f"short ({report.original})", f"long ({report.long or report.target})", "result")
     widths = column_widths([header, *rows], out.width)
     if fits(widths, out.width):
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
@@ -124,7 +130,8 @@ def _cell(result, notes: list[str]) -> str:
     return f"{max(result.max_cos, result.max_sin):.2g} cos/sin"
 
 
-def _audit(checkpoint: str, other_python: str | None, runs: list[str], as_json: bool) -> bool:
+def _audit(checkpoint: str, other_python: str | None, runs: list[str], as_json: bool,
+           long_tokens: int | None = None) -> bool:
     """Audit the model's own RoPE per engine (`engines.audit`) when rope-extend did not write it; False otherwise."""
     from ..engines.audit import audit, audit_gguf, is_own_scheme
     from ..gguf import is_gguf
@@ -134,6 +141,9 @@ def _audit(checkpoint: str, other_python: str | None, runs: list[str], as_json: 
         return False
     if runs:
         raise ValueError(f"--run {runs[0]}: the audit of a model's own RoPE runs the engine ports only; drop --run "
+                         "(a checkpoint rope-extend wrote takes it)")
+    if long_tokens is not None:
+        raise ValueError("--long-tokens: the audit of a model's own RoPE has no target length; drop --long-tokens "
                          "(a checkpoint rope-extend wrote takes it)")
     report = (audit_gguf if gguf else audit)(checkpoint, other_python=other_python)
     if as_json:

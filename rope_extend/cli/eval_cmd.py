@@ -45,18 +45,17 @@ def eval_command(
     no_plots: Annotated[bool, typer.Option("--no-plots")] = False,
     interleave: Annotated[bool, typer.Option("--interleave", help="Sample round by round across variants, so a stopped run compares like with like.")] = False,
     no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Load the model even if the memory estimate says it does not fit.")] = False,
-    engine: Annotated[str, typer.Option(help="transformers (the reference, in this process) or a run engine serving each variant: vllm or sglang (the real engine; builds its virtualenv once). Variants the engine does not serve identically are refused before loading.")] = "transformers",
+    engine: Annotated[str, typer.Option(help="transformers (the reference, in this process) or a run engine serving each variant: vllm, sglang or mlx (the real engine; builds its virtualenv once). Variants the engine does not serve identically are refused before loading.")] = "transformers",
     tensor_parallel_size: Annotated[int | None, typer.Option("--tensor-parallel-size", help="--engine vllm or sglang: the engine's tensor parallelism (GPUs).")] = None,
     pipeline_parallel_size: Annotated[int | None, typer.Option("--pipeline-parallel-size", help="--engine vllm: vLLM's pipeline parallelism (GPUs or nodes).")] = None,
 ) -> None:
     """Evaluate before/after: perplexity by length, passkey, needles, short-context regression; resumable."""
-    from ..engines.runs import check_engine_args
+    # light imports only until the arguments are checked: a bad one is refused at once, before torch loads
     from ..eval.runner import run_eval, summary_markdown
     from ..spec import parse_inline_spec
 
     engine_args = {key: value for key, value in (("tensor_parallel_size", tensor_parallel_size),
                                                  ("pipeline_parallel_size", pipeline_parallel_size)) if value}
-    check_engine_args(engine_args, engine)  # an unknown --engine, or an argument it does not take: before loading
     variants = [parse_inline_spec(s) for s in specs or []]
     if name is not None:
         from ..eval.variants import BASELINE

@@ -72,6 +72,27 @@ def say_next_steps(folder: Path, hint) -> None:
         say(f"# {hint.why}", indent=HANG, hang=HANG + "# ")
 
 
+def refuse_out_early(source: str, output: Path, overwrite: bool) -> None:
+    """The refusals of an existing OUT that need neither SOURCE's files nor `rope_extend.checkpoint`, whose imports
+    (torch and transformers, through the engines' ports) take ~3 s, 9 s on a loaded 2-core machine: re-running a
+    `patch` whose OUT exists is refused at once (issue 66). `checkpoint.check_output_path` makes the same refusals
+    again, in the same words, with the rest; an OUT it words otherwise (a link; the root, home or current folder; an
+    OUT that is, holds or is inside a local SOURCE) is left to it."""
+    from .. import outputs
+
+    out = output.expanduser().absolute()
+    if out.is_symlink() or not out.is_dir():
+        return
+    resolved, local = out.resolve(), Path(source).expanduser()
+    special = {Path(resolved.anchor), Path.home().resolve(), Path.cwd().resolve()}
+    if resolved in special or (local.exists() and (resolved == local.resolve() or resolved in local.resolve().parents
+                                                   or local.resolve() in resolved.parents)):
+        return
+    outputs.check_replaceable(out, "checkpoint", str(output))
+    if any(out.iterdir()) and not overwrite:
+        raise CheckpointError(f"OUT {str(output)!r} exists and is not empty; pass --overwrite to replace it")
+
+
 def _check_eval_dir(source: Path, output: Path, report_dir: Path) -> None:
     """The eval report must not land in SOURCE or OUT (SOURCE is never written; OUT is replaced atomically)."""
     report, src, out_ = report_dir.expanduser().resolve(), source.resolve(), output.expanduser().resolve()
@@ -117,8 +138,11 @@ def _patch(source: str, output: Path, spec: RopeSpec, options: WriteOptions, *, 
            dry_run: bool, eval_suite: str | None, eval_dir: Path | None) -> None:
     """Plan SOURCE once, evaluate the plan if asked, write OUT with `options` (whose `hub_id` is --push-to-hub), then
     push it if asked."""
-    from ..checkpoint import plan_checkpoint, write_checkpoint
     from ..gguf import is_gguf
+
+    if not is_gguf(source):
+        refuse_out_early(source, output, options.overwrite)  # before the heavy imports below
+    from ..checkpoint import plan_checkpoint, write_checkpoint
     from ..sharing import HARD_LINK_NOTE, HARD_LINKED, tally
 
     if is_gguf(source):

@@ -7,7 +7,7 @@ interface), and the reports that loop over the registry: `parity`, `audit`, `ser
 One registration line per room, here (the reference, transformers, first; then the order the card lists them in).
 """
 
-from . import transformers, vllm, sglang, llama_cpp  # noqa: F401, I001  (register, in this order)
+from . import transformers, vllm, sglang, mlx, llama_cpp  # noqa: F401, I001  (register, in this order)
 from .hint import EngineHint, Route
 from .registry import ServingEngine, register, serving_engines
 from .served import Delta, NotServed, Served, Unchecked

@@ -394,8 +394,8 @@ def audit_gguf(path: str | os.PathLike, *, other_python: str | None = None) -> A
     audited = AuditedModel(name=name, model_type=str(config.get("model_type", "")), loaded=config, raw=config,
                            groups=(group,), short=short, long=long, architectures=tuple(config.get("architectures") or ()))
     for engine in ported_engines():
-        if engine is native:
-            continue
+        if not engine.gguf_through_transformers:
+            continue  # it does not serve a .gguf (or, llama.cpp, it is the reference)
         for route in engine.audit_routes(audited):
             add(engine.row_name, f"{route.label} (its GGUF config)", route.command, list(route.results[group]))
     scheme = (f"{info.scaling_type if info.is_scaled else 'default'}"

@@ -25,12 +25,11 @@ from ..plan import PatchPlan
 from ..spec import RopeSpec, load_spec
 from .hint import EngineHint
 from .registry import get_engine, ported_engines, serving_engines
+from .run_engine import EngineWorker, RunEngine
 from .runs import (
     LOGPROB_TOL,
     MEAN_TOL,
-    EngineWorker,
     LogprobDelta,
-    RunEngine,
     RunProgress,
     linked_folder,
     resolve_runs,
@@ -157,6 +156,7 @@ class ParityReport:
     target: int
     rows: list[Row]
     hints: list[EngineHint]
+    long: int | None = None  # the long request's tokens where not the target length (`--long-tokens`)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -165,7 +165,7 @@ class ParityReport:
             "original_max_position_embeddings": self.original,
             "target_length": self.target,
             "short_tokens": self.original,
-            "long_tokens": self.target,
+            "long_tokens": self.long or self.target,
             "rows": [row.to_dict() for row in self.rows],
         }
 
@@ -190,7 +190,8 @@ class ParityReport:
                 lines.append(f"- {row.engine} ({row.route}), because {because}")
         lines += [
             "",
-            f"| engine | route | checked | short request ({self.original} tokens) | long request ({self.target} tokens) |",
+            f"| engine | route | checked | short request ({self.original} tokens) | long request "
+            f"({self.long or self.target} tokens) |",
             "|---|---|---|---|---|",
         ]
         for row in self.rows:
@@ -266,6 +267,11 @@ class _Inputs:
     out_name: str
     weights: str | os.PathLike | None = None  # where the weights are (a folder or Hub id; None: a config only)
     written: bool = False  # whether `weights` is the patched checkpoint itself (its config.json is out_config)
+    long_tokens: int | None = None  # the long request's tokens (None: the target length)
+
+    @property
+    def lengths(self) -> list[int]:
+        return _lengths(self.plan, self.long_tokens)
 
 
 def _written(plan: PatchPlan, raw: dict, folder: Path, name: str, weights: str | os.PathLike | None = None,
@@ -314,6 +320,7 @@ def parity(
     other_python: str | None = None,
     transformers_lines: bool = True,
     runs: Sequence[str] = (),
+    long_tokens: int | None = None,
     **spec_overrides: Any,
 ) -> ParityReport:
     """Compare every engine route with rope-extend's RoPE, for a rope-extend checkpoint or SOURCE + spec.
@@ -322,6 +329,8 @@ def parity(
     row says "not run"). transformers_lines=False skips both transformers rows (the ports only). runs: `--run`
     names of run engines (`engines.runs`: "vllm" is vLLM's offline LLM, "vllm-server" its OpenAI server) to serve
     the checkpoint in as well, each adding "run" rows; their progress goes to stderr, a line per step.
+    long_tokens: the long request's length instead of the target length (between the original length and it: a
+    slow engine's run at a shorter length), for every row.
     """
     if (checkpoint is None) == (source is None):
         raise ValueError("give either a rope-extend checkpoint or source= with a spec, not both")
@@ -329,12 +338,13 @@ def parity(
         item = checkpoint
     else:
         item = (source, load_spec(spec, **spec_overrides))
-    return parity_many([item], other_python=other_python, transformers_lines=transformers_lines, runs=runs)[0]
+    return parity_many([item], other_python=other_python, transformers_lines=transformers_lines, runs=runs,
+                       long_tokens=long_tokens)[0]
 
 
 def parity_many(
     items: list, other_python: str | None = None, transformers_lines: bool = True, other_line: bool = True,
-    runs: Sequence[str] = (), progress: RunProgress | None = None,
+    runs: Sequence[str] = (), progress: RunProgress | None = None, long_tokens: int | None = None,
 ) -> list[ParityReport]:
     """`parity` for many checkpoints (paths) or (source, spec) pairs, with one process for the other transformers
     line (other_line=False leaves that row out) and one worker per run engine for every run (`runs`: `--run`
@@ -351,6 +361,8 @@ def parity_many(
                 inputs.append(_from_source(source, load_spec(spec), work))
             else:
                 inputs.append(_from_checkpoint(item))
+        for x in inputs:
+            x.long_tokens = _long_tokens(x.plan, long_tokens)
         workers = _Workers(progress or _run_progress(inputs, planned_runs)) if planned_runs else None
         reports = _reports(inputs, other_python, transformers_lines, other_line)
         if workers is not None:
@@ -366,7 +378,7 @@ def parity_many(
 
 def _reports(inputs: list[_Inputs], other_python: str | None, transformers_lines: bool, other_line: bool,
              hints: ServingHints | None = None) -> list[ParityReport]:
-    jobs = [(x.folder, _lengths(x.plan)) for x in inputs]
+    jobs = [(x.folder, x.lengths) for x in inputs]
     here = probes.run_here(jobs) if transformers_lines else [None] * len(jobs)
     other = probes.run_other(jobs, other_python) if transformers_lines and other_line else [None] * len(jobs)
     return [_report(x, h, o, hints) for x, h, o in zip(inputs, here, other)]
@@ -390,7 +402,7 @@ def _run_progress(inputs: list[_Inputs], runs: list[tuple[RunEngine, str]]) -> R
     card route, for each checkpoint with weights (its estimate is calibrated once the reference model loads)."""
     requests = [n for x in inputs if x.weights is not None
                 for _ in range(1 + sum(len(_card_routes(x, engine)[0]) for engine, _ in runs))
-                for n in _lengths(x.plan)]
+                for n in x.lengths]
     progress = RunProgress(requests)
     names = ", ".join(f"{engine.title} ({route})" for engine, route in runs)
     progress.say(f"--run: {names}: each engine started, the transformers reference run, then each engine on each "
@@ -432,7 +444,7 @@ def _run_rows(inputs: _Inputs, runs: list[tuple[RunEngine, str]], workers: _Work
     weights = resolve_source(inputs.weights)
     this = weights if inputs.written else linked_folder(weights, inputs.out_config, tmp / "this")
     original = linked_folder(weights, inputs.original_config, tmp / "original")
-    lengths = _lengths(inputs.plan)
+    lengths = inputs.lengths
     ids = text_ids(weights, max(lengths))
     requests = {n: ids[: n - 1] for n in lengths}  # n - 1 prompt tokens + 1 generated: n tokens
     model = reference_model(original, inputs.plan)
@@ -454,8 +466,19 @@ def _run_rows(inputs: _Inputs, runs: list[tuple[RunEngine, str]], workers: _Work
     return rows
 
 
-def _lengths(plan: PatchPlan) -> list[int]:
-    return [plan.spec.original_max_position_embeddings, plan.spec.target_length]
+def _lengths(plan: PatchPlan, long_tokens: int | None = None) -> list[int]:
+    return [plan.spec.original_max_position_embeddings, long_tokens or plan.spec.target_length]
+
+
+def _long_tokens(plan: PatchPlan, long_tokens: int | None) -> int | None:
+    """`long_tokens` checked against the plan: above the original length, at most the target length."""
+    L, target = plan.spec.original_max_position_embeddings, plan.spec.target_length
+    if long_tokens is None or long_tokens == target:
+        return None
+    if not L < long_tokens < target:
+        raise ValueError(f"--long-tokens {long_tokens}: the long request must be longer than the original length "
+                         f"{L} and at most the target length {target}")
+    return int(long_tokens)
 
 
 def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -> ParityReport:
@@ -465,7 +488,7 @@ def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -
 
     plan = inputs.plan
     spec = plan.spec
-    lengths = _lengths(plan)
+    lengths = inputs.lengths
     refs = {n: own_rope(plan, n) for n in lengths}
     serving = serving or ServingHints.of(plan, inputs.out_config)
     hints = {hint.engine: hint for hint in serving.named(inputs.out_name)}
@@ -506,6 +529,7 @@ def _report(inputs: _Inputs, here, other, serving: ServingHints | None = None) -
         target=spec.target_length,
         rows=rows,
         hints=list(hints.values()),
+        long=inputs.long_tokens,
     )
 
 

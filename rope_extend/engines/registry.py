@@ -28,7 +28,7 @@ from .served import NotServed, Served, Unchecked
 from .written import FEATURES, Written
 
 if TYPE_CHECKING:
-    from .runs import RunEngine
+    from .run_engine import RunEngine
 
 
 @dataclass
@@ -83,6 +83,8 @@ class ServingEngine:
     ported: its rows come from its port (`served`); False for the reference, transformers, run as a library.
     native_format: a model file format the engine reads natively ("gguf": llama.cpp); its port gives that format's
     own RoPE (`gguf_served`), what the audit of such a file compares every other engine with.
+    gguf_through_transformers: the engine serves a .gguf model by reading its config with transformers' GGUF reader
+    (vLLM, SGLang): the audit of a GGUF gives it a row.
     """
 
     name: ClassVar[str]
@@ -93,6 +95,7 @@ class ServingEngine:
     first_choice: ClassVar[int | None] = None
     ported: ClassVar[bool] = True
     native_format: ClassVar[str | None] = None  # the model file format the engine reads natively ("gguf")
+    gguf_through_transformers: ClassVar[bool] = False  # it serves a .gguf model with transformers' GGUF reader
     # The routes the card lists, in order, as skeletons (commands and settings filled in by `serve`).
     routes: ClassVar[tuple[Route, ...]] = ()
 
@@ -154,10 +157,10 @@ class ServingEngine:
         """`unchecked` for a model's own RoPE (`rope`: its full-attention slot as the engine reads it)."""
         kind = str(rope.get("rope_type", rope.get("type", "default")))
         if kind not in self.rope_types:
-            return f"not checked: {self.version}'s rules here cover rope_type {', '.join(self.rope_types)}, not {kind!r}"
+            return f"{self.version}'s rules here cover rope_type {', '.join(self.rope_types)}, not {kind!r}"
         missing = sorted(model.features - self.features)
         if missing:
-            return f"not checked: rope-extend's port of {self.version} does not model {FEATURES[missing[0]]}"
+            return f"rope-extend's port of {self.version} does not model {FEATURES[missing[0]]}"
         return None
 
     # -- the real engine ----------------------------------------------------------------------------------------

@@ -41,10 +41,12 @@ class CardEval:
 
     def results(self, model_name: str) -> list:
         """One `EvalResult` per measurement of the checkpoint's variant: perplexity by text and length, retrieval
-        accuracy by task, haystack and length; `metric_args` holds n and the 95 % interval."""
+        accuracy by task, haystack and length; `metric_args` holds n and the 95 % interval (``"n = 1: no interval"``
+        for a perplexity of one block)."""
         from huggingface_hub import EvalResult
 
         from .report import accuracy, haystack_of
+        from .stats import NO_INTERVAL
 
         variant = self.checkpoint_variant()
         suite = f"suite {self.suite}" + (" (smoke test: too few samples for evidence)" if self.smoke else "")
@@ -56,7 +58,9 @@ class CardEval:
             m, length = r["metrics"], int(r["length"])
             if r["kind"] == "perplexity":
                 args: dict[str, Any] = {"context_length": length}
-                if m.get("ppl_ci"):
+                if len(m.get("block_losses") or ()) == 1:  # one block: no interval (older records carry [x, x])
+                    args["interval_95"] = NO_INTERVAL
+                elif m.get("ppl_ci"):
                     args["interval_95"] = [round(float(x), 4) for x in m["ppl_ci"]]
                 if m.get("block_losses"):
                     args["n"] = len(m["block_losses"])

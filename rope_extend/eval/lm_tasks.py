@@ -36,6 +36,11 @@ def all_tasks() -> tuple[str, ...]:
     return probe_names() + ("perplexity",)
 
 
+def max_answer_tokens(num_needles: int = 4) -> int:
+    """The largest answer budget of any probe (`Probe.max_new_tokens`) at *num_needles* needles."""
+    return max(get_probe(name).max_new_tokens(num_needles) for name in probe_names())
+
+
 def _tokenizer(tok):
     if tok is None or not isinstance(tok, (str, os.PathLike)):
         return tok
@@ -189,9 +194,9 @@ def run_lm_eval(
     """Run lm-eval tasks on an already loaded (and possibly patched) in-memory model.
 
     ``max_length`` defaults to the larger of the model's (patched) ``max_position_embeddings`` and
-    the longest prompt + 64 (lm-eval left-truncates prompts longer than ``max_length`` minus
-    the generation budget, which would silently cut the haystack).  Returns
-    lm-eval's results dict (``results[task]["score,none"]`` etc.).
+    the longest prompt + the largest answer budget of a probe at the metadata's ``num_needles`` (lm-eval
+    left-truncates prompts longer than ``max_length`` minus the generation budget, which would silently cut the
+    haystack).  Returns lm-eval's results dict (``results[task]["score,none"]`` etc.).
     """
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -200,7 +205,8 @@ def run_lm_eval(
     tokenizer = _tokenizer(tokenizer)
     if max_length is None:
         # room for the longest prompt plus the answer: lm-eval would otherwise left-truncate prompts
-        max_length = max(int(model.config.max_position_embeddings), max(lengths or DEFAULT_LENGTHS) + 64)
+        answer = max_answer_tokens(int((metadata or {}).get("num_needles", 4)))
+        max_length = max(int(model.config.max_position_embeddings), max(lengths or DEFAULT_LENGTHS) + answer)
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length)
     md = {"max_seq_lengths": list(lengths or DEFAULT_LENGTHS)}
     name = getattr(tokenizer, "name_or_path", None)

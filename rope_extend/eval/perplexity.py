@@ -100,24 +100,23 @@ def perplexity_metrics(
 
     ``losses`` are the ``L - 1`` next-token losses of an ``L``-token sequence. The interval resamples contiguous
     blocks of ``block_size`` losses (see :mod:`rope_extend.eval.stats` for why); the block means are kept in
-    the record so paired differences between variants can be computed later.
+    the record so paired differences between variants can be computed later. A sequence of one block has no
+    interval (no ``loss_ci`` / ``ppl_ci``; ``ci`` says ``n = 1: no interval``).
     """
-    from .stats import RESAMPLES, block_means, bootstrap_mean
+    from .stats import NO_INTERVAL, RESAMPLES, block_means, bootstrap_mean
 
     length = losses.numel() + 1
     means, sizes = block_means(losses.tolist(), block_size)
     mean, lo, hi = bootstrap_mean(means, sizes)  # the mean and an interval that holds it (float64)
-    res = {
-        "length": length,
-        "loss": mean,
-        "ppl": math.exp(min(mean, 50.0)),
-        "loss_ci": [lo, hi],
-        "ppl_ci": [math.exp(min(lo, 50.0)), math.exp(min(hi, 50.0))],
-        "ci": f"95% percentile bootstrap over {len(means)} contiguous {block_size}-token blocks, {RESAMPLES} resamples",
-        "block_size": block_size,
-        "block_losses": means,
-        "buckets": bucket_losses(losses, bucket_size, original_length),
-    }
+    res = {"length": length, "loss": mean, "ppl": math.exp(min(mean, 50.0))}
+    if lo is None:  # one block: nothing to resample
+        res["ci"] = f"{NO_INTERVAL} (one {block_size}-token block)"
+    else:
+        res |= {"loss_ci": [lo, hi], "ppl_ci": [math.exp(min(lo, 50.0)), math.exp(min(hi, 50.0))],
+                "ci": f"95% percentile bootstrap over {len(means)} contiguous {block_size}-token blocks, {RESAMPLES} "
+                      "resamples"}
+    res |= {"block_size": block_size, "block_losses": means,
+            "buckets": bucket_losses(losses, bucket_size, original_length)}
     if original_length:
         pos = torch.arange(1, losses.numel() + 1)
         inside, beyond = losses[pos < original_length], losses[pos >= original_length]

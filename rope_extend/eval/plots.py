@@ -3,16 +3,21 @@
 What a reader needs to trust a plot is drawn in, whatever the records hold:
 
 - every variant is visible: it keeps one colour, marker and line style in every plot (colour-blind-safe, from
-  :mod:`rope_extend.plotstyle`), points at the same length are dodged sideways, and a variant whose numbers equal
-  an earlier variant's says so in its legend entry (``dynamic-yarn-x2 (= unpatched at 2k, 8k; = yarn-x2 at
-  16k)``), found by comparing the numbers, not names; curves too close to tell apart get a panel of their paired
-  differences;
-- bands are light fills with edges in their variant's colour and line style; length axes are log-2 with plain
-  labels (2k, 4k, 8k), at least four of them;
+  :mod:`rope_extend.plotstyle`), and a variant whose numbers equal an earlier variant's says so in its legend
+  entry (``dynamic-yarn-x2 (= unpatched at 2k, 8k; = yarn-x2 at 16k)``), found by comparing the numbers, not
+  names (and drawn hollow and larger over the one it equals); curves too close to tell apart get a panel of their
+  paired differences;
+- markers sit at the measured values: their data coordinates are the measured length (or bucket centre) and
+  number; variants at one x stand side by side, nudged in display space by at most :data:`NUDGE_REACH` marker
+  sizes (:func:`nudge_points`): at the tick of the length they were measured at, on any axis;
+- bands are light fills with edges in their variant's colour and line style, and the legend says so; length axes
+  are log-2 with plain labels (2k, 4k, 8k), at least four of them;
 - measured points are markers; the thin dotted lines between them only link a variant's points (nothing was
-  measured in between, and the x label says so);
-- every line is in a legend, reference lines too (the original window, the unpatched baseline, the retrieval
-  ceiling), and legends sit outside the axes, never over the data;
+  measured in between, and the legend says so);
+- the legend lists what is drawn, every line of it, reference lines too (the original window, the retrieval
+  ceiling) and only where they fall inside the axes (a window beyond every measured length is said in the legend's
+  title, not listed as a line); legends sit outside the axes, never over the data;
+- several panels (texts, retrieval tasks) are laid out in a grid of at most :data:`GRID_COLUMNS` columns;
 - retrieval points from fewer than :data:`MIN_N_FOR_BARS` prompts are labelled ``k/n`` instead of carrying a
   Wilson bar that spans most of [0, 1];
 - a heatmap cell with no prompt reads "not run"; the colormap is cividis, never red-green;
@@ -22,8 +27,8 @@ What a reader needs to trust a plot is drawn in, whatever the records hold:
 Figures are built on :class:`matplotlib.figure.Figure`, not pyplot: building one (in a test, in a thread) leaves
 no global state and nothing to close. A variant's markers carry its name as ``gid`` (reference lines: ``window``,
 ``ceiling``; guides: ``link``; band edges: ``band``; a difference panel's lines: ``<variant>:difference``),
-which is how tests find what was drawn. :func:`make_plots` writes the PNGs the
-report links.
+which is how tests find what was drawn; their data are the measured values, the nudge is in their transform.
+:func:`make_plots` writes the PNGs the report links.
 """
 
 from __future__ import annotations
@@ -60,14 +65,48 @@ from .variants import BASELINE
 
 MIN_N_FOR_BARS = 5  # below this many prompts per point, a Wilson bar says less than the count k/n does
 DPI = 110
+MARKER_SIZE = 7.0  # points
+POSITION_MARKER = 4.5  # the loss-by-position markers (many per curve): smaller
+NUDGE_STEP = 0.55  # markers of several series at one x stand this many marker sizes apart ...
+NUDGE_REACH = 1.0  # ... the outermost at most this many marker sizes from that x
+GRID_COLUMNS = 2  # panels per row: a figure that stays readable embedded in a page
 WINDOW_STYLE = {"color": "0.35", "ls": "--", "lw": 1, "zorder": 0.5}  # behind the points
 CEILING_STYLE = {"color": "0.45", "ls": ":", "lw": 1.6}
 LINK_STYLE = {"ls": ":", "lw": 1, "alpha": 0.7}  # the line between measured points: a guide, not a measurement
-LINK_NOTE = "markers: measured lengths{};\ndotted: a guide between them (not across the window)"
+LINK_NOTE = "markers: at the measured lengths{};\ndotted: a guide between them (not across the window)"
+BAND_LABEL = "a series' 95 % band: light fill between thin lines in its style"
 
 
 def _link_note(variants: int) -> str:
-    return LINK_NOTE.format(", dodged sideways" if variants > 1 else "")
+    return LINK_NOTE.format(",\nside by side within a marker's width" if variants > 1 else "")
+
+
+def nudge_points(i: int, n: int, size: float = MARKER_SIZE) -> float:
+    """The sideways offset, in points, of the *i*-th of *n* series' markers at one x: :data:`NUDGE_STEP` marker
+    sizes apart (closer when there are many), centred on x and never more than :data:`NUDGE_REACH` marker sizes
+    from it: markers that coincide stand side by side, at the measured x within a marker's size."""
+    if n < 2:
+        return 0.0
+    step = min(NUDGE_STEP * size, 2 * NUDGE_REACH * size / (n - 1))
+    return (i - (n - 1) / 2) * step
+
+
+def _nudged(ax, i: int, n: int, size: float = MARKER_SIZE):
+    """The transform that draws data coordinates at :func:`nudge_points` of the *i*-th of *n* series (display
+    space: the same on a log axis as on a linear one; the artists' data stay the measured values). Matplotlib
+    does not count what such artists span in the axes' data limits: :func:`_claim` does."""
+    from matplotlib.transforms import ScaledTranslation
+
+    return ax.transData + ScaledTranslation(nudge_points(i, n, size) / 72, 0, ax.figure.dpi_scale_trans)
+
+
+def _claim(ax, xs, *ys) -> None:
+    """Count the points ``(xs, y)`` of every *ys* series in the axes' data limits and rescale (what a nudged
+    artist spans: its markers, its bars' ends, its band's edges)."""
+    points = [(x, y) for values in ys for x, y in zip(xs, values) if y is not None and not math.isnan(y)]
+    if points:
+        ax.update_datalim(points)
+        ax.autoscale_view()
 
 
 # ---------------------------------------------------------------- shared pieces
@@ -143,41 +182,38 @@ def _describe_positions(orig):
     return describe
 
 
+def _describe_panels(panels: list[str]):
+    """Words for a set of ``(panel, length)`` keys: the lengths alone where every panel has the same ones, the
+    lengths in each panel for a few panels, else how many of the points."""
+    def describe(keys, all_keys) -> str:
+        by_panel = defaultdict(set)
+        for t, L in keys:
+            by_panel[t].add(L)
+        if len(panels) == 1 or len({frozenset(s) for s in by_panel.values()}) == 1 and len(by_panel) == len(panels):
+            return _describe_lengths(next(iter(by_panel.values())), {L for _, L in all_keys})
+        if len(by_panel) <= 2:
+            return "; ".join(f"{_describe_lengths(s, [])} in {t}" for t, s in by_panel.items())
+        return f"at {len(keys)} of its {len(all_keys)} points"
+
+    return describe
+
+
 def _label(style: dict, note: str | None) -> str:
     return f"{style['label']} ({note})" if note else style["label"]
 
 
-def _dodge(xs_all: list[float], n: int, width: float = 0.8):
-    """``dodge(i, x)``: the multiplicative offset (log axis) of the *i*-th of *n* variants at length *x*, spreading
-    them over *width* of the gap to the nearest other length there (in octaves, at most one), centred on *x*: points
-    at the same length stand side by side, and never reach a neighbouring length's."""
-    xs = sorted(set(xs_all))
-    near = {x: min([abs(math.log2(y / x)) for y in xs if y != x] + [1.0]) for x in xs}
-
-    def dodge(i: int, x: float) -> float:
-        gap = near.get(x, min(near.values(), default=1.0))
-        return 2 ** ((i - (n - 1) / 2) * min(gap, 1.0) * width / max(n, 1))
-
-    return dodge
-
-
-def _spread(dodge, n: int, xs) -> float:
-    """The largest outward offset factor of *dodge* over lengths *xs* (for the axis margins)."""
-    return max((dodge(n - 1, x) for x in xs), default=1.0)
-
-
-def _link(ax, lengths, xs, ys, color, orig) -> None:
-    """Dotted guide lines between a variant's measured points, broken at the original window: behaviour
-    changes there, so a line across it would read as a measurement nobody made."""
+def _link(ax, lengths, ys, color, orig, transform) -> None:
+    """Dotted guide lines between a variant's measured points (drawn through its nudged markers), broken at the
+    original window: behaviour changes there, so a line across it would read as a measurement nobody made."""
     segment: list[tuple] = []
-    for i, (L, x, y) in enumerate(zip(lengths, xs, ys)):
+    for i, (L, y) in enumerate(zip(lengths, ys)):
         if segment and orig and lengths[i - 1] <= orig < L:
             if len(segment) > 1:
-                ax.plot(*zip(*segment), color=color, gid="link", **LINK_STYLE)
+                ax.plot(*zip(*segment), color=color, gid="link", transform=transform, **LINK_STYLE)
             segment = []
-        segment.append((x, y))
+        segment.append((L, y))
     if len(segment) > 1:
-        ax.plot(*zip(*segment), color=color, gid="link", **LINK_STYLE)
+        ax.plot(*zip(*segment), color=color, gid="link", transform=transform, **LINK_STYLE)
 
 
 def _log_y(ax) -> bool:
@@ -193,18 +229,50 @@ def _log_y(ax) -> bool:
     return True
 
 
-def _window(ax, orig, handles: dict) -> None:
-    if orig:
-        line = ax.axvline(orig, gid="window", **WINDOW_STYLE)
-        handles.setdefault(f"original window ({fmt_tokens(orig, quantum=1)} tokens)", line)
+def _window(ax, orig, handles: dict) -> bool:
+    """The original window as a dashed line (and its legend entry) where it falls inside the x limits (set them
+    first); returns whether it was drawn."""
+    lo, hi = sorted(ax.get_xlim())
+    if not orig or not lo < orig < hi:
+        return False
+    line = ax.axvline(orig, gid="window", **WINDOW_STYLE)
+    handles.setdefault(f"original window ({fmt_tokens(orig, quantum=1)} tokens)", line)
+    return True
 
 
-def _length_axis(ax, lengths, spread: float = 1.0) -> None:
+def _window_note(orig, drawn: bool, what: str = "length") -> str | None:
+    """The legend title's line for a window no panel shows: every measured *what* lies inside it."""
+    if not orig or drawn:
+        return None
+    return f"every {what} inside the original {fmt_tokens(orig, quantum=1)}-token window\n(not drawn: off this axis)"
+
+
+def _title(*lines: str | None) -> str | None:
+    return "\n".join(line for line in lines if line) or None
+
+
+def _panels(fig, n: int):
+    """*n* axes in a grid of at most :data:`GRID_COLUMNS` columns (the unused cells removed), row by row."""
+    cols = min(n, GRID_COLUMNS)
+    rows = -(-n // cols)
+    grid = fig.subplots(rows, cols, squeeze=False)
+    for ax in grid.flat[n:]:
+        ax.remove()
+    return list(grid.flat[:n])
+
+
+def _grid_size(n: int, width: float, height: float) -> tuple[float, float]:
+    """The figure size of :func:`_panels`' grid for *n* panels of *width* x *height* inches, plus the legend."""
+    cols = min(n, GRID_COLUMNS)
+    return 1.8 + width * cols, 0.4 + height * -(-n // cols)
+
+
+def _length_axis(ax, lengths) -> None:
     """Log-2 length axis with plain labels (2k, 4k, 8k, 12k, 16k): the measured lengths and enough powers of two
-    between them for at least four ticks; *spread* (the largest dodge factor) widens the margins."""
+    between them for at least four ticks."""
     ax.set_xscale("log", base=2)
     measured = sorted(set(lengths))
-    margin = (1.6 if len(measured) == 1 else 1.15) * spread
+    margin = 1.6 if len(measured) == 1 else 1.15
     lo, hi = measured[0] / margin, measured[-1] * margin
     ax.set_xlim(lo, hi)
     plain_log_axis(ax, "x", length_ticks(lo, hi, measured), fmt_tokens)
@@ -226,9 +294,17 @@ def _position_axis(ax, length: int) -> None:
     ax.set_xlim(0, length)
 
 
+LEGEND_COLUMNS = 52  # characters per legend line: a long note wraps instead of widening the figure
+
+
 def _outside_legend(fig, handles: dict, title: str | None = None) -> None:
-    """One legend for the figure, right of the axes (``save`` crops with ``bbox_inches="tight"``)."""
-    fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5),
+    """One legend for the figure, right of the axes (``save`` crops with ``bbox_inches="tight"``); labels wrapped
+    at :data:`LEGEND_COLUMNS` characters, continuation lines indented."""
+    import textwrap
+
+    labels = ["\n".join(textwrap.wrap(label, LEGEND_COLUMNS, subsequent_indent="  ", break_on_hyphens=False))
+              for label in handles]
+    fig.legend(list(handles.values()), labels, loc="center left", bbox_to_anchor=(1.0, 0.5),
                fontsize=8, title=title, title_fontsize=8, alignment="left", frameon=False)
 
 
@@ -253,12 +329,25 @@ def _bucket_blocks(m: dict, bucket: dict, other: dict | None = None) -> list[flo
     return [blocks[i] for i in inside]
 
 
-def _band(ax, xs, band, st) -> None:
-    """A 95 % band: a light fill with edges in the series' colour and line style, so overlapping bands stay apart."""
-    lo, hi = [a for a, _ in band], [b for _, b in band]
-    ax.fill_between(xs, lo, hi, color=st["color"], alpha=BAND_ALPHA, lw=0)
+def _band(ax, xs, band, st, transform) -> bool:
+    """A 95 % band: a light fill with edges in the series' colour and line style, so overlapping bands stay apart;
+    a bucket without an interval (one block: ``(None, None)``) is a gap. Returns whether any of it was drawn."""
+    lo = [math.nan if a is None else a for a, _ in band]
+    hi = [math.nan if b is None else b for _, b in band]
+    if all(math.isnan(a) for a in lo):
+        return False
+    ax.fill_between(xs, lo, hi, color=st["color"], alpha=BAND_ALPHA, lw=0, transform=transform)
     for edge in (lo, hi):
-        ax.plot(xs, edge, color=st["color"], ls=st["ls"], lw=0.7, alpha=0.55, gid="band")
+        ax.plot(xs, edge, color=st["color"], ls=st["ls"], lw=0.7, alpha=0.55, gid="band", transform=transform)
+    _claim(ax, xs, lo, hi)
+    return True
+
+
+def _band_handle():
+    """The legend's entry for the bands: a light fill between two thin lines, as drawn."""
+    from matplotlib.patches import Patch
+
+    return Patch(facecolor="0.5", alpha=2 * BAND_ALPHA, edgecolor="0.2", lw=0.7, ls="--")
 
 
 def close_cluster(series: dict[str, dict], tolerance: float) -> tuple[str | None, list[str]]:
@@ -279,9 +368,10 @@ def close_cluster(series: dict[str, dict], tolerance: float) -> tuple[str | None
 
 def loss_vs_position(records: list[dict]):
     """Loss by position in each variant's longest sequence of the first text, with a 95 % band per bucket
-    (when the records carry block losses); markers dodged sideways inside their bucket. When some curves lie
-    within :data:`CLOSE` of the panel's height of each other everywhere, a second panel shows their differences
-    from one of them (paired on the same blocks, with 95 % bands), where the top panel cannot tell them apart."""
+    (when the records carry block losses and a bucket holds more than one block); each marker at its bucket's
+    centre. When some curves lie within :data:`CLOSE` of the panel's height of each other everywhere, a second
+    panel shows their differences from one of them (paired on the same blocks, with 95 % bands), where the top
+    panel cannot tell them apart."""
     ppl = perplexity_records(records)
     if not ppl:
         return None
@@ -300,47 +390,54 @@ def loss_vs_position(records: list[dict]):
         ax, diff_ax = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
     else:
         ax, diff_ax = fig.subplots(), None
+    _position_axis(ax, max(lengths))
     handles: dict = {}
+    banded = False
     n = len(longest)
     for i, (v, r) in enumerate(longest.items()):
         st, m = styles[v], r["metrics"]
-        width = min((b["end"] - b["start"] for b in m["buckets"]), default=0)
-        shift = (i - (n - 1) / 2) * width * 0.5 / max(n, 1)  # inside the bucket the point stands for
-        xs, ys = [x + shift for x in series[v]], list(series[v].values())
+        xs, ys = list(series[v]), list(series[v].values())
         label = _label(st, notes.get(v)) + ("" if len(lengths) == 1 else f", {fmt_tokens(r['length'], quantum=1)} tokens")
         hides = v in notes  # drawn over an equal variant: hollow and larger, so the one below shows through
-        (line,) = ax.plot(xs, ys, color=st["color"], marker=st["marker"], ls=st["ls"], lw=1.3, ms=7 if hides else 4.5,
-                          mfc="none" if hides else st["color"], mew=1.2, gid=v)
+        at = _nudged(ax, i, n, POSITION_MARKER)
+        size = 1.5 * POSITION_MARKER if hides else POSITION_MARKER
+        (line,) = ax.plot(xs, ys, color=st["color"], marker=st["marker"], ls=st["ls"], lw=1.3, ms=size,
+                          mfc="none" if hides else st["color"], mew=1.2, gid=v, transform=at)
         handles[label] = line
+        _claim(ax, xs, ys)
         if "block_losses" in m and not _copies_earlier(series, v):  # an equal variant's band is drawn already
-            _band(ax, xs, [bootstrap_mean_interval(_bucket_blocks(m, b) or [b["loss"]]) for b in m["buckets"]], st)
+            banded |= _band(ax, xs, [bootstrap_mean_interval(_bucket_blocks(m, b) or [b["loss"]])
+                                     for b in m["buckets"]], st, at)
         if diff_ax is not None and v in [ref, *cluster]:
             base = longest[ref]["metrics"]
+            dat = _nudged(diff_ax, i, n, POSITION_MARKER)
             dys = [y - series[ref][x] for x, y in series[v].items()]
             (dline,) = diff_ax.plot(xs, dys, color=st["color"], marker=st["marker"], ls=st["ls"], lw=1.3,
-                                    ms=7 if hides else 4.5, mfc="none" if hides else st["color"], mew=1.2,
-                                    gid=f"{v}:difference")
+                                    ms=size, mfc="none" if hides else st["color"], mew=1.2,
+                                    gid=f"{v}:difference", transform=dat)
+            _claim(diff_ax, xs, dys)
             paired = "block_losses" in m and "block_losses" in base and m["block_size"] == base["block_size"]
             if paired and v != ref and not _copies_earlier({w: series[w] for w in (ref, v)}, v):
-                _band(diff_ax, xs, [bootstrap_mean_interval(_bucket_blocks(m, b, base) or [0.0])
-                                    for b in m["buckets"]], st)
-    _window(ax, orig, handles)
-    _position_axis(ax, max(lengths))
-    bands = " (95 % band)" if any("block_losses" in r["metrics"] for r in ppl) else ""
+                banded |= _band(diff_ax, xs, [bootstrap_mean_interval(_bucket_blocks(m, b, base) or [0.0])
+                                              for b in m["buckets"]], st, dat)
+    drawn = _window(ax, orig, handles)
+    if banded:
+        handles[BAND_LABEL] = _band_handle()
+    bands = " (95 % band)" if banded else ""
     ax.set_ylabel("mean next-token loss" + bands)
     size = f"{fmt_tokens(next(iter(lengths)), quantum=1)} tokens" if len(lengths) == 1 else "longest run of each variant"
     ax.set_title(f"Loss vs position ({size} of {text})")
     bottom = ax
     if diff_ax is not None:
-        if orig:
+        if drawn:
             diff_ax.axvline(orig, gid="window", **WINDOW_STYLE)
         others = [v for v in longest if v not in (ref, *cluster)]
         diff_ax.set_ylabel(f"loss − {ref}" + (" (paired 95 % band)" if bands else ""))
         diff_ax.set_title(f"Curves the panel above cannot tell apart, as differences from {ref}"
                           + (f" ({', '.join(others)}: off this scale)" if others else ""), fontsize=9)
         bottom = diff_ax
-    bottom.set_xlabel("token position (marker: mean loss over the bucket around it, dodged inside the bucket)")
-    _outside_legend(fig, handles)
+    bottom.set_xlabel("token position (marker: mean loss over the bucket around it, at its centre)")
+    _outside_legend(fig, handles, title=_window_note(orig, drawn, "position"))
     _name_sources(fig, ppl)
     return fig
 
@@ -356,47 +453,42 @@ def perplexity_vs_length(records: list[dict]):
     styles = variant_styles(records)
     series = {v: {(text_of(r), r["length"]): r["metrics"]["ppl"] for r in ppl if r["variant"] == v} for v in variants}
 
-    def describe(keys, all_keys) -> str:
-        by_text = defaultdict(set)
-        for t, L in keys:
-            by_text[t].add(L)
-        if len(texts) == 1 or len({frozenset(s) for s in by_text.values()}) == 1 and len(by_text) == len(texts):
-            return _describe_lengths(next(iter(by_text.values())), {L for _, L in all_keys})
-        return "; ".join(f"{t} {_describe_lengths(s, [])}" for t, s in by_text.items())
-
-    notes = coincidences(series, describe)
-    dodge = _dodge([r["length"] for r in ppl], len(variants))
-    fig = _new_figure((1.5 + 5.2 * len(texts), 4.4))
-    axes = fig.subplots(1, len(texts), squeeze=False)[0]
+    notes = coincidences(series, _describe_panels(texts))
+    fig = _new_figure(_grid_size(len(texts), 5.2, 4.2))
+    axes = _panels(fig, len(texts))
     variant_handles: dict = {}
     handles: dict = {}  # reference lines, listed after the variants
+    drawn = False
     for ax, t in zip(axes, texts):
+        _length_axis(ax, [r["length"] for r in ppl if text_of(r) == t])
         for i, v in enumerate(variants):
             pts = sorted((r["length"], r["metrics"]) for r in ppl if r["variant"] == v and text_of(r) == t)
             if not pts:
                 continue
-            st = styles[v]
-            xs = [L * dodge(i, L) for L, _ in pts]
+            st, at = styles[v], _nudged(ax, i, len(variants))
+            xs = [L for L, _ in pts]
             ys = [m["ppl"] for _, m in pts]
             err = None
             if all("ppl_ci" in m for _, m in pts):
                 # (records written before intervals were made to hold their estimate can miss it in the last bits)
                 err = [[max(0.0, y - m["ppl_ci"][0]) for y, (_, m) in zip(ys, pts)],
                        [max(0.0, m["ppl_ci"][1] - y) for y, (_, m) in zip(ys, pts)]]
-            _link(ax, [L for L, _ in pts], xs, ys, st["color"], orig)
-            bars = ax.errorbar(xs, ys, yerr=err, color=st["color"], marker=st["marker"], ls="none", ms=6,
-                               capsize=3, elinewidth=1, mfc="none" if v in notes else st["color"], mew=1.3)
+            _link(ax, xs, ys, st["color"], orig, at)
+            hides = v in notes
+            bars = ax.errorbar(xs, ys, yerr=err, color=st["color"], marker=st["marker"], ls="none",
+                               ms=MARKER_SIZE * (1.3 if hides else 1), capsize=3, elinewidth=1,
+                               mfc="none" if hides else st["color"], mew=1.3, transform=at)
             bars.lines[0].set_gid(v)  # the markers: what tests (and SVG readers) find a variant by
+            _claim(ax, xs, ys, *([[y - e for y, e in zip(ys, err[0])], [y + e for y, e in zip(ys, err[1])]]
+                                 if err else []))
             variant_handles.setdefault(_label(st, notes.get(v)), bars)
-        _window(ax, orig, handles)
-        lengths = [r["length"] for r in ppl if text_of(r) == t]
-        _length_axis(ax, lengths, _spread(dodge, len(variants), lengths))
+        drawn |= _window(ax, orig, handles)
         log = _log_y(ax)
         ax.set_xlabel(LENGTH_LABEL)
         says = [s for s, on in (("95 % interval", any("ppl_ci" in r["metrics"] for r in ppl)), ("log scale", log)) if on]
         ax.set_ylabel("perplexity" + (f" ({', '.join(says)})" if says else ""))
         ax.set_title(t)
-    _outside_legend(fig, variant_handles | handles, title=_link_note(len(variants)))
+    _outside_legend(fig, variant_handles | handles, title=_title(_link_note(len(variants)), _window_note(orig, drawn)))
     _name_sources(fig, ppl, [] if BASELINE in variants else
                   [f"no {BASELINE} (before) numbers in these records: each variant alone, no before/after"])
     return fig
@@ -474,30 +566,44 @@ def attention_entropy(records: list[dict]):
     styles = variant_styles(records)
     series = {v: {r["length"]: r["metrics"]["mean_entropy"] for r in ent if r["variant"] == v} for v in variants}
     notes = coincidences(series, _describe_lengths)
-    dodge = _dodge([r["length"] for r in ent], len(variants))
     fig = _new_figure((6.5, 3.8))
     ax = fig.subplots()
+    _length_axis(ax, [r["length"] for r in ent])
     handles: dict = {}
     for i, v in enumerate(variants):
-        st, pts = styles[v], sorted(series[v].items())
-        xs, ys = [L * dodge(i, L) for L, _ in pts], [y for _, y in pts]
-        _link(ax, [L for L, _ in pts], xs, ys, st["color"], orig)
-        (dots,) = ax.plot(xs, ys, color=st["color"], marker=st["marker"], ls="none", ms=6,
-                          mfc="none" if v in notes else st["color"], mew=1.3, gid=v)
+        st, pts, at = styles[v], sorted(series[v].items()), _nudged(ax, i, len(variants))
+        xs, ys = [L for L, _ in pts], [y for _, y in pts]
+        _link(ax, xs, ys, st["color"], orig, at)
+        hides = v in notes
+        (dots,) = ax.plot(xs, ys, color=st["color"], marker=st["marker"], ls="none",
+                          ms=MARKER_SIZE * (1.3 if hides else 1), mfc="none" if hides else st["color"], mew=1.3,
+                          gid=v, transform=at)
         handles[_label(st, notes.get(v))] = dots
-    _window(ax, orig, handles)
-    lengths = [r["length"] for r in ent]
-    _length_axis(ax, lengths, _spread(dodge, len(variants), lengths))
+        _claim(ax, xs, ys)
+    drawn = _window(ax, orig, handles)
     ax.set_xlabel(LENGTH_LABEL)
     ax.set_ylabel("mean attention entropy (nats)")
-    _outside_legend(fig, handles, title=_link_note(len(variants)))
+    _outside_legend(fig, handles, title=_title(_link_note(len(variants)), _window_note(orig, drawn)))
     return fig
 
 
+def _counts(ax, points: list[tuple[float, float, str, str]]) -> None:
+    """The labels ``k/n`` beside points too small for a Wilson bar, above each point (below at the top of the
+    axis): *points* are ``(x, y, label, colour)``; variants whose markers share an x, a y and a label share one
+    label (in grey), so labels never pile on top of each other."""
+    at: dict[tuple, list[str]] = defaultdict(list)
+    for x, y, label, color in points:
+        at[(x, y, label)].append(color)
+    for (x, y, label), colors in at.items():
+        ax.annotate(label, (x, y), xytext=(0, -11 if y > 0.9 else 7), textcoords="offset points", ha="center",
+                    fontsize=6.5, color=colors[0] if len(colors) == 1 else "0.25")
+
+
 def retrieval_accuracy(records: list[dict]):
-    """Accuracy vs length per retrieval task: 95 % Wilson bars from :data:`MIN_N_FOR_BARS` prompts on, the
-    count ``k/n`` beside the point below that; the ceiling (the unpatched model at its longest length inside
-    the window) as a dotted line."""
+    """Accuracy vs length per retrieval task, one panel per task in a grid: 95 % Wilson bars from
+    :data:`MIN_N_FOR_BARS` prompts on, the count ``k/n`` beside the point below that; the ceiling (the unpatched
+    model at its longest length inside the window) as a dotted line beyond the window, where the window is on the
+    axis."""
     recs = probe_records(records)
     if not recs:
         return None
@@ -507,36 +613,42 @@ def retrieval_accuracy(records: list[dict]):
     ceil = ceilings(records)
     tasks = list(dict.fromkeys(task_label(r) for r in recs))
     variants = variants_of(recs)
-    fig = _new_figure((1.5 + 5.2 * len(tasks), 4.0))
-    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    series = {v: {(k, L): accuracy(s.values())[0] for (k, vv, L), s in cells.items() if vv == v} for v in variants}
+    notes = coincidences(series, _describe_panels(tasks))
+    fig = _new_figure(_grid_size(len(tasks), 4.8, 3.6))
+    axes = _panels(fig, len(tasks))
     variant_handles: dict = {}
     handles: dict = {}  # reference lines, listed after the variants
+    drawn = False
     for ax, t in zip(axes, tasks):
         lengths = sorted({L for (k, _, L) in cells if k == t})
-        drawn = [v for v in variants if any(k == t and vv == v for (k, vv, _) in cells)]
-        dodge = _dodge(lengths, len(drawn))
-        for i, v in enumerate(drawn):
-            st = styles[v]
+        _length_axis(ax, lengths)
+        on = [v for v in variants if any(k == t and vv == v for (k, vv, _) in cells)]
+        counts = []
+        for i, v in enumerate(on):
+            st, at = styles[v], _nudged(ax, i, len(on))
             pts = sorted((L, accuracy(s.values()), sum(s.values())) for (k, vv, L), s in cells.items()
                          if k == t and vv == v)
-            xs, ys = [L * dodge(i, L) for L, _, _ in pts], [a for _, (a, _, _, _), _ in pts]
+            xs, ys = [L for L, _, _ in pts], [a for _, (a, _, _, _), _ in pts]
             big = [n >= MIN_N_FOR_BARS for _, (_, _, _, n), _ in pts]
             err = [[(a - lo) if b else 0 for (_, (a, lo, _, _), _), b in zip(pts, big)],
                    [(hi - a) if b else 0 for (_, (a, _, hi, _), _), b in zip(pts, big)]]
-            _link(ax, [L for L, _, _ in pts], xs, ys, st["color"], orig)
+            _link(ax, xs, ys, st["color"], orig, at)
+            hides = v in notes  # drawn over an equal variant: hollow and larger, so the one below shows through
             bars = ax.errorbar(xs, ys, yerr=err if any(big) else None, color=st["color"], marker=st["marker"],
-                               ls="none", ms=6, capsize=3, elinewidth=1, mew=1.3)
+                               ls="none", ms=MARKER_SIZE * (1.3 if hides else 1), capsize=3, elinewidth=1, mew=1.3,
+                               mfc="none" if hides else st["color"], transform=at)
             bars.lines[0].set_gid(v)
-            variant_handles.setdefault(st["label"], bars)
-            for x, y, (_, (_, _, _, n), k), b in zip(xs, ys, pts, big):
-                if not b:  # the count, above the point (below at the top of the axis)
-                    ax.annotate(f"{k:g}/{n}", (x, y), xytext=(0, -11 if y > 0.9 else 7), textcoords="offset points",
-                                ha="center", fontsize=6.5, color=st["color"])
-        _window(ax, orig, handles)
-        _length_axis(ax, lengths, _spread(dodge, len(drawn), lengths))
+            _claim(ax, xs, ys)
+            variant_handles.setdefault(_label(st, notes.get(v)), bars)
+            counts += [(x, y, f"{k:g}/{n}", st["color"])
+                       for x, y, (_, (_, _, _, n), k), b in zip(xs, ys, pts, big) if not b]
+        _counts(ax, counts)
+        window = _window(ax, orig, handles)
+        drawn |= window
         c = ceil.get(t)
         ceiling = ""
-        if c:  # drawn where it is read: beyond the window
+        if c and window:  # drawn where it is read: beyond the window
             scores = [x for s in c["depths"].values() for x in s]
             line = ax.hlines(sum(scores) / len(scores), orig, ax.get_xlim()[1], gid="ceiling", **CEILING_STYLE)
             handles.setdefault("ceiling: unpatched at its longest length inside the window", line)
@@ -546,9 +658,11 @@ def retrieval_accuracy(records: list[dict]):
         small = ns[0] < MIN_N_FOR_BARS
         ax.set_title(f"{t}\nn = {'/'.join(map(str, ns))} prompts per point"
                      + (" (counts k/n shown)" if small else " (95 % Wilson bars)") + ceiling, fontsize=9)
-        ax.set_xlabel(LENGTH_LABEL)
-    axes[0].set_ylabel("accuracy (found / prompts)")
-    _outside_legend(fig, variant_handles | handles, title=_link_note(len(variant_handles)))
+        ax.set_xlabel(LENGTH_LABEL, fontsize=8)
+        if axes.index(ax) % GRID_COLUMNS == 0:  # the grid's left column
+            ax.set_ylabel("accuracy (found / prompts)")
+    _outside_legend(fig, variant_handles | handles,
+                    title=_title(_link_note(len(variant_handles)), _window_note(orig, drawn)))
     _name_sources(fig, recs)
     return fig
 

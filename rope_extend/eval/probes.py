@@ -225,7 +225,7 @@ def make_passkey(
     tail = _encode(tokenizer, " " + PASSKEY_QUESTION)
     hay = _haystack_of(tokenizer, haystack)
     ids, pos = _assemble(tokenizer, "passkey", length, head, [needle], [depth], tail, hay)
-    return ProbeSample("passkey", length, depth, index, ids, [key], pos, max_new_tokens=8)
+    return ProbeSample("passkey", length, depth, index, ids, [key], pos, PROBES["passkey"].max_new_tokens())
 
 
 def _haystack_of(tokenizer, h) -> Haystack:
@@ -269,21 +269,22 @@ def make_vt(tokenizer, length: int, depth: float = 0.5, index: int = 0, seed: in
     head = bos + _encode(tokenizer, _VT_PREFIX)
     tail = enc(_VT_QUESTION.format(value=value, n=num_needles))
     ids, pos = _assemble(tokenizer, "vt", length, head, [enc(s) for s in stmts], depths, tail, hay)
-    return ProbeSample("vt", length, None, index, ids, names, pos, max_new_tokens=8 * num_needles)
+    return ProbeSample("vt", length, None, index, ids, names, pos, PROBES["vt"].max_new_tokens(num_needles))
 
 
 def _niah(task: str, needles_of: Callable) -> Callable[..., ProbeSample]:
     """A NIAH probe: key/value needles (``needles_of(rng, keys, depth, num_needles, enc)`` gives the needles, their
-    depths, the question, the answers, the answer's token budget and the depth the sample records)."""
+    depths, the question, the answers and the depth the sample records); the answer's token budget is the
+    registered probe's (`Probe.max_new_tokens`)."""
 
     def make(tokenizer, length: int, depth: float = 0.5, index: int = 0, seed: int = 0, num_needles: int = 4,
              haystack: Haystack | str | None = None) -> ProbeSample:
         rng, hay, bos, enc = _needle_start(tokenizer, task, length, depth, index, seed, num_needles, haystack)
         keys = rng.sample(_KEY_WORDS, k=max(num_needles, 1))
         head = bos + _encode(tokenizer, _NIAH_PREFIX.format(kind="numbers"))
-        needles, depths, tail, answers, new, recorded = needles_of(rng, keys, depth, num_needles, enc)
+        needles, depths, tail, answers, recorded = needles_of(rng, keys, depth, num_needles, enc)
         ids, pos = _assemble(tokenizer, task, length, head, needles, depths, tail, hay)
-        return ProbeSample(task, length, recorded, index, ids, answers, pos, new)
+        return ProbeSample(task, length, recorded, index, ids, answers, pos, PROBES[task].max_new_tokens(num_needles))
 
     make.__name__ = f"make_{task}"
     return make
@@ -292,8 +293,7 @@ def _niah(task: str, needles_of: Callable) -> Callable[..., ProbeSample]:
 def _single(rng, keys, depth, num_needles, enc):
     """One key/value needle at *depth*; answer the value."""
     key, value = keys[0], _value(rng)
-    return ([enc(_NIAH_NEEDLE.format(key=key, value=value))], [depth], enc(_NIAH_Q_SINGLE.format(key=key)), [value],
-            12, depth)
+    return [enc(_NIAH_NEEDLE.format(key=key, value=value))], [depth], enc(_NIAH_Q_SINGLE.format(key=key)), [value], depth
 
 
 def _multikey(rng, keys, depth, num_needles, enc):
@@ -301,7 +301,7 @@ def _multikey(rng, keys, depth, num_needles, enc):
     values = [_value(rng) for _ in keys]
     needles = [enc(_NIAH_NEEDLE.format(key=k, value=v)) for k, v in zip(keys, values)]
     depths = [depth] + [rng.uniform(0.0, 1.0) for _ in keys[1:]]
-    return needles, depths, enc(_NIAH_Q_SINGLE.format(key=keys[0])), [values[0]], 12, depth
+    return needles, depths, enc(_NIAH_Q_SINGLE.format(key=keys[0])), [values[0]], depth
 
 
 def _multivalue(rng, keys, depth, num_needles, enc):
@@ -314,7 +314,7 @@ def _multivalue(rng, keys, depth, num_needles, enc):
             values.append(v)
     needles = [enc(_NIAH_NEEDLE.format(key=key, value=v)) for v in values]
     depths = [rng.uniform(0.0, 1.0) for _ in values]
-    return needles, depths, enc(_NIAH_Q_MULTI.format(key=key)), values, 12 * num_needles, None
+    return needles, depths, enc(_NIAH_Q_MULTI.format(key=key)), values, None
 
 
 def first_number(sample: ProbeSample, output: str) -> float:
@@ -344,14 +344,24 @@ class Probe:
     section: the suite section that asks for it (``passkey`` or ``needle``: its tasks, lengths, depths, samples);
     make: ``(tokenizer, length, depth, index=, seed=, haystack=, [num_needles=]) -> ProbeSample``;
     spread: its needles sit at random depths (one depth-less case per sample, as many per length as the others);
-    needles: it takes ``num_needles`` (the section's ``num_needles``)."""
+    needles: it takes ``num_needles`` (the section's ``num_needles``);
+    answer_tokens: the new tokens greedy decoding gets for one answer (a 5-digit key: 8; a 7-digit number and its
+    punctuation: 12; a 5-letter variable name: 8), times ``num_needles`` where *per_needle* (every needle is an
+    answer). `max_new_tokens` is the one budget every route uses: eval's own prompts, a run engine's requests and
+    the lm-eval tasks (each doc carries it; ``eval/tasks/utils.ProbeTask`` gives it to lm-eval per prompt)."""
 
     name: str
     section: str
     make: Callable[..., ProbeSample]
     score: Callable[[ProbeSample, str], float]
+    answer_tokens: int
     spread: bool = False
     needles: bool = False
+    per_needle: bool = False
+
+    def max_new_tokens(self, num_needles: int = 1) -> int:
+        """The answer's token budget for a prompt with *num_needles* needles."""
+        return self.answer_tokens * (num_needles if self.per_needle else 1)
 
 
 PROBES: dict[str, Probe] = {}
@@ -379,12 +389,15 @@ def get_probe(name: str) -> Probe:
     return PROBES[name]
 
 
-register_probe(Probe("passkey", "passkey", make_passkey, first_number))
-register_probe(Probe("niah_single", "needle", _niah("niah_single", _single), first_number, needles=True))
-register_probe(Probe("niah_multikey", "needle", _niah("niah_multikey", _multikey), first_number, needles=True))
+register_probe(Probe("passkey", "passkey", make_passkey, first_number, answer_tokens=8))
+register_probe(Probe("niah_single", "needle", _niah("niah_single", _single), first_number, answer_tokens=12,
+                     needles=True))
+register_probe(Probe("niah_multikey", "needle", _niah("niah_multikey", _multikey), first_number, answer_tokens=12,
+                     needles=True))
 register_probe(Probe("niah_multivalue", "needle", _niah("niah_multivalue", _multivalue), recall(r"\d+"),
-                     spread=True, needles=True))
-register_probe(Probe("vt", "needle", make_vt, recall(r"[A-Z]{5}"), spread=True, needles=True))
+                     answer_tokens=12, spread=True, needles=True, per_needle=True))
+register_probe(Probe("vt", "needle", make_vt, recall(r"[A-Z]{5}"), answer_tokens=8, spread=True, needles=True,
+                     per_needle=True))
 
 def make_needle(
     tokenizer,

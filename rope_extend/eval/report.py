@@ -2,7 +2,8 @@
 
 Perplexity cells read ``ppl [lo, hi]`` (95 % block-bootstrap interval, computed when the record was written);
 retrieval cells read ``acc [lo, hi] k/n`` (95 % Wilson interval); differences against the unpatched model are
-paired (same text blocks, same prompts) and summarised in one generated sentence. See :mod:`.stats`.
+paired (same text blocks, same prompts) and summarised in one generated sentence. A bootstrap from one unit (a
+perplexity of one block, a difference of one pair) reads ``n = 1: no interval``. See :mod:`.stats`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from pathlib import Path
 
 from ..formatting import fmt_tokens
 from .stats import (
+    NO_INTERVAL,
     Difference,
     block_sizes,
+    interval_text,
     newcombe_paired_interval,
     paired_bootstrap_interval,
     significance_sentence,
@@ -86,8 +89,10 @@ def texts_of(records: list[dict]) -> list[str]:
 def _ppl_cell(m: dict | None) -> str:
     if not m:
         return "–"
+    if len(m.get("block_losses") or ()) == 1:  # one block: no interval (records before that carry [x, x])
+        return f"{m['ppl']:.2f} ({NO_INTERVAL})"
     ci = m.get("ppl_ci")
-    return f"{m['ppl']:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{m['ppl']:.2f}"
+    return f"{m['ppl']:.2f} {interval_text(*ci)}" if ci else f"{m['ppl']:.2f}"
 
 
 # ---------------------------------------------------------------- retrieval cells
@@ -254,7 +259,7 @@ def differences(records: list[dict], reference: str = BASELINE) -> list[Differen
 def differences_table(diffs: list[Difference]) -> str:
     if not diffs:
         return ""
-    rows = [[d.what, d.variant, f"{d.estimate:+.3g} [{d.lo:+.3g}, {d.hi:+.3g}]", str(d.n),
+    rows = [[d.what, d.variant, d.text(), str(d.n),
              ("**yes**, " + ("better" if d.better else "worse")) if d.significant else "no"]
             for d in diffs]
     return _table(["metric", "variant", "difference vs " + diffs[0].reference + " [95 % paired]", "pairs",

@@ -8,6 +8,7 @@ fsynced), so a killed run loses at most the case in flight; rerunning with the s
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -20,8 +21,11 @@ from typing import Any
 
 from ..formatting import fmt_clock
 from ..outputs import EVAL_RUN_FILE, check_replaceable
+from ..terminal import KEEP, shell_path, wrap
+from .cpu_threads import CpuThreads
 from .jobs import Evaluator, Job, plan_jobs
 from .suite import Suite, load_suite
+from .texts import check_text
 from .variants import (
     Variant,
     Window,
@@ -35,6 +39,58 @@ from .variants import (
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = EVAL_RUN_FILE  # also what marks a folder as an eval output (outputs.py)
+
+
+def say(message: str, prefix: str = "rope-extend: eval ") -> None:
+    """*message* on stderr after *prefix*, wrapped between words at the terminal's width (80 columns when stderr is
+    not a terminal, or $COLUMNS), continuation lines under the prefix: a value joined by `terminal.KEEP` (a time
+    and its unit, a variant's name) is never cut."""
+    import shutil
+
+    width = shutil.get_terminal_size((80, 24)).columns
+    lines = wrap(prefix + message, width, hang=" " * min(len(prefix) + 2, width // 3))
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _word(text: str) -> str:
+    """*text* as one word for `wrap` (its spaces kept, never a line break)."""
+    return str(text).replace(" ", KEEP)
+
+
+def check_dtype(dtype) -> None:
+    """ValueError naming the choices for a --dtype `load_model` cannot load weights in (the names of
+    `memory.DTYPE_BYTES`, and auto; a torch dtype passes), in `memory.load_dtype`'s words, before torch loads."""
+    from ..memory import DTYPE_BYTES
+
+    if isinstance(dtype, str) and dtype != "auto" and dtype not in DTYPE_BYTES:
+        raise ValueError(f"--dtype {dtype!r} is not a dtype to load weights in; use one of auto, "
+                         f"{', '.join(DTYPE_BYTES)}")
+
+
+def say_resumed(out: Path, model: str, suite: Suite, variants, engine: str) -> None:
+    """At once, before anything heavy loads: how many of this run's cases OUT's results.jsonl holds already ("16 of
+    16 cases done"), when OUT is an earlier run of the same model with the same engine (its run.json gives the
+    window the cases are laid out from)."""
+    from .variants import applies
+
+    try:
+        meta = json.loads((out / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    if meta.get("model_path") != model or not meta.get("original_length") or meta.get("left_out"):
+        return  # another model, or an engine's run that left cases out (counted once it is planned)
+    if str(meta.get("engine") or engine).split()[0].lower() != engine:
+        return  # another engine's run: refused once the engines are imported (`_check_same_engine`)
+    cases = suite.cases(int(meta["original_length"]))
+    wanted = {(v.name, v.fingerprint, c.case_id) for v in variants for c in cases if applies(c, v)}
+    done = len(wanted & {_key(r) for r in read_results(out)})
+    if not done:
+        return
+    where = shell_path(out / RESULTS_FILE)
+    if done == len(wanted):
+        say(f"{done} of {len(wanted)} cases done in {where}: nothing to run, rewriting the report")
+    else:
+        say(f"resuming: {done} of {len(wanted)} cases done in {where}")
 
 
 def read_results(path: str | os.PathLike) -> list[dict]:
@@ -166,6 +222,20 @@ def run_eval(
     Returns:
         All records for this run's variants (resumed + new), in suite order.
     """
+    out = Path(out_dir)
+    # What can be checked without torch or transformers first: a bad argument is one line at once (issue 66)
+    check_replaceable(out, "eval")  # a new or empty folder, or an eval output (resumed): never a user's folder
+    check_dtype(dtype)
+    results_path = out / RESULTS_FILE
+    suite_obj = load_suite(suite)
+    if text is not None:
+        suite_obj = suite_obj.with_texts([str(t) for t in (text if isinstance(text, list | tuple) else [text])])
+    for name in suite_obj.texts():
+        check_text(name)
+    variants = make_variants(specs, include_baseline=include_baseline)
+    if progress and resume:
+        say_resumed(out, str(model_path), suite_obj, variants, engine)
+
     from ..engines.runs import REFERENCE, check_engine_args, lookup
 
     served_by = lookup(engine)  # a run engine's adapter; None: the reference, transformers in this process
@@ -173,14 +243,7 @@ def run_eval(
     if served_by is not None and (loader is not None or device_map or device or dtype != "float32"):
         raise ValueError(f"--engine {engine}: the model is served by {served_by.title} in float32 (--dtype, "
                          f"--device, --device-map and a custom loader apply to {REFERENCE})")
-    out = Path(out_dir)
-    check_replaceable(out, "eval")  # a new or empty folder, or an eval output (resumed): never a user's folder
     _check_same_engine(out, engine, resume)
-    results_path = out / RESULTS_FILE
-    suite_obj = load_suite(suite)
-    if text is not None:
-        suite_obj = suite_obj.with_texts([str(t) for t in (text if isinstance(text, list | tuple) else [text])])
-    variants = make_variants(specs, include_baseline=include_baseline)
 
     plans: dict[str, Any] = {}  # variant name -> its PatchPlan on SOURCE's config, applied to the loaded model
     if loader is None:
@@ -194,10 +257,7 @@ def run_eval(
         for variant in variants:  # each spec planned once (or its plan given), on SOURCE's config, before any
             if variant.spec is not None and not callable(variant.spec):  # weights load: a spec the model refuses (a
                 plan = variant.plan  # shipped scheme without replace_existing...) is one line now
-                plan = plan if plan is not None else _plan(loaded, variant.rope_spec())
-                if plan.changed:  # checked as patch_model checks it (stock transformers rebuilds it, a forward runs)
-                    verify_or_explain(plan, config)
-                plans[variant.name] = plan
+                plans[variant.name] = plan if plan is not None else _plan(loaded, variant.rope_spec())
     else:
         m, preflight_tok = loader()
         window = model_window(m.config)
@@ -216,12 +276,14 @@ def run_eval(
         excluded = frozenset((name, case_id) for name, s in serving.items() for case_id in s.left_out)
         for name, s in serving.items():
             if s.left_out and progress:
-                print(f"rope-extend: eval --engine {engine}: {len(s.left_out)} case(s) of {name} left out: {s.why}",
-                      file=sys.stderr, flush=True)
+                say(f"{len(s.left_out)} case(s) of {_word(name)} left out: {s.why}", f"rope-extend: eval --engine {engine}: ")
     done = {_key(r): r for r in read_results(results_path)} if resume else {}
     _check_resumed_plans(out, done, variants, plans)
     jobs = plan_jobs(cases, variants, set(done), share=share, interleave=interleave, excluded=excluded)
     if loader is None:
+        for name in dict.fromkeys(j.variant.name for j in jobs):  # only a variant that runs is run once first
+            if name in plans and plans[name].changed:  # checked as patch_model checks it (stock transformers
+                verify_or_explain(plans[name], config)  # rebuilds it, a forward runs)
         check_memory(str(model_path), folder, compat.text_config(config), [c for j in jobs for c in j.cases], dtype,
                      device, device_map, skip=not memory_check or served_by is not None)
 
@@ -278,8 +340,11 @@ def run_eval(
         if on_record is not None:
             on_record(rec)
 
+    cpu = served_by is None and device_map is None and (device or "cpu") == "cpu"
+    threads = CpuThreads() if cpu and jobs else None  # a model on the CPU: torch's threads fitted to the load
     try:
-        run_jobs(jobs, load, original, record, progress)
+        with threads or contextlib.nullcontext():
+            run_jobs(jobs, load, original, record, progress, threads)
     except BaseException:  # an interrupt or a failure: the engine is stopped at once
         if own_worker and worker is not None:
             worker.close(now=True)
@@ -341,26 +406,32 @@ def _check_same_engine(out: Path, engine: str, resume: bool) -> None:
 
 
 def run_jobs(jobs: list[Job], load: Callable[[Variant], Evaluator], original: int,
-             record: Callable[[dict], None], progress: bool = True) -> None:
+             record: Callable[[dict], None], progress: bool = True, threads: CpuThreads | None = None) -> None:
     """Execute *jobs* in order, loading a variant's model when the variant changes; every record goes to
-    ``record`` as soon as its job finishes (the patch report rides on a variant's first record of the run)."""
+    ``record`` as soon as its job finishes (the patch report rides on a variant's first record of the run).
+    *threads*: fits torch's CPU threads to the machine's load before each job (`cpu_threads`)."""
     lines = LineProgress(jobs) if progress and not _is_terminal(sys.stderr) else None
-    prog = _progress(progress and lines is None)  # the rich bar draws only on a terminal
-    with prog:
-        task = prog.add_task("evaluating", total=sum(j.cost() for j in jobs) or 1.0)
-        current, ev, reported = None, None, set()
+    prog = _progress(progress and lines is None, max(len(j.variant.name) for j in jobs) if jobs else 0)
+    with prog:  # (the rich bar draws only on a terminal)
+        task = prog.add_task("evaluating", total=sum(j.cost() for j in jobs) or 1.0, case="")
+        current, ev, reported, said = None, None, set(), None
         for job in jobs:
             v = job.variant
             if current is not v:
-                prog.update(task, description=f"{v.name}: loading")
+                prog.update(task, description=f"{v.name}: loading", case="")
                 if lines:
                     lines.loading(v.name)
                 ev = None
                 gc.collect()
                 ev, current = load(v), v
-            prog.update(task, description=f"{v.name}: {job.cases[-1].case_id}")
+            prog.update(task, description=v.name, case=job.cases[-1].case_id)
             report = None if v.name in reported else ev.patch_report
             reported.add(v.name)
+            if threads is not None:
+                threads.fit()
+                if lines and threads.describe() != said:
+                    said = threads.describe()
+                    lines.note(said)
             started = time.perf_counter()
             for rec in execute_job(ev, job, original, report):
                 record(rec)
@@ -369,7 +440,7 @@ def run_jobs(jobs: list[Job], load: Callable[[Variant], Evaluator], original: in
                 lines.finished(job, time.perf_counter() - started)
         ev = None
         gc.collect()
-        prog.update(task, description="done")
+        prog.update(task, description="done", case="")
 
 
 def execute_job(ev: Evaluator, job: Job, original: int, patch_report=None) -> list[dict]:
@@ -443,7 +514,8 @@ def _is_terminal(stream) -> bool:
 class LineProgress:
     """Progress where stderr is not a terminal (a log file, CI, `nohup`, a cluster job): one line per finished job
     (a job is one forward or one shared-prefix group of prompts; it writes one record per case) with its time, the
-    elapsed time and an ETA from the planned cost still to run, and one line when a variant's model is loaded."""
+    elapsed time and an ETA from the planned cost still to run, and one line when a variant's model is loaded. Each
+    is wrapped between values at the terminal's width (`say`), continuation lines indented under the prefix."""
 
     def __init__(self, jobs: list[Job], stream=None):
         self.stream = stream
@@ -451,23 +523,37 @@ class LineProgress:
         self.done_jobs, self.done_cost, self.started = 0, 0.0, time.perf_counter()
 
     def _print(self, message: str) -> None:
-        print(f"rope-extend: eval {message}", file=self.stream or sys.stderr, flush=True)
+        if self.stream is None:
+            say(message)
+        else:
+            print(f"rope-extend: eval {message.replace(KEEP, ' ')}", file=self.stream, flush=True)
 
     def loading(self, variant: str) -> None:
-        self._print(f"[{self.done_jobs}/{self.total_jobs}] loading {variant} "
-                    f"({fmt_clock(time.perf_counter() - self.started)} elapsed)")
+        self._print(f"[{self.done_jobs}/{self.total_jobs}] loading {_word(variant)} "
+                    f"({fmt_clock(time.perf_counter() - self.started)}{KEEP}elapsed)")
+
+    def note(self, message: str) -> None:
+        self._print(message)
 
     def finished(self, job: Job, seconds: float) -> None:
         self.done_jobs += 1
         self.done_cost += job.cost()
         elapsed = time.perf_counter() - self.started
         eta = elapsed / self.done_cost * max(0.0, self.total_cost - self.done_cost)
-        cases = job.cases[0].case_id + (f" +{len(job.cases) - 1} cases" if len(job.cases) > 1 else "")
-        self._print(f"[{self.done_jobs}/{self.total_jobs}] {job.variant.name}: {cases} ({seconds:.1f} s; "
-                    f"{fmt_clock(elapsed)} elapsed, ETA {fmt_clock(eta)})")
+        cases = job.cases[0].case_id + (f" +{len(job.cases) - 1}{KEEP}cases" if len(job.cases) > 1 else "")
+        self._print(f"[{self.done_jobs}/{self.total_jobs}] {_word(job.variant.name)}: {cases} ({seconds:.1f}{KEEP}s; "
+                    f"{fmt_clock(elapsed)}{KEEP}elapsed, ETA{KEEP}{fmt_clock(eta)})")
 
 
-def _progress(enabled: bool):
+WIDE = 110  # a terminal this wide shows the running case beside the bar
+
+
+def _progress(enabled: bool, name_width: int = 0, console=None):
+    """The rich bar on a terminal: the variant, a bar where there is room, the share done, the elapsed time and the
+    ETA, each column whole at any width from 60 columns (the running case too where the terminal is `WIDE`).
+    *console*: rich's Console to draw on (default: stderr's)."""
+    import shutil
+
     from rich.progress import (
         BarColumn,
         Progress,
@@ -477,15 +563,15 @@ def _progress(enabled: bool):
         TimeRemainingColumn,
     )
 
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        disable=not enabled,
-    )
+    width = console.width if console is not None else shutil.get_terminal_size((80, 24)).columns
+    fixed = name_width + len(": loading") + 30  # the name, " 100%", "0:00:00", "ETA", "0:00:00" and the gaps
+    columns = [TextColumn("[bold]{task.description}")]
+    if width - fixed >= 12:
+        columns.append(BarColumn(bar_width=min(40, width - fixed - 2)))
+    columns += [TaskProgressColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+    if width >= WIDE:
+        columns.append(TextColumn("{task.fields[case]}"))
+    return Progress(*columns, disable=not enabled, console=console)
 
 
 def rebuild_report(out_dir: str | os.PathLike, plots: bool = True, compare=(), compare_variants=()) -> Path:
@@ -530,8 +616,7 @@ def write_outputs(records: list[dict], out: Path, plots: bool = True, meta: dict
     images = make_plots(records if plot_records is None else plot_records, out, failed) if plots else {}
     path = write_report(records, out, images=images, meta=meta, failed_plots=failed)
     for title, why in failed.items():
-        print(f"rope-extend: warning: plot {title!r} could not be drawn ({why}); {path} was written without it",
-              file=sys.stderr, flush=True)
+        say(f"plot {title!r} could not be drawn ({why}); {shell_path(path)} was written without it", "rope-extend: warning: ")
     return path
 
 

@@ -18,8 +18,14 @@ Choices (and why):
   (multi-value recall) use a paired bootstrap over prompts.
 
 A difference is called significant when its 95 % interval excludes 0. Every interval holds its own estimate
-(a one-block bootstrap, or a percentile interval of a skewed resample, can otherwise fall just beside it in the last
-bits, and a plot's error bar would be negative).
+(a percentile interval of a skewed resample can otherwise fall just beside it in the last bits, and a plot's error
+bar would be negative).
+
+**One unit, no interval.** A bootstrap of one block (or one pair of prompts) resamples that unit every time: an
+interval of width 0 that claims certainty from a single observation (a one-pair difference printed
+``+0 [+0, +0]``). The bootstrap functions return ``None`` for its limits and every report, card and plot says
+:data:`NO_INTERVAL` instead. The Wilson and Newcombe intervals are analytic and stay wide at n = 1 (1/1 retrieved:
+[0.21, 1]), so they are kept.
 """
 
 from __future__ import annotations
@@ -33,6 +39,14 @@ import numpy as np
 LEVEL = 0.95
 RESAMPLES = 2000
 SEED = 0
+NO_INTERVAL = "n = 1: no interval"  # what is printed where a bootstrap had one unit to resample
+
+
+def interval_text(lo: float | None, hi: float | None, fmt: str = "{:.2f}") -> str:
+    """``[lo, hi]`` in *fmt*, or :data:`NO_INTERVAL` where there is none (``None`` limits: one unit)."""
+    if lo is None or hi is None:
+        return NO_INTERVAL
+    return f"[{fmt.format(lo)}, {fmt.format(hi)}]"
 
 
 def _z(level: float) -> float:
@@ -74,9 +88,10 @@ def bootstrap_mean(
     level: float = LEVEL,
     resamples: int = RESAMPLES,
     seed: int = SEED,
-) -> tuple[float, float, float]:
+) -> tuple[float, float | None, float | None]:
     """``(mean, lo, hi)``: the (weighted) mean and its percentile bootstrap interval, resampling the given units
-    (blocks) with replacement; the interval always holds the mean (one unit: ``[mean, mean]``).
+    (blocks) with replacement; the interval always holds the mean. One unit: ``(mean, None, None)``, no interval
+    (see :data:`NO_INTERVAL`).
 
     ``weights`` are the units' sizes (tokens per block) so a short last block counts for what it holds.
     Deterministic for a given ``seed``.
@@ -89,15 +104,16 @@ def bootstrap_mean(
         raise ValueError(f"weights must be positive, one per value ({v.size}), got {w.shape}")
     mean = float((v * w).sum() / w.sum())
     if v.size == 1:
-        return mean, mean, mean
+        return mean, None, None
     means = _weighted_means(v, w, resamples, seed)
     a = (1 - level) / 2
     lo, hi = np.quantile(means, [a, 1 - a])
     return mean, min(float(lo), mean), max(float(hi), mean)
 
 
-def bootstrap_mean_interval(values: Sequence[float], weights: Sequence[float] | None = None, **kwargs) -> tuple[float, float]:
-    """The interval of :func:`bootstrap_mean` alone."""
+def bootstrap_mean_interval(values: Sequence[float], weights: Sequence[float] | None = None,
+                            **kwargs) -> tuple[float | None, float | None]:
+    """The interval of :func:`bootstrap_mean` alone (``(None, None)`` from one unit)."""
     return bootstrap_mean(values, weights, **kwargs)[1:]
 
 
@@ -124,20 +140,31 @@ def block_sizes(n_values: int, block_size: int, n_blocks: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Difference:
-    """``estimate`` = (variant - reference) on the same samples, with its paired interval ``[lo, hi]``."""
+    """``estimate`` = (variant - reference) on the same samples, with its paired interval ``[lo, hi]`` (``None``
+    when a bootstrap had one pair: no interval, never significant)."""
 
     what: str  # e.g. "loss at 16k on pydoc_topics"
     variant: str
     reference: str
     estimate: float
-    lo: float
-    hi: float
+    lo: float | None
+    hi: float | None
     n: int  # paired units (blocks or prompts)
     lower_is_better: bool
 
     @property
+    def has_interval(self) -> bool:
+        return self.lo is not None and self.hi is not None
+
+    @property
     def significant(self) -> bool:
-        return self.lo > 0 or self.hi < 0
+        return self.has_interval and (self.lo > 0 or self.hi < 0)
+
+    def text(self) -> str:
+        """``+0.12 [+0.05, +0.2]``, or ``+0 (n = 1: no interval)``."""
+        if not self.has_interval:
+            return f"{self.estimate:+.3g} ({NO_INTERVAL})"
+        return f"{self.estimate:+.3g} {interval_text(self.lo, self.hi, '{:+.3g}')}"
 
     @property
     def better(self) -> bool:
@@ -152,8 +179,9 @@ def paired_bootstrap_interval(
     level: float = LEVEL,
     resamples: int = RESAMPLES,
     seed: int = SEED,
-) -> tuple[float, float, float]:
-    """(mean difference, lo, hi) of ``variant - reference`` over paired units, resampling the pairs."""
+) -> tuple[float, float | None, float | None]:
+    """(mean difference, lo, hi) of ``variant - reference`` over paired units, resampling the pairs (one pair:
+    ``(difference, None, None)``, no interval)."""
     a, b = np.asarray(variant, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     if a.shape != b.shape:
         raise ValueError(f"paired samples must have the same length, got {a.size} and {b.size}")
@@ -196,20 +224,25 @@ def significance_sentence(differences: Sequence[Difference], limit: int = 6) -> 
         return "No paired comparisons were available."
     sig = [d for d in differences if d.significant]
     total = len(differences)
+    bare = sum(not d.has_interval for d in differences)
+    single = f"{bare} {'is' if bare == 1 else 'are'} from one pair, {NO_INTERVAL}"
     if not sig:
-        return (f"None of the {total} paired differences is significant at 95 % "
-                "(every interval includes 0): the variants cannot be told apart on these samples.")
+        if bare == total:
+            return (f"None of the {total} paired differences has an interval (each is from one pair, {NO_INTERVAL}): "
+                    "these samples cannot tell the variants apart.")
+        return (f"None of the {total} paired differences is significant at 95 % (every interval includes 0"
+                + (f"; {single}" if bare else "") + "): the variants cannot be told apart on these samples.")
 
     def strength(d: Difference) -> float:
         half = (d.hi - d.lo) / 2 or 1e-12
         return abs(d.estimate) / half
 
     sig.sort(key=strength, reverse=True)
-    parts = [
-        f"{d.variant} is {'better' if d.better else 'worse'} than {d.reference} on {d.what} "
-        f"({d.estimate:+.3g} [{d.lo:+.3g}, {d.hi:+.3g}])"
-        for d in sig[:limit]
-    ]
+    parts = [f"{d.variant} is {'better' if d.better else 'worse'} than {d.reference} on {d.what} ({d.text()})"
+             for d in sig[:limit]]
     more = f", and {len(sig) - limit} more" if len(sig) > limit else ""
-    return (f"{len(sig)} of {total} paired differences are significant at 95 %: " + "; ".join(parts) + more
-            + f"; the other {total - len(sig)} are within noise (their intervals include 0).")
+    others = total - len(sig)
+    rest = f"; the other {others} are within noise (their intervals include 0)"
+    if bare:
+        rest = f"; of the other {others}, {others - bare} are within noise (their intervals include 0) and {single}"
+    return f"{len(sig)} of {total} paired differences are significant at 95 %: " + "; ".join(parts) + more + rest + "."

@@ -228,6 +228,13 @@ class Suite(_Model):
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")
 
+    def texts(self) -> list[str]:
+        """Every text the suite reads: perplexity texts, the entropy text, probe haystacks other than the filler."""
+        names = [*(self.perplexity.texts if self.perplexity else ()), *([self.entropy.text] if self.entropy and
+                                                                         self.entropy.text else [])]
+        names += [h for section in SECTIONS if (p := getattr(self, section)) for h in p.haystacks if h != "filler"]
+        return list(dict.fromkeys(names))
+
     def with_texts(self, texts: list[str]) -> Suite:
         """The same suite with its perplexity (and entropy) texts replaced, e.g. by ``--text FILE``."""
         update = {}
@@ -283,9 +290,11 @@ def _lengths(raw, original_length: int, short: list[int]) -> list[int]:
 
 
 def _explain(exc: ValidationError, source: str | None) -> str:
-    """One readable line per problem; an unknown key names itself and the closest allowed key."""
+    """One readable line: every problem, an unknown key with the closest allowed key; the keys a section allows
+    are listed once per section, after its unknown keys."""
     where = f"suite {source}" if source else "suite"
     problems = []
+    unknown: dict[str, tuple[list[str], list[str]]] = {}  # section ("" for the top) -> (its unknown keys, allowed)
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"])
         if err["type"] == "extra_forbidden":
@@ -295,11 +304,18 @@ def _explain(exc: ValidationError, source: str | None) -> str:
                 model = next(a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel))
             allowed = [k for k in model.model_fields if k != "source"]
             close = difflib.get_close_matches(str(err["loc"][-1]), allowed, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            problems.append(f"unknown key {loc!r} ({hint}allowed: {', '.join(allowed)})")
+            section = ".".join(str(x) for x in err["loc"][:-1])
+            if section not in unknown:
+                unknown[section] = ([], allowed)
+                problems.append(section)  # placeholder: the section's words go where its first unknown key was
+            unknown[section][0].append(f"{loc!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         else:
             msg = err["msg"].removeprefix("Value error, ")
             problems.append(f"{loc}: {msg} (got {err.get('input')!r})")
+    for section, (keys, allowed) in unknown.items():
+        words = (f"unknown key{'s' if len(keys) > 1 else ''} {', '.join(keys)}: "
+                 f"{section or 'a suite'} allows {', '.join(allowed)}")
+        problems[problems.index(section)] = words
     return f"{where} is invalid: " + "; ".join(problems)
 
 

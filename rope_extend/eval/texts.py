@@ -73,6 +73,18 @@ def debian_licenses_text(directory: str | os.PathLike = LICENSES_DIR) -> str:
     return text
 
 
+def check_text(source: str | os.PathLike | None) -> None:
+    """FileNotFoundError, as `load_text` would raise it, for a text that is neither built in nor a file (without
+    reading anything: `eval` checks its texts before loading a model)."""
+    if source is None or str(source) in (*BUILTIN_TEXTS, "default"):
+        return
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"evaluation text not found: {path} (built-in texts: {', '.join(BUILTIN_TEXTS)})"
+        )
+
+
 def load_text(source: str | os.PathLike | None = None) -> str:
     """``None``/``"pydoc_topics"``/``"default"`` -> stdlib docs prose; ``"debian_licenses"`` -> Debian's
     license texts; anything else is a text file path."""
@@ -80,12 +92,8 @@ def load_text(source: str | os.PathLike | None = None) -> str:
         return pydoc_topics_text()
     if str(source) == LICENSES_TEXT:
         return debian_licenses_text()
-    path = Path(source).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"evaluation text not found: {path} (built-in texts: {', '.join(BUILTIN_TEXTS)})"
-        )
-    return path.read_text(encoding="utf-8", errors="replace")
+    check_text(source)
+    return Path(source).expanduser().read_text(encoding="utf-8", errors="replace")
 
 
 def text_label(source: str | os.PathLike | None) -> str:

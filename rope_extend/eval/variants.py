@@ -1,4 +1,7 @@
-"""Model variants for before/after evaluation: loading a checkpoint and applying a RoPE spec."""
+"""Model variants for before/after evaluation: loading a checkpoint and applying a RoPE spec.
+
+Light to import (torch and transformers load inside the functions that need them): `rope-extend eval` checks its
+arguments through this module before anything heavy is imported."""
 
 from __future__ import annotations
 
@@ -10,9 +13,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from ..compat import dtype_kwargs
-from ..facts import read_rope
 
 BASELINE = "unpatched"
 
@@ -155,6 +155,8 @@ def load_model(model_path, dtype: str = "float32", device_map: str | None = None
     import torch
     from transformers import AutoModelForCausalLM
 
+    from ..compat import dtype_kwargs
+
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
     kwargs: dict = {}
     if device_map:
@@ -212,6 +214,8 @@ class Window:
 
 def model_window(config) -> Window:
     """The `Window` of a (text) config."""
+    from ..facts import read_rope
+
     facts = read_rope(config)
     pre, window = facts.original_length(), facts.shipped_window
     if window is None or pre is None or window <= pre:

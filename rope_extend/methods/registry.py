@@ -2,8 +2,9 @@
 
 A method object owns its math and what it writes, so nothing outside `methods/` branches on a method name:
 
-- `params`: the parameters it reads, with defaults, checks and docs (each method's spec class derives from these:
-  `rope_extend.spec.spec_class`);
+- `params`: the parameters it reads, with types, defaults, checks and docs: their one declaration (`rope_extend.spec`
+  builds each method's spec class from them); what a method reads of a spec is `MethodSpec`, declared here, so
+  methods/ imports nothing from the spec's layer;
 - `compute(ctx) -> (inv_freq, attention_factor)`: the math, one contract like transformers' `ROPE_INIT_FUNCTIONS`;
 - `config_slot(...)`: how it is written into a config's `rope_parameters` slot, and `stock_method`: what stock
   loaders build from that slot (dynamic-yarn is read as static YaRN); `max_position_embeddings(spec)`: the length
@@ -36,7 +37,7 @@ import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..errors import SpecError
 
@@ -45,7 +46,24 @@ if TYPE_CHECKING:  # torch and numpy are imported inside the functions that comp
     import torch
 
     from ..facts import RopeFacts
-    from ..spec import RopeSpec
+
+
+class MethodSpec(Protocol):
+    """What a method reads of a resolved spec (`rope_extend.spec.RopeSpec` is one): the core fields, the parameters
+    set explicitly, a copy with derived parameters written out (`fill_params`), and each of its own parameters as an
+    attribute (`spec.beta_fast`, None where not set)."""
+
+    method: str
+    factor: float | None
+    target_length: int | None
+    original_max_position_embeddings: int | None
+    replace_existing: bool
+
+    def method_params(self) -> dict[str, Any]: ...
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> MethodSpec: ...
+
+    def __getattr__(self, name: str) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -165,7 +183,7 @@ class RopeMethod:
         raise NotImplementedError
 
     # -- spec -------------------------------------------------------------------------------------------------
-    def validate(self, spec: RopeSpec) -> None:
+    def validate(self, spec: MethodSpec) -> None:
         """Cross-parameter rules; raise ValueError naming the values and the fix."""
 
     def depends_on_length(self, spec: dict) -> bool:
@@ -174,7 +192,7 @@ class RopeMethod:
         each perplexity length its own forward."""
         return self.dynamic
 
-    def fill_params(self, spec: RopeSpec) -> RopeSpec:
+    def fill_params(self, spec: MethodSpec) -> MethodSpec:
         """The resolved spec with derived parameters written out (attention methods pick G/W from the target
         length); raise SpecError for impossible combinations. Default: unchanged."""
         return spec
@@ -192,7 +210,7 @@ class RopeMethod:
         """The method stock loaders (transformers, vLLM...) build from this method's config slot at load time."""
         return self
 
-    def config_slot(self, spec: RopeSpec, base_slot: dict, rotary_dim: int, base_theta: float) -> dict:
+    def config_slot(self, spec: MethodSpec, base_slot: dict, rotary_dim: int, base_theta: float) -> dict:
         """The transformers-5-style RoPE parameters of one slot after applying a resolved spec.
 
         `base_slot` is the pristine slot (its `partial_rotary_factor` and model-provided lists are kept).
@@ -212,7 +230,7 @@ class RopeMethod:
                 slot[key] = values[key]
         return slot
 
-    def context_params(self, spec: RopeSpec, slot: dict) -> dict[str, Any]:
+    def context_params(self, spec: MethodSpec, slot: dict) -> dict[str, Any]:
         """The parameters `compute` reads for one config slot (explicit spec values; lists may come from the slot)."""
         return spec.method_params()
 
@@ -221,20 +239,20 @@ class RopeMethod:
         pretraining length (a shipped scheme's original length)."""
         return facts.original_length(slot)
 
-    def max_position_embeddings(self, spec: RopeSpec) -> int:
+    def max_position_embeddings(self, spec: MethodSpec) -> int:
         """`max_position_embeddings` written to the config: the target length (dynamic methods: the threshold L)."""
         return int(spec.target_length)
 
-    def loader_notes(self, spec: RopeSpec) -> list[str]:
+    def loader_notes(self, spec: MethodSpec) -> list[str]:
         """Warnings for users of stock loaders, printed when patching."""
         return []
 
-    def marker_note(self, spec: RopeSpec) -> str | None:
+    def marker_note(self, spec: MethodSpec) -> str | None:
         """What stock loaders build from the written config, when it is not this method (kept in the marker)."""
         return None
 
     # -- docs -------------------------------------------------------------------------------------------------
-    def describe(self, spec: RopeSpec) -> str:
+    def describe(self, spec: MethodSpec) -> str:
         """A resolved spec's parameters in words (reports)."""
         values = {key: getattr(spec, key) for key in self.params if getattr(spec, key, None) is not None}
         return ", ".join(f"{key} {value}" for key, value in values.items()) or "no parameters"
@@ -276,7 +294,7 @@ class GgufRules(Adapter):
     """The llama.cpp GGUF metadata that makes llama.cpp serve a method as rope-extend computes it (checked against
     llama.cpp as vendored in llama-cpp-python 0.3.36), or the refusal."""
 
-    def rope(self, spec: RopeSpec, base: float, rope_dim: int, inv_freq: np.ndarray, attention_factor: float):
+    def rope(self, spec: MethodSpec, base: float, rope_dim: int, inv_freq: np.ndarray, attention_factor: float):
         """(keys relative to `<arch>.`, rope_freqs factors or None, warnings); raises SpecError for what llama.cpp
         cannot express.
 

@@ -78,6 +78,7 @@ class SglangEngine(ServingEngine):
     version = port.VERSION
     rope_types = tuple(BY_ROPE_TYPE)
     features = frozenset({"layer_types", "mscale", "text_config", "proportional"})
+    gguf_through_transformers = True  # a .gguf model's config comes from transformers' GGUF reader
     first_choice = 1
     routes = (
         Route("this checkpoint", COMMAND, "- SGLang", False, None, column="SGLang"),

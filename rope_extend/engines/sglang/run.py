@@ -34,7 +34,8 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..runs import EngineRefused, EvalServing, card_routes, card_settings, log_tail, port_verdicts
+from ..run_engine import EngineRefused, EvalServing
+from ..runs import card_routes, card_settings, log_tail, port_verdicts
 from . import port
 from .env import CPU_ENV, SglangEnv, ensure_sglang
 from .port import SglangServing

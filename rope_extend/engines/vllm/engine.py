@@ -75,6 +75,7 @@ class VllmEngine(ServingEngine):
     version = port.VERSION
     rope_types = tuple(BY_ROPE_TYPE)
     features = frozenset({"layer_types", "mscale", "text_config", "proportional"})
+    gguf_through_transformers = True  # a .gguf model's config comes from transformers' GGUF reader
     first_choice = 0
     routes = (
         Route("this checkpoint", COMMAND, "- vLLM", False, None, column="vLLM"),
