@@ -534,3 +534,30 @@ def test_proportional_rope_linear_is_served_as_the_original_where_factor_is_igno
             if not identical:
                 assert all(any("ignores `factor` for proportional RoPE" in w and "--method ntk" in w
                                for w in r.warnings) for r in rows)
+
+
+# --- the transformers probe reads every rotary layout (found by docs/engine-matrix.md) -------------------------------
+@pytest.mark.parametrize("model_type", ["llama", "cohere", "gpt_oss", "deepseek_v2"])
+def test_the_transformers_probe_reads_every_rotary_layout(model_type, tmp_path):
+    """rotate_half (Llama), each frequency twice in a row (Cohere), one column per frequency (GPT-OSS) and a complex
+    freqs_cis (DeepSeek-V2): the probe's cos/sin have one column per rotary frequency, the formula's cos(p·θ_i) and
+    sin(p·θ_i) with θ_i = base^(-2i/d) (d = the tiny config's head_dim, 16). Read as rotate_half, Cohere's columns
+    were θ_0, θ_0, θ_1, θ_1, ... and GPT-OSS's the first half of its frequencies."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from rope_extend.engines.transformers import hf_probe
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        pytest.skip(f"this transformers has no {model_type}")
+    config = tiny.zoo_config(model_type)
+    config.save_pretrained(tmp_path)
+    text = config.get_text_config()
+    params = getattr(text, "rope_parameters", None) or {}
+    base = float(params.get("rope_theta") or text.rope_theta)
+    dim = tiny.ZOO_TEXT["head_dim"]
+    positions = list(range(40))
+    cos, sin = hf_probe.probe(str(tmp_path), {40: positions})["requests"][40]
+    angles = torch.tensor(positions, dtype=torch.float64)[:, None] * base ** (-torch.arange(0, dim, 2) / dim)
+    assert cos.shape == sin.shape == angles.shape
+    torch.testing.assert_close(cos.double(), angles.cos(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(sin.double(), angles.sin(), rtol=0, atol=1e-5)

@@ -3,8 +3,8 @@
 Standalone on purpose (no rope_extend import): `rope_extend.engines.transformers_engine` imports it in-process for
 the running transformers, and runs it as a script (`python -I hf_probe.py JOBS.json OUT.pt`) under another Python for
 the other transformers line. For each request of N tokens it calls the model's own rotary module forward with
-position ids ending at N-1 (so dynamic methods update as the library does) and saves the first rotary_dim/2
-columns of cos and sin (attention scaling included).
+position ids ending at N-1 (so dynamic methods update as the library does) and saves cos and sin with one column
+per rotary frequency (`per_frequency`: whatever layout the module returns; attention scaling included).
 """
 
 from __future__ import annotations
@@ -66,10 +66,28 @@ def probe(folder: str, requests: dict, layer_type: str | None = None) -> dict:
         position_ids = torch.tensor(at, dtype=torch.long)[None, :]
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            cos, sin = module(x, position_ids, **kwargs)
-        half = cos.shape[-1] // 2
-        out["requests"][n] = (cos[0, :, :half].float().clone(), sin[0, :, :half].float().clone())
+            served = module(x, position_ids, **kwargs)
+        if isinstance(served, torch.Tensor) and served.is_complex():  # DeepSeek-V2, Llama 4: freqs_cis = cos + i·sin
+            cos, sin = served.real, served.imag
+        else:
+            cos, sin = served
+        cos, sin = per_frequency(cos[0], sin[0])
+        out["requests"][n] = (cos.float().clone(), sin.float().clone())
     return out
+
+
+def per_frequency(cos, sin):
+    """cos and sin with one column per rotary frequency, from the layout the rotary module returns: the two halves
+    repeated (rotate_half: Llama and most models), each frequency twice in a row (interleaved: Cohere), or one column
+    per frequency already (GPT-OSS, and a complex freqs_cis)."""
+    import torch
+
+    d = cos.shape[-1]
+    if d % 2 == 0 and torch.equal(cos[..., : d // 2], cos[..., d // 2 :]) and torch.equal(sin[..., : d // 2], sin[..., d // 2 :]):
+        return cos[..., : d // 2], sin[..., : d // 2]
+    if d % 2 == 0 and torch.equal(cos[..., 0::2], cos[..., 1::2]) and torch.equal(sin[..., 0::2], sin[..., 1::2]):
+        return cos[..., 0::2], sin[..., 0::2]
+    return cos, sin
 
 
 def probe_many(jobs: list[dict]) -> list[dict]:
