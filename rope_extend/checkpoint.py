@@ -38,7 +38,8 @@ from .patch import verify_or_explain
 from .plan import PatchPlan, check_rope_model
 from .source import Source, plan_source, read_source
 from .spec import RopeSpec, load_spec
-from .verify import model_dtype, probe_outputs, verify_plan, verify_tokenizer
+from .tokenizer import verify_tokenizer
+from .verify import model_dtype, probe_outputs, verify_plan
 from .write_options import DTYPES, WriteOptions
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -371,7 +372,7 @@ def verify_output(
     """Load `folder` with stock transformers and verify it (`rope_extend.verify.verify_plan`): the RoPE it builds
     equals rope-extend's numbers and a forward beyond the original length runs and agrees with rope-extend's
     patched model (the real one on the full path, a small random-weight one of the same config otherwise); and its
-    tokenizer loads and its chat templates compile (`rope_extend.verify.verify_tokenizer`)."""
+    tokenizer loads and its chat templates compile (`rope_extend.tokenizer.verify_tokenizer`)."""
     import warnings
 
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -12,7 +12,7 @@ is, the same one `patch` runs:
    again from them (`plan.plan_patch`).
 2. Every weight file's header must describe exactly its length, and the index's shards must exist
    (`files.check_safetensors`, `files.index_shards`). The tokenizer must load and every chat template compile
-   (`verify.verify_tokenizer`). Then stock transformers must build the planned RoPE from OUT's
+   (`tokenizer.verify_tokenizer`). Then stock transformers must build the planned RoPE from OUT's
    config.json, and a forward beyond the original length must agree with rope-extend's patched model: on a small
    random-weight model of the config when the weights are the ones verified (nothing in their record changed), on
    the real weights otherwise (stock transformers' load of OUT against OUT's weights loaded with the config before
@@ -24,7 +24,7 @@ is, the same one `patch` runs:
 Files added to OUT after it was written stay out of the record (a push sends them only with `--include`), but for
 weights: weight files (and their index) the record does not list, a full checkpoint re-sharded for instance, make
 the forward run on the real weights, and the record then lists them (a record that lists no weights vouches for no
-model: `record.unverified_reason`). An OUT with no weight file is refused.
+model: `publish.selection.unverified_reason`). An OUT with no weight file is refused.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def _verify(root: Path, plan, real: bool, source) -> None:
     """The verification of `checkpoint.verify_output` with `source` (OUT's config before the patch): a small model
     of it, or with `real`, OUT's real weights patched in-process against stock transformers' load of OUT."""
     from .checkpoint import verify_output
-    from .verify import verify_tokenizer
+    from .tokenizer import verify_tokenizer
 
     if not real:
         verify_output(root, plan, "config-only", source_config=source)

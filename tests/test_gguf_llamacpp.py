@@ -109,7 +109,7 @@ class Parity:
         return self._routes[route]
 
     def _make_route(self, route: str) -> tuple[Path, list[str]]:
-        from rope_extend.gguf import patch_gguf
+        from rope_extend.gguf.write import patch_gguf
 
         if route == "unpatched":
             return self.base_gguf(), []

@@ -55,7 +55,7 @@ def hub(monkeypatch, tmp_path):
     record their waits in `hub.waits` instead of sleeping."""
     from huggingface_hub import constants
 
-    from rope_extend import upload
+    from rope_extend.publish import upload
 
     with HubServer() as server:
         server.waits = []
@@ -798,7 +798,7 @@ def test_include_names_that_would_send_nothing_are_refused_and_counts_read_as_en
     (one / "README.md").unlink()
     assert cli("push", one, "me/one", "--unverified") == 0
     assert "(2 files, public)" in capsys.readouterr().out  # config.json and the card saying it was not verified
-    from rope_extend.hub import files_count
+    from rope_extend.publish.plan import files_count
 
     assert files_count(1) == "1 file"
 
@@ -1094,7 +1094,7 @@ def test_one_retry_policy_a_persistent_503_is_tried_as_stated_and_no_url_is_prin
 
     from hubserver import Fault
 
-    from rope_extend.upload import RETRY
+    from rope_extend.publish.upload import RETRY
 
     out = tmp_path / "out"
     assert cli("patch", sharded, *YARN, "-o", out) == 0

@@ -439,12 +439,12 @@ SHIPPED = {
 def _shipped_model(name):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rope_extend import verify
+    from rope_extend import small_model
 
     folder, changes = SHIPPED[name]
     data = json.loads((HUB / folder / "config.json").read_text())
     data.update(changes)
-    config = verify._small_config(AutoConfig.for_model(**data))
+    config = small_model.small_config(AutoConfig.for_model(**data))
     config.num_hidden_layers = len(getattr(config, "layer_types", None) or [0, 0])
     torch.manual_seed(0)
     with warnings.catch_warnings():

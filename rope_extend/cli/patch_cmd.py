@@ -118,13 +118,14 @@ def _patch(source: str, output: Path, spec: RopeSpec, options: WriteOptions, *, 
     """Plan SOURCE once, evaluate the plan if asked, write OUT with `options` (whose `hub_id` is --push-to-hub), then
     push it if asked."""
     from ..checkpoint import plan_checkpoint, write_checkpoint
-    from ..gguf import is_gguf
+    from ..gguf.binary import is_gguf
     from ..sharing import HARD_LINK_NOTE, HARD_LINKED, tally
 
     if is_gguf(source):
         if options.hub_id or eval_suite or options.dtype or options.mode != "auto":
             fail("a .gguf SOURCE takes only --method/--factor/--target-length/--config/--set/--overwrite")
-        from ..gguf import plan_gguf_file, result_lines, write_gguf
+        from ..gguf.plan import plan_gguf_file
+        from ..gguf.write import result_lines, write_gguf
 
         for line in result_lines(write_gguf(plan_gguf_file(source, spec), output, overwrite=options.overwrite)):
             if line.startswith("serve:  "):
@@ -191,7 +192,8 @@ def show(
     """Show the model's current RoPE setup: type, base, rotary dim, lengths, layer types, existing scheme."""
     from .. import compat
     from ..files import load_config
-    from ..gguf import info_lines, is_gguf, read_gguf_info
+    from ..gguf.binary import is_gguf
+    from ..gguf.info import info_lines, read_gguf_info
 
     if is_gguf(source):
         for line in info_lines(read_gguf_info(source)):

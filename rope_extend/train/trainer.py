@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import compat, memory
+from ..zero3 import without_zero3_init
 from . import lora, sequence_parallel, sharding
 from .prepare import Prepared, available_memory
 from .progress import complete_checkpoints
@@ -62,7 +63,7 @@ def model_to_train(prep: Prepared):
 
 def whole_copy(prep: Prepared):
     """The model as training started, built whole in this process, for a sharded run's gathered weights."""
-    with compat.without_zero3_init():
+    with without_zero3_init():
         return model_to_train(prep)[0]
 
 
