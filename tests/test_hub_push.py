@@ -41,12 +41,10 @@ def cli(*args) -> int:
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory, tiny_llama_folder) -> Path:
-    """A small checkpoint folder as users have them: weights, config, tokenizer and generation configs."""
-    folder = shutil.copytree(tiny_llama_folder, tmp_path_factory.mktemp("push") / "src")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": tiny.ORIGINAL}))
-    (folder / "generation_config.json").write_text(json.dumps({"max_length": tiny.ORIGINAL, "bos_token_id": 1}))
-    return folder
+def source(tmp_path_factory, user_checkpoint) -> Path:
+    """conftest.py's `user_checkpoint`, copied for this module: the pushes hard-link its weights (their link count
+    is the module's own)."""
+    return Path(shutil.copytree(user_checkpoint, tmp_path_factory.mktemp("push") / "src"))
 
 
 @pytest.fixture()

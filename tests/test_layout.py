@@ -1,7 +1,7 @@
 """Structure rules of the package, checked on its source: no import cycles anywhere in rope_extend/ (imports
 inside functions included), no import from a lower layer to a higher one (the layer table of docs/development.md),
-no private name imported across modules, and no module outside methods/ branches on a method name (the method
-object owns every per-method rule)."""
+no private name imported across modules (nor by a test file from another or from rope_extend), and no module outside
+methods/ branches on a method name (the method object owns every per-method rule)."""
 
 from __future__ import annotations
 
@@ -271,6 +271,46 @@ def test_test_modules_share_helpers_not_each_other():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id.startswith("test_"):
                 offenders.append(f"{path.name}:{node.lineno} calls {node.func.id}")
     assert not offenders, offenders
+
+
+def private_imports_in_tests(tests: Path) -> list[str]:
+    """``file:line imports name from module`` for every `_private` name a file of `tests` imports from another of its
+    files (helpers.py, tiny.py, hubserver.py...) or from rope_extend (``from helpers import _cache``, ``from
+    rope_extend.eval.runner import _config_window``, ``import rope_extend.x._y``): what tests share is public
+    (helpers' names, fixtures in conftest.py), and a test reaches rope-extend through what a module makes public."""
+    local = {path.stem for path in tests.glob("*.py")}
+    found = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                top = node.module.split(".")[0]
+                if top == "rope_extend" or (top in local and node.module != path.stem):
+                    found += [f"{path.name}:{node.lineno} imports {alias.name} from {node.module}"
+                              for alias in node.names if _private(alias.name)]
+                    found += [f"{path.name}:{node.lineno} imports {part} from {node.module}"
+                              for part in node.module.split(".")[1:] if _private(part)]
+            elif isinstance(node, ast.Import):
+                found += [f"{path.name}:{node.lineno} imports {part} from {alias.name}" for alias in node.names
+                          if alias.name.split(".")[0] in local | {"rope_extend"}
+                          for part in alias.name.split(".")[1:] if _private(part)]
+    return found
+
+
+def test_tests_import_no_private_name_across_files():
+    assert not private_imports_in_tests(TESTS)
+
+
+def test_the_test_import_check_sees_private_names(tmp_path):
+    """A private name imported from another test file or from rope_extend is caught, in a function too; a file's
+    own private names, public names, dunders and other libraries' private names are not."""
+    (tmp_path / "helpers.py").write_text("def _cache():\n    pass\n\n\ndef cache():\n    pass\n")
+    (tmp_path / "test_a.py").write_text(
+        "from helpers import _cache, cache\nfrom os import _exit\nfrom rope_extend import __version__\n"
+        "import rope_extend._hidden\n\n\ndef _own():\n    pass\n\n\n"
+        "def test_x():\n    from rope_extend.eval.runner import _config_window\n    from test_a import _own\n")
+    assert private_imports_in_tests(tmp_path) == [
+        "test_a.py:1 imports _cache from helpers", "test_a.py:4 imports _hidden from rope_extend._hidden",
+        "test_a.py:12 imports _config_window from rope_extend.eval.runner"]
 
 
 ENGINE_NAMES = {"transformers", "vllm", "vllm-server", "sglang", "sglang-server", "llama.cpp", "llamacpp"}

@@ -72,7 +72,7 @@ def _append(path: Path, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
-def _config_window(source) -> Window:
+def config_window(source) -> Window:
     """The window SOURCE's config (its text part) serves as shipped (`variants.model_window`: Llama 3.1's 131072,
     with llama3's pre-scaling 8192 beside it): what the suite's lengths are laid out from. `source`: a
     `source.Source`, or what `source.load_source` takes."""
@@ -190,7 +190,7 @@ def run_eval(
 
         loaded = load_source(model_path)  # a folder, a Hub id (through the Hub cache) or an alias: as `patch`
         folder, config = loaded.folder, loaded.config
-        window, preflight_tok = _config_window(loaded), None
+        window, preflight_tok = config_window(loaded), None
         for variant in variants:  # each spec planned once (or its plan given), on SOURCE's config, before any
             if variant.spec is not None and not callable(variant.spec):  # weights load: a spec the model refuses (a
                 plan = variant.plan  # shipped scheme without replace_existing...) is one line now
