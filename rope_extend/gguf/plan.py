@@ -61,7 +61,7 @@ def plan_gguf_file(source: str | os.PathLike, spec: RopeSpec) -> GGUFPlan:
 
 def plan_gguf(info: GGUFInfo, spec: RopeSpec) -> GGUFPlan:
     """Resolve *spec* against the GGUF's RoPE and compute the metadata to write, checked with llama.cpp's math."""
-    from .methods import RopeContext, get_method, gguf_rules
+    from ..methods import RopeContext, get_method, gguf_rules
 
     if info.architecture not in VERIFIED_ARCHITECTURES:
         raise UnsupportedModelError(
@@ -118,8 +118,8 @@ def _verify_plan(info: GGUFInfo, plan: GGUFPlan) -> None:
     runs), must give the spec's RoPE up to the target length, within the float32 tolerance every engine row uses."""
     import torch
 
-    from .engines.llama_cpp.port import served as llama_cpp_served
-    from .engines.served import Served, compare
+    from ..engines.llama_cpp.port import served as llama_cpp_served
+    from ..engines.served import Served, compare
 
     arch = info.architecture
     meta: dict[str, Any] = {"context_length": info.context_length, "rope.dimension_count": info.rope_dim,
