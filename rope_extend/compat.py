@@ -15,13 +15,10 @@ and the key is ``None`` for a model with one RoPE for all layers, or a layer typ
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
-import json
 import math
 import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import transformers
@@ -281,37 +278,6 @@ def dtype_kwargs(dtype) -> dict:
     return {"dtype" if TRANSFORMERS_V5 else "torch_dtype": dtype}
 
 
-def compile_chat_template(template: str):
-    """Compile a chat template as `apply_chat_template` does (transformers' sandboxed jinja2 environment with its
-    filters and extensions, cached); raises jinja2's TemplateError (a syntax error names its line)."""
-    from transformers.utils import chat_template_utils
-
-    compile_template = getattr(chat_template_utils, "_compile_jinja_template", None)
-    if compile_template is None:  # not in every release: the same sandbox, without transformers' extras
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        return environment.from_string(template)
-    return compile_template(template)
-
-
-@contextlib.contextmanager
-def without_zero3_init():
-    """Within the block, transformers builds and loads models whole even while a DeepSpeed ZeRO-3 run is set up
-    (`is_deepspeed_zero3_enabled()` false): for models that one process builds alone (verification copies, the
-    checkpoint writer's stock reload, the main process's copy of the gathered weights). Both lines keep the run's
-    config behind the same module-level weak reference."""
-    from transformers.integrations import deepspeed
-
-    saved = deepspeed._hf_deepspeed_config_weak_ref
-    deepspeed._hf_deepspeed_config_weak_ref = None
-    try:
-        yield
-    finally:
-        deepspeed._hf_deepspeed_config_weak_ref = saved
-
-
 def text_config(config):
     """The text model's config (multimodal configs nest it); the config itself otherwise."""
     get_text = getattr(config, "get_text_config", None)
@@ -334,37 +300,6 @@ def portable_checkpoint_config(
     if part is config_dict:
         return portable
     return {**copy.deepcopy(config_dict), "text_config": portable}
-
-
-def enable_portable_saves() -> None:
-    """Make every config that carries the rope-extend marker save (`save_pretrained`, `push_to_hub`, Trainer
-    checkpoints: all go through `to_json_file`) the portable layout, so stock 4.x and 5.x reload the same RoPE.
-
-    Installed once by `patch_model`; configs without the marker (e.g. after `unpatch_model`) save as usual.
-    """
-    from transformers import PretrainedConfig
-
-    original = PretrainedConfig.to_json_file
-    if getattr(original, "_rope_extend_portable", False):
-        return
-
-    @functools.wraps(original)
-    def to_json_file(self, json_file_path, use_diff: bool = True):
-        original(self, json_file_path, use_diff=use_diff)
-        text = text_config(self)
-        marker = read_marker(text)
-        if marker is None:
-            return
-        path = Path(json_file_path)
-        data = json.loads(path.read_text(encoding="utf-8"))
-        data = portable_checkpoint_config(data, read_slots(text), int(text.max_position_embeddings), marker)
-        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        if marker.get("stock_loaders"):  # the method's marker_note: saved, this copy is something else to them
-            warnings.warn(f"saved {str(path.parent)!r}: stock loaders (transformers, vLLM, SGLang, llama.cpp) load "
-                          f"it as {marker['stock_loaders']}", UserWarning, stacklevel=2)
-
-    to_json_file._rope_extend_portable = True
-    PretrainedConfig.to_json_file = to_json_file
 
 
 def read_marker(config) -> dict | None:

@@ -277,7 +277,7 @@ def is_demo_model(source_dir: Path | None) -> bool:
 
 def _gguf_license(gguf_file: Path) -> str | None:
     """`general.license` of the GGUF the demo model is converted from, or None when it has none."""
-    from .gguf import read_metadata
+    from .gguf.info import read_metadata
 
     try:
         value = read_metadata(gguf_file, LICENSE_KEY)

@@ -204,7 +204,7 @@ def is_x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
-def _cmake_options(native: bool) -> list[str]:
+def cmake_options(native: bool) -> list[str]:
     no_amx = [f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}"] if native and is_x86() else []
     return [
         "-DCMAKE_BUILD_TYPE=Release",
@@ -227,7 +227,7 @@ def _stamp(targets: Sequence[str], native: bool) -> dict:
     return {
         "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION,
         "targets": sorted(targets),
-        "options": _cmake_options(native),
+        "options": cmake_options(native),
         "cpu": _cpu_fingerprint() if native else "portable",
     }
 
@@ -332,7 +332,7 @@ def _build(src: Path, build: Path, targets: Sequence[str], native: bool, log: Pa
     jobs = str(os.cpu_count() or 2)
     env = dict(os.environ, NINJA_STATUS="[%f/%t] ")
     _say(progress, f"configuring ({'native' if native else 'portable'} CPU build) in {build}")
-    _run_logged(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", *_cmake_options(native)], log, progress)
+    _run_logged(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", *cmake_options(native)], log, progress)
     _say(progress, f"building {', '.join(targets)} with {jobs} jobs (~12 CPU-minutes the first time: ~6 min on 2 "
                    "idle cores, longer on a busy machine)")
     _run_logged(["cmake", "--build", str(build), "-j", jobs, "--target", *targets], log, progress, env=env)

@@ -4,7 +4,7 @@ Editing a loaded model's config changes nothing: rotary modules compute `inv_fre
 `patch_model` (1) plans the new RoPE from the config and the spec (`plan.plan_patch`, pure), (2) recomputes every
 rotary module's frequencies and attention scaling with the method object on the module's device and dtype,
 (3) rewrites the config so that the model's own `save_pretrained` / `push_to_hub` write the portable config
-(`compat.enable_portable_saves`), loaded identically by stock transformers 4.x and 5.x. Dynamic methods get a
+(`portable_saves.enable_portable_saves`), loaded identically by stock transformers 4.x and 5.x. Dynamic methods get a
 forward pre-hook (`dynamic.DynamicRopeHook`) that recomputes the frequencies from the current length.
 
 Everything `patch_model` changes is recorded in a `PatchState` on the model, which knows how to restore it.
@@ -23,6 +23,7 @@ from torch import nn
 from . import compat, dynamic
 from .errors import ModelConfigError, ModelRunError, SpecError, Suggests
 from .plan import PatchPlan, check_rope_model, plan_patch, recorded_spec
+from .portable_saves import enable_portable_saves
 from .rotary import ModuleChange, apply_plan, find_rotary_modules, no_rotary_modules_error
 from .spec import RopeSpec, load_spec
 from .verify import run_unpatched, verify_plan
@@ -212,7 +213,7 @@ def apply_patch(model: nn.Module, plan: PatchPlan, *, dynamic_mode: str = "consi
     compat.write_slots(config, plan.slots, plan.max_position_embeddings, plan.marker)
     if config is not model.config and hasattr(model.config, "max_position_embeddings"):
         model.config.max_position_embeddings = plan.max_position_embeddings
-    compat.enable_portable_saves()
+    enable_portable_saves()
     setattr(model, _STATE_ATTR, state)
     if plan.method.dynamic and dynamic_mode == "consistent" and hasattr(model, "generate"):
         dynamic.wrap_generate(model)

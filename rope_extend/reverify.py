@@ -12,7 +12,7 @@ is, the same one `patch` runs:
    again from them (`plan.plan_patch`).
 2. Every weight file's header must describe exactly its length, and the index's shards must exist
    (`files.check_safetensors`, `files.index_shards`). The tokenizer must load and every chat template compile
-   (`verify.verify_tokenizer`). Then stock transformers must build the planned RoPE from OUT's
+   (`tokenizer.verify_tokenizer`). Then stock transformers must build the planned RoPE from OUT's
    config.json, and a forward beyond the original length must agree with rope-extend's patched model: on a small
    random-weight model of the config when the weights are the ones verified (nothing in their record changed), on
    the real weights otherwise (stock transformers' load of OUT against OUT's weights loaded with the config before
@@ -24,7 +24,7 @@ is, the same one `patch` runs:
 Files added to OUT after it was written stay out of the record (a push sends them only with `--include`), but for
 weights: weight files (and their index) the record does not list, a full checkpoint re-sharded for instance, make
 the forward run on the real weights, and the record then lists them (a record that lists no weights vouches for no
-model: `record.unverified_reason`). An OUT with no weight file is refused.
+model: `publish.selection.unverified_reason`). An OUT with no weight file is refused.
 """
 
 from __future__ import annotations
@@ -58,14 +58,39 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
     """Re-verify OUT as it is now and refresh its card and record (see the module docstring). Raises
     CheckpointError (what OUT lacks), VerificationError (what no longer verifies) or, with `memory_check`,
     NotEnoughMemoryError (changed weights that do not fit the memory to load); nothing is written then."""
-    from .engines.parity import card_section
-    from .source import Source, plan_source
-    from .spec import RopeSpec
-
     started = time.perf_counter()
     step = on_step or (lambda message: None)
     given = str(folder)
-    root = Path(os.path.abspath(Path(folder).expanduser()))
+    root = _written_folder(given)
+    recorded = _recorded(root, given)
+    config, plan, pristine = _planned_again(root, given)
+    changed, added = _changes(root, recorded)
+    real = any(record.is_top_weight(name) for name, _ in changed) or not recorded.contents_known
+    _check_weight_files(root, given, step)
+    if real:  # OUT's weights are loaded: refused before loading when they do not fit the memory
+        from . import memory
+        from .checkpoint import check_loading
+
+        check_loading(given, root, config, "auto", skip=not memory_check,
+                      ways=memory.WaysOut(dtype_flag=None, device="a machine with more memory"))
+    step("verifying: the tokenizer, stock transformers reload and a forward beyond the original length"
+         + (" on the real weights (they changed)" if real else ""))
+    edited = ", ".join(name for name, _ in changed) or "no file"
+    try:
+        _verify(root, plan, real, pristine)
+    except VerificationError as exc:
+        raise VerificationError(f"OUT {given!r} does not verify as it is now: {exc}; nothing was written: restore "
+                                f"what changed ({edited}), or write OUT again with `rope-extend patch` into a new "
+                                "folder") from None
+    step("refreshing the record and the card")
+    result = _refresh(root, recorded, plan, changed, added, real)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _written_folder(given: str) -> Path:
+    """OUT as an absolute path: a checkpoint folder rope-extend may write (not a Hub cache snapshot)."""
+    root = Path(os.path.abspath(Path(given).expanduser()))
     if not (root / "config.json").is_file():
         raise CheckpointError(f"OUT {given!r} is not a checkpoint folder (no config.json); give the folder "
                               "`rope-extend patch` or `train` wrote")
@@ -73,12 +98,27 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
         raise CheckpointError(f"OUT {given!r} is a Hub cache snapshot (its files are links to the cache's blobs), "
                               "which rope-extend never writes; download the repo into a folder of its own (hf "
                               "download REPO --local-dir DIR) and verify that")
+    return root
+
+
+def _recorded(root: Path, given: str) -> record.Record:
+    """OUT's record; without one, the line that says how to make one (or that rope-extend did not write OUT)."""
     recorded = record.read_record(root)
-    if recorded is None:
-        if record.written_by_rope_extend(root):
-            raise CheckpointError(record.no_record_message(root).replace(", so nothing was sent", ""))
-        raise CheckpointError(f"OUT {given!r} was not written by rope-extend (no rope_extend.yaml, no rope_extend "
-                              "marker in config.json): there is no patch to verify; write one with `rope-extend patch`")
+    if recorded is not None:
+        return recorded
+    if record.written_by_rope_extend(root):
+        raise CheckpointError(record.no_record_message(root).replace(", so nothing was sent", ""))
+    raise CheckpointError(f"OUT {given!r} was not written by rope-extend (no rope_extend.yaml, no rope_extend "
+                          "marker in config.json): there is no patch to verify; write one with `rope-extend patch`")
+
+
+def _planned_again(root: Path, given: str):
+    """(OUT's config, the patch its marker records planned again from the RoPE before the patch, that RoPE's
+    config); refused, before any model is built, when the marker is lost or edited or config.json's RoPE is not
+    what that patch writes."""
+    from .source import Source, plan_source
+    from .spec import RopeSpec
+
     config = _quietly(lambda: files.load_config(root))  # transformers' own warnings about an edit: said below
     text = compat.text_config(config)
     marker = compat.read_marker(text)
@@ -105,36 +145,36 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
             f"{'; '.join(edits)} (the patch its rope_extend marker records, {plan.spec.method} x{plan.spec.factor:g} "
             f"over {plan.spec.original_max_position_embeddings} tokens, writes those), so stock loaders would serve "
             f"another RoPE; nothing was written: {restore}")
+    return config, plan, pristine
+
+
+def _changes(root: Path, recorded: record.Record) -> tuple[list[tuple[str, str]], list[str]]:
+    """(every file not as recorded, with how, the weights added since included; the weight files added since: a
+    re-sharded checkpoint's, verified on and then recorded)."""
     changed = record.changes(root, recorded) if recorded.contents_known else [
         (name, "not recorded by content") for name in sorted(recorded.files)]
+    added = [name for name, _ in record.walk(root) if record.is_top_weight(name) and name not in recorded.files]
+    return changed + [(name, "added") for name in added], added
+
+
+def _check_weight_files(root: Path, given: str, step: Callable[[str], None]) -> None:
+    """OUT holds weights, each weight file's header describes exactly its length, and the index's shards exist."""
     weights = sorted(name for name, _ in record.walk(root) if sharing.is_weight(name) and "/" not in name)
     if not weights:
         raise CheckpointError(f"OUT {given!r} holds no weight file (*.safetensors), so there is no model to verify; "
                               "put its weights back, or write OUT again with `rope-extend patch` into a new folder")
-    added = [name for name, _ in record.walk(root) if record.is_top_weight(name) and name not in recorded.files]
-    changed += [(name, "added") for name in added]  # e.g. weights re-sharded: verified on them, then recorded
     step(f"checking {len(weights)} weight file{'s' * (len(weights) != 1)} and the index")
     for name in weights:
         files.check_safetensors(record.contents(root, name))
     files.index_shards(root)
-    real = any(record.is_top_weight(name) for name, _ in changed) or not recorded.contents_known
-    if real:  # OUT's weights are loaded: refused before loading when they do not fit the memory
-        from . import memory
-        from .checkpoint import check_loading
 
-        check_loading(given, root, config, "auto", skip=not memory_check,
-                      ways=memory.WaysOut(dtype_flag=None, device="a machine with more memory"))
-    step("verifying: the tokenizer, stock transformers reload and a forward beyond the original length"
-         + (" on the real weights (they changed)" if real else ""))
-    edited = ", ".join(name for name, _ in changed) or "no file"
-    undo = (f"nothing was written: restore what changed ({edited}), or write OUT again with `rope-extend patch` into "
-            "a new folder")
-    try:
-        _verify(root, plan, real, pristine)
-    except VerificationError as exc:
-        raise VerificationError(f"OUT {given!r} does not verify as it is now: {exc}; {undo}") from None
 
-    step("refreshing the record and the card")
+def _refresh(root: Path, recorded: record.Record, plan, changed: list[tuple[str, str]], added: list[str],
+             real: bool) -> Reverified:
+    """Only after verification: the card (rope-extend's, unchanged since recorded: its engines section recomputed
+    and a Provenance line saying what was re-verified; an edited one is the user's) and the record rewritten."""
+    from .engines.parity import card_section
+
     card_path = root / record.CARD
     card_edited = any(name == record.CARD for name, _ in changed) and recorded.contents_known
     result = Reverified(folder=root, changed=changed, real_weights=real,
@@ -147,7 +187,6 @@ def reverify(folder: str | os.PathLike, on_step: Callable[[str], None] | None = 
                                                    note))
     record.refresh(root, recorded, added=added)
     result.weights = record.read_record(root).weights
-    result.seconds = time.perf_counter() - started
     return result
 
 
@@ -200,17 +239,17 @@ def _verify(root: Path, plan, real: bool, source) -> None:
     """The verification of `checkpoint.verify_output` with `source` (OUT's config before the patch): a small model
     of it, or with `real`, OUT's real weights patched in-process against stock transformers' load of OUT."""
     from .checkpoint import verify_output
-    from .verify import verify_tokenizer
+    from .tokenizer import verify_tokenizer
 
     if not real:
         verify_output(root, plan, "config-only", source_config=source)
         return
     verify_tokenizer(root)  # before the weights are loaded: it costs little and says the same
-    outputs, dtype = _patched_outputs(root, plan)
+    outputs, dtype = patched_outputs_of(root, plan)
     verify_output(root, plan, "full", source_config=source, patched_outputs=outputs, patched_dtype=dtype)
 
 
-def _patched_outputs(root: Path, plan):
+def patched_outputs_of(root: Path, plan):
     """rope-extend's patched model of OUT's weights: loaded with the config before the patch, patched in-process."""
     import warnings
 

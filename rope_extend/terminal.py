@@ -20,6 +20,16 @@ def shell_path(path) -> str:
     return shlex.quote(str(path)).replace(" ", KEEP)
 
 
+def shown_name(name: str) -> str:
+    """A file name as printed: control characters, escape sequences, newlines and undecodable bytes escaped the way
+    Python writes them (`\\x1b`, `\\n`, `\\udcff`), so a name cannot move the cursor, recolour the terminal or
+    fake a line of output."""
+    if name.isprintable():
+        return name
+    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   if ord(c) < 0xD800 or ord(c) > 0xDFFF else f"\\u{ord(c):04x}" for c in name)
+
+
 def wrap(text: str, width: int, indent: str = "", hang: str | None = None) -> list[str]:
     """*text* wrapped between words at *width*: each of its lines starts with *indent*, and the lines it wraps onto
     with *hang* (default: *indent*); a `shell_path` stays whole."""

@@ -27,8 +27,8 @@ class WriteOptions:
     mode: auto (config-only unless `dtype` changes the weights), config-only (link the weights, write the config)
         or full (load, patch, save). A loaded model (`train`) is always written in full.
     dtype: the weights' dtype on the full path (float32, bfloat16, float16, auto).
-    hub_id: the repo OUT will be pushed to, which names the model in the card's serving commands (otherwise OUT's
-        folder name does: the card never holds a local absolute path).
+    hub_id: the repo OUT will be pushed to, which names the model in the card's serving commands (otherwise
+        `./NAME`, OUT's folder as seen from the folder that holds it: the card never holds a local absolute path).
     eval_summary: the card's Evaluation section (`eval.card_section.CardEval` or markdown); training: its Training section.
     engines_report: the card's "Where it serves identically" section (the parity report of what was written).
     extra: adds files (plots, logs) to the folder before verification.

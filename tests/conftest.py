@@ -73,6 +73,36 @@ def tiny_llama_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def user_checkpoint(tmp_path_factory, tiny_llama_folder):
+    """`tiny_llama_folder` as users have a checkpoint: weights, config, and the tokenizer and generation configs
+    whose length caps are the model's window (`patch` raises them). Never written to: the tests that write into
+    their SOURCE (test_checkpoint.py's, test_hub_push.py's) copy it first."""
+    import json
+    import shutil
+
+    import tiny
+
+    folder = shutil.copytree(tiny_llama_folder, tmp_path_factory.mktemp("user-checkpoint") / "src")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": tiny.ORIGINAL}))
+    (folder / "generation_config.json").write_text(json.dumps({"max_length": tiny.ORIGINAL, "bos_token_id": 1}))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def llamacpp():
+    """The cached llama.cpp build (`make llamacpp`; built here on first use, its progress on the real stderr: pytest's
+    capture would hide a 20-minute build). A failed or missing build is a failure, never a skip."""
+    import sys
+
+    from rope_extend.llamacpp_build import LlamaCppError, ensure_llamacpp
+
+    try:
+        return ensure_llamacpp(progress=lambda line: print(line, file=sys.__stderr__, flush=True))
+    except LlamaCppError as exc:
+        pytest.fail(f"llama.cpp build failed:\n{exc}")
+
+
+@pytest.fixture(scope="session")
 def hub_cache(tmp_path_factory):
     """A Hub cache (HF_HUB_CACHE) holding every model of `hubcache.MODELS` (never written to)."""
     import hubcache
@@ -89,7 +119,7 @@ def tiny_source(tmp_path_factory, smollm2_path):
     from pathlib import Path
 
     import torch
-    from helpers import _toy_text
+    from helpers import toy_text
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder = tmp_path_factory.mktemp("train-src") / "tiny-smollm2-tok"
@@ -106,5 +136,5 @@ def tiny_source(tmp_path_factory, smollm2_path):
     for name in ("tokenizer.json", "tokenizer_config.json"):  # as shipped (loadable by both transformers lines)
         shutil.copy2(Path(smollm2_path) / name, folder / name)
     text = folder.parent / "toy.txt"
-    text.write_text(_toy_text())
+    text.write_text(toy_text())
     return folder, text

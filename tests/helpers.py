@@ -102,7 +102,7 @@ CASES = [
 ]
 
 
-def _case_id(case):
+def case_id(case):
     return f"{type(case[0]).__name__}{case[2]}"
 
 
@@ -123,11 +123,11 @@ def make(arch: str, impl: str | None = None):
     return model
 
 
-def _cache(cache) -> dict:
+def cache_kwargs(cache) -> dict:
     return {GENERATE_CACHE_KEYWORD: cache, "use_cache": True}
 
 
-def _patched(arch: str, method: str, impl: str | None = None, **extra):
+def patched_model(arch: str, method: str, impl: str | None = None, **extra):
     model = make(arch, impl)
     patch_model(model, **{**SPECS[method], "factor": 3, **extra})
     return model
@@ -144,16 +144,16 @@ def generate_alone_and_after_a_shared_prefix(model, n: int, shared: int, new_tok
     with torch.inference_mode():
         alone = model.generate(second, attention_mask=torch.ones_like(second), **settings)
         cache = DynamicCache(config=model.config)
-        model.generate(first, attention_mask=torch.ones_like(first), **_cache(cache), **settings)
+        model.generate(first, attention_mask=torch.ones_like(first), **cache_kwargs(cache), **settings)
         cache.crop(shared - cache.get_seq_length())
         if before_reuse is not None:
             before_reuse()
-        reused = model.generate(second, attention_mask=torch.ones_like(second), **_cache(cache), **settings)
+        reused = model.generate(second, attention_mask=torch.ones_like(second), **cache_kwargs(cache), **settings)
     return alone, reused
 
 
 # --- random attention inputs ------------------------------------------------------------------------------------------
-def _inputs(B, H, Hkv, D, rdim, n_q, n_k, start, seed):
+def attention_inputs(B, H, Hkv, D, rdim, n_q, n_k, start, seed):
     generator = torch.Generator().manual_seed(seed)
     q_raw = torch.randn(B, H, n_q, D, generator=generator)
     k_raw = torch.randn(B, Hkv, n_k, D, generator=generator)
@@ -168,19 +168,19 @@ def _inputs(B, H, Hkv, D, rdim, n_q, n_k, start, seed):
 STEPS = 6
 
 
-def _toy_text(words: int = 2400) -> str:
+def toy_text(words: int = 2400) -> str:
     """A learnable text: a fixed cycle of 60 words (the next word is determined by the previous two)."""
     vocab = [f"w{i:02d}" for i in range(60)]
     return " ".join(vocab[i % 60] for i in range(words)) + "\n"
 
 
-def _args(source: Path, text: Path, out: Path, *extra: str) -> list[str]:
+def train_argv(source: Path, text: Path, out: Path, *extra: str) -> list[str]:
     return ["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--window", "32",
             "--steps", str(STEPS), "--batch-tokens", "64", "--lr", "3e-3", "--warmup", "0", "--save-steps", "1",
             "-o", str(out), *extra]
 
 
-def _child_env() -> dict:
+def child_env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 

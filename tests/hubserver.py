@@ -1,7 +1,7 @@
 """A local HTTP server that speaks the part of the Hugging Face Hub API a push uses.
 
 huggingface_hub's `create_repo` and `create_commit` (0.36 on the transformers 4.x line, 2.x on 5.x; `upload_folder`
-ends in the same calls) send, and `rope_extend.upload` sends itself (each request once, its own retries), for small
+ends in the same calls) send, and `rope_extend.publish.upload` sends itself (each request once, its own retries), for small
 files:
 
 - `POST /api/repos/create` (JSON: name, organization, `private` (0.x) or `visibility` (2.x), type), 409 if it exists;

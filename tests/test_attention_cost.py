@@ -128,7 +128,7 @@ def test_decoding_step_synchronises_nothing_and_casts_no_cache(method, monkeypat
     chunk start, where dual-chunk moves the keys of the chunk before, once) runs the primitive's decode on every layer, reads no tensor value on the host, converts nothing the size of a cache slice, and runs at
     most 1.5x the aten ops of the same step with YaRN; its logits equal one forward's (bf16 rounding)."""
     import tiny
-    from helpers import SPECS, _cache
+    from helpers import SPECS, cache_kwargs
     from transformers import AutoModelForCausalLM, DynamicCache
 
     from rope_extend import patch_model, unpatch_model
@@ -150,14 +150,14 @@ def test_decoding_step_synchronises_nothing_and_casts_no_cache(method, monkeypat
         monkeypatch.setattr(kernels, "primitive_for", lambda device, _p=flex: _p)
         with torch.no_grad():
             cache = DynamicCache(config=model.config)
-            model(ids[:, :40], **_cache(cache))
+            model(ids[:, :40], **cache_kwargs(cache))
             for t in range(40, 44):  # dual-chunk's chunk starts at 42: its keys before it are moved then
-                model(ids[:, t : t + 1], **_cache(cache))
+                model(ids[:, t : t + 1], **cache_kwargs(cache))
             decoded.clear()
             with _Counted(monkeypatch) as counted:
-                step = model(ids[:, 44:45], **_cache(cache)).logits
+                step = model(ids[:, 44:45], **cache_kwargs(cache)).logits
             decoded_in_step = len(decoded)
-            last = model(ids[:, 45:46], **_cache(cache)).logits[0, -1]
+            last = model(ids[:, 45:46], **cache_kwargs(cache)).logits[0, -1]
             whole = model(ids).logits[0, -1]
         monkeypatch.undo()
         unpatch_model(model)

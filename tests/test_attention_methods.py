@@ -20,12 +20,12 @@ from helpers import (  # the papers' formulas and the tiny patched models, share
     IMPLS,
     SPECS,
     WINDOW,
-    _cache,
-    _case_id,
-    _patched,
+    cache_kwargs,
+    case_id,
     dual_chunk_distance,
     generate_alone_and_after_a_shared_prefix,
     make,
+    patched_model,
     reference_attention,
     rope,
     self_extend_distance,
@@ -40,7 +40,7 @@ from rope_extend.compat import EAGER_THROUGH_ATTENTION_REGISTRY
 warnings.filterwarnings("ignore", message=".*acts on attention.*")
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 @pytest.mark.parametrize("log_n", [False, True])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "general"])
 def test_kernel_equals_the_papers_formulas(case, log_n, fused):
@@ -130,7 +130,7 @@ def test_every_rotary_architecture_equals_the_reference(arch):
     with torch.no_grad():
         base = unpatched(ids).logits
     for method in SPECS:
-        model = _patched(arch, method)
+        model = patched_model(arch, method)
         with torch.no_grad(), pytest.MonkeyPatch.context() as monkeypatch:
             got = model(ids).logits
             short = ids[:, : WINDOW[method]]
@@ -148,26 +148,26 @@ def test_decoding_with_the_cache_equals_one_forward(method, impl):
     logits of one forward over the final sequence, to 1e-4."""
     from transformers import DynamicCache
 
-    model = _patched("llama", method, impl)
+    model = patched_model("llama", method, impl)
     ids = tiny.input_ids(64)
     with torch.no_grad():
         full = model(ids).logits
         cache = DynamicCache(config=model.config)
-        pieces = [model(ids[:, :30], **_cache(cache)).logits,
-                  model(ids[:, 30:47], **_cache(cache)).logits]
+        pieces = [model(ids[:, :30], **cache_kwargs(cache)).logits,
+                  model(ids[:, 30:47], **cache_kwargs(cache)).logits]
         for t in range(47, 64):
-            pieces.append(model(ids[:, t : t + 1], **_cache(cache)).logits)
+            pieces.append(model(ids[:, t : t + 1], **cache_kwargs(cache)).logits)
         torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=0)
 
         prefix = DynamicCache(config=model.config)
-        model(ids[:, :50], **_cache(prefix))
+        model(ids[:, :50], **cache_kwargs(prefix))
         for suffix in (ids[:, 50:64], tiny.input_ids(14, seed=7)):
             reused = copy.deepcopy(prefix)
-            got = model(suffix, **_cache(reused)).logits
+            got = model(suffix, **cache_kwargs(reused)).logits
             want = model(torch.cat((ids[:, :50], suffix), 1)).logits[:, 50:]
             torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
         prefix.crop(-10)  # keep the first 40
-        got = model(ids[:, 40:64], **_cache(prefix)).logits
+        got = model(ids[:, 40:64], **cache_kwargs(prefix)).logits
         torch.testing.assert_close(got, full[:, 40:], atol=1e-4, rtol=0)
 
 
@@ -178,7 +178,7 @@ def test_sdpa_prefill_and_decoding_take_the_fused_path(method, monkeypatch):
     key (self-extend's moved keys live on the cache) or no key at all (dual-chunk rotates the queries instead)."""
     from transformers import DynamicCache
 
-    model = _patched("llama", method, "sdpa")
+    model = patched_model("llama", method, "sdpa")
     paths, key_rows = [], []
     for name in ("_fused_attention", "_blocked_attention"):
         original = getattr(kernels, name)
@@ -190,15 +190,15 @@ def test_sdpa_prefill_and_decoding_take_the_fused_path(method, monkeypatch):
     with torch.no_grad():
         one_shot = model(ids).logits[0, -1]
         cache = DynamicCache(config=model.config)
-        model(ids[:, :40], **_cache(cache))
+        model(ids[:, :40], **cache_kwargs(cache))
         masks = []  # the second piece (20 queries after 40 cached keys) comes with transformers' causal mask
         original_start = kernels.contiguous_start
         monkeypatch.setattr(kernels, "contiguous_start", lambda q, positions, mask, *a: masks.append(mask is not None)
                             or original_start(q, positions, mask, *a))
-        model(ids[:, 40:60], **_cache(cache))
+        model(ids[:, 40:60], **cache_kwargs(cache))
         key_rows.clear()
         for t in range(60, 64):
-            last = model(ids[:, t : t + 1], **_cache(cache)).logits[0, -1]
+            last = model(ids[:, t : t + 1], **cache_kwargs(cache)).logits[0, -1]
     assert any(masks), "the prefill after a cached prefix is expected to carry a mask tensor"
     assert set(paths) == {"_fused_attention"}
     layers = model.config.num_hidden_layers
@@ -237,7 +237,7 @@ def test_generate_matches_and_left_padded_batch_equals_rows(method):
     """generate() with the cache (greedy) continues as one-shot argmax does; a left-padded batch gives each row's
     logits of that row alone (eager and SDPA)."""
     for impl in IMPLS:
-        model = _patched("llama", method, impl)
+        model = patched_model("llama", method, impl)
         rows = [tiny.input_ids(70, seed=3)[0], tiny.input_ids(55, seed=4)[0]]
         width = max(len(r) for r in rows)
         ids = torch.stack([torch.cat((torch.zeros(width - len(r), dtype=torch.long), r)) for r in rows])
@@ -278,7 +278,7 @@ def test_marker_reapplies_in_process(tmp_path):
     """A saved checkpoint is the original model for stock loaders; patch_model(model) re-applies the marker."""
     from transformers import AutoModelForCausalLM
 
-    model = _patched("llama", "self-extend")
+    model = patched_model("llama", "self-extend")
     ids = tiny.input_ids(96)
     with torch.no_grad():
         want = model(ids).logits
@@ -362,12 +362,15 @@ def test_spec_errors_name_the_rule(kwargs, match):
 
 
 def test_refusals_name_why():
-    from rope_extend import gguf  # noqa: F401  (the refusal is the method's)
+    from rope_extend.engines.serving import serving_hints
     from rope_extend.methods import gguf_rules
 
-    with pytest.raises(SpecError, match="-gan G -gaw W"):
+    with pytest.raises(SpecError, match="acts on attention at run time.*serve the original GGUF instead"):
         gguf_rules("self-extend").rope(load_spec(method="self-extend", factor=2), 1e4, 16, None, 1.0)
-    with pytest.raises(SpecError, match="no dual chunk attention"):
+    config = tiny.make_config("llama")  # the card the refusal points to names llama.cpp's own flags, G and W set
+    card, _ = serving_hints(plan_patch(config, method="self-extend", factor=4, group_size=5, neighbor_window=4), "OUT")
+    assert "-gan 5 -gaw 4" in card, card
+    with pytest.raises(SpecError, match="cannot express dual-chunk in a GGUF"):
         gguf_rules("dual-chunk").rope(load_spec(method="dual-chunk", factor=2), 1e4, 16, None, 1.0)
     if not EAGER_THROUGH_ATTENTION_REGISTRY:
         with pytest.raises(UnsupportedModelError, match="calls its eager attention directly"):
@@ -422,8 +425,8 @@ def test_smollm2_smoke_with_small_windows(smollm2_path):
             # (not a slice of the 150-token forward, whose matmul blocking differs in the last bits)
             assert torch.equal(model(ids[:, :40]).logits, short)
             cache = DynamicCache(config=model.config)
-            steps = [model(ids[:, :145], **_cache(cache)).logits]
-            steps += [model(ids[:, t : t + 1], **_cache(cache)).logits for t in range(145, 150)]
+            steps = [model(ids[:, :145], **cache_kwargs(cache)).logits]
+            steps += [model(ids[:, t : t + 1], **cache_kwargs(cache)).logits for t in range(145, 150)]
         assert (full[0, 100:] - base[0, 100:]).abs().max() > 0.1
         torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=0)
         unpatch_model(model)
@@ -435,7 +438,7 @@ def test_generate_after_a_reused_prefix_takes_the_fused_path_in_inference_mode(m
     carries transformers' causal mask, an inference tensor) continues exactly as generate() from scratch, on the
     fused path."""
 
-    model = _patched("llama", method, "sdpa")
+    model = patched_model("llama", method, "sdpa")
     paths = []
     for name in ("_fused_attention", "_blocked_attention"):
         original = getattr(kernels, name)
@@ -456,12 +459,12 @@ def _shipped(name: str):
     import hubcache
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rope_extend import verify
+    from rope_extend import small_model
 
     repo = {"llama-3.1": "meta-llama/Llama-3.1-8B", "qwen2.5-instruct-yarn": "Qwen/Qwen2.5-7B-Instruct"}[name]
     data = json.loads(Path(hubcache.config_path(repo)).read_text())
     data.update(hubcache.QWEN_YARN if "qwen" in name else {})
-    config = verify._small_config(AutoConfig.for_model(**data))
+    config = small_model.small_config(AutoConfig.for_model(**data))
     config.num_hidden_layers = len(getattr(config, "layer_types", None) or [0, 0])
     torch.manual_seed(0)
     with warnings.catch_warnings():

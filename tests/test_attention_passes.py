@@ -16,11 +16,11 @@ import torch
 from helpers import (
     CASES,
     SPECS,
-    _cache,
-    _case_id,
-    _inputs,
-    _patched,
+    attention_inputs,
+    cache_kwargs,
+    case_id,
     dual_chunk_distance,
+    patched_model,
     reference_attention,
     rope,
     self_extend_distance,
@@ -45,7 +45,7 @@ def _primitive_params():
 
 
 # --- the decomposition itself -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_passes_partition_the_causal_pairs_as_the_maps_select(case):
     """Every causal (query, key) pair lies in exactly one pass, the one `mapping.select` names, and sees there the
     papers' distance: (query position + the pass's query shift) - (key position + key shift if the pass moves the
@@ -89,7 +89,7 @@ def _allowed(B, n_q, n_k):
 
 
 @pytest.mark.parametrize("primitive", _primitive_params())
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_passes_equal_the_papers_formulas(case, primitive):
     """A 48-token prompt (crossing every window, group and chunk boundary), 5 queries after a 28-key cache
     starting at position 17 (a prompt prefilled after a cached prefix), then two decoding steps reusing the moved
@@ -106,7 +106,7 @@ def check_passes_equal_the_papers_formulas(case, make, device: str) -> None:
     B, H, Hkv, D, rdim = 2, 4, 2, 16, 8
     memo, store, previous = {}, {}, None
     for n_q, n_k, start in ((48, 48, 0), (5, 33, 17), (1, 34, 17), (1, 35, 17)):
-        q_raw, k_raw, v, q_pos, k_pos, inv_freq = _inputs(B, H, Hkv, D, rdim, n_q, n_k, start, seed=n_k)
+        q_raw, k_raw, v, q_pos, k_pos, inv_freq = attention_inputs(B, H, Hkv, D, rdim, n_q, n_k, start, seed=n_k)
         q, k = rope(q_raw, q_pos, inv_freq), rope(k_raw, k_pos, inv_freq)
         if n_q == 1:  # a decoding step: the previous call's keys plus one, the moved ones reused from the store
             (k_raw[:, :, :-1], v[:, :, :-1]), k_prev = previous
@@ -138,7 +138,7 @@ def test_passes_bf16_within_bf16_rounding(mapping, dist_fn, params, primitive):
 def check_passes_bf16_within_bf16_rounding(mapping, dist_fn, params, make, device: str) -> None:
     """`test_passes_bf16_within_bf16_rounding` with the primitive `make()` builds, on `device`."""
     B, H, Hkv, D, n = 2, 4, 2, 16, 64
-    q_raw, k_raw, v, q_pos, k_pos, inv_freq = _inputs(B, H, Hkv, D, D, n, n, 0, seed=3)
+    q_raw, k_raw, v, q_pos, k_pos, inv_freq = attention_inputs(B, H, Hkv, D, D, n, n, 0, seed=3)
     q, k = rope(q_raw, q_pos, inv_freq), rope(k_raw, k_pos, inv_freq)
     bf = {name: t.to(device=device, dtype=torch.bfloat16) for name, t in (("q", q), ("k", k), ("v", v))}
     got = kernels.remapped_attention(bf["q"], bf["k"], bf["v"], Positions.of(k_pos), None, D**-0.5, mapping,
@@ -265,7 +265,7 @@ def test_model_on_the_passes_path_equals_the_fused_path(method, monkeypatch):
     in batches); the original below the window; unpatch restores the original bit for bit."""
     from transformers import DynamicCache
 
-    model = _patched("llama", method, "sdpa")
+    model = patched_model("llama", method, "sdpa")
     layers = model.config.num_hidden_layers
     ids = tiny.input_ids(64)
     with torch.no_grad():
@@ -275,12 +275,12 @@ def test_model_on_the_passes_path_equals_the_fused_path(method, monkeypatch):
         assert counted.calls["masked"] >= 2 * layers and counted.calls["decode"] == 0, counted.calls
         torch.testing.assert_close(full, fused, atol=1e-5, rtol=0)
         cache = DynamicCache(config=model.config)
-        pieces = [model(ids[:, :30], **_cache(cache)).logits, model(ids[:, 30:47], **_cache(cache)).logits]
+        pieces = [model(ids[:, :30], **cache_kwargs(cache)).logits, model(ids[:, 30:47], **cache_kwargs(cache)).logits]
         assert cache.get_seq_length() == 47
         key_rows, rotate = [], kernels.rotate  # keys moved during the decoding steps: each new key at most once
         monkeypatch.setattr(kernels, "rotate", lambda x, *a: key_rows.append(x.shape[2]) or rotate(x, *a))
         masked = counted.calls["masked"]
-        pieces += [model(ids[:, t : t + 1], **_cache(cache)).logits for t in range(47, 64)]
+        pieces += [model(ids[:, t : t + 1], **cache_kwargs(cache)).logits for t in range(47, 64)]
         assert cache.get_seq_length() == 64
         assert counted.calls["masked"] == masked and counted.calls["decode"] >= 17 * layers, counted.calls
         assert sum(key_rows) <= 17 * layers and max(key_rows, default=0) <= 17, key_rows
@@ -301,7 +301,7 @@ def test_model_decoding_with_flex_eager_equals_one_forward(method, monkeypatch):
     layer, the decoding steps its decode call on the cache's slices); no call reaches the CPU kernel."""
     from transformers import DynamicCache
 
-    model = _patched("llama", method, "sdpa")
+    model = patched_model("llama", method, "sdpa")
     layers = model.config.num_hidden_layers
     ids = tiny.input_ids(50)
     with torch.no_grad():
@@ -315,10 +315,10 @@ def test_model_decoding_with_flex_eager_equals_one_forward(method, monkeypatch):
         assert counted.calls["masked"] >= 2 * layers and counted.calls["prepare"] >= 2, counted.calls
         torch.testing.assert_close(full, fused, atol=1e-5, rtol=0)
         cache = DynamicCache(config=model.config)
-        pieces = [model(ids[:, :47], **_cache(cache)).logits]
+        pieces = [model(ids[:, :47], **cache_kwargs(cache)).logits]
         assert cache.get_seq_length() == 47
         before = dict(counted.calls)
-        pieces += [model(ids[:, t : t + 1], **_cache(cache)).logits for t in range(47, 50)]
+        pieces += [model(ids[:, t : t + 1], **cache_kwargs(cache)).logits for t in range(47, 50)]
         assert cache.get_seq_length() == 50
         assert counted.calls["masked"] == before["masked"], counted.calls
         assert counted.calls["decode"] - before["decode"] >= 3 * layers, counted.calls
@@ -341,7 +341,7 @@ def test_flash_and_flex_models_are_refused_in_one_line():
 
 # --- the same on CUDA: compiled FlexAttention ------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_gpu_passes_equal_the_papers_formulas(case):
     check_passes_equal_the_papers_formulas(case, lambda: primitives.FlexPrimitive(compiled=True), "cuda")
 
@@ -361,7 +361,7 @@ def test_gpu_model_takes_the_passes_path_and_equals_cpu(method, monkeypatch):
     rows alone."""
     from transformers import DynamicCache
 
-    model = _patched("llama", method, "sdpa")
+    model = patched_model("llama", method, "sdpa")
     ids = tiny.input_ids(200)
     with torch.no_grad():
         cpu = model(ids).logits
@@ -376,8 +376,8 @@ def test_gpu_model_takes_the_passes_path_and_equals_cpu(method, monkeypatch):
             warnings.simplefilter("error", RuntimeWarning)
             gpu = model(ids.cuda()).logits
             cache = DynamicCache(config=model.config)
-            pieces = [model(ids[:, :190].cuda(), **_cache(cache)).logits]
-            pieces += [model(ids[:, t : t + 1].cuda(), **_cache(cache)).logits for t in range(190, 200)]
+            pieces = [model(ids[:, :190].cuda(), **cache_kwargs(cache)).logits]
+            pieces += [model(ids[:, t : t + 1].cuda(), **cache_kwargs(cache)).logits for t in range(190, 200)]
         assert set(paths) == {"passes"} and {p.name for p in used} == {"flex-compiled"}
         assert cache.get_seq_length() == 200
         assert sum(p.calls["masked"] for p in used) >= 2 * 2 * model.config.num_hidden_layers  # 2 prefills

@@ -1,6 +1,8 @@
 """The model card says only true things (issue 41 §3): the base model's license and where it was read (never
-guessed), no address nobody checked, links only to what is published with it, the Hub's `base_model_relation`,
-and what "checked" means for its serving commands. Cards are read back with huggingface_hub, offline."""
+guessed), no address nobody checked, links only to what is published with it, the Hub's `base_model_relation`
+(none for a patch: no weight changed), and what "checked" means for its serving commands; it reads as a Hub page
+(issue 66 item 5): commands a reader can run, no path of the project's repository, no name of SOURCE left in
+config.json, a text file that ends with a newline. Cards are read back with huggingface_hub, offline."""
 
 from __future__ import annotations
 
@@ -49,11 +51,15 @@ def ggufs_own_license(path: Path) -> str:
 
 def test_a_hub_models_card_license_relation_links_and_serving(tiny_ckpt, tmp_path, monkeypatch, capsys):
     """`patch acme/tiny-llama` from the Hub cache, offline: the license is the one the cached README.md gives, and
-    the card says so; `base_model_relation: finetune` (the Hub's relation for a full model derived from one base);
-    no project URL; every link is the base's Hub page, the method's paper or a file in OUT; the Serving section
-    first says the commands were not run on it."""
+    the card says so; `base_model` without a `base_model_relation` (the Hub's four relations are changes of the
+    base's weights, and a patch changes none: the Hub docs let the card name none); no project URL; every link is
+    the base's Hub page, the method's paper or a file in OUT; the Serving section first says where its commands run
+    from (OUT named `./out`, not its absolute path) and that they were not run on it; the run lines cite the
+    release, not a path of the project's repository; config.json keeps no name of SOURCE (transformers'
+    `_name_or_path`, the GGUF loader's `_model_name_or_path`); the card ends with one newline."""
     from huggingface_hub import ModelCard
 
+    from rope_extend import __version__
     from rope_extend.engines.llama_cpp import port as llama_cpp
     from rope_extend.engines.sglang import port as sglang
     from rope_extend.engines.vllm import port as vllm
@@ -64,6 +70,9 @@ def test_a_hub_models_card_license_relation_links_and_serving(tiny_ckpt, tmp_pat
     for file in tiny_ckpt.iterdir():
         (source / file.name).write_bytes(file.read_bytes())
     (source / "README.md").write_text("---\nlicense: llama3.1\nlanguage: en\n---\n# tiny llama\n")
+    config = json.loads((source / "config.json").read_text())  # as transformers and its GGUF loader save them
+    config.update(_name_or_path="/home/someone/tiny-llama", _model_name_or_path="Tiny Llama 7 Ep2")
+    (source / "config.json").write_text(json.dumps(config, indent=2))
     cache = tmp_path / "hub-cache"
     hubcache.from_folder(cache, "acme/tiny-llama", source)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -74,20 +83,31 @@ def test_a_hub_models_card_license_relation_links_and_serving(tiny_ckpt, tmp_pat
         capsys.readouterr().err
     text = (out / "README.md").read_text()
     meta = front_matter(text)
-    assert meta["base_model"] == "acme/tiny-llama" and meta["base_model_relation"] == "finetune"
+    assert meta["base_model"] == "acme/tiny-llama" and "base_model_relation" not in meta
     assert meta["license"] == "llama3.1"
-    data = ModelCard.load(out / "README.md").data  # huggingface_hub reads the same
-    assert (data.base_model, data.license, data.base_model_relation) == ("acme/tiny-llama", "llama3.1", "finetune")
+    data = ModelCard.load(out / "README.md").data.to_dict()  # huggingface_hub reads the same
+    assert (data["base_model"], data["license"], data.get("base_model_relation")) == ("acme/tiny-llama", "llama3.1",
+                                                                                     None)
+    assert "No weight was changed" in text
     assert "License: `llama3.1`, read from the metadata of the base model's card (its README.md)." in text
     assert "github.com" not in text and "rope-extend/rope-extend" not in text
     assert_links_only_what_is_published(
         text, out, {"https://huggingface.co/acme/tiny-llama", get_method("yarn").paper})
-    serving = text.split("\n## Serving\n\n", 1)[1]
-    first = serving.split("\n\n", 1)[0]
+    serving = text.split("\n## Serving\n\n", 1)[1].split("\n## ", 1)[0]
+    where, first = serving.split("\n\n", 2)[:2]
+    assert where.startswith("The commands name this checkpoint's folder `./out`: run them from the folder that holds")
     assert first.startswith("These commands were not run on this checkpoint.") and "ports" in first
     for version in (vllm.VERSION, sglang.VERSION, llama_cpp.VERSION):
         assert version in first
     assert "Checked against" not in text
+    assert "`vllm serve ./out --max-model-len 512`" in serving and str(out) not in text
+    runs = [line for line in serving.splitlines() if line.startswith("  - run (not on this checkpoint):")]
+    assert len(runs) >= 2 and all(line.endswith(f"(from the runs recorded in rope-extend {__version__})")
+                                  for line in runs)  # yarn's recorded vLLM and SGLang runs
+    assert "eval/reports" not in text
+    written = json.loads((out / "config.json").read_text())
+    assert "_name_or_path" not in written and "_model_name_or_path" not in written
+    assert text.endswith("\n") and not text.endswith("\n\n")
 
 
 def test_eval_results_link_no_report_and_name_no_source(tmp_path):

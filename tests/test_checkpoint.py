@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,13 +35,9 @@ def stock_logits(folder, ids):
 
 
 @pytest.fixture()
-def source(tmp_path):
-    folder = tmp_path / "src"
-    model = tiny.make_model("llama")
-    model.save_pretrained(folder)
-    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": tiny.ORIGINAL}))
-    (folder / "generation_config.json").write_text(json.dumps({"max_length": tiny.ORIGINAL, "bos_token_id": 1}))
-    return folder
+def source(tmp_path, user_checkpoint):
+    """conftest.py's `user_checkpoint`, copied: these tests write into their SOURCE (truncate, delete, convert)."""
+    return Path(shutil.copytree(user_checkpoint, tmp_path / "src"))
 
 
 def test_fast_and_full_paths_load_to_identical_logits(source, tmp_path, capsys):

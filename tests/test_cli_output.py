@@ -118,7 +118,7 @@ def test_the_serve_line_pastes_with_a_path_with_spaces(tiny_ckpt, tmp_path, monk
                            check=True)
     assert shell.stdout.split("\0")[:-1] == expected
     card = (out / "README.md").read_text()
-    assert f"`vllm serve {shlex.quote(out.name)} --max-model-len 512`" in card  # the card's command is quoted too
+    assert f"`vllm serve {shlex.quote('./' + out.name)} --max-model-len 512`" in card  # the card's command is quoted too
 
 
 @pytest.mark.parametrize("command", [["show", "smollm2"], ["inspect", "smollm2"],

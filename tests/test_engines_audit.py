@@ -253,7 +253,7 @@ def test_a_gguf_is_audited_against_llama_cpps_reading_of_its_metadata(demo_gguf,
     the rows measure (|Δcos| up to 2 at the long request's end) and the note names."""
     from rope_extend.engines.audit import audit_gguf
     from rope_extend.engines.llama_cpp import port as llama_cpp
-    from rope_extend.gguf import read_gguf_info
+    from rope_extend.gguf.info import read_gguf_info
 
     monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)
     plain = audit_gguf(demo_gguf)

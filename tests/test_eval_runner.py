@@ -348,19 +348,19 @@ def test_llama_3_1_suite_is_planned_from_its_131072_token_window(tmp_path):
     original; the ceiling is the window itself."""
     import hubcache
 
-    from rope_extend.eval.report import _len_label
-    from rope_extend.eval.runner import _config_window
+    from rope_extend.eval.report import len_label
+    from rope_extend.eval.runner import config_window
     from rope_extend.eval.suite import load_suite
 
     snapshot = hubcache.build(tmp_path / "hub", "meta-llama/Llama-3.1-8B")
-    window = _config_window(snapshot)
+    window = config_window(snapshot)
     assert (window.length, window.pre_scaling, window.scheme) == (131072, 8192, "llama3 x8")
     cases = load_suite("paper").cases(window.length)
     ppl = sorted({c.length for c in cases if c.kind == "perplexity"})
     passkey = sorted({c.length for c in cases if c.kind == "passkey" and not c.ceiling_only})
     assert ppl == [2048, 131072, 262144] and passkey == [2048, 196608, 262144]
     assert {c.length for c in cases if c.ceiling_only} == {131072}
-    assert [_len_label(n, window.length) for n in (16384, 131072, 262144)] == ["16k", "128k",
+    assert [len_label(n, window.length) for n in (16384, 131072, 262144)] == ["16k", "128k",
                                                                              "256k (beyond original)"]
 
 
@@ -524,11 +524,11 @@ def test_the_terminal_bar_keeps_every_value_whole(columns):
 
     from rich.console import Console
 
-    from rope_extend.eval.runner import _progress
+    from rope_extend.eval.runner import progress_bar
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=columns, force_terminal=True, color_system=None)
-    progress = _progress(True, len("trained yarn-x2: loading"), console=console)
+    progress = progress_bar(True, len("trained yarn-x2: loading"), console=console)
     progress.start()
     task = progress.add_task("trained yarn-x2", total=10, case="niah_multivalue/pydoc_topics/L12288/s3")
     progress.advance(task, 3)

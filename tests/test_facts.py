@@ -12,7 +12,7 @@ import tiny
 
 from rope_extend import patch_model
 from rope_extend.cli import run
-from rope_extend.eval.runner import _config_window
+from rope_extend.eval.runner import config_window
 from rope_extend.eval.variants import original_length as eval_original_length
 from rope_extend.facts import read_rope
 from rope_extend.files import load_config
@@ -57,7 +57,7 @@ def test_facts_of_a_linear_checkpoint(linear_source):
 def test_linear_checkpoint_patch_eval_inspect_agree_on_the_original_length(linear_source, tmp_path):
     # eval (from the folder and from a loaded model) measures the window the model serves, its linear x2's 64, with
     # the pre-scaling 32 beside it (issue 57 §1)
-    window = _config_window(linear_source)
+    window = config_window(linear_source)
     assert (window.length, window.pre_scaling, window.scheme) == (SHIPPED_FACTOR * tiny.ORIGINAL, tiny.ORIGINAL,
                                                                   f"linear x{SHIPPED_FACTOR:g}")
     from transformers import AutoModelForCausalLM
@@ -88,7 +88,7 @@ def test_nested_text_config_through_patch_eval_inspect(multimodal_source, tmp_pa
     config = load_config(multimodal_source)
     facts = read_rope(config)
     assert facts.model_type == "llama" and facts.original_length() == tiny.ORIGINAL
-    assert _config_window(multimodal_source).length == tiny.ORIGINAL
+    assert config_window(multimodal_source).length == tiny.ORIGINAL
     assert inspect_rope(config, method="yarn", factor=4).target_length == 4 * tiny.ORIGINAL
     assert run(["inspect", str(multimodal_source), "--method", "yarn", "--factor", "4"]) == 0
     assert run(["show", str(multimodal_source)]) == 0

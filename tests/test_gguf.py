@@ -20,7 +20,8 @@ import torch
 from helpers import BASE, HEAD_DIM, N_CTX, N_HEAD, write_tiny_gguf
 
 from rope_extend.errors import AlreadyScaledError, CheckpointError, SpecError, UnsupportedModelError
-from rope_extend.gguf import ROPE_FREQS, patch_gguf, read_gguf_info
+from rope_extend.gguf.info import ROPE_FREQS, read_gguf_info
+from rope_extend.gguf.write import patch_gguf
 from rope_extend.methods import RopeContext, compute
 from rope_extend.spec import load_spec
 
@@ -43,7 +44,7 @@ def fields(path: Path) -> dict:
     return {name: f.contents() for name, f in reader.fields.items() if not name.startswith("GGUF.")}
 
 
-# --- ggml's RoPE, ported from the C source (independent of rope_extend.gguf.llamacpp_rope) -----------------------
+# --- ggml's RoPE, ported from the C source (independent of rope_extend.engines.llama_cpp.port) -----------------------
 def ggml_served_rope(path: Path) -> tuple[torch.Tensor, float]:
     """(theta per dim pair at position 1, magnitude) that llama.cpp 0.3.36 computes from the file, float32.
 
@@ -308,15 +309,16 @@ def test_a_vocab_only_gguf_is_diagnosed_as_such_and_a_truncated_one_as_truncated
 # --- atomicity and memory (child processes) -----------------------------------------------------------------------
 KILL_CHILD = """
 import sys, time
-import rope_extend.gguf as g
-real = g._copy_extent
+import rope_extend.gguf.binary as binary
+from rope_extend.gguf.write import patch_gguf
+real = binary.copy_extent
 def slow(*args):
     n = real(*args)
     open(sys.argv[3], "w").close()
     time.sleep(60)
     return n
-g._copy_extent = slow
-g.patch_gguf(sys.argv[1], {"method": "yarn", "factor": 2}, sys.argv[2])
+binary.copy_extent = slow
+patch_gguf(sys.argv[1], {"method": "yarn", "factor": 2}, sys.argv[2])
 """
 
 
@@ -351,11 +353,11 @@ def test_sigkill_during_write_leaves_nothing_at_out(tiny, tmp_path):
 
 RSS_CHILD = """
 import json, resource, sys
-import rope_extend.gguf, rope_extend.methods, gguf, numpy, torch  # every import the patch needs, before measuring
+import rope_extend.gguf.write, rope_extend.methods, gguf, numpy, torch  # every import the patch needs, before measuring
 from rope_extend.spec import load_spec
 spec = load_spec(method="llama3", factor=2)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-rope_extend.gguf.patch_gguf(sys.argv[1], spec, sys.argv[2])
+rope_extend.gguf.write.patch_gguf(sys.argv[1], spec, sys.argv[2])
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"before_kb": before, "after_kb": after}))
 """

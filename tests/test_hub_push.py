@@ -41,12 +41,10 @@ def cli(*args) -> int:
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory, tiny_llama_folder) -> Path:
-    """A small checkpoint folder as users have them: weights, config, tokenizer and generation configs."""
-    folder = shutil.copytree(tiny_llama_folder, tmp_path_factory.mktemp("push") / "src")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": tiny.ORIGINAL}))
-    (folder / "generation_config.json").write_text(json.dumps({"max_length": tiny.ORIGINAL, "bos_token_id": 1}))
-    return folder
+def source(tmp_path_factory, user_checkpoint) -> Path:
+    """conftest.py's `user_checkpoint`, copied for this module: the pushes hard-link its weights (their link count
+    is the module's own)."""
+    return Path(shutil.copytree(user_checkpoint, tmp_path_factory.mktemp("push") / "src"))
 
 
 @pytest.fixture()
@@ -55,7 +53,7 @@ def hub(monkeypatch, tmp_path):
     record their waits in `hub.waits` instead of sleeping."""
     from huggingface_hub import constants
 
-    from rope_extend import upload
+    from rope_extend.publish import upload
 
     with HubServer() as server:
         server.waits = []
@@ -153,11 +151,15 @@ def reference_serving(out: Path, name: str) -> tuple[str, str]:
 
 
 def expected_card(out: Path, repo_id: str) -> bytes:
-    """OUT's card with its Serving section (written for OUT's folder name) naming `repo_id` instead."""
+    """OUT's card with its Serving section (written for OUT's folder as `./NAME`, with the line that says where to
+    run the commands from) naming `repo_id` instead, and nothing else."""
     local = (out / "README.md").read_text()
-    written, wanted = reference_serving(out, out.name)[0].strip(), reference_serving(out, repo_id)[0].strip()
-    assert local.count(written) == 1
-    return local.replace(written, wanted).encode()
+    written, wanted = reference_serving(out, f"./{out.name}")[0].strip(), reference_serving(out, repo_id)[0].strip()
+    head, section = local.split("\n## Serving\n\n")
+    note, rest = section.split("\n\n", 1)
+    assert note.startswith(f"The commands name this checkpoint's folder `./{out.name}`: run them from the folder")
+    assert rest.count(written) == 1 and rest.startswith(written)
+    return (head + "\n## Serving\n\n" + rest.replace(written, wanted)).encode()
 
 
 def test_patch_push_to_hub_over_http(source, tmp_path):
@@ -241,7 +243,7 @@ def test_the_record_names_the_files_links_and_serving_of_out(source, tmp_path):
 def test_a_later_push_renames_the_serving_commands_and_leaves_out_unchanged(source, tmp_path, hub, capsys):
     out = tmp_path / "smollm2-yarn2"
     assert cli("patch", source, *YARN, "-o", out) == 0
-    assert "vllm serve smollm2-yarn2 " in (out / "README.md").read_text()
+    assert "vllm serve ./smollm2-yarn2 " in (out / "README.md").read_text()  # runs from OUT's parent folder
     before = tree(out)
     capsys.readouterr()
     assert cli("push", out, "me/b", "--dry-run") == 0
@@ -703,8 +705,8 @@ def test_a_changed_output_is_refused_naming_each_file_until_verify_reverifies_it
     assert "model.safetensors (another file than the one verified (its size, time or inode changed))" in error
     assert "config.json" not in error.split("so nothing was sent:")[1].split(";")[0]
     ran = []
-    original = reverify._patched_outputs
-    monkeypatch.setattr(reverify, "_patched_outputs", lambda *a: ran.append(a) or original(*a))
+    original = reverify.patched_outputs_of
+    monkeypatch.setattr(reverify, "patched_outputs_of", lambda *a: ran.append(a) or original(*a))
     assert cli("verify", out) == 0
     printed = " ".join(capsys.readouterr().out.split())
     assert ran and "on the real weights" in printed and "model.safetensors (another file than the one verified" in printed
@@ -798,7 +800,7 @@ def test_include_names_that_would_send_nothing_are_refused_and_counts_read_as_en
     (one / "README.md").unlink()
     assert cli("push", one, "me/one", "--unverified") == 0
     assert "(2 files, public)" in capsys.readouterr().out  # config.json and the card saying it was not verified
-    from rope_extend.hub import files_count
+    from rope_extend.publish.plan import files_count
 
     assert files_count(1) == "1 file"
 
@@ -1094,7 +1096,7 @@ def test_one_retry_policy_a_persistent_503_is_tried_as_stated_and_no_url_is_prin
 
     from hubserver import Fault
 
-    from rope_extend.upload import RETRY
+    from rope_extend.publish.upload import RETRY
 
     out = tmp_path / "out"
     assert cli("patch", sharded, *YARN, "-o", out) == 0

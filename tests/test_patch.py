@@ -430,7 +430,7 @@ def test_verification_keeps_the_layer_sections_of_the_real_model():
     add up, so it runs the real model's forward at the first shrink level (it used to keep one per layer type overall,
     whose counts did not add up, and fell back to every layer); the patch equals transformers' own YaRN x2."""
     pytest.importorskip("transformers.models.dory")
-    from rope_extend import verify
+    from rope_extend import small_model, verify
     from rope_extend.compat import stock_config
     from rope_extend.plan import plan_patch
 
@@ -439,11 +439,11 @@ def test_verification_keeps_the_layer_sections_of_the_real_model():
         vocab_size=tiny.VOCAB, max_position_embeddings=tiny.ORIGINAL, sliding_window=8, initializer_range=0.2,
         num_hidden_layers=12, n_input_layers=4, n_output_layers=4,  # layer types: full every 4th (class default)
     )
-    small = verify._small_config(config)
+    small = small_model.small_config(config)
     assert (small.n_input_layers, small.n_recurrent_layers, small.n_output_layers) == (2, 2, 2)
     assert small.layer_types == ["sliding_attention", "full_attention"] * 3 and small.num_hidden_layers == 6
     plan = plan_patch(config, {"method": "yarn", "factor": 2})
-    _, stock, _ = verify._small_run(config, stock_config(config, plan.slots, plan.max_position_embeddings,
+    _, stock, _ = verify.small_run(config, stock_config(config, plan.slots, plan.max_position_embeddings,
                                                          plan.marker), plan)
     assert len(stock.layers) == 6  # the first level (narrow, one layer per signature and section) ran
 

@@ -17,6 +17,7 @@ import torch
 
 from rope_extend import patch_model, unpatch_model
 from rope_extend.compat import TRANSFORMERS_V5
+from rope_extend.portable_saves import enable_portable_saves
 
 
 def _patched(arch="llama", method="yarn"):
@@ -76,7 +77,7 @@ def test_nested_text_config_is_rewritten_in_place(tmp_path):
 
     outer = Outer()
     outer.text_config = text
-    compat.enable_portable_saves()
+    enable_portable_saves()
     outer.to_json_file(tmp_path / "config.json")
     data = json.loads((tmp_path / "config.json").read_text())
     part = data["text_config"]

@@ -621,7 +621,7 @@ def test_card_and_out_hold_no_local_paths_or_cache_markers(pristine, tmp_path):
         text = (out / name).read_text()
         assert str(tmp_path) not in text, name
     card = (out / "README.md").read_text()
-    assert "the local checkpoint `src`" in card and "vllm serve out " in card
+    assert "the local checkpoint `src`" in card and "vllm serve ./out " in card  # OUT beside the reader
 
 
 # --- the Hub unreachable: one behaviour everywhere -----------------------------------------------------------------

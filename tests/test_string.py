@@ -20,8 +20,8 @@ import tiny
 import torch
 from helpers import (
     IMPLS,
-    _cache,
-    _inputs,  # random q/k/v at given positions, as the passes tests draw them
+    attention_inputs,  # random q/k/v at given positions, as the passes tests draw them
+    cache_kwargs,
     distances,
     generate_alone_and_after_a_shared_prefix,
     make,
@@ -89,7 +89,7 @@ def test_kernel_equals_the_papers_rule_on_every_path(path, offset, local, factor
     moved_key_rows = _counting(monkeypatch, kernels, "key_rotation")
     memo, store, previous = {}, {}, None
     for n_q, n_k, start in ((40, 40, 0), (5, 33, 17), (1, 34, 17), (1, 35, 17)):
-        q_raw, k_raw, v, q_pos, k_pos, inv_freq = _inputs(B, H, Hkv, D, rdim, n_q, n_k, start, seed=n_k)
+        q_raw, k_raw, v, q_pos, k_pos, inv_freq = attention_inputs(B, H, Hkv, D, rdim, n_q, n_k, start, seed=n_k)
         q, k = rope(q_raw, q_pos, inv_freq), rope(k_raw, k_pos, inv_freq)
         if n_q == 1:  # a decoding step: the previous call's keys plus one
             (k_raw[:, :, :-1], v[:, :, :-1]), k_prev = previous
@@ -118,7 +118,7 @@ def test_boundaries_d_equal_to_s_is_shifted(path):
     mapping = StringMap(S, W)
     B, H, Hkv, D = 1, 2, 1, 8
     for n in (S - 1, S, S + 1, S + 2):
-        q_raw, k_raw, v, q_pos, k_pos, inv_freq = _inputs(B, H, Hkv, D, D, n, n, 0, seed=n)
+        q_raw, k_raw, v, q_pos, k_pos, inv_freq = attention_inputs(B, H, Hkv, D, D, n, n, 0, seed=n)
         q, k = rope(q_raw, q_pos, inv_freq), rope(k_raw, k_pos, inv_freq)
         got = _run(path, q, k, v, q_pos, k_pos, 0.5, mapping, inv_freq, {}, {}).double()
         want = reference_attention(q_raw, k_raw, v, q_pos, k_pos, _allowed(B, n, n), 0.5, string_distance, (S, W),
@@ -169,7 +169,7 @@ def test_passes_bf16_within_bf16_rounding(primitive):
     make_primitive = (primitives.CpuKernelPrimitive if primitive == "cpu-kernel"
                       else lambda: primitives.FlexPrimitive(compiled=False))
     B, H, Hkv, D, n = 2, 4, 2, 16, 64
-    q_raw, k_raw, v, q_pos, k_pos, inv_freq = _inputs(B, H, Hkv, D, D, n, n, 0, seed=3)
+    q_raw, k_raw, v, q_pos, k_pos, inv_freq = attention_inputs(B, H, Hkv, D, D, n, n, 0, seed=3)
     q, k = rope(q_raw, q_pos, inv_freq), rope(k_raw, k_pos, inv_freq)
     bf = [t.to(torch.bfloat16) for t in (q, k, v)]
     for path in ("passes", "fused"):
@@ -251,12 +251,12 @@ def test_incremental_equals_one_shot_and_decoding_rotates_no_key(impl, factor, m
     with torch.no_grad():
         full = model(ids).logits
         cache = DynamicCache(config=model.config)
-        pieces = [model(ids[:, :8], **_cache(cache)).logits, model(ids[:, 8:11], **_cache(cache)).logits]
-        pieces += [model(ids[:, t : t + 1], **_cache(cache)).logits for t in range(11, 32)]  # n = 12, 13, ...
+        pieces = [model(ids[:, :8], **cache_kwargs(cache)).logits, model(ids[:, 8:11], **cache_kwargs(cache)).logits]
+        pieces += [model(ids[:, t : t + 1], **cache_kwargs(cache)).logits for t in range(11, 32)]  # n = 12, 13, ...
         torch.testing.assert_close(torch.cat(pieces, 1), full, atol=1e-4, rtol=0)
         prefix = DynamicCache(config=model.config)
-        model(ids[:, :20], **_cache(prefix))
-        got = model(ids[:, 20:], **_cache(copy.deepcopy(prefix))).logits
+        model(ids[:, :20], **cache_kwargs(prefix))
+        got = model(ids[:, 20:], **cache_kwargs(copy.deepcopy(prefix))).logits
         torch.testing.assert_close(got, full[:, 20:], atol=1e-4, rtol=0)
     assert rotated and heads not in rotated  # queries rotated (4 heads), never a [B, Hkv, ...] key
 
@@ -439,12 +439,12 @@ SHIPPED = {
 def _shipped_model(name):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rope_extend import verify
+    from rope_extend import small_model
 
     folder, changes = SHIPPED[name]
     data = json.loads((HUB / folder / "config.json").read_text())
     data.update(changes)
-    config = verify._small_config(AutoConfig.for_model(**data))
+    config = small_model.small_config(AutoConfig.for_model(**data))
     config.num_hidden_layers = len(getattr(config, "layer_types", None) or [0, 0])
     torch.manual_seed(0)
     with warnings.catch_warnings():
@@ -509,7 +509,7 @@ def test_refuses_a_model_carrying_another_rope_extend_patch_and_repatches_itself
 
     model = make("llama")
     patch_model(model, method="yarn", factor=2)
-    with pytest.raises(AlreadyScaledError, match="unpatch_model\\(\\) first"):
+    with pytest.raises(AlreadyScaledError, match=r"unpatch_model\(model\) first"):
         patch_model(model, **SPEC)
     unpatch_model(model)
     patch_model(model, **SPEC)

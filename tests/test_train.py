@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import tiny
 import torch
-from helpers import ROOT, STEPS, _args, _child_env, _toy_text
+from helpers import ROOT, STEPS, child_env, toy_text, train_argv
 from safetensors.torch import load_file
 
 from rope_extend.cli import run
@@ -36,7 +36,7 @@ def reference(tiny_source, tmp_path_factory):
     out = tmp_path_factory.mktemp("train-ref") / "ref"
     # Not in-process: pytest's torch uses every core, and a BLAS may block a sum by thread count, so the resumed
     # run (one thread) would only be bit-identical to it on some machines (stop 27's CI, on a larger one, was not).
-    result = subprocess.run([sys.executable, "-m", "rope_extend", *_args(source, text, out)], env=_child_env(),
+    result = subprocess.run([sys.executable, "-m", "rope_extend", *train_argv(source, text, out)], env=child_env(),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -67,7 +67,7 @@ def test_loss_falls_on_a_learnable_text_and_the_card_records_the_run(reference):
     assert summary["tokens_trained"] == STEPS * 64 and summary["recipe"]["pose"] is True
     assert (summary["precision"], summary["processes"]) == ("float32", "one process (cpu)")
     assert summary["data"][0]["sha256"] == __import__("hashlib").sha256(
-        _toy_text().encode()).hexdigest()
+        toy_text().encode()).hexdigest()
     assert summary["loss_means"] == {"steps": 1, "first": losses[0], "last": losses[-1]}  # 6 steps: a tenth is 1
     card = (reference / "README.md").read_text()
     assert "## Training" in card and "PoSE positions spanning 256" in card and "training_loss.png" in card
@@ -139,9 +139,9 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
 def test_sigterm_saves_and_a_rerun_after_sigkill_resumes_to_the_same_weights(reference, tiny_source, tmp_path):
     source, text = tiny_source
     out = tmp_path / "res"
-    command = [sys.executable, "-m", "rope_extend", *_args(source, text, out)]
+    command = [sys.executable, "-m", "rope_extend", *train_argv(source, text, out)]
     state = tmp_path / "res.train-state"
-    first = subprocess.Popen(command, env=_child_env(), stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(command, env=child_env(), stderr=subprocess.PIPE, text=True)
     _wait_for(state / "checkpoint-2" / "trainer_state.json", first)
     first.send_signal(signal.SIGTERM)
     _, err = first.communicate(timeout=120)
@@ -149,12 +149,12 @@ def test_sigterm_saves_and_a_rerun_after_sigkill_resumes_to_the_same_weights(ref
     assert "rerun the same command to resume" in err.strip().splitlines()[-1]
     stopped = max(int(p.name.split("-")[1]) for p in state.glob("checkpoint-*"))
     assert 2 <= stopped < STEPS
-    second = subprocess.Popen(command, env=_child_env(), stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen(command, env=child_env(), stderr=subprocess.PIPE, text=True)
     _wait_for(state / f"checkpoint-{stopped + 1}" / "trainer_state.json", second)
     second.send_signal(signal.SIGKILL)
     second.communicate(timeout=60)
     assert not out.exists()
-    third = subprocess.run(command, env=_child_env(), capture_output=True, text=True, timeout=300)
+    third = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=300)
     assert third.returncode == 0, third.stderr
     assert f"resuming from checkpoint-{stopped + 1}" in third.stderr or "resuming from checkpoint-" in third.stderr
     want, got = _weights(reference), _weights(out)
@@ -188,7 +188,7 @@ def _launch_command(launcher: str, train_args: list[str], tmp_path: Path,
         start = ["-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "2",
                  "--mixed_precision", "no", "--main_process_port", port]
     command = [sys.executable, *start, *entry, *train_args]
-    return command, {**_child_env(), "HF_HOME": str(tmp_path / "hf-home"), "CUDA_VISIBLE_DEVICES": ""}
+    return command, {**child_env(), "HF_HOME": str(tmp_path / "hf-home"), "CUDA_VISIBLE_DEVICES": ""}
 
 
 def _launch(launcher: str, train_args: list[str], tmp_path: Path, expect: str | None = None,
@@ -237,7 +237,7 @@ def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global
     source, text = tiny_source
     out = tmp_path / "ddp"
     sharded = launcher.endswith("-config")  # their loss in 4 chunks of 8, each recomputed in the backward
-    _launch(launcher, _args(source, text, out, *(["--loss-chunk", "8"] if sharded else [])), tmp_path)
+    _launch(launcher, train_argv(source, text, out, *(["--loss-chunk", "8"] if sharded else [])), tmp_path)
     summary = json.loads((out / "training.json").read_text())
     assert summary["recipe"]["world_size"] == 2 and summary["recipe"]["accumulation"] == 1
     held = LAUNCHERS[launcher].removeprefix("processes: ")
@@ -258,10 +258,10 @@ def test_lora_sharded_gives_the_weights_of_one_process(tiny_source, tmp_path, la
     source, text = tiny_source
     lora = ["--lora", "--lora-dropout", "0", *extra]
     one, two = tmp_path / "one", tmp_path / "two"
-    done = subprocess.run([sys.executable, "-m", "rope_extend", *_args(source, text, one, *lora)], env=_child_env(),
+    done = subprocess.run([sys.executable, "-m", "rope_extend", *train_argv(source, text, one, *lora)], env=child_env(),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    _launch(launcher, _args(source, text, two, *lora), tmp_path)
+    _launch(launcher, train_argv(source, text, two, *lora), tmp_path)
     _assert_same_weights(two, one, atol=1e-5)
     assert json.loads((two / "training.json").read_text())["recipe"]["lora"]
 
@@ -278,7 +278,7 @@ def test_fsdp_stopped_by_sigterm_resumes_to_the_weights_of_one_uninterrupted_pro
         return ["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--window", "32",
                 "--batch-tokens", "64", "--lr", "3e-3", "--warmup", "0", *steps, "-o", str(out)]
 
-    done = subprocess.run([sys.executable, "-m", "rope_extend", *args(one)], env=_child_env(), capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "rope_extend", *args(one)], env=child_env(), capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     command, env = _launch_command("accelerate-fsdp-config", args(two), tmp_path)
@@ -303,7 +303,7 @@ def test_fsdp_stopped_by_sigterm_resumes_to_the_weights_of_one_uninterrupted_pro
 def test_lora_plus_under_fsdp_is_refused_before_any_work(tiny_source, tmp_path, capsys, monkeypatch):
     source, text = tiny_source
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` with the FSDP config sets
-    assert run(_args(source, text, tmp_path / "out", "--lora")) == 2
+    assert run(train_argv(source, text, tmp_path / "out", "--lora")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--lora-only" in err[0] and "deepspeed-zero3.yaml" in err[0], err
     assert not (tmp_path / "out.train-state").exists()
@@ -323,7 +323,7 @@ def test_sequence_parallel_over_two_processes_trains_the_one_process_run(referen
     tests/sharded_without_ulysses.py) fails the same loss comparison at the first step."""
     source, text = tiny_source
     out = tmp_path / "sp"
-    done = _launch("torchrun", _args(source, text, out, "--sequence-parallel", "2"), tmp_path,
+    done = _launch("torchrun", train_argv(source, text, out, "--sequence-parallel", "2"), tmp_path,
                    expect="processes: DeepSpeed ZeRO-0 over 2 processes (cpu); Ulysses sequence parallel: each window "
                           "split over 2 processes")
     from rope_extend.train.sequence_parallel import DEFAULT_ZERO
@@ -346,7 +346,7 @@ def test_sequence_parallel_over_two_processes_trains_the_one_process_run(referen
 
     marker = tmp_path / "without-ulysses"
     negative = tmp_path / "negative"
-    args = _args(source, text, negative, "--sequence-parallel", "2", "--no-verify")
+    args = train_argv(source, text, negative, "--sequence-parallel", "2", "--no-verify")
     args[args.index("--steps") + 1] = "1"  # the first step's loss is the forward's: one step shows it
     _launch("torchrun", args, tmp_path, expect="Ulysses sequence parallel", env={
         "SHARDED_WITHOUT_ULYSSES_MARKER": str(marker)}, entry=(str(ROOT / "tests/sharded_without_ulysses.py"),))
@@ -440,7 +440,7 @@ def test_a_refusal_under_torchrun_is_said_once_by_the_main_process(tiny_source, 
     report, which names exit code 2, and exits 1 itself (what docs/train.md says the user sees)."""
     source, text = tiny_source
     out = tmp_path / "out"
-    command, env = _launch_command("torchrun", _args(source, text, out, "--sequence-parallel", "3"), tmp_path)
+    command, env = _launch_command("torchrun", train_argv(source, text, out, "--sequence-parallel", "3"), tmp_path)
     started = time.perf_counter()
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     lines = [line for line in result.stderr.splitlines() if line.startswith("rope-extend:")]
@@ -465,7 +465,7 @@ def test_another_process_that_alone_refuses_still_says_why(tiny_source, tmp_path
         waited.clear()
         monkeypatch.setenv("RANK", rank)
         monkeypatch.setenv("WORLD_SIZE", "3")
-        assert run(_args(source, text, tmp_path / "out", "--sequence-parallel", "2")) == 2
+        assert run(train_argv(source, text, tmp_path / "out", "--sequence-parallel", "2")) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--sequence-parallel 2 splits each window over 2 processes, but this launch " \
             "started 3" in err[0], err

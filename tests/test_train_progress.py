@@ -11,7 +11,7 @@ import time
 import warnings
 
 import pytest
-from helpers import _args, _child_env
+from helpers import child_env, train_argv
 
 from rope_extend.cli import run
 from rope_extend.train import progress
@@ -49,8 +49,8 @@ def test_the_first_lines_give_tokens_per_step_an_estimate_and_progress_inside_a_
 
 def _start(tiny_source, out, *extra):
     source, text = tiny_source
-    command = [sys.executable, "-m", "rope_extend", *_args(source, text, out, *extra)]
-    return subprocess.Popen(command, env=_child_env(), stderr=subprocess.PIPE, text=True, bufsize=1)
+    command = [sys.executable, "-m", "rope_extend", *train_argv(source, text, out, *extra)]
+    return subprocess.Popen(command, env=child_env(), stderr=subprocess.PIPE, text=True, bufsize=1)
 
 
 def _read_until(proc, pattern: str, timeout: float = 180) -> list[str]:
@@ -113,15 +113,15 @@ def test_an_interrupt_before_training_names_the_state_folder(tmp_path, capsys):
     the line says so instead of only 'nothing was left at OUT'."""
     import signal
 
-    from rope_extend.cli.main import _interrupted, _Signals
+    from rope_extend.cli.main import Signals, interrupted
 
     out = tmp_path / "out"
-    signals = _Signals()
+    signals = Signals()
     signals.received = signal.SIGTERM
-    assert _interrupted(signals, out, atomic=False) == 143
+    assert interrupted(signals, out, atomic=False) == 143
     assert capsys.readouterr().err.strip() == f"rope-extend: interrupted (SIGTERM); nothing was left at {out}"
     (tmp_path / "out.train-state").mkdir()
-    assert _interrupted(signals, out, atomic=False) == 143
+    assert interrupted(signals, out, atomic=False) == 143
     line = capsys.readouterr().err.strip()
     assert line == (f"rope-extend: interrupted (SIGTERM); nothing was left at {out}; {out}.train-state keeps this "
                     "run's training state: rerun the same command to resume from it")

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel
 
-from rope_extend import compat, patch_model, verify
+from rope_extend import compat, patch_model, small_model, verify
 from rope_extend.rotary import find_rotary_modules
 
 # The Hub fixtures' real config.json files (tests/data/hub/<org>--<name>/) and a MoE one (tests/real_configs/).
@@ -60,11 +60,11 @@ def _rotary_from_full_config(module, config):
 
 
 def assert_small_model_is_faithful(full) -> torch.nn.Module:
-    small = verify._small_config(full)
+    small = small_model.small_config(full)
     model = _build(small, "cpu")
     full = compat.text_config(full)  # a multimodal config's text model (Gemma 4's), which verification builds
     reference = copy.deepcopy(full)
-    verify._keep_one_layer_per_signature(reference)  # the same layers, at full width, vocabulary and experts
+    small_model.keep_one_layer_per_signature(reference)  # the same layers, at full width, vocabulary and experts
     assert _attention(model) == _attention(_build(reference, "meta"))
     assert _attention(model), "the small model has no attention layer"
     rotary = find_rotary_modules(model)
@@ -83,26 +83,26 @@ def test_small_model_of_a_real_config_has_its_rope_and_attention(name):
     full = real_config(name)
     model = assert_small_model_is_faithful(full)
     # ...at a size that does not follow the checkpoint's (the 70B shape: 2.8M parameters, Gemma-3-1B 5.9M); configs
-    # with per-layer head_dim (Gemma 4) keep their widths (`verify._narrow`): one layer of each type, small vocabulary
+    # with per-layer head_dim (Gemma 4) keep their widths (`small_model`'s narrowing): one layer of each type, small vocabulary
     # (Gemma 4 E2B: 22M parameters, the unified 12B layout: 44M)
     budget = 5e7 if "_heterogeneity_spec" in vars(compat.text_config(full)) else 1e7
     assert sum(p.numel() for p in model.parameters()) < budget
 
 
 def test_gemma3_keeps_one_layer_of_each_type_with_its_own_rope():
-    small = verify._small_config(real_config("google--gemma-3-1b-pt"))
+    small = small_model.small_config(real_config("google--gemma-3-1b-pt"))
     assert small.layer_types == ["sliding_attention", "full_attention"]
     assert small.head_dim == 256 and small.num_attention_heads == 4 and small.num_key_value_heads == 1
     assert small.query_pre_attn_scalar == 256 and small.sliding_window == 512
-    assert small.vocab_size == verify.PROBE_VOCAB
+    assert small.vocab_size == small_model.PROBE_VOCAB
 
 
 def test_seventy_b_shape_is_verified_on_a_narrow_model():
     """Llama-3.1-70B: 64 heads over 8 KV heads becomes 8 over 1, head_dim 128 kept, one layer, vocabulary 256."""
     full = real_config("meta-llama--Llama-3.1-70B")
-    small = verify._small_config(full)
+    small = small_model.small_config(full)
     assert (small.num_attention_heads, small.num_key_value_heads, small.head_dim) == (8, 1, 128)
-    assert (small.num_hidden_layers, small.hidden_size, small.vocab_size) == (1, 1024, verify.PROBE_VOCAB)
+    assert (small.num_hidden_layers, small.hidden_size, small.vocab_size) == (1, 1024, small_model.PROBE_VOCAB)
     assert small.rope_parameters == full.rope_parameters
 
 
@@ -111,7 +111,7 @@ def test_verification_of_a_real_shape_catches_a_wrong_patch(monkeypatch):
     from transformers import AutoModelForCausalLM
 
     config = real_config("Qwen--Qwen2.5-7B")
-    small = verify._small_config(config)
+    small = small_model.small_config(config)
     small.max_position_embeddings = 64
     model = AutoModelForCausalLM.from_config(small)
     from rope_extend import plan as planning

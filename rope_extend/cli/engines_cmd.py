@@ -134,7 +134,7 @@ def _audit(checkpoint: str, other_python: str | None, runs: list[str], as_json: 
            long_tokens: int | None = None) -> bool:
     """Audit the model's own RoPE per engine (`engines.audit`) when rope-extend did not write it; False otherwise."""
     from ..engines.audit import audit, audit_gguf, is_own_scheme
-    from ..gguf import is_gguf
+    from ..gguf.binary import is_gguf
 
     gguf = is_gguf(checkpoint)
     if not gguf and not is_own_scheme(checkpoint):

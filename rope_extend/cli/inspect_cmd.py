@@ -74,7 +74,8 @@ def inspect(
         fail(f"--factor must be >= 1 (it multiplies the context length), got {factor:g}")
     if target_length is not None and target_length <= 0:
         fail(f"--target-length must be a positive number of tokens, got {target_length}")
-    from ..gguf import hf_config_of, is_gguf, read_gguf_info
+    from ..gguf.binary import is_gguf
+    from ..gguf.info import hf_config_of, read_gguf_info
     from ..inspect import inspect_rope, load_config, plot_methods, recommend
 
     config = hf_config_of(read_gguf_info(source)) if is_gguf(source) else load_config(source, revision=revision)

@@ -25,7 +25,7 @@ ATOMIC_COMMANDS = {"patch"}  # commands whose output appears whole or not at all
 ACKNOWLEDGE_AFTER = 0.5  # seconds: a signal whose cleanup takes longer is acknowledged on stderr at once
 
 
-class _Signals:
+class Signals:
     """SIGINT and SIGTERM both interrupt the work as KeyboardInterrupt (so every `finally` cleans up); which signal
     it was decides the exit code (128 + signal number)."""
 
@@ -79,7 +79,7 @@ def _output_of(argv: list[str]) -> Path | None:
     return None
 
 
-def _interrupted(signals: _Signals, output: Path | None, atomic: bool) -> int:
+def interrupted(signals: Signals, output: Path | None, atomic: bool) -> int:
     signals.done()
     signum = signals.received or signal.SIGINT
     name = signal.Signals(signum).name
@@ -172,14 +172,14 @@ def run(argv: list[str], debug: bool = False) -> int:
     command = typer.main.get_command(app)
     output = _output_of(argv)
     atomic = next((a for a in argv if not a.startswith("-")), None) in ATOMIC_COMMANDS
-    signals = _Signals()
+    signals = Signals()
     try:
         with signals.installed():
             code = command.main(args=argv, prog_name="rope-extend", standalone_mode=False)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except KeyboardInterrupt:
-        return _interrupted(signals, output, atomic)
+        return interrupted(signals, output, atomic)
     except USER_ERRORS as exc:
         if debug:
             traceback.print_exc()
@@ -204,10 +204,10 @@ def run(argv: list[str], debug: bool = False) -> int:
             print(f"rope-extend: error: {message}{hint}", file=sys.stderr)
             return 2
         if type(exc).__name__ == "Abort":
-            return _interrupted(signals, output, atomic)
+            return interrupted(signals, output, atomic)
         if isinstance(getattr(exc, "exit_code", None), int):  # typer.Exit
             return exc.exit_code
         raise
     if isinstance(code, int) and code == 130:  # typer turns KeyboardInterrupt into Exit(130) and returns it
-        return _interrupted(signals, output, atomic)
+        return interrupted(signals, output, atomic)
     return code if isinstance(code, int) else 0

@@ -149,7 +149,7 @@ def _patch(source: str, output: Path, spec: RopeSpec, options: WriteOptions, *, 
            dry_run: bool, eval_suite: str | None, eval_dir: Path | None) -> None:
     """Plan SOURCE once, evaluate the plan if asked, write OUT with `options` (whose `hub_id` is --push-to-hub), then
     push it if asked."""
-    from ..gguf import is_gguf
+    from ..gguf.binary import is_gguf
 
     if not is_gguf(source):
         refuse_out_early(source, output, options.overwrite)  # before the heavy imports below
@@ -159,7 +159,8 @@ def _patch(source: str, output: Path, spec: RopeSpec, options: WriteOptions, *, 
     if is_gguf(source):
         if options.hub_id or eval_suite or options.dtype or options.mode != "auto":
             fail("a .gguf SOURCE takes only --method/--factor/--target-length/--config/--set/--overwrite")
-        from ..gguf import plan_gguf_file, result_lines, write_gguf
+        from ..gguf.plan import plan_gguf_file
+        from ..gguf.write import result_lines, write_gguf
 
         for line in result_lines(write_gguf(plan_gguf_file(source, spec), output, overwrite=options.overwrite)):
             if line.startswith("serve:  "):
@@ -228,7 +229,8 @@ def show(
     """Show the model's current RoPE setup: type, base, rotary dim, lengths, layer types, existing scheme."""
     from .. import compat
     from ..files import load_config
-    from ..gguf import info_lines, is_gguf, read_gguf_info
+    from ..gguf.binary import is_gguf
+    from ..gguf.info import info_lines, read_gguf_info
 
     if is_gguf(source):
         for line in info_lines(read_gguf_info(source)):

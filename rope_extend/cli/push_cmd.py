@@ -1,4 +1,4 @@
-"""`rope-extend push`: publish a folder `patch` or `train` wrote (thin over rope_extend.hub and rope_extend.record).
+"""`rope-extend push`: publish a folder `patch` or `train` wrote (thin over rope_extend.publish).
 
 `patch --push-to-hub` and `train --push-to-hub` end with the same `publish`, so a push that failed after OUT was
 written is finished by the one command its error line prints.
@@ -40,8 +40,9 @@ def publish(folder: Path, repo_id: str, private: bool, dry_run: bool, include: S
     """Push `folder` to `repo_id` (or, with `dry_run`, print exactly what the push would send and leave out).
     `flag` names the repo id in errors (`REPO` for push, `--push-to-hub` for patch and train); `written_now`: OUT
     was just written by patch or train; `unverified`: push --unverified."""
-    from ..hub import check_reachable, files_count, hub_token, plan_push, push
-    from ..record import shown_name
+    from ..publish.plan import files_count, hub_token, plan_push
+    from ..publish.push import check_reachable, push
+    from ..terminal import shown_name
 
     plan = plan_push(folder, repo_id, private, include, flag=flag, written_now=written_now, unverified=unverified)
     if dry_run:  # wrapped at the terminal's width; a file's reason continues under its name
@@ -53,7 +54,7 @@ def publish(folder: Path, repo_id: str, private: bool, dry_run: bool, include: S
         raise refusal
     if dry_run:
         return
-    from ..upload import PushInterrupted
+    from ..publish.upload import PushInterrupted
 
     token = hub_token(plan.kept())  # before anything is printed or sent
     check_reachable(plan)
@@ -106,8 +107,8 @@ class TransferReport:
             print(f"rope-extend: {text}", file=sys.stderr, flush=True)
 
     def hashing(self, item) -> None:
-        from ..record import shown_name
-        from ..upload import size_text
+        from ..publish.upload import size_text
+        from ..terminal import shown_name
 
         if self.status is not None:
             self.status.update(f"hashing {shown_name(item.name)} ({size_text(item.size)})")
@@ -115,7 +116,7 @@ class TransferReport:
             self._line(f"hashing {shown_name(item.name)} ({size_text(item.size)})")
 
     def planned(self, transfer) -> None:
-        from ..upload import size_text
+        from ..publish.upload import size_text
 
         large = [item for item in transfer.items if item.lfs]
         held = [item for item in large if item.present]
@@ -127,15 +128,15 @@ class TransferReport:
                        f"({size_text(self.to_send)}){already}; the other files go in the commit")
 
     def start(self, item, transfer) -> None:
-        from ..record import shown_name
-        from ..upload import size_text
+        from ..publish.upload import size_text
+        from ..terminal import shown_name
 
         self.started = self.started or time.monotonic()
         self.sent_before = transfer.sent
         self._line(f"sending {shown_name(item.name)} ({size_text(item.size)})")
 
     def _total(self, transfer) -> tuple[str, float]:
-        from ..upload import size_text
+        from ..publish.upload import size_text
 
         done = sum(item.size if item.uploaded else item.done for item in transfer.items
                    if item.lfs and not item.present)
@@ -147,8 +148,8 @@ class TransferReport:
                 f"{eta if left != float('inf') else 'time left unknown'}"), rate
 
     def advance(self, item, transfer) -> None:
-        from ..record import shown_name
-        from ..upload import size_text
+        from ..publish.upload import size_text
+        from ..terminal import shown_name
 
         now = time.monotonic()
         if now - self.last < (0.2 if self.status is not None else self.EVERY_S):
@@ -162,7 +163,7 @@ class TransferReport:
             self._line(text)
 
     def finish(self, item, transfer) -> None:
-        from ..record import shown_name
+        from ..terminal import shown_name
 
         total, _ = self._total(transfer)
         self._line(f"sent {shown_name(item.name)}; total {total}")

@@ -154,7 +154,8 @@ def _check_push(repo_id: str, output: Path, private: bool) -> None:
     """Before training: a bad repo id fails now; a missing token is said now (the push at the end will fail
     without one, keeping OUT; the warning names the command that pushes it then)."""
     from ..errors import CheckpointError
-    from ..hub import check_repo_id, hub_token
+    from ..hub import check_repo_id
+    from ..publish.plan import hub_token
 
     check_repo_id(repo_id, "--push-to-hub")
     try:

@@ -357,7 +357,7 @@ def audit_gguf(path: str | os.PathLike, *, other_python: str | None = None) -> A
     import tempfile
     from pathlib import Path
 
-    from ..gguf import VERIFIED_ARCHITECTURES, read_gguf_info
+    from ..gguf.info import VERIFIED_ARCHITECTURES, read_gguf_info
     from .registry import serving_engines
 
     info = read_gguf_info(path)

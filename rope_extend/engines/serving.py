@@ -164,7 +164,9 @@ def runs_lines(engine, method: str) -> list[str]:
     """What the real engine (a `ServingEngine` with a run adapter) did with `method`'s commands, as the project ran
     them (`rope_extend/engines/<name>/runs.json`, from eval/reports/<name>-engines-*/): one line per record, with
     the engine, its version, the device and the date (the version the line was checked on: the commands above
-    follow the port's)."""
+    follow the port's), citing the rope-extend release that ships the record (a path of the project's repository
+    means nothing on a Hub page)."""
+    from .. import __version__
     from .runs import recorded_runs
 
     adapter = engine.run
@@ -174,8 +176,8 @@ def runs_lines(engine, method: str) -> list[str]:
         f"  - run (not on this checkpoint): {run['engine']} on {run['device'] or 'cpu'} served `{method}` x{run['factor']:g}"
         f" on {RUN_MODELS.get(run['model'], run['model'])} through both {adapter.title} routes"
         f" ({' and '.join(run['ways'])}), {run['tokens'][0]} and {run['tokens'][1]} tokens, on {run['date']}:"
-        f" {words.get(run['verdict'], run['verdict'])} (rope-extend's {run['record']}; the run took {run['seconds']} s"
-        f" on a 2-core CPU at load {run['load']})"
+        f" {words.get(run['verdict'], run['verdict'])} (recorded in rope-extend {__version__}; the run took"
+        f" {run['seconds']} s on a 2-core CPU at load {run['load']})"
         for run in recorded_runs(adapter, method)
     ]
 

@@ -57,7 +57,7 @@ def original_of(records: list[dict]) -> int | None:
     return None
 
 
-def _len_label(n: int, orig: int | None) -> str:
+def len_label(n: int, orig: int | None) -> str:
     return fmt_tokens(n, quantum=1) + (" (beyond original)" if orig and n > orig else "")
 
 
@@ -302,7 +302,7 @@ def perplexity_table(records: list[dict], max_length: int | None = None, text: s
     parts = []
     for t in [text] if text else texts_of(recs):
         lengths = sorted({r["length"] for r in recs if text_of(r) == t and (max_length is None or r["length"] <= max_length)})
-        rows = [[_len_label(L, orig)] + [_ppl_cell(by.get((v, t, L))) for v in variants] for L in lengths]
+        rows = [[len_label(L, orig)] + [_ppl_cell(by.get((v, t, L))) for v in variants] for L in lengths]
         parts.append(f"Text `{t}`:\n\n" + _table(["length"] + variants, rows))
     return "\n\n".join(parts)
 
@@ -343,7 +343,7 @@ def probe_table(records: list[dict], max_length: int | None = None) -> str:
         for L in sorted({r["length"] for r in recs if task_label(r) == k}):
             if max_length is not None and L > max_length:
                 continue
-            rows.append([k, _len_label(L, orig)] + [_acc_cell(cells.get((k, v, L), {}).values()) for v in variants])
+            rows.append([k, len_label(L, orig)] + [_acc_cell(cells.get((k, v, L), {}).values()) for v in variants])
     return _table(["task/haystack", "length"] + variants, rows)
 
 

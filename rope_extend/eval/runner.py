@@ -131,7 +131,7 @@ def _append(path: Path, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
-def _config_window(source) -> Window:
+def config_window(source) -> Window:
     """The window SOURCE's config (its text part) serves as shipped (`variants.model_window`: Llama 3.1's 131072,
     with llama3's pre-scaling 8192 beside it): what the suite's lengths are laid out from. `source`: a
     `source.Source`, or what `source.load_source` takes."""
@@ -286,7 +286,7 @@ def _read_model(model_path, variants: list[Variant], loader) -> EvalModel:
     loaded = load_source(model_path)
     plans = {v.name: v.plan if v.plan is not None else _plan(loaded, v.rope_spec())
              for v in variants if v.spec is not None and not callable(v.spec)}
-    return EvalModel(loaded.folder, loaded.config, _config_window(loaded), plans)
+    return EvalModel(loaded.folder, loaded.config, config_window(loaded), plans)
 
 
 def _plan_serving(engine, model: EvalModel, variants: list[Variant], cases: list, seed: int,
@@ -473,7 +473,7 @@ def run_jobs(jobs: list[Job], load: Callable[[Variant], Evaluator], original: in
     ``record`` as soon as its job finishes (the patch report rides on a variant's first record of the run).
     *threads*: fits torch's CPU threads to the machine's load before each job (`cpu_threads`)."""
     lines = LineProgress(jobs) if progress and not _is_terminal(sys.stderr) else None
-    prog = _progress(progress and lines is None, max(len(j.variant.name) for j in jobs) if jobs else 0)
+    prog = progress_bar(progress and lines is None, max(len(j.variant.name) for j in jobs) if jobs else 0)
     with prog:  # (the rich bar draws only on a terminal)
         task = prog.add_task("evaluating", total=sum(j.cost() for j in jobs) or 1.0, case="")
         current, ev, reported, said = None, None, set(), None
@@ -610,7 +610,7 @@ class LineProgress:
 WIDE = 110  # a terminal this wide shows the running case beside the bar
 
 
-def _progress(enabled: bool, name_width: int = 0, console=None):
+def progress_bar(enabled: bool, name_width: int = 0, console=None):
     """The rich bar on a terminal: the variant, a bar where there is room, the share done, the elapsed time and the
     ETA, each column whole at any width from 60 columns (the running case too where the terminal is `WIDE`).
     *console*: rich's Console to draw on (default: stderr's)."""

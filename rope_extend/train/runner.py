@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import compat
+from ..zero3 import without_zero3_init
 from . import data, evaluation, finish, sharding, trainer
 from .prepare import prepare, world
 from .progress import TrainingInterrupted, complete_checkpoints
@@ -122,7 +122,7 @@ def train_model(spec: TrainSpec, on_progress: Callable[[str], None] | None = Non
     first, last = (losses[0], losses[-1]) if losses else (None, None)
     if not main:
         return TrainResult(None, run.state.global_step, tokens, train_seconds, first, last, resumed, False, summary)
-    with compat.without_zero3_init():  # the writer's stock reload is this process's alone
+    with without_zero3_init():  # the writer's stock reload is this process's alone
         result = finish.write_trained(prep, run, model, base, summary, eval_before, resumed, say)
     return TrainResult(result.out, run.state.global_step, tokens, train_seconds, first, last, resumed,
                        result.verified, summary)

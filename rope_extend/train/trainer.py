@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .. import compat, memory
+from ..zero3 import without_zero3_init
 from . import lora, sequence_parallel, sharding
 from .prepare import Prepared, available_memory
 from .progress import complete_checkpoints
@@ -69,7 +70,7 @@ def model_to_train(prep: Prepared) -> ModelToTrain:
 
 def whole_copy(prep: Prepared):
     """The model as training started, built whole in this process, for a sharded run's gathered weights."""
-    with compat.without_zero3_init():
+    with without_zero3_init():
         return model_to_train(prep).model
 
 

@@ -53,10 +53,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
+from ..record import CARD, SPEC_FILE, sha256
+from ..terminal import shown_name
 
 if TYPE_CHECKING:
-    from .hub import PushPlan
+    from .plan import PushPlan
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # the statuses a retry can fix; every other fails at once
 LFS_HEADERS = {"Accept": "application/vnd.git-lfs+json", "Content-Type": "application/vnd.git-lfs+json"}
@@ -208,7 +210,7 @@ class _File:
         """A small file's bytes for the commit, checked against the sha256 they were announced with."""
         data = self.data if self.data is not None else self.path.read_bytes()
         if hashlib.sha256(data).hexdigest() != self.sha256:
-            raise CheckpointError(f"{_shown(self.item.name)} changed while it was being sent (its bytes no longer "
+            raise CheckpointError(f"{shown_name(self.item.name)} changed while it was being sent (its bytes no longer "
                                   "hash to what was read before); nothing was committed")
         return data
 
@@ -356,7 +358,7 @@ class HubClient:
 # --- the push --------------------------------------------------------------------------------------------------------
 def send(plan: PushPlan, token: str, report: Report | None = None, retry: Retry | None = None) -> Transfer:
     """Create the repo, upload `plan`'s large files as LFS objects (those the Hub holds already are not sent), then
-    commit every file in one commit. Raises huggingface_hub's errors (hub.push words them) and `PushInterrupted`."""
+    commit every file in one commit. Raises huggingface_hub's errors (`push.push` words them) and `PushInterrupted`."""
     from huggingface_hub import HfApi, constants
 
     report, retry = report or Silent(), retry or RETRY
@@ -382,8 +384,6 @@ def send(plan: PushPlan, token: str, report: Report | None = None, retry: Retry 
 
 def _files(plan: PushPlan, transfer: Transfer, report: Report) -> list[_File]:
     """Every file of `plan`, hashed (a file the record vouches for must hash to its recorded sha256)."""
-    from .record import CARD, SPEC_FILE, sha256
-
     rendered = {CARD: plan.card, SPEC_FILE: plan.record_text}  # sent from memory: OUT is never written
     files = []
     for entry in plan.selection.sent:
@@ -426,7 +426,7 @@ def _ask(client: HubClient, files: list[_File], retry: Retry, report: Report) ->
 def _send_object(client: HubClient, f: _File, transfer: Transfer, retry: Retry, report: Report) -> None:
     """One large file as an LFS object: in the parts the Hub asks for (each retried alone), then completed, then
     checked against the sha256 it was announced with."""
-    item, name = f.item, _shown(f.item.name)
+    item, name = f.item, shown_name(f.item.name)
     report.start(item, transfer)
     action = _retrying(lambda: client.batch([f]).get(f.sha256, {}), f"asking where to send {name}", retry, report)
     actions = action.get("actions") or {}
@@ -479,14 +479,12 @@ def _progress(item: Item, transfer: Transfer, report: Report) -> Callable[[int, 
 
 def _check_recorded(plan: PushPlan, name: str, sha: str) -> None:
     """A file the record vouches for by its sha256 goes up only with those bytes."""
-    from .record import CARD, SPEC_FILE
-
     record = plan.selection.record
     entry = record.entries.get(name) if record is not None else None
     if name == CARD and plan.selection.card_edited:
         return  # the user's card, sent as written
     if entry is not None and entry.sha256 is not None and name != SPEC_FILE and entry.sha256 != sha:
-        raise CheckpointError(f"{_shown(name)} of OUT changed since rope-extend verified it (its sha256 is not the "
+        raise CheckpointError(f"{shown_name(name)} of OUT changed since rope-extend verified it (its sha256 is not the "
                               f"recorded one), so nothing was committed; `rope-extend verify {plan.folder}` "
                               "re-verifies OUT as it is now")
 
@@ -530,12 +528,6 @@ def size_text(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1000
     return f"{count} TB"
-
-
-def _shown(name: str) -> str:
-    from .record import shown_name
-
-    return shown_name(name)
 
 
 def _interrupted(plan: PushPlan, transfer: Transfer) -> str:
