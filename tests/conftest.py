@@ -108,3 +108,35 @@ def tiny_source(tmp_path_factory, smollm2_path):
     text = folder.parent / "toy.txt"
     text.write_text(_toy_text())
     return folder, text
+
+
+# --- run engines: one worker per session each, through the registry (`rope_extend.engines.runs`) -------------------
+def _session_worker(name: str):
+    """The session's worker of the run engine `name` (`runs.lookup(name).open()`, its environment built first when
+    missing: a failed build is an error, never a skip): every test that serves a checkpoint in that engine loads it
+    there in turn, so the engine is imported once per session; closed when the session ends, and its log (a temp
+    file: every engine error quotes its tail) removed."""
+    from pathlib import Path
+
+    from rope_extend.engines.runs import lookup
+
+    worker = lookup(name).open()
+    try:
+        yield worker
+    finally:
+        worker.close()
+        if getattr(worker, "log_path", None):
+            Path(worker.log_path).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_worker():
+    """vLLM's worker (vLLM imported once, ~15 CPU-seconds; each checkpoint it serves is an engine start in it)."""
+    yield from _session_worker("vllm")
+
+
+@pytest.fixture(scope="session")
+def sglang_worker():
+    """SGLang's worker (its server is started for each checkpoint it serves, as the card prints it)."""
+    yield from _session_worker("sglang")
+

@@ -14,6 +14,10 @@ import torch
 from rope_extend import patch_model
 from rope_extend.attention.maps import DualChunkMap, SelfExtendMap, StringMap
 from rope_extend.compat import EAGER_THROUGH_ATTENTION_REGISTRY, GENERATE_CACHE_KEYWORD
+from rope_extend.engines import sglang as _sglang_port
+from rope_extend.engines import sglang_run as _sglang_run
+from rope_extend.engines import vllm_run as _vllm_run
+from rope_extend.engines import vllm_worker as _vllm_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -238,7 +242,17 @@ def fake_memory(monkeypatch, tmp_path: Path, available: int, cgroup_limit: int |
     monkeypatch.setattr(memory, "CGROUP", cgroup)
 
 
-# --- run engines (tests/test_vllm_engine.py, tests/test_sglang_engine.py) -----------------------------------------------
+# --- run engines (tests/test_vllm_engine.py, tests/test_sglang_engine.py, tests/test_run_engines.py) -------------------
+# The adapters come from the registry (`rope_extend.engines.runs.lookup`), the session's workers from conftest.py;
+# what is an engine module's own is named here only, the one place to edit when those modules move.
+VllmRefused = _vllm_run.VllmRefused  # vLLM's refusal (a runs.EngineRefused)
+kv_cache_bytes = _vllm_run.kv_cache_bytes  # the KV cache the vLLM adapter sizes for one request
+vllm_server_args = _vllm_worker.server_args  # `vllm serve`'s argument list, as the worker builds it
+SglangRefused = _sglang_run.SglangRefused  # SGLang's refusal (a runs.EngineRefused)
+sglang_server_args = _sglang_run.server_args  # `python -m sglang.launch_server`'s argument list
+sglang_serving_rule = _sglang_port.serving_rule  # the SGLang port's serving rule (the card's command)
+
+
 class BorrowedWorker:
     """A session's engine worker lent to code that would start (and close) its own; counts the loads it serves."""
 

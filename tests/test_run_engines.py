@@ -21,8 +21,8 @@ from rope_extend.cli import run
 from rope_extend.engines import runs
 from rope_extend.engines.parity import TABLE_CONFIG, parity
 from rope_extend.engines.runs import EngineRefused, RunEngine
-from rope_extend.engines.sglang_run import SGLANG
-from rope_extend.engines.vllm_run import VLLM
+
+VLLM, SGLANG = runs.lookup("vllm"), runs.lookup("sglang")  # the registered adapters
 
 
 class StockWorker:

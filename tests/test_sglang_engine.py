@@ -13,30 +13,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 
 import pytest
-from helpers import ENGINE_SUITE, BorrowedWorker, assert_engine_eval_matches
+from helpers import (
+    ENGINE_SUITE,
+    BorrowedWorker,
+    SglangRefused,
+    assert_engine_eval_matches,
+    sglang_server_args,
+    sglang_serving_rule,
+)
 
 from rope_extend.engines.parity import parity_many
-from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs
-from rope_extend.engines.sglang_env import SglangEnvError, ensure_sglang
-from rope_extend.engines.sglang_run import SGLANG, SglangRefused, SglangWorker, server_args
+from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, lookup
 
 WINDOW = 256
 ROUTES = ("this checkpoint", "original model + --json-model-override-args")
 
 
-@pytest.fixture(scope="session")
-def sglang_worker(tmp_path_factory):
-    try:
-        # progress goes to the real stderr: pytest's capture would hide a build of a few minutes
-        env = ensure_sglang(log=lambda line: print(line, file=sys.__stderr__, flush=True))
-    except SglangEnvError as exc:  # a failed build is a failure, never a skip
-        pytest.fail(f"the SGLang environment could not be built:\n{exc}")
-    worker = SglangWorker(env, log_path=str(tmp_path_factory.mktemp("sglang-log") / "sglang.log"))
-    yield worker
-    worker.close()
+SGLANG = lookup("sglang")  # the adapter; the session's worker is conftest.py's `sglang_worker`
 
 
 # --- without SGLang ----------------------------------------------------------------------------------------------------
@@ -45,7 +40,6 @@ def test_the_server_is_started_as_the_card_prints_it():
     --json-model-override-args J`) is what the worker starts, plus the CPU engine's device and dtype."""
     from transformers import LlamaConfig
 
-    from rope_extend.engines.sglang import serving_rule
     from rope_extend.plan import plan_patch
     from rope_extend.spec import load_spec
 
@@ -53,8 +47,8 @@ def test_the_server_is_started_as_the_card_prints_it():
                          num_hidden_layers=30, max_position_embeddings=8192, rope_theta=100000.0)
     plan = plan_patch(config, load_spec({"method": "yarn", "factor": 4, "attention_factor": 1.2}))
     (this, original), _ = SGLANG.card_routes(plan)
-    hint = serving_rule(plan)
-    args = server_args("M", this.settings.context_length, 30000, override_args=this.settings.override_args)
+    hint = sglang_serving_rule(plan)
+    args = sglang_server_args("M", this.settings.context_length, 30000, override_args=this.settings.override_args)
     assert f"--context-length {this.settings.context_length}" in hint.command
     assert this.settings.context_length == 32768 and this.settings.env == {}  # 32768 = the written config's window
     assert hint.command.startswith("python -m sglang.launch_server")
