@@ -9,13 +9,10 @@ batch (its window is the batch size). rope-extend's self-extend on SmolLM2 in tr
 
 from __future__ import annotations
 
-import sys
 import warnings
 
 import pytest
 import torch
-
-from rope_extend.llamacpp_build import LlamaCppError, ensure_llamacpp
 
 pytestmark = pytest.mark.slow
 
@@ -31,14 +28,6 @@ def passkey_prompt(key: int, junk: int, position: int) -> str:
             text += f" The pass key is {key}. Remember it. {key} is the pass key."
         text += " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
     return text + " What is the pass key? The pass key is"
-
-
-@pytest.fixture(scope="module")
-def llamacpp():
-    try:
-        return ensure_llamacpp(progress=lambda line: print(line, file=sys.__stderr__, flush=True))
-    except LlamaCppError as exc:  # a failed or missing build is a failure, never a skip
-        pytest.fail(f"llama.cpp build failed:\n{exc}")
 
 
 def test_llama_passkey_self_extend_next_to_rope_extend(llamacpp, demo_gguf, smollm2_path):
