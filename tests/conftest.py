@@ -3,11 +3,37 @@ to: a test that changes one copies it first."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+# Fixtures of the real engines and the llama.cpp build: the tests that use one run in one xdist worker, one after the
+# other (`xdist_group("engines")`), so that each engine starts once per session and two never share the memory.
+ENGINE_FIXTURES = ("vllm_worker", "sglang_worker", "mlx_worker", "llamacpp")
 
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test`: -n 2), each worker computes with one torch thread (and so do the processes
+    its tests start), so that two workers share the 2 cores instead of fighting over them."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config, items):
-    """`gpu`-marked tests need CUDA: skipped with the reason where there is none (CI)."""
+    """The tests of the real engines marked `engines` (`make test-engines` runs them, `make test-core` the rest) and
+    put in one xdist group, first (the longest piece of work starts first); `gpu`-marked tests need CUDA: skipped
+    with the reason where there is none (CI)."""
+    engines = [item for item in items if any(name in item.fixturenames for name in ENGINE_FIXTURES)]
+    for item in engines:
+        item.add_marker(pytest.mark.engines)
+        item.add_marker(pytest.mark.xdist_group("engines"))
+    if engines:
+        first = set(map(id, engines))
+        items[:] = engines + [item for item in items if id(item) not in first]
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return
@@ -89,20 +115,6 @@ def user_checkpoint(tmp_path_factory, tiny_llama_folder):
 
 
 @pytest.fixture(scope="session")
-def llamacpp():
-    """The cached llama.cpp build (`make llamacpp`; built here on first use, its progress on the real stderr: pytest's
-    capture would hide a 20-minute build). A failed or missing build is a failure, never a skip."""
-    import sys
-
-    from rope_extend.llamacpp_build import LlamaCppError, ensure_llamacpp
-
-    try:
-        return ensure_llamacpp(progress=lambda line: print(line, file=sys.__stderr__, flush=True))
-    except LlamaCppError as exc:
-        pytest.fail(f"llama.cpp build failed:\n{exc}")
-
-
-@pytest.fixture(scope="session")
 def hub_cache(tmp_path_factory):
     """A Hub cache (HF_HUB_CACHE) holding every model of `hubcache.MODELS` (never written to)."""
     import hubcache
@@ -138,3 +150,54 @@ def tiny_source(tmp_path_factory, smollm2_path):
     text = folder.parent / "toy.txt"
     text.write_text(toy_text())
     return folder, text
+
+
+# --- run engines: one worker per session each, through the registry (`rope_extend.engines.runs`) -------------------
+def _session_worker(name: str):
+    """The session's worker of the run engine `name` (`runs.lookup(name).open()`, its environment built first when
+    missing: a failed build is an error, never a skip): every test that serves a checkpoint in that engine loads it
+    there in turn, so the engine is imported once per session; closed when the session ends, and its log (a temp
+    file: every engine error quotes its tail) removed."""
+    from pathlib import Path
+
+    from rope_extend.engines.runs import lookup
+
+    worker = lookup(name).open()
+    try:
+        yield worker
+    finally:
+        worker.close()
+        if getattr(worker, "log_path", None):
+            Path(worker.log_path).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_worker():
+    """vLLM's worker (vLLM imported once, ~15 CPU-seconds; each checkpoint it serves is an engine start in it)."""
+    yield from _session_worker("vllm")
+
+
+@pytest.fixture(scope="session")
+def sglang_worker():
+    """SGLang's worker (its server is started for each checkpoint it serves, as the card prints it)."""
+    yield from _session_worker("sglang")
+
+
+@pytest.fixture(scope="session")
+def mlx_worker():
+    """mlx-lm's worker (mlx imported once; each checkpoint it serves is an `mlx_lm.load` in it)."""
+    yield from _session_worker("mlx")
+
+
+@pytest.fixture(scope="session")
+def llamacpp():
+    """The real llama.cpp build (`make llamacpp`; built here when missing, its progress on the real stderr: pytest's
+    capture would hide a build of many minutes). A failed or missing build fails, never skips."""
+    import sys
+
+    from rope_extend.llamacpp_build import LlamaCppError, ensure_llamacpp
+
+    try:
+        return ensure_llamacpp(progress=lambda line: print(line, file=sys.__stderr__, flush=True))
+    except LlamaCppError as exc:
+        pytest.fail(f"llama.cpp build failed:\n{exc}")

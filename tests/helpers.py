@@ -4,6 +4,7 @@ the training runs' source and arguments, a small GGUF. Fixtures shared by severa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -14,6 +15,12 @@ import torch
 from rope_extend import patch_model
 from rope_extend.attention.maps import DualChunkMap, SelfExtendMap, StringMap
 from rope_extend.compat import EAGER_THROUGH_ATTENTION_REGISTRY, GENERATE_CACHE_KEYWORD
+from rope_extend.engines import engine_env as _engine_env
+from rope_extend.engines.registry import get_engine
+from rope_extend.engines.sglang import run as _sglang_run
+from rope_extend.engines.vllm import run as _vllm_run
+from rope_extend.engines.vllm import worker as _vllm_worker
+from rope_extend.engines.written import Written
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -238,7 +245,22 @@ def fake_memory(monkeypatch, tmp_path: Path, available: int, cgroup_limit: int |
     monkeypatch.setattr(memory, "CGROUP", cgroup)
 
 
-# --- run engines (tests/test_vllm_engine.py, tests/test_sglang_engine.py) -----------------------------------------------
+# --- run engines (tests/test_vllm_engine.py, tests/test_sglang_engine.py, tests/test_run_engines.py) -------------------
+# The adapters come from the registry (`rope_extend.engines.runs.lookup`), the session's workers from conftest.py;
+# what is an engine module's own is named here only, the one place to edit when those modules move.
+VllmRefused = _vllm_run.VllmRefused  # vLLM's refusal (a runs.EngineRefused)
+kv_cache_bytes = _vllm_run.kv_cache_bytes  # the KV cache the vLLM adapter sizes for one request
+vllm_server_args = _vllm_worker.server_args  # `vllm serve`'s argument list, as the worker builds it
+SglangRefused = _sglang_run.SglangRefused  # SGLang's refusal (a runs.EngineRefused)
+sglang_server_args = _sglang_run.server_args  # `python -m sglang.launch_server`'s argument list
+
+
+def sglang_serving_rule(plan):
+    """The SGLang room's hint for `plan`: the card's command and its routes (this checkpoint, the original model
+    with the overrides)."""
+    return get_engine("sglang").hint(Written.of(plan))
+
+
 class BorrowedWorker:
     """A session's engine worker lent to code that would start (and close) its own; counts the loads it serves."""
 
@@ -287,3 +309,386 @@ def assert_engine_eval_matches(got: list, want: list, run: dict, engine: str, wi
             assert r["metrics"]["output"] == other["metrics"]["output"], (r["variant"], r["case_id"])
     assert {r["kind"] for r in got} == {"perplexity", "passkey", "niah_single"}
     assert any(r["length"] == 2 * window for r in got)  # beyond the window, for the methods
+
+
+# --- a virtualenv built once per machine (tests/test_gpu_bundle.py) ---------------------------------------------------
+def cached_venv(name: str, requirements: list[str], module: str) -> Path:
+    """A virtualenv holding `requirements` and what they require, built once per machine as the engines'
+    environments are (`rope_extend.engines.engine_env`: one builder at a time, versions.json written last, a build
+    without it redone from scratch) in $ROPE_EXTEND_CACHE/NAME-<key>, the key a hash of the requirements and this
+    Python's version, and reused while both are the same; `import module` is its check. Returns its Python. A test
+    never installs into it (its installs go to a --prefix of their own)."""
+    import hashlib
+    import json
+    import sys
+
+    from rope_extend.demo_model import cache_root
+
+    key = hashlib.sha256(json.dumps([sys.version, sorted(requirements)]).encode()).hexdigest()[:12]
+    root = cache_root() / f"{name}-{key}"
+    with _engine_env.locked(root):
+        if _engine_env.read_stamp(root) is None:
+            python = _engine_env.create_venv(root)
+            _engine_env.pip(root, "install", *requirements)
+            _engine_env.write_stamp(root, {"requirements": sorted(requirements), "python": sys.version,
+                                           "versions": _engine_env.installed_versions(python, module)})
+    return root / "bin" / "python"
+
+
+# --- llama.cpp against transformers (tests/test_gguf_llamacpp.py; its long run: tests/checks/) -----------------------
+# Perplexity of the second half of a ctx-token window (what `llama-perplexity -c ctx --chunks 1` scores), the same
+# tokens on both sides (llama.cpp's own tokenisation fed to transformers).
+F32_TOLERANCE = 0.01  # llama.cpp on an f32 GGUF vs transformers fp32: relative perplexity difference
+Q4_TOLERANCE = 0.02  # a Q4_1 GGUF (llama.cpp's quantised dot products) vs transformers on its dequantised weights
+ROUTE_TOLERANCE = 1e-3  # ntk's printed flag rounds the base to 6 digits: 204522 vs 204522.28 (5e-6 relative)
+GGUF_SPECS = {
+    "yarn": {"method": "yarn", "factor": 2},
+    "llama3": {"method": "llama3", "factor": 2},
+    "ntk": {"method": "ntk", "factor": 2},
+}
+
+
+def transformers4_python() -> str:
+    """An interpreter with transformers 4.x for convert_hf_to_gguf.py (ROPE_EXTEND_OTHER_PYTHON or this one)."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    for python in (os.environ.get("ROPE_EXTEND_OTHER_PYTHON"), sys.executable):
+        if not python:
+            continue
+        proc = subprocess.run([python, "-c", "import transformers, sentencepiece; print(transformers.__version__)"],
+                              capture_output=True, text=True)
+        if proc.returncode == 0 and proc.stdout.strip().startswith("4."):
+            return python
+    pytest.fail("convert_hf_to_gguf.py needs transformers 4.x with sentencepiece: set ROPE_EXTEND_OTHER_PYTHON to "
+                "such an interpreter (make test does: .venv4)")
+
+
+def printed_llamacpp_flags(hf_dir: Path, spec: dict) -> list[str]:
+    """The llama.cpp flags in the serving hints `rope-extend patch` prints for this spec."""
+    import re
+
+    from rope_extend.engines.serving import serving_hints
+    from rope_extend.files import load_config
+    from rope_extend.plan import plan_patch
+
+    text, _ = serving_hints(plan_patch(load_config(hf_dir), spec), "out")
+    match = re.search(r"llama-server -m \S+ -c \d+ ([^`]*)`", text)
+    assert match, f"no llama.cpp command in the serving hints:\n{text}"
+    return match.group(1).split()
+
+
+def assert_close(llamacpp_ppl: float, transformers_ppl: float, tolerance: float) -> None:
+    diff = abs(llamacpp_ppl - transformers_ppl) / transformers_ppl
+    assert diff < tolerance, f"llama.cpp {llamacpp_ppl:.4f} vs transformers {transformers_ppl:.4f}: {100 * diff:.2f}%"
+
+
+def assert_far(patched_ppl: float, unpatched_ppl: float, margin: float) -> None:
+    """The window tells the method from no scaling (else an engine that ignored the scaling would pass)."""
+    diff = abs(patched_ppl - unpatched_ppl) / patched_ppl
+    assert diff > margin, f"patched {patched_ppl:.4f} vs unpatched {unpatched_ppl:.4f}: {100 * diff:.2f}% < {100 * margin}%"
+
+
+LLAMACPP_TOP = 32  # the tokens per position compared with transformers: llama.cpp's most likely ones
+
+
+def read_llamacpp_logprobs(path: Path, top: int = LLAMACPP_TOP):
+    """The file `llama-perplexity --kl-divergence-base FILE` saves (tools/perplexity/perplexity.cpp): "_logits_",
+    n_ctx, n_vocab, n_chunk (int32), the chunks' token ids (int32), then for each scored position of each chunk the
+    log-softmax over the vocabulary as uint16 (a float32 scale and minimum first, then n_vocab values, padded to an
+    even count + 4): log p = minimum + scale x value, to (max logit - min logit) / 65535 <= 2.4e-4 nats, and clipped
+    at 16 nats below the most likely token (the next token of a model cut to 2 layers often lies below, so it is
+    not what is compared). Returns the first chunk's token ids, and for every scored position (n_ctx/2 .. n_ctx - 2)
+    the ids of its `top` most likely next tokens and their log-probabilities ([positions, top] arrays; NaN where
+    clipped)."""
+    import numpy as np
+
+    data = Path(path).read_bytes()
+    assert data[:8] == b"_logits_", f"{path} is not a llama-perplexity logits file"
+    n_ctx, n_vocab, n_chunk = (int(x) for x in np.frombuffer(data, "<i4", 3, 8))
+    tokens = np.frombuffer(data, "<i4", n_chunk * n_ctx, 20)[:n_ctx]
+    first, nv = n_ctx // 2, 2 * ((n_vocab + 1) // 2) + 4
+    rows = np.frombuffer(data, "<u2", (n_ctx - 1 - first) * nv, 20 + 4 * n_chunk * n_ctx).reshape(-1, nv)
+    head = rows[:, :4].copy().view("<f4")  # scale, minimum log p
+    values = rows[:, 4: 4 + n_vocab]
+    ids = np.argsort(-values.astype(np.int32), axis=1, kind="stable")[:, :top]
+    kept = np.take_along_axis(values, ids, 1)
+    logp = head[:, 1:2].astype(np.float64) + head[:, 0:1] * kept
+    logp[kept == 0] = np.nan  # clipped: at least 16 nats below the most likely token
+    return tokens.tolist(), ids, logp
+
+
+class Parity:
+    """Lazily computed, shared numbers of one model: every llama.cpp run and transformers forward happens at most
+    once. `hf_dir` is the Hugging Face checkpoint, `base_gguf` where its f32 GGUF is (converted there by
+    convert_hf_to_gguf.py when missing), `q4_gguf` a Q4_1 GGUF of the same weights (the Hugging Face ones are its
+    dequantisation), `ctx` the window the tests score by default. With `logprobs`, llama.cpp's runs also save the
+    log-probabilities of every scored position (`read_llamacpp_logprobs`; 2 bytes x the vocabulary a position, so
+    for short windows only), to compare position by position with transformers' (`compare`)."""
+
+    def __init__(self, llamacpp, hf_dir: Path, base_gguf: Path, q4_gguf: Path | None, workdir: Path, ctx: int,
+                 name: str = "gguf parity", logprobs: bool = False):
+        from rope_extend.eval.texts import pydoc_topics_text
+
+        self.lc, self.hf_dir, self.f32_gguf, self.q4_gguf, self.work = llamacpp, hf_dir, base_gguf, q4_gguf, workdir
+        self.ctx, self.name, self.logprobs = ctx, name, logprobs
+        self.text = workdir / "pydoc_topics.txt"
+        self.text.write_text(pydoc_topics_text(), encoding="utf-8")
+        self.times: dict[str, float] = {}
+        self._lcpp: dict[tuple[str, int], tuple[float, tuple | None]] = {}  # (route, ctx) -> ppl, (ids, log p)
+        self._routes: dict[str, tuple[Path, list[str]]] = {}
+        self._hf: dict[tuple[str, int], torch.Tensor] = {}  # (method, ctx) -> transformers' log p (see _forward)
+        self._model = None
+        self._ids = None
+
+    # -- inputs ----------------------------------------------------------------------------------------------------
+    def base_gguf(self) -> Path:
+        if not self.f32_gguf.is_file():  # cached where the caller says (the demo model's: once per machine)
+            self._timed("convert f32", lambda: self.lc.convert_hf_to_gguf(self.hf_dir, self.f32_gguf,
+                                                                          python=transformers4_python()))
+        return self.f32_gguf
+
+    def ids(self, ctx: int | None = None) -> torch.Tensor:
+        """The first ctx of llama.cpp's token ids of the text (what ``llama-perplexity -c ctx`` scores from)."""
+        if self._ids is None:
+            ids = self.lc.tokenize(self.base_gguf(), self.text)
+            assert len(ids) >= 2 * self.ctx, f"llama-perplexity needs {2 * self.ctx} tokens, the text has {len(ids)}"
+            self._ids = torch.tensor(ids[: self.ctx])
+        return self._ids[: ctx or self.ctx]
+
+    # -- llama.cpp ---------------------------------------------------------------------------------------------------
+    def llamacpp(self, route: str, ctx: int | None = None) -> float:
+        """llama.cpp's perplexity of `route` ("unpatched", "yarn:gguf", "ntk:flags", "llama3:convert", "yarn:q4_1")."""
+        return self._llamacpp_run(route, ctx)[0]
+
+    def compare(self, route: str, method: str, ctx: int | None = None):
+        """llama.cpp running `route` against transformers running rope-extend's `method` (or "unpatched"): the
+        log-probabilities of llama.cpp's LLAMACPP_TOP most likely next tokens at every scored position, by the run
+        engines' rule (`runs.compare_logprobs`: identical = every one within 5e-2 nats, their mean within 1e-3)."""
+        return self.compare_with(self._llamacpp_run(route, ctx)[1], method, ctx)
+
+    def compare_with(self, llamacpp_logprobs, method: str, ctx: int | None = None):
+        import numpy as np
+
+        from rope_extend.engines.runs import compare_logprobs
+
+        ids, logp = llamacpp_logprobs
+        reference = self._forward(method, ctx).gather(1, torch.as_tensor(ids)).double().numpy()
+        kept = ~np.isnan(logp)  # not clipped
+        assert kept.sum() >= logp.size // 2, f"only {kept.sum()} of {logp.size} log-probabilities were saved unclipped"
+        return compare_logprobs(logp[kept].tolist(), reference[kept].tolist())
+
+    def _llamacpp_run(self, route: str, ctx: int | None) -> tuple[float, tuple | None]:
+        key = (route, ctx or self.ctx)
+        if key not in self._lcpp:
+            model, args = self._route(route)
+            self._lcpp[key] = self.llamacpp_file(model, key[1], *args, what=f"llama.cpp {self.label(*key)}")
+        return self._lcpp[key]
+
+    def llamacpp_file(self, model: Path, ctx: int | None = None, *args: str, what: str | None = None
+                      ) -> tuple[float, tuple | None]:
+        """llama.cpp's perplexity (and with `logprobs` the scored positions' log-probabilities: `compare_with`) of
+        any GGUF file on the text."""
+        import os
+
+        ctx = ctx or self.ctx
+        what = what or f"llama.cpp {Path(model).name} @{ctx}"
+        saved = self.work / f".logits-{os.getpid()}.bin"
+        extra = ["--kl-divergence-base", str(saved)] if self.logprobs else []
+        ppl = self._timed(what, lambda: self.lc.perplexity(model, self.text, ctx, *args, *extra))
+        logprobs = None
+        if self.logprobs:
+            tokens, *logprobs = read_llamacpp_logprobs(saved)
+            saved.unlink()
+            assert tokens == self.ids(ctx).tolist(), "llama-perplexity scored other tokens than llama-tokenize gave"
+            logprobs = tuple(logprobs)
+        self._progress(f"{what}: ppl {ppl:.4f} ({self.times[what]:.0f} s)")
+        return ppl, logprobs
+
+    def gguf_of(self, route: str) -> Path:
+        """The GGUF file llama.cpp runs for `route`."""
+        return self._route(route)[0]
+
+    def _route(self, route: str) -> tuple[Path, list[str]]:
+        if route not in self._routes:
+            self._routes[route] = self._make_route(route)
+        return self._routes[route]
+
+    def _make_route(self, route: str) -> tuple[Path, list[str]]:
+        from rope_extend.gguf.write import patch_gguf
+
+        if route == "unpatched":
+            return self.base_gguf(), []
+        method, how = route.split(":")
+        if how == "flags":
+            return self.base_gguf(), printed_llamacpp_flags(self.hf_dir, GGUF_SPECS[method])
+        if how == "gguf":
+            out = self.work / f"{method}.gguf"
+            patch_gguf(self.base_gguf(), GGUF_SPECS[method], out, overwrite=True)
+            return out, []
+        if how == "q4_1":
+            out = self.work / f"{method}.Q4_1.gguf"
+            patch_gguf(self.q4_gguf, GGUF_SPECS[method], out, overwrite=True)
+            return out, []
+        if how == "convert":
+            from rope_extend.checkpoint import patch_checkpoint
+
+            folder = self.work / f"{method}-hf"
+            patch_checkpoint(self.hf_dir, GGUF_SPECS[method], folder, overwrite=True)
+            out = self.work / f"{method}-converted.gguf"
+            self._timed(f"convert {method}", lambda: self.lc.convert_hf_to_gguf(folder, out, python=transformers4_python()))
+            return out, []
+        raise ValueError(route)
+
+    # -- transformers ------------------------------------------------------------------------------------------------
+    def transformers(self, method: str, ctx: int | None = None) -> float:
+        """Perplexity of tokens ctx/2+1 .. ctx-1 (llama-perplexity's scored half) with rope-extend's patch_model."""
+        n = ctx or self.ctx
+        rows = self._forward(method, n)
+        if rows.dim() == 2:  # log-softmax rows: the next token's
+            rows = rows.gather(1, self.ids(n)[n // 2 + 1:, None])[:, 0]
+        return math.exp(-float(rows.double().mean()))
+
+    def _forward(self, method: str, ctx: int | None = None) -> torch.Tensor:
+        """transformers with rope-extend's `method`, on the scored positions ctx/2 .. ctx-2: with `logprobs` the
+        log-softmax over the vocabulary ([positions, vocab]), else the next tokens' log p (`token_losses`)."""
+        key = (method, ctx or self.ctx)
+        if key not in self._hf:
+            from rope_extend.eval.perplexity import token_losses
+            from rope_extend.patch import unpatch_model
+
+            model = self._load()
+            unpatch_model(model)
+            if method != "unpatched":
+                patch_model(model, GGUF_SPECS[method])
+            n, what = key[1], f"transformers {self.label(*key)}"
+
+            def run() -> torch.Tensor:
+                ids = self.ids(n)
+                if not self.logprobs:
+                    return -token_losses(model, ids)[n // 2: n - 1]
+                with torch.no_grad():
+                    logits = model(input_ids=ids[None], attention_mask=torch.ones_like(ids[None])).logits[0]
+                return logits[n // 2: n - 1].float().log_softmax(-1)
+
+            self._hf[key] = self._timed(what, run)
+            self._progress(f"{what}: ppl {self.transformers(method, n):.4f} ({self.times[what]:.0f} s)")
+        return self._hf[key]
+
+    def _load(self):
+        if self._model is None:
+            from transformers import AutoModelForCausalLM
+
+            from rope_extend.compat import dtype_kwargs
+
+            self._model = AutoModelForCausalLM.from_pretrained(str(self.hf_dir), **dtype_kwargs(torch.float32)).eval()
+        return self._model
+
+    # -- reporting ---------------------------------------------------------------------------------------------------
+    def label(self, name: str, ctx: int) -> str:
+        """A route or method, with its window when it is not the default one."""
+        return name if ctx == self.ctx else f"{name} @{ctx}"
+
+    def _timed(self, what: str, fn):
+        import time
+
+        t0 = time.monotonic()
+        result = fn()
+        self.times[what] = time.monotonic() - t0
+        return result
+
+    def _progress(self, line: str) -> None:
+        import sys
+
+        print(f"[{self.name}] {line}", file=sys.__stderr__, flush=True)
+
+    def table(self) -> str:
+        rows = [f"{'route':<16} {'llama.cpp':>10} {'transformers':>12} {'diff':>8}"]
+        for (route, ctx), (ppl, _) in self._lcpp.items():
+            method = route.split(":")[0]
+            hf = self.transformers(method, ctx) if (method, ctx) in self._hf else None
+            diff = f"{100 * (ppl - hf) / hf:+.2f}%" if hf else "-"
+            rows.append(f"{self.label(route, ctx):<16} {ppl:>10.4f} {hf or float('nan'):>12.4f} {diff:>8}")
+        return "\n".join(rows + [f"time {what}: {seconds:.0f} s" for what, seconds in self.times.items()])
+
+
+def gguf_first_layers(source: Path, out: Path, layers: int, window: int) -> Path:
+    """A GGUF of `source`'s first `layers` blocks with a `window`-token context (every other key and the kept
+    tensors' bytes as they are, quantised ones included), written as gguf-py's gguf_new_metadata.py copies a file:
+    the GGUF twin of `eval.toy_models.short_window_demo` (the demo's Q4_1 file cut as that cuts its checkpoint)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    changed = {f"{arch}.block_count": layers, f"{arch}.context_length": window}
+    writer = gguf.GGUFWriter(str(out), arch)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue  # written by GGUFWriter itself
+        vtype = field.types[0]
+        sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, changed.get(field.name, field.contents()), vtype, sub_type=sub_type)
+    kept = [t for t in reader.tensors if not t.name.startswith("blk.") or int(t.name.split(".")[1]) < layers]
+    for tensor in kept:
+        writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes, tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for tensor in kept:
+        writer.write_tensor_data(tensor.data, tensor_endianess=reader.endianess)
+    writer.close()
+    return out
+
+
+# --- planted bugs in applying a plan (tests/test_eval_smollm2.py, tests/test_train_lora.py) ---------------------------
+# Each makes the patch give the rotary modules other frequencies or another attention factor than the plan it made and
+# checked (the plan is right, the model is not, so rope-extend's own checks of the plan pass), as a bug in applying
+# it would: what the short tests must catch (each long run in tests/checks/ would too).
+def _attention_factor_twice(compute, ctx):
+    inv_freq, attention = compute(ctx)
+    return inv_freq, attention * (1 + 0.1 * math.log(ctx.factor))
+
+
+def _rope_theta_dropped(compute, ctx):
+    return compute(dataclasses.replace(ctx, base=10000.0))
+
+
+def _frequencies_unscaled(compute, ctx):
+    return compute(dataclasses.replace(ctx, factor=1.0))
+
+
+APPLY_BUGS = {
+    "attention factor applied twice": _attention_factor_twice,
+    "rope_theta dropped (transformers' default 10000)": _rope_theta_dropped,
+    "frequencies left unscaled": _frequencies_unscaled,
+}
+
+
+class _AppliedWithBug:
+    """A plan whose `compute` (what the rotary modules get) goes through a bug; everything else is the plan's."""
+
+    def __init__(self, plan, bug):
+        self._plan, self._bug = plan, bug
+
+    def __getattr__(self, name):
+        return getattr(self._plan, name)
+
+    def compute(self, slot, seq_len=None, device=None):
+        return self._bug(self._plan.method.compute, self._plan.context(slot, seq_len, device))
+
+
+def plant_apply_bug(monkeypatch, bug: str) -> list[str]:
+    """Plant APPLY_BUGS[bug] into `rope_extend.patch.apply_plan`; returns the list of methods it was applied to."""
+    from rope_extend import patch
+
+    apply_plan = patch.apply_plan
+    applied = []
+
+    def apply_with_bug(model, plan, *args, **kwargs):
+        applied.append(plan.spec.method)
+        return apply_plan(model, _AppliedWithBug(plan, APPLY_BUGS[bug]), *args, **kwargs)
+
+    monkeypatch.setattr(patch, "apply_plan", apply_with_bug)
+    return applied

@@ -2,7 +2,8 @@
 Python, installed by its run.sh without an index into a virtualenv that holds only torch and transformers 5.17 (what
 the GPU image holds), where `bench/gpu_check.py --quick` then passes: the `gpu` tests import and skip with their
 reason, every bench row checks its cache and path. About 2 minutes on 2 idle cores (the virtualenv's torch install
-is most of it); it needs PyPI, as the demo model's tests do.
+is most of it, built once per machine and reused: `helpers.cached_venv`); it needs PyPI, as the demo model's tests
+do.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import cached_venv
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE_TRANSFORMERS = "5.17.0"  # the GPU image's (/work/.library/device/KINDS.md)
@@ -40,15 +42,12 @@ def _offline_env(**extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def image_python(tmp_path_factory) -> Path:
-    """A virtualenv with torch (this machine's CPU build) and transformers 5.17 and what they require, nothing else."""
-    venv = tmp_path_factory.mktemp("image") / "venv"
-    _run([sys.executable, "-m", "venv", venv])
-    python = venv / "bin" / "python"
+def image_python() -> Path:
+    """A virtualenv with torch (this machine's CPU build) and transformers 5.17 and what they require, nothing else:
+    built once per machine (`helpers.cached_venv`, keyed by these pins; ~2 minutes on 2 idle cores), then reused."""
     torch_version = torch.__version__.split("+")[0]
-    _run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", f"torch=={torch_version}",
-          f"transformers=={IMAGE_TRANSFORMERS}", IMAGE_TYPER])
-    return python
+    return cached_venv("gpu-image-venv", [f"torch=={torch_version}", f"transformers=={IMAGE_TRANSFORMERS}", IMAGE_TYPER],
+                       "transformers")
 
 
 @pytest.mark.slow

@@ -24,8 +24,7 @@ from helpers import ENGINE_SUITE, BorrowedWorker
 from rope_extend.engines.hint import COMMAND, ORIGINAL
 from rope_extend.engines.mlx import port
 from rope_extend.engines.mlx.engine import MLX as MLX_ROOM
-from rope_extend.engines.mlx.env import MlxEnvError, ensure_mlx
-from rope_extend.engines.mlx.run import MlxRefused, MlxWorker
+from rope_extend.engines.mlx.run import MlxRefused
 from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, linked_folder
 from rope_extend.engines.served import NotServed, compare, own_rope, positions
 
@@ -33,18 +32,6 @@ MLX = MLX_ROOM.run
 WINDOW = 256
 ROUTES = ("this checkpoint", "original model + model_config")
 HALF = 32  # rotary_dim / 2 of the demo model (head_dim 64)
-
-
-@pytest.fixture(scope="session")
-def mlx_worker(tmp_path_factory):
-    try:
-        # progress goes to the real stderr: pytest's capture would hide a build
-        env = ensure_mlx(log=lambda line: print(line, file=sys.__stderr__, flush=True))
-    except MlxEnvError as exc:  # a failed build is a failure, never a skip
-        pytest.fail(f"the MLX environment could not be built:\n{exc}")
-    worker = MlxWorker(env, log_path=str(tmp_path_factory.mktemp("mlx-log") / "mlx.log"))
-    yield worker
-    worker.close()
 
 
 def serving_rule(plan):

@@ -26,7 +26,7 @@ from rope_extend.engines.runs import port_verdicts
 from rope_extend.engines.vllm.engine import VLLM as VLLM_ROOM
 from rope_extend.engines.vllm.engine import VllmEngine
 
-VLLM = runs.lookup("vllm")
+VLLM, SGLANG = runs.lookup("vllm"), runs.lookup("sglang")  # the registered adapters
 
 
 class StockWorker:

@@ -13,40 +13,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 
 import pytest
-from helpers import ENGINE_SUITE, BorrowedWorker, assert_engine_eval_matches
+from helpers import (
+    ENGINE_SUITE,
+    BorrowedWorker,
+    SglangRefused,
+    assert_engine_eval_matches,
+    sglang_server_args,
+    sglang_serving_rule,
+)
 
 from rope_extend.engines.parity import parity_many
 from rope_extend.engines.registry import get_engine
 from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, lookup
-from rope_extend.engines.sglang.env import SglangEnvError, ensure_sglang
-from rope_extend.engines.sglang.run import SglangRefused, SglangWorker, server_args
-
-SGLANG = lookup("sglang")
-
-
-def sglang_hint(plan):
-    """The SGLang room's hint for `plan` (its routes: this checkpoint, the original model with the overrides)."""
-    from rope_extend.engines.written import Written
-
-    return get_engine("sglang").hint(Written.of(plan))
 
 WINDOW = 256
 ROUTES = ("this checkpoint", "original model + --json-model-override-args")
 
 
-@pytest.fixture(scope="session")
-def sglang_worker(tmp_path_factory):
-    try:
-        # progress goes to the real stderr: pytest's capture would hide a build of a few minutes
-        env = ensure_sglang(log=lambda line: print(line, file=sys.__stderr__, flush=True))
-    except SglangEnvError as exc:  # a failed build is a failure, never a skip
-        pytest.fail(f"the SGLang environment could not be built:\n{exc}")
-    worker = SglangWorker(env, log_path=str(tmp_path_factory.mktemp("sglang-log") / "sglang.log"))
-    yield worker
-    worker.close()
+SGLANG = lookup("sglang")  # the adapter; the session's worker is conftest.py's `sglang_worker`
 
 
 # --- without SGLang ----------------------------------------------------------------------------------------------------
@@ -61,9 +47,9 @@ def test_the_server_is_started_as_the_card_prints_it():
     config = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
                          num_hidden_layers=30, max_position_embeddings=8192, rope_theta=100000.0)
     plan = plan_patch(config, load_spec({"method": "yarn", "factor": 4, "attention_factor": 1.2}))
-    hint = sglang_hint(plan)
+    hint = sglang_serving_rule(plan)
     this, original = hint.routes
-    args = server_args("M", this.settings.context_length, 30000, override_args=this.settings.override_args)
+    args = sglang_server_args("M", this.settings.context_length, 30000, override_args=this.settings.override_args)
     assert f"--context-length {this.settings.context_length}" in hint.command
     assert this.settings.context_length == 32768 and this.settings.env == {}  # 32768 = the written config's window
     assert hint.command.startswith("python -m sglang.launch_server")
@@ -147,7 +133,7 @@ def test_a_rope_scaling_only_override_runs_at_the_wrong_theta(sglang_worker, sho
     n = 2 * WINDOW
     requests = {n: text_ids(short_window, n - 1)}
     truth = reference(reference_model(short_window, plan), plan, requests)
-    _, original = sglang_hint(plan).routes
+    _, original = sglang_serving_rule(plan).routes
     # the card's override without rope_parameters: rope_scaling and the window only
     scaling_only = {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": WINDOW},
                     "max_position_embeddings": n}

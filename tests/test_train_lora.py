@@ -1,5 +1,6 @@
 """rope_extend.train.lora: LoRA on all linear layers but lm_head, trainable embeddings and norms (LongLoRA+),
-tied embeddings kept tied through training and merging; merged == adapter model; and a SmolLM2 smoke run."""
+tied embeddings kept tied through training and merging; merged == adapter model; and a smoke run of the training
+command on the demo model's first 2 layers, which refuses to write a checkpoint trained with a planted bug."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import APPLY_BUGS, plant_apply_bug
 
 from rope_extend import patch_model
 from rope_extend.cli import run
@@ -85,21 +87,44 @@ def test_merged_model_stays_tied_and_equals_the_adapter_model(tmp_path):
     torch.testing.assert_close(reloaded_logits, adapter_logits, atol=1e-5, rtol=0)
 
 
-@pytest.mark.slow
-def test_smollm2_lora_smoke_run_writes_a_verified_16k_checkpoint(smollm2_path, tmp_path):
-    """A few LoRA+ steps of the real SmolLM2-135M (8k -> 16k, PoSE window 64) on a short Shakespeare-like text."""
+def smoke_run(folder, tmp_path) -> tuple[int, dict]:
+    """A few LoRA+ steps of the suite's 2-layer model (the demo model's first 2 layers, its real tokenizer and tied
+    embeddings; window 256 -> 512, PoSE window 64) on a short Shakespeare-like text: (exit status, written config)."""
     text = tmp_path / "verse.txt"
     text.write_text(" ".join(f"Line {i}: shall I compare thee to a summer's day, thou art more lovely." for i in range(60)))
     out = tmp_path / "smol"
-    args = ["train", str(smollm2_path), "--method", "yarn", "--factor", "2", "--text", str(text), "--window", "64",
+    args = ["train", str(folder), "--method", "yarn", "--factor", "2", "--text", str(text), "--window", "64",
             "--steps", "2", "--batch-tokens", "64", "--lora", "--save-adapter", "--save-steps", "100", "-o", str(out)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert run(args) == 0
-    config = json.loads((out / "config.json").read_text())
-    assert config["max_position_embeddings"] == 16384 and config["rope_scaling"]["factor"] == 2
+        code = run(args)
+    config = json.loads((out / "config.json").read_text()) if (out / "config.json").is_file() else {}
+    return code, config
+
+
+@pytest.mark.slow
+def test_lora_smoke_run_of_the_demo_layers_writes_a_verified_checkpoint(short_window, tmp_path):
+    """The training command on the demo model's own layers and tokenizer writes a checkpoint that stock
+    transformers reloads to the trained model (the writer's verification); the demo model itself (8k -> 16k) is
+    `make train-check`'s (tests/checks/test_train_smollm2_long.py)."""
+    code, config = smoke_run(short_window, tmp_path)
+    assert code == 0
+    assert config["max_position_embeddings"] == 512 and config["rope_scaling"]["factor"] == 2
     assert config["tie_word_embeddings"] is True
+    out = tmp_path / "smol"
     assert (out / "adapter" / "adapter_config.json").is_file()
     summary = json.loads((out / "training.json").read_text())
     assert summary["recipe"]["lora"] and summary["tokens_trained"] == 2 * 64
-    assert summary["recipe"]["pose"] and summary["recipe"]["target_length"] == 16384
+    assert summary["recipe"]["pose"] and summary["recipe"]["target_length"] == 512
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", APPLY_BUGS)
+def test_a_planted_bug_in_the_trained_patch_is_never_written(short_window, tmp_path, bug, monkeypatch, capsys):
+    """The model trains with another RoPE than the checkpoint's config says (helpers.APPLY_BUGS): the run's
+    verification refuses to write it, and says so in one line."""
+    applied = plant_apply_bug(monkeypatch, bug)
+    code, _ = smoke_run(short_window, tmp_path)
+    err = capsys.readouterr().err
+    assert applied and code != 0, err
+    assert "did not verify" in err, err

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import pytest
-from helpers import ENGINE_SUITE, BorrowedWorker, assert_engine_eval_matches
+from helpers import (
+    ENGINE_SUITE,
+    BorrowedWorker,
+    VllmRefused,
+    assert_engine_eval_matches,
+    kv_cache_bytes,
+    vllm_server_args,
+)
 
 from rope_extend.engines.parity import parity_many
 from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, linked_folder, lookup
-from rope_extend.engines.vllm.env import VllmEnvError, ensure_vllm
-from rope_extend.engines.vllm.run import VllmRefused, VllmWorker, kv_cache_bytes
-
-VLLM = lookup("vllm")
 
 WINDOW = 256
 FREQUENCY_METHODS = ["linear", "ntk", "ntk-by-parts", "yarn", "dynamic", "dynamic-yarn", "llama3", "longrope"]
@@ -39,16 +41,7 @@ def spec_for(method: str) -> dict:
     return spec
 
 
-@pytest.fixture(scope="session")
-def vllm_worker(tmp_path_factory):
-    try:
-        # progress goes to the real stderr: pytest's capture would hide a build of a few minutes
-        env = ensure_vllm(log=lambda line: print(line, file=sys.__stderr__, flush=True))
-    except VllmEnvError as exc:  # a failed build is a failure, never a skip
-        pytest.fail(f"the vLLM environment could not be built:\n{exc}")
-    worker = VllmWorker(env, threads=1, log_path=str(tmp_path_factory.mktemp("vllm-log") / "vllm.log"))
-    yield worker
-    worker.close()
+VLLM = lookup("vllm")  # the adapter; the session's worker is conftest.py's `vllm_worker`
 
 
 # --- without vLLM ----------------------------------------------------------------------------------------------------
@@ -82,9 +75,7 @@ def test_linked_folder_serves_the_weights_with_another_config(tmp_path):
 
 
 def test_server_arguments_are_vllm_serve_s():
-    from rope_extend.engines.vllm.worker import server_args
-
-    args = server_args({"model": "/m", "max_model_len": 512, "hf_overrides": {"rope_parameters": {"factor": 2.0}},
+    args = vllm_server_args({"model": "/m", "max_model_len": 512, "hf_overrides": {"rope_parameters": {"factor": 2.0}},
                         "engine_args": {"tensor_parallel_size": 2}}, 8000)
     assert args[:3] == ["/m", "--max-model-len", "512"]
     assert args[args.index("--hf-overrides") + 1] == '{"rope_parameters":{"factor":2.0}}'
