@@ -237,7 +237,7 @@ def _shrink_vocab_mlp_experts(small) -> None:
                 setattr(small, key, 1)
 
 
-def _small_config(config, narrow: bool = True, per_signature: bool = True):
+def small_config(config, narrow: bool = True, per_signature: bool = True):
     """The same text config, shrunk where RoPE and attention do not look (see LEVELS); the rope fields, head_dim,
     head ratio, layer types, sliding windows and attention-scaling knobs are untouched."""
     small = copy.deepcopy(compat.text_config(config))
@@ -291,8 +291,8 @@ def _small_run(source_config, stock_config, plan: PatchPlan):
         for number, (narrow, per_signature) in enumerate(LEVELS):
             last = number == len(LEVELS) - 1
             try:
-                patched, stock = _build_pair(_small_config(source_config, narrow, per_signature),
-                                             _small_config(stock_config, narrow, per_signature), plan)
+                patched, stock = _build_pair(small_config(source_config, narrow, per_signature),
+                                             small_config(stock_config, narrow, per_signature), plan)
                 _check_modules(stock, plan)
                 if not last and not _has_attention(stock):
                     continue
@@ -323,7 +323,7 @@ def run_unpatched(config, plan: PatchPlan) -> torch.Tensor:
             state = torch.random.get_rng_state()
             try:
                 torch.manual_seed(0)
-                model = _small_model(_small_config(config, narrow, per_signature))
+                model = _small_model(small_config(config, narrow, per_signature))
                 if not last and not _has_attention(model):
                     continue
                 return probe_outputs(model, plan, original_only=True)

@@ -461,7 +461,7 @@ def _shipped(name: str):
     repo = {"llama-3.1": "meta-llama/Llama-3.1-8B", "qwen2.5-instruct-yarn": "Qwen/Qwen2.5-7B-Instruct"}[name]
     data = json.loads(Path(hubcache.config_path(repo)).read_text())
     data.update(hubcache.QWEN_YARN if "qwen" in name else {})
-    config = verify._small_config(AutoConfig.for_model(**data))
+    config = verify.small_config(AutoConfig.for_model(**data))
     config.num_hidden_layers = len(getattr(config, "layer_types", None) or [0, 0])
     torch.manual_seed(0)
     with warnings.catch_warnings():

@@ -60,7 +60,7 @@ def _rotary_from_full_config(module, config):
 
 
 def assert_small_model_is_faithful(full) -> torch.nn.Module:
-    small = verify._small_config(full)
+    small = verify.small_config(full)
     model = _build(small, "cpu")
     full = compat.text_config(full)  # a multimodal config's text model (Gemma 4's), which verification builds
     reference = copy.deepcopy(full)
@@ -90,7 +90,7 @@ def test_small_model_of_a_real_config_has_its_rope_and_attention(name):
 
 
 def test_gemma3_keeps_one_layer_of_each_type_with_its_own_rope():
-    small = verify._small_config(real_config("google--gemma-3-1b-pt"))
+    small = verify.small_config(real_config("google--gemma-3-1b-pt"))
     assert small.layer_types == ["sliding_attention", "full_attention"]
     assert small.head_dim == 256 and small.num_attention_heads == 4 and small.num_key_value_heads == 1
     assert small.query_pre_attn_scalar == 256 and small.sliding_window == 512
@@ -100,7 +100,7 @@ def test_gemma3_keeps_one_layer_of_each_type_with_its_own_rope():
 def test_seventy_b_shape_is_verified_on_a_narrow_model():
     """Llama-3.1-70B: 64 heads over 8 KV heads becomes 8 over 1, head_dim 128 kept, one layer, vocabulary 256."""
     full = real_config("meta-llama--Llama-3.1-70B")
-    small = verify._small_config(full)
+    small = verify.small_config(full)
     assert (small.num_attention_heads, small.num_key_value_heads, small.head_dim) == (8, 1, 128)
     assert (small.num_hidden_layers, small.hidden_size, small.vocab_size) == (1, 1024, verify.PROBE_VOCAB)
     assert small.rope_parameters == full.rope_parameters
@@ -111,7 +111,7 @@ def test_verification_of_a_real_shape_catches_a_wrong_patch(monkeypatch):
     from transformers import AutoModelForCausalLM
 
     config = real_config("Qwen--Qwen2.5-7B")
-    small = verify._small_config(config)
+    small = verify.small_config(config)
     small.max_position_embeddings = 64
     model = AutoModelForCausalLM.from_config(small)
     from rope_extend import plan as planning

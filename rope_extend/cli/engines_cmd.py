@@ -25,8 +25,11 @@ EXAMPLES = """Examples:
 
   rope-extend engines out/smollm2-yarn2 --run vllm --run vllm-server
 
+  rope-extend engines Qwen/Qwen2.5-7B-Instruct --run vllm --run sglang --run-tokens 8192
+
 Exit status: 0 when every run agrees with the card; 3 (CONTRADICTED) when a real engine (--run) measured otherwise a
-route the card lists as identical (the lines starting "contradicted:" name each); 2 on a usage error.
+route the card lists as identical, or, auditing a model rope-extend did not write, otherwise than its port at the same
+lengths (the lines starting "contradicted:" name each); 2 on a usage error.
 """
 
 CONTRADICTED = 3  # a run engine measured otherwise a request the card lists as identical
@@ -46,7 +49,12 @@ def engines(
     runs: Annotated[list[str] | None, typer.Option(
         "--run", help="Also serve it in a real engine: vllm (offline LLM), vllm-server (OpenAI server) or sglang "
         "(SGLang's server); repeatable. Builds the engine's own virtualenv once (`make vllm`, `make sglang`). Progress goes to stderr; exits 3 when "
-        "a run measures otherwise a route the card lists as identical.")] = None,
+        "a run measures otherwise a route the card lists as identical. A model rope-extend did not write: a small "
+        "random-weight model of its config served through every audit route (--run-tokens).")] = None,
+    run_tokens: Annotated[int | None, typer.Option(
+        "--run-tokens", help="Auditing a model rope-extend did not write with --run: the longest request the real "
+        "engines serve a small random-weight model of its config at (the long request min(window, N), the short one "
+        "min(L, N/2)); default 8192 (rope_extend.engines.audit_run.RUN_TOKENS).", min=64)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Per engine and route, max |Δcos|, |Δsin| against rope-extend (a port), or |Δ logprob| against transformers (a
@@ -55,10 +63,14 @@ def engines(
 
     check_runs(runs or [])  # a bad name fails before anything is loaded
     if method is None and config is None and not sets and factor is None and target_length is None:
-        if _audit(checkpoint, other_python, runs or [], as_json):  # a model rope-extend did not write
+        contradicted = _audit(checkpoint, other_python, runs or [], run_tokens, as_json)
+        if contradicted is not None:  # a model rope-extend did not write: its own RoPE audited
+            _contradicted(contradicted)
             return
+        _no_run_tokens(run_tokens)
         report = parity(checkpoint, other_python=other_python, runs=runs or ())
     else:
+        _no_run_tokens(run_tokens)
         spec = build_spec(method, factor, target_length, config, sets or [])
         report = parity(source=checkpoint, spec=spec, other_python=other_python, runs=runs or ())
     contradicted = report.contradictions()
@@ -66,10 +78,22 @@ def engines(
         out.print_json(report.to_json())
     else:
         _print_table(report)
-    for line in contradicted:  # one line each, as an error line: what a CI log shows and a script greps
+    _contradicted(contradicted)
+
+
+def _contradicted(lines: list[str]) -> None:
+    """One error line each (what a CI log shows and a script greps), then exit 3 when there is any."""
+    for line in lines:
         print(f"contradicted: {' '.join(line.split())}", file=sys.stderr, flush=True)
-    if contradicted:
+    if lines:
         raise typer.Exit(CONTRADICTED)
+
+
+def _no_run_tokens(run_tokens: int | None) -> None:
+    if run_tokens is not None:
+        raise ValueError(f"--run-tokens {run_tokens}: it sets the run lengths of the audit of a model rope-extend did "
+                         "not write; a checkpoint rope-extend wrote (or SOURCE with --method) is run at its original "
+                         "and target lengths: drop --run-tokens")
 
 
 def _print_table(report) -> None:
@@ -124,19 +148,20 @@ def _cell(result, notes: list[str]) -> str:
     return f"{max(result.max_cos, result.max_sin):.2g}"
 
 
-def _audit(checkpoint: str, other_python: str | None, runs: list[str], as_json: bool) -> bool:
-    """Audit the model's own RoPE per engine (`engines.audit`) when rope-extend did not write it; False otherwise."""
+def _audit(checkpoint: str, other_python: str | None, runs: list[str], run_tokens: int | None,
+           as_json: bool) -> list[str] | None:
+    """Audit the model's own RoPE per engine (`engines.audit`) when rope-extend did not write it, with the real
+    engines of `runs` (`--run`); returns the run's contradictions of the ports ([] without a run), or None when
+    rope-extend wrote the checkpoint (the parity report checks it)."""
     from ..engines.audit import audit, is_own_scheme
+    from ..engines.audit_run import RUN_TOKENS
 
     if not is_own_scheme(checkpoint):
-        return False
-    if runs:
-        raise ValueError(f"--run {runs[0]}: the audit of a model's own RoPE runs the engine ports only; drop --run "
-                         "(a checkpoint rope-extend wrote takes it)")
-    report = audit(checkpoint, other_python=other_python)
+        return None
+    report = audit(checkpoint, other_python=other_python, runs=runs, run_tokens=run_tokens or RUN_TOKENS)
     if as_json:
         out.print_json(report.to_json())
     else:
         for line in report.lines(out.width):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
-    return True
+    return report.contradictions()

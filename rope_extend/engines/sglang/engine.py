@@ -149,15 +149,16 @@ class SglangEngine(ServingEngine):
         fields, full = port.load_config(dict(model.loaded))
         reason = self.audit_unchecked(model, full)
         base = f"python -m sglang.launch_server --model-path {shlex.quote(model.name)} --context-length {model.long}"
-        env = env_prefix(port.needs_longer(fields, full, model.long))
+        env = port.needs_longer(fields, full, model.long)
 
         def route(label, overrides) -> AuditRoute:
             extra = f" --json-model-override-args '{compact_json(overrides)}'" if overrides else ""
             f, r = port.load_config(dict(model.loaded), overrides)
             results = {group: tuple(Unchecked(reason) if reason else
                                     port.served(f, hf_config.layer_rope(model.loaded, r, group.layer_type), n)
-                                    for n in (model.short, model.long)) for group in model.groups}
-            return AuditRoute(label, f"{env}{base}{extra}", results)
+                                    for n in model.lengths) for group in model.groups}
+            return AuditRoute(label, f"{env_prefix(env)}{base}{extra}", results,
+                              SglangServing(model.long, overrides, env))
 
         routes = [route("this checkpoint", None)]
         fix = port.own_fix(full)
