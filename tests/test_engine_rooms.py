@@ -55,7 +55,7 @@ class Toy(ServingEngine):
         route = Route("this checkpoint", COMMAND, "", False, None)
         return [AuditRoute("this checkpoint", f"toy serve {model.name}", {
             group: tuple(Unchecked(reason) if reason else self.served(route, model.loaded, n)
-                         for n in (model.short, model.long)) for group in model.groups})]
+                         for n in model.lengths) for group in model.groups})]
 
 
 @pytest.fixture

@@ -208,8 +208,8 @@ def test_cli_audit_prints_verdicts_and_json_and_keeps_rope_extend_outputs_on_par
     assert all("worst_position" in row["short"] for row in data["rows"] if row["short"]["served"])
     evidence = [row["evidence"] for row in data["rows"] if row["engine"] == VLLM]
     assert evidence and all(e["measure"].startswith("cos/sin against transformers' own") for e in evidence)
-    assert run(["engines", PHI, "--run", "vllm"]) == 2  # the audit runs ports only
-    assert "drop --run" in capsys.readouterr().err
+    assert run(["engines", PHI, "--run", "tgi"]) == 2  # a run engine's name is checked before anything loads
+    assert "--run 'tgi'" in capsys.readouterr().err
 
 
 def test_docs_serving_audit_example_is_current(tmp_path, monkeypatch, capsys):
@@ -280,3 +280,146 @@ def test_engines_takes_a_gguf_and_says_so_in_its_json(yarn_gguf, capsys, monkeyp
     assert run(["engines", str(yarn_gguf), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["model_type"] == "GGUF llama" and not report["identical"] and report["notes"]
+
+
+# --- the audit, run (`--run`): the small model the real engines serve ------------------------------------------------
+def small_of(hub, repo, tmp_path):
+    """The run's small model of `repo`'s config.json in the Hub cache (`audit_run.small_model`)."""
+    from rope_extend import compat
+    from rope_extend.engines.audit_run import small_model
+
+    folder = snapshot(hub, repo)
+    raw = json.loads((folder / "config.json").read_text())
+    text = AutoConfig.from_pretrained(folder).get_text_config()
+    return small_model(raw, compat.text_config(text), tmp_path / "small", 131072), raw
+
+
+def test_run_lengths_fit_the_budget_and_straddle_longropes_switch():
+    from rope_extend.engines.audit_run import RUN_TOKENS, run_lengths
+
+    assert RUN_TOKENS == 8192
+    assert run_lengths(32768, 131072, 8192) == (4096, 8192)  # Qwen2.5 YaRN x4: both inside L, the long one longer
+    assert run_lengths(4096, 131072, 8192) == (4096, 8192)  # Phi-3.5: the short one at L, the long one beyond it
+    assert run_lengths(4096, 131072, 4608) == (2304, 4608)
+    assert run_lengths(256, 512, 8192) == (256, 512)  # a small window: the audited lengths themselves
+    with pytest.raises(ValueError, match="--long-tokens 32: .*64 or more"):
+        run_lengths(4096, 131072, 32)
+
+
+@pytest.mark.parametrize("repo", [QWEN, PHI])
+def test_the_small_model_carries_the_audited_rope_as_written(repo, hub, tmp_path):
+    """The run's model: config.json's RoPE keys exactly as the user's file writes them (Qwen2.5's `rope_scaling`
+    with "type": "yarn", Phi-3.5's 48 short / long factors), head_dim and the window kept, the width shrunk; the
+    rotary embedding transformers builds from it is the audited model's, position for position; the tokenizer
+    loads with one token per id."""
+    from transformers import AutoTokenizer
+
+    small, raw = small_of(hub, repo, tmp_path)
+    written = json.loads((small.folder / "config.json").read_text())
+    for key in ("rope_scaling", "rope_theta", "max_position_embeddings", "original_max_position_embeddings"):
+        assert written.get(key) == raw.get(key), key
+    heads, width = raw["num_attention_heads"], raw["hidden_size"]
+    assert small.head_dim == width // heads and written["hidden_size"] < width and small.vocab_size == 256
+    assert written["architectures"] == raw["architectures"] and written["dtype"] == "float32"
+    at = np.arange(0, 131072, 997)
+    for last in (None, 131071):  # Phi's short factors (a batch inside L) and long ones
+        mine = hf_cos_sin(small.folder, at, last)
+        theirs = hf_cos_sin(snapshot(hub, repo), at, last)
+        assert np.array_equal(mine[0], theirs[0]) and np.array_equal(mine[1], theirs[1])
+    words = AutoTokenizer.from_pretrained(small.folder).convert_ids_to_tokens(list(range(small.vocab_size)))
+    assert words[:4] == ["<unk>", "<s>", "</s>", "t3"] and words[-1] == f"t{small.vocab_size - 1}"
+    ids = small.request_ids(500)
+    assert ids == small.request_ids(500) and min(ids) >= 3 and max(ids) < 256  # seeded, specials left out
+
+
+def test_sharpen_scales_queries_and_keys_through_what_produces_them_last(tmp_path):
+    """q_proj / k_proj (Llama), a fused qkv_proj's q and k rows (Phi-3), and a q/k norm (Gemma 3's (1 + weight)·x̂:
+    a projection's scale would be normalised away) each give queries and keys `scale` times larger, values
+    untouched."""
+    from transformers import AutoModelForCausalLM
+
+    from rope_extend.engines.audit_run import sharpen
+
+    def attention_of(model):
+        return next(m for m in model.modules() if type(m).__name__.endswith("Attention"))
+
+    cases = {
+        "llama": dict(model_type="llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+        "phi3": dict(model_type="phi3", hidden_size=64, num_attention_heads=4, num_key_value_heads=2),
+        "gemma3_text": dict(model_type="gemma3_text", hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=16, layer_types=["full_attention"]),
+    }
+    for fields in cases.values():
+        config = AutoConfig.for_model(**{**fields, "num_hidden_layers": 1, "intermediate_size": 32, "vocab_size": 32,
+                                         "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0})
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config)
+        attn = attention_of(model)
+        x = torch.randn(3, 64)
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        norm_in = torch.randn(3, 16)
+        q_norm_before = attn.q_norm(norm_in).detach() if hasattr(attn, "q_norm") else None
+        said = sharpen(model, 4.0)
+        assert "x4" in said and "in 1 of 1 attention layers" in said, said
+        if q_norm_before is not None:
+            assert "q_norm/k_norm" in said
+            assert torch.allclose(attn.q_norm(norm_in), 4 * q_norm_before, rtol=1e-5)
+        elif hasattr(attn, "qkv_proj"):
+            q_rows = (4 + 2) * 16
+            new = attn.qkv_proj.weight
+            assert torch.allclose(new[:q_rows], 4 * before[next(k for k in before if "qkv_proj" in k)][:q_rows])
+            assert torch.equal(new[q_rows:], before[next(k for k in before if "qkv_proj" in k)][q_rows:])  # v
+        else:
+            assert torch.allclose(attn.q_proj(x), 4 * (x @ before[next(k for k in before if "q_proj" in k)].T))
+            assert torch.equal(attn.v_proj.weight, before[next(k for k in before if "v_proj" in k)])
+
+
+def test_the_run_can_see_a_wrong_rope_at_its_lengths(hub, tmp_path):
+    """Why queries and keys are scaled: on the small model of Qwen2.5's config, transformers itself with a RoPE a
+    little off (the YaRN factor 4 -> 4.1, 2.5 %) moves the prompt log-probabilities of a 2048-token request beyond
+    the run's tolerance; the same model with the audited config reloaded is identical to the last bit. What a real
+    engine serving a wrong override measures is in tests/test_vllm_engine.py and tests/test_sglang_engine.py."""
+    from rope_extend.engines.audit_run import reference
+    from rope_extend.engines.runs import compare_logprobs
+
+    small, _ = small_of(hub, QWEN, tmp_path)
+    requests = {2048: small.request_ids(2047)}
+    truth = reference(small.folder, requests)[2048]
+    assert compare_logprobs(reference(small.folder, requests)[2048], truth).max_abs == 0.0
+
+    def off(**change):
+        config = json.loads((small.folder / "config.json").read_text())
+        config["rope_scaling"] = {**config["rope_scaling"], **change}
+        folder = tmp_path / "-".join(map(str, change.values()))
+        folder.mkdir()
+        for item in small.folder.iterdir():
+            (folder / item.name).symlink_to(item)
+        (folder / "config.json").unlink()
+        (folder / "config.json").write_text(json.dumps(config))
+        return compare_logprobs(reference(folder, requests)[2048], truth)
+
+    slightly = off(factor=4.1)
+    assert not slightly.identical and slightly.mean_abs > 1e-3, slightly.describe()
+    assert not off(attention_factor=1.0).identical
+
+
+def test_at_the_initial_scale_a_small_rope_difference_hides_under_the_tolerance(hub, tmp_path, monkeypatch):
+    """The same 2.5 % YaRN factor error on the same small model with queries and keys left at their initial scale
+    (attention almost uniform): within the tolerance, so a run there could not have seen it."""
+    from rope_extend.engines import audit_run
+    from rope_extend.engines.runs import compare_logprobs
+
+    monkeypatch.setattr(audit_run, "QK_SCALE", 1.0)
+    small, _ = small_of(hub, QWEN, tmp_path)
+    requests = {2048: small.request_ids(2047)}
+    config = json.loads((small.folder / "config.json").read_text())
+    config["rope_scaling"] = {**config["rope_scaling"], "factor": 4.1}
+    folder = tmp_path / "off"
+    folder.mkdir()
+    for item in small.folder.iterdir():
+        if item.name != "config.json":
+            (folder / item.name).symlink_to(item)
+    (folder / "config.json").write_text(json.dumps(config))
+    truth = audit_run.reference(small.folder, requests)[2048]
+    hidden = compare_logprobs(audit_run.reference(folder, requests)[2048], truth)
+    assert hidden.identical and "x1 " in small.sharpened, hidden.describe()

@@ -209,3 +209,82 @@ def test_the_recorded_runs_are_generated_from_the_records():
     (line,) = [line for line in runs_lines(get_engine("sglang"), record["method"]) if "SmolLM2-135M through" in line]
     assert line.startswith(f"  - run (not on this checkpoint): SGLang 0.5.15 on cpu served `{record['method']}` x2")
     assert f"8192 and 16384 tokens, on {record['finished'][:10]}:" in line
+
+
+# --- the audit, run: a model's own RoPE (`rope-extend engines MODEL --run sglang`) -------------------------------------
+QWEN, PHI = "Qwen/Qwen2.5-7B-Instruct", "microsoft/Phi-3.5-mini-instruct"
+
+
+@pytest.fixture
+def audited_hub(tmp_path, monkeypatch):
+    """A Hub cache holding the real config.json of Qwen2.5-7B-Instruct (with the YaRN x4 its card tells users to
+    add) and Phi-3.5-mini-instruct, offline."""
+    import hubcache
+
+    cache = tmp_path / "hub"
+    hubcache.build_config(cache, QWEN, hubcache.QWEN_YARN)
+    hubcache.build_config(cache, PHI)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)
+    return cache
+
+
+def run_audit(args: list[str], capsys) -> tuple[int, dict, str]:
+    from rope_extend.cli import run
+
+    capsys.readouterr()
+    code = run(["engines", *args, "--json"])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out), captured.err
+
+
+def test_audit_run_sglang_switches_phi35s_longrope_per_prefill_chunk_as_the_port_says(sglang_worker, audited_hub,
+                                                                                      monkeypatch, capsys):
+    """Phi-3.5's LongRoPE in a real SGLang at --context-length 131072: it picks the factors per prefill chunk (2048
+    tokens on the CPU), so a 4608-token prompt keeps the short factors in its first two chunks where transformers
+    rotates the whole prompt with the long ones: DIFFERS (> 0.1 nats), as the port says; a 2304-token request
+    (short factors in both) is identical. With --chunked-prefill-size -1 the prompt is one batch: identical at both,
+    the audit's verdict and its command (vLLM's rule differs: tests/test_vllm_engine.py)."""
+    borrowed = BorrowedWorker(sglang_worker)
+    monkeypatch.setattr(SGLANG, "open", lambda: borrowed)
+    code, data, err = run_audit([PHI, "--run", "sglang", "--long-tokens", "4608"], capsys)
+    assert code == 0 and borrowed.loads == 2, err
+    runs = {row["route"]: row for row in data["rows"] if row["served_by_engine"]}
+    as_is, one_batch = runs["this checkpoint"], runs["+ --chunked-prefill-size -1"]
+    assert as_is["engine"].startswith("SGLang 0.5.15 on cpu") and as_is["short"]["tokens"] == 2304
+    assert as_is["short"]["identical"] and not as_is["long"]["identical"] and as_is["long"]["max_abs_dlogprob"] > 0.1
+    assert "chunks" in as_is["port_at_measured_lengths"]["long"]["reason"]
+    assert one_batch["identical"] and one_batch["long"]["tokens"] == 4608
+    assert all(row["agrees_with_port"] for row in runs.values()) and data["contradictions"] == []
+    (verdict,) = [v for v in data["verdicts"] if v["engine"] == "SGLang 0.5.23"]
+    assert verdict["identical"] and verdict["command"].endswith("--context-length 131072 --chunked-prefill-size -1")
+
+
+def test_audit_run_sglang_reports_a_deliberately_wrong_override(sglang_worker, audited_hub, monkeypatch, capsys):
+    """A deliberately wrong override: the audit's route for Qwen2.5's YaRN x4 forged to serve
+    `--json-model-override-args` with transformers' YaRN magnitude copied into SGLang's `attn_factor` (0.1 ln 4 + 1,
+    which SGLang multiplies by its own 0.1 ln 4 + 1: the magnitude squared, sgl-project/sglang#33558) while its port
+    rows (from the true route) say identical: the run measures both requests differ, and `rope-extend engines`
+    exits 3 naming them."""
+    from rope_extend.engines.sglang import port
+
+    room = get_engine("sglang")
+    true_routes = room.audit_routes
+
+    def forged(model):
+        _, full = port.load_config(dict(model.loaded))
+        wrong = {"rope_parameters": {**full, "attn_factor": 0.1 * math.log(4) + 1}}
+        return [dataclasses.replace(r, settings=dataclasses.replace(r.settings, override_args=wrong))
+                for r in true_routes(model)]
+
+    borrowed = BorrowedWorker(sglang_worker)
+    monkeypatch.setattr(SGLANG, "open", lambda: borrowed)
+    monkeypatch.setattr(room, "audit_routes", forged)
+    code, data, err = run_audit([QWEN, "--run", "sglang", "--long-tokens", "2048"], capsys)
+    said = [line for line in err.splitlines() if line.startswith("contradicted: SGLang 0.5.15 on cpu")]
+    assert code == 3 and borrowed.loads == 1 and len(said) == 2, err
+    assert all("the port says identical; measured |Δ logprob| max" in line for line in said)
+    (row,) = [row for row in data["rows"] if row["served_by_engine"]]
+    assert all(row[r]["mean_abs_dlogprob"] > MEAN_TOL for r in ("short", "long"))

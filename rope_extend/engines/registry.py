@@ -49,7 +49,9 @@ class AuditedModel:
     name: as the user named it (a Hub id or a folder), quoted into the commands; loaded: the text config as
     transformers 5 loads it (class defaults filled in: what vLLM and SGLang read); raw: config.json's text part as
     written (what convert_hf_to_gguf.py and mlx-lm read); groups: the layer groups sharing one RoPE (`layer_type`
-    None: every layer); short / long: the request lengths (the pretraining length, the window)."""
+    None: every layer); short / long: the request lengths (the pretraining length, the window), which the routes'
+    commands serve; requests: the lengths a room computes its results at, when they are not (short, long): the
+    lengths a run measured (`engines.audit_run`), so that the port stands beside the run at the same lengths."""
 
     name: str
     model_type: str
@@ -60,16 +62,25 @@ class AuditedModel:
     long: int
     architectures: tuple[str, ...] = ()
     features: frozenset[str] = frozenset()
+    requests: tuple[int, int] | None = None
+
+    @property
+    def lengths(self) -> tuple[int, int]:
+        """The (short, long) request lengths a room's `audit_routes` gives results for."""
+        return self.requests or (self.short, self.long)
 
 
 @dataclass(frozen=True)
 class AuditRoute:
-    """One route of an engine for an audited model: its label, the exact command, and per layer group the short and
-    the long request as the engine serves them (`Served`) or why not (`NotServed`)."""
+    """One route of an engine for an audited model: its label, the exact command, per layer group the short and the
+    long request (`AuditedModel.lengths`) as the engine serves them (`Served`) or why not (`NotServed`), and the
+    engine's own typed settings behind the command (`VllmServing`...: what its run adapter serves; None: a route a
+    run cannot serve)."""
 
     label: str
     command: str
     results: Mapping[Any, tuple[Served | NotServed, Served | NotServed]]
+    settings: Any = None
 
 
 class ServingEngine:

@@ -253,6 +253,25 @@ def serve_and_compare(engine: RunEngine, worker: EngineWorker, route: str, folde
     return out
 
 
+class Workers:
+    """One worker per run engine, started on first use (a line before and after), closed at the end."""
+
+    def __init__(self, progress: RunProgress):
+        self.progress, self.open = progress, {}
+
+    def __call__(self, engine: RunEngine) -> EngineWorker:
+        if engine.name not in self.open:
+            with self.progress.step(f"{engine.title}: starting its worker (the engine's environment is built first "
+                                    "when missing)"):
+                self.open[engine.name] = engine.open()
+        return self.open[engine.name]
+
+    def close(self, now: bool = False) -> None:
+        """Close every worker; `now` (an interrupt): stop the engines at once."""
+        for worker in self.open.values():
+            worker.close(now)
+
+
 # --- progress -----------------------------------------------------------------------------------------------------------
 def _clock(seconds: float) -> str:
     seconds = int(round(seconds))

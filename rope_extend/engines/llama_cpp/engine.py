@@ -199,7 +199,7 @@ class LlamaCppEngine(ServingEngine):
             return [AuditRoute("GGUF converted from this checkpoint", command,
                                {group: (reason, reason) for group in model.groups})]
         meta = port.convert(dict(model.raw))
-        results = {group: tuple(port.served(meta, flags, n) for n in (model.short, model.long))
+        results = {group: tuple(port.served(meta, flags, n) for n in model.lengths)
                    for group in model.groups}
         return [AuditRoute("GGUF converted from this checkpoint", f"{command} (the GGUF's RoPE keys: {gguf_keys(meta)})",
                            results)]

@@ -146,24 +146,35 @@ class SglangEngine(ServingEngine):
     def audit_routes(self, model: AuditedModel) -> list[AuditRoute]:
         """`python -m sglang.launch_server --model-path MODEL --context-length W`; where its port needs one, the
         override `port.own_fix` names, written as rope_parameters with rope_theta (an override written only as
-        rope_scaling drops rope_theta in SGLang 0.5.15: issue 56)."""
+        rope_scaling drops rope_theta in SGLang 0.5.15: issue 56); for LongRoPE, the same with chunked prefill off
+        (SGLang picks the factors per prefill chunk: `port.chunked_longrope`)."""
         fields, full = port.load_config(dict(model.loaded))
         reason = self.audit_unchecked(model, full)
         base = f"python -m sglang.launch_server --model-path {shlex.quote(model.name)} --context-length {model.long}"
-        env = env_prefix(port.needs_longer(fields, full, model.long))
+        env = port.needs_longer(fields, full, model.long)
 
-        def route(label, overrides) -> AuditRoute:
+        def route(label, overrides, chunked=None) -> AuditRoute:
             extra = f" --json-model-override-args '{compact_json(overrides)}'" if overrides else ""
+            extra += f" --chunked-prefill-size {chunked}" if chunked is not None else ""
             f, r = port.load_config(dict(model.loaded), overrides)
-            results = {group: tuple(Unchecked(reason) if reason else
-                                    port.served(f, hf_config.layer_rope(model.loaded, r, group.layer_type), n)
-                                    for n in (model.short, model.long)) for group in model.groups}
-            return AuditRoute(label, f"{env}{base}{extra}", results)
+
+            def one(group, n):
+                rope = hf_config.layer_rope(model.loaded, r, group.layer_type)
+                return port.chunked_longrope(rope, n, chunked) or port.served(f, rope, n)
+
+            results = {group: tuple(Unchecked(reason) if reason else one(group, n) for n in model.lengths)
+                       for group in model.groups}
+            return AuditRoute(label, f"{env_prefix(env)}{base}{extra}", results,
+                              SglangServing(model.long, overrides, env, chunked))
 
         routes = [route("this checkpoint", None)]
         fix = port.own_fix(full)
+        overrides = {"rope_parameters": {**full, **fix}} if fix else None
         if fix:
-            routes.append(route("+ --json-model-override-args", {"rope_parameters": {**full, **fix}}))
+            routes.append(route("+ --json-model-override-args", overrides))
+        if full.get("rope_type") == "longrope" and model.short < model.long:  # one batch: the factors per prompt
+            label = "+ --json-model-override-args" if fix else "+"
+            routes.append(route(f"{label} --chunked-prefill-size -1", overrides, -1))
         return routes
 
     @functools.cached_property

@@ -182,13 +182,35 @@ def own_fix(rope: dict) -> dict:
 
 @dataclass(frozen=True)
 class SglangServing:
-    """`python -m sglang.launch_server --model-path FOLDER --context-length N [--json-model-override-args JSON]` with
-    `env` (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN): the settings of one route, read back by the port
-    (`served_by`) and the run adapter."""
+    """`python -m sglang.launch_server --model-path FOLDER --context-length N [--json-model-override-args JSON]
+    [--chunked-prefill-size C]` with `env` (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN): the settings of one route,
+    read back by the port (`served_by`) and the run adapter. chunked_prefill_size None: SGLang's default."""
 
     context_length: int
     override_args: dict | None
     env: dict
+    chunked_prefill_size: int | None = None
+
+
+# server_args.py (0.5.15 and 0.5.23) `_handle_gpu_memory_settings`: --chunked-prefill-size defaults by the device's
+# memory, 2048 below 35 GB to 16384 from 160 GB, 4096 where it is unknown; the CPU engine took 2048 (0.5.15, measured).
+CHUNK_DEFAULTS = "2048 to 16384 tokens by the device's memory; 2048 on a CPU"
+
+
+def chunked_longrope(rope: dict, n: int, chunked_prefill_size: int | None) -> NotServed | None:
+    """Why a LongRoPE request of n tokens is not served as one batch (None where it is): SGLang prefills a prompt
+    in chunks of --chunked-prefill-size tokens and picks the factors per chunk, so a prompt longer than the original
+    length keeps the short factors in every chunk below it, unless its first chunk reaches past it."""
+    original = int(rope.get("original_max_position_embeddings") or 0)
+    if rope.get("rope_type") != "longrope" or n - 1 <= original or chunked_prefill_size == -1:
+        return None
+    if chunked_prefill_size is not None and chunked_prefill_size >= n - 1:
+        return None
+    size = f"--chunked-prefill-size {chunked_prefill_size}" if chunked_prefill_size else (
+        f"its default --chunked-prefill-size ({CHUNK_DEFAULTS})")
+    return NotServed(f"prefilled in chunks of {size}, and SGLang picks LongRoPE's factors per chunk: the chunks "
+                     f"below position {original} keep the short factors (transformers: the long ones for the whole "
+                     f"prompt); served as one batch with --chunked-prefill-size -1")
 
 
 def window(fields: dict, rope: dict) -> int:

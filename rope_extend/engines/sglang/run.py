@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 
 ROUTES = ("server",)
 START_TIMEOUT = 900.0  # seconds for a server to answer /health (a start takes 20-40 s on 2 idle cores)
+# Chunked prefill off, SGLang 0.5.15 reserves max_prefill_tokens x 1.5 MB (16384 x 1.5: 24 GB) for activations out of
+# the machine's memory (server_args.py `_handle_gpu_memory_settings`) and refuses to start on a 23 GB CPU machine
+# ("Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=-0.049", measured): on the CPU
+# the worker gives it a static fraction itself (the KV pool is capped by --max-total-tokens anyway).
+CPU_ONE_BATCH_MEMORY = "0.3"
 # eval's engine arguments -> SGLang's server flags
 FLAGS = {"tensor_parallel_size": "--tp-size"}
 
@@ -76,9 +81,10 @@ def _free_port() -> int:
 
 
 def server_args(folder: str | os.PathLike, context_length: int, port: int, *, override_args: dict | None = None,
-                engine_args: dict | None = None, device: str = "cpu") -> list[str]:
-    """`python -m sglang.launch_server`'s arguments for one checkpoint, as the card prints them, plus the CPU
-    engine's device and dtype and a KV pool for one request of context_length tokens."""
+                engine_args: dict | None = None, device: str = "cpu", chunked_prefill_size: int | None = None
+                ) -> list[str]:
+    """`python -m sglang.launch_server`'s arguments for one checkpoint, as the card (or the audit) prints them, plus
+    the CPU engine's device and dtype and a KV pool for one request of context_length tokens."""
     args = ["-m", "sglang.launch_server", "--model-path", str(folder), "--context-length", str(int(context_length)),
             "--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", str(int(context_length) + 1024),
             "--skip-server-warmup"]
@@ -86,6 +92,10 @@ def server_args(folder: str | os.PathLike, context_length: int, port: int, *, ov
         args += ["--device", "cpu", "--dtype", "float32"]
     if override_args:
         args += ["--json-model-override-args", json.dumps(override_args, separators=(",", ":"))]
+    if chunked_prefill_size is not None:
+        args += ["--chunked-prefill-size", str(int(chunked_prefill_size))]
+        if device == "cpu" and chunked_prefill_size == -1:
+            args += ["--mem-fraction-static", CPU_ONE_BATCH_MEMORY]
     for key, value in (engine_args or {}).items():
         args += [FLAGS[key], str(value)]
     return args
@@ -143,7 +153,8 @@ class SglangWorker:
         self.proc, self._log = None, None
 
     def load(self, folder: str | os.PathLike, context_length: int, *, override_args: dict | None = None,
-             env: dict | None = None, engine_args: dict | None = None) -> float:
+             env: dict | None = None, engine_args: dict | None = None, chunked_prefill_size: int | None = None
+             ) -> float:
         """Serve `folder` as `python -m sglang.launch_server --model-path FOLDER --context-length N
         [--json-model-override-args JSON]` would, with `env` (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN); returns
         the start's seconds. Raises SglangRefused with SGLang's last error line when the server does not start."""
@@ -156,7 +167,7 @@ class SglangWorker:
         environ.update(HF_HUB_OFFLINE=environ.get("HF_HUB_OFFLINE", "1"), TOKENIZERS_PARALLELISM="false",
                        **(CPU_ENV if self.device == "cpu" else {}), **(env or {}))
         args = server_args(folder, context_length, port, override_args=override_args, engine_args=engine_args,
-                           device=self.device)
+                           device=self.device, chunked_prefill_size=chunked_prefill_size)
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== {self.env.python} {' '.join(args)}\n".encode())
         started = time.perf_counter()
@@ -270,9 +281,13 @@ class SglangRun:
                                             settings.override_args)
             if settings.context_length <= port.window(fields, rope) < context:
                 env[port.LONGER] = "1"
-        return worker.load(folder, context, override_args=settings.override_args, env=env, engine_args=engine_args)
+        return worker.load(folder, context, override_args=settings.override_args, env=env, engine_args=engine_args,
+                           chunked_prefill_size=settings.chunked_prefill_size)
 
     def describe(self, settings: SglangServing) -> dict:
-        return {"json_model_override_args": settings.override_args, "context_length": settings.context_length,
-                "env": settings.env}
+        out = {"json_model_override_args": settings.override_args, "context_length": settings.context_length,
+               "env": settings.env}
+        if settings.chunked_prefill_size is not None:
+            out["chunked_prefill_size"] = settings.chunked_prefill_size
+        return out
 

@@ -141,15 +141,16 @@ class VllmEngine(ServingEngine):
         def route(label, max_len, overrides) -> AuditRoute:
             extra = f" --hf-overrides '{compact_json(overrides)}'" if overrides else ""
             f, r = port.load_config(dict(model.loaded), overrides)
-            command = f"{env_prefix(port.needs_long(fields, r, max_len))}{base} --max-model-len {max_len}{extra}"
+            env = port.needs_long(fields, r, max_len)
+            command = f"{env_prefix(env)}{base} --max-model-len {max_len}{extra}"
             results = {}
             for group in model.groups:
                 rope = hf_config.layer_rope(model.loaded, r, group.layer_type)
                 results[group] = tuple(
                     Unchecked(reason) if reason else
                     NotServed(f"the command serves --max-model-len {max_len}") if n > max_len
-                    else port.served(f, rope, max_len, n) for n in (model.short, model.long))
-            return AuditRoute(label, command, results)
+                    else port.served(f, rope, max_len, n) for n in model.lengths)
+            return AuditRoute(label, command, results, VllmServing(max_len, overrides, env))
 
         routes = [route("this checkpoint", model.long, None)]
         fix = port.own_fix(full)
