@@ -11,6 +11,13 @@ import pytest
 # other (`xdist_group("engines")`), so that each engine starts once per session and two never share the memory.
 ENGINE_FIXTURES = ("vllm_worker", "sglang_worker", "mlx_worker", "llamacpp")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist's workers start with COLUMNS=80 and LINES=24 (execnet's), which rich's consoles would fix as
+    # their width on import (rope_extend.cli.app): without them a worker sees what a plain pytest run sees, a
+    # width a test sets with monkeypatch.setenv("COLUMNS", ...) included
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
+
 
 def pytest_configure(config):
     """Under pytest-xdist (`make test`: -n 2), each worker computes with one torch thread (and so do the processes

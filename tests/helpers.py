@@ -692,3 +692,62 @@ def plant_apply_bug(monkeypatch, bug: str) -> list[str]:
 
     monkeypatch.setattr(patch, "apply_plan", apply_with_bug)
     return applied
+
+
+# --- the Hub: what a push sends (tests/test_hub_push.py, tests/test_train.py) ---------------------------------------
+def reference_serving(out: Path, name: str) -> tuple[str, str]:
+    """The card's Serving section and the serve line for `name`, computed from scratch by planning the patch again
+    from OUT's config (what the push did before it read OUT's record): the reference for the recorded ones."""
+    from rope_extend import compat
+    from rope_extend.engines.serving import serve_command, serving_hints
+    from rope_extend.files import load_config
+    from rope_extend.plan import plan_patch
+    from rope_extend.spec import RopeSpec
+
+    config = compat.text_config(load_config(out))
+    plan = plan_patch(config, RopeSpec(**compat.read_marker(config)["spec"]))
+    return serving_hints(plan, name)[0], serve_command(plan, name)
+
+
+def expected_card(out: Path, repo_id: str) -> bytes:
+    """OUT's card with its Serving section (written for OUT's folder as `./NAME`, with the line that says where to
+    run the commands from) naming `repo_id` instead, and nothing else."""
+    local = (out / "README.md").read_text()
+    written, wanted = reference_serving(out, f"./{out.name}")[0].strip(), reference_serving(out, repo_id)[0].strip()
+    head, section = local.split("\n## Serving\n\n")
+    note, rest = section.split("\n\n", 1)
+    assert note.startswith(f"The commands name this checkpoint's folder `./{out.name}`: run them from the folder")
+    assert rest.count(written) == 1 and rest.startswith(written)
+    return (head + "\n## Serving\n\n" + rest.replace(written, wanted)).encode()
+
+
+# --- the audit, run (`rope-extend engines MODEL --run ENGINE`): real config.json files in an offline Hub cache ------
+QWEN, PHI, LLAMA = "Qwen/Qwen2.5-7B-Instruct", "microsoft/Phi-3.5-mini-instruct", "meta-llama/Llama-3.1-8B"
+
+
+def offline_hub(tmp_path: Path, monkeypatch) -> Path:
+    """A Hub cache holding the real config.json of Qwen2.5-7B-Instruct (with the YaRN x4 its card tells users to
+    add), Phi-3.5-mini-instruct and Llama-3.1-8B, set as HF_HUB_CACHE, offline, no other transformers line."""
+    import hubcache
+
+    cache = tmp_path / "hub"
+    hubcache.build_config(cache, QWEN, hubcache.QWEN_YARN)
+    for repo in (PHI, LLAMA):
+        hubcache.build_config(cache, repo)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)
+    return cache
+
+
+def run_audit(args: list[str], capsys) -> tuple[int, dict, str]:
+    """`rope-extend engines ARGS --json` in this process: (exit code, the report, stderr)."""
+    import json
+
+    from rope_extend.cli import run
+
+    capsys.readouterr()
+    code = run(["engines", *args, "--json"])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out), captured.err

@@ -25,6 +25,7 @@ from pathlib import Path
 import hubcache
 import pytest
 import tiny
+from helpers import expected_card, reference_serving
 from hubserver import HubServer
 
 from rope_extend.cli import run
@@ -134,32 +135,6 @@ def card_data(text: str, tmp_path: Path):
     path.parent.mkdir(exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return ModelCard.load(path).data
-
-
-def reference_serving(out: Path, name: str) -> tuple[str, str]:
-    """The card's Serving section and the serve line for `name`, computed from scratch by planning the patch again
-    from OUT's config (what the push did before it read OUT's record): the reference for the recorded ones."""
-    from rope_extend import compat
-    from rope_extend.engines.serving import serve_command, serving_hints
-    from rope_extend.files import load_config
-    from rope_extend.plan import plan_patch
-    from rope_extend.spec import RopeSpec
-
-    config = compat.text_config(load_config(out))
-    plan = plan_patch(config, RopeSpec(**compat.read_marker(config)["spec"]))
-    return serving_hints(plan, name)[0], serve_command(plan, name)
-
-
-def expected_card(out: Path, repo_id: str) -> bytes:
-    """OUT's card with its Serving section (written for OUT's folder as `./NAME`, with the line that says where to
-    run the commands from) naming `repo_id` instead, and nothing else."""
-    local = (out / "README.md").read_text()
-    written, wanted = reference_serving(out, f"./{out.name}")[0].strip(), reference_serving(out, repo_id)[0].strip()
-    head, section = local.split("\n## Serving\n\n")
-    note, rest = section.split("\n\n", 1)
-    assert note.startswith(f"The commands name this checkpoint's folder `./{out.name}`: run them from the folder")
-    assert rest.count(written) == 1 and rest.startswith(written)
-    return (head + "\n## Serving\n\n" + rest.replace(written, wanted)).encode()
 
 
 def test_patch_push_to_hub_over_http(source, tmp_path):

@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ENGINE_SUITE, BorrowedWorker
+from helpers import ENGINE_SUITE, LLAMA, QWEN, BorrowedWorker, offline_hub, run_audit
 
 from rope_extend.engines.hint import COMMAND, ORIGINAL
 from rope_extend.engines.mlx import port
@@ -295,14 +295,15 @@ def test_eval_engine_mlx_reproduces_the_transformers_eval(mlx_worker, short_wind
     """`rope-extend eval --engine mlx` on the same suite as transformers: every perplexity within 1e-3 (relative),
     every probe answer the same text. mlx-lm has no window limit, so the unpatched model is served beyond its 256
     tokens too, as transformers serves it (plain RoPE): nothing is left out."""
+    from rope_extend.eval.options import EvalOptions
     from rope_extend.eval.runner import run_eval
 
     specs = {"yarn-x2": {"method": "yarn", "factor": 2}}
     borrowed = BorrowedWorker(mlx_worker)
-    got = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "mlx", engine="mlx", worker=borrowed, plots=False,
-                   progress=False)
+    got = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "mlx",
+                   EvalOptions(engine="mlx", worker=borrowed, plots=False, progress=False))
     assert borrowed.loads == 2  # unpatched and yarn: each served by the real engine
-    want = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "hf", plots=False, progress=False)
+    want = run_eval(short_window, specs, ENGINE_SUITE, tmp_path / "hf", EvalOptions(plots=False, progress=False))
     run = json.loads((tmp_path / "mlx" / "run.json").read_text())
     assert run["engine"].startswith("mlx-lm 0.32.2") and not run["left_out"]
     theirs = {(r["variant"], r["case_id"]): r for r in want}
@@ -323,11 +324,13 @@ def test_eval_engine_mlx_reproduces_the_transformers_eval(mlx_worker, short_wind
 ])
 def test_eval_engine_mlx_refuses_what_mlx_lm_serves_otherwise_before_loading(spec, why, short_window, tmp_path,
                                                                             monkeypatch):
+    from rope_extend.eval.options import EvalOptions
     from rope_extend.eval.runner import run_eval
 
     monkeypatch.setattr(MLX, "open", lambda: pytest.fail("an engine was started"))
     with pytest.raises(ValueError, match=f"MLX does not serve .* at \\d+ tokens .*{why}.*--engine transformers"):
-        run_eval(short_window, [spec], ENGINE_SUITE, tmp_path / "out", engine="mlx", plots=False, progress=False)
+        run_eval(short_window, [spec], ENGINE_SUITE, tmp_path / "out",
+                 EvalOptions(engine="mlx", plots=False, progress=False))
     assert not (tmp_path / "out").exists()  # refused before anything was written or loaded
 
 
@@ -362,3 +365,29 @@ def test_the_recorded_runs_are_generated_from_the_records():
     (line,) = [line for line in runs_lines(MLX_ROOM, "dynamic") if "first 2 layers" in line]
     assert line.startswith("  - run (not on this checkpoint): mlx-lm 0.32.2 (mlx 0.32.4, mlx-cpu) on cpu served "
                            "`dynamic` x2") and f"on {record['finished'][:10]}: identical up to the original" in line
+
+
+# --- the audit, run: a model's own RoPE (`rope-extend engines MODEL --run mlx`) -----------------------------------------
+def test_audit_run_mlx_serves_llama31s_llama3_as_the_port_says(mlx_worker, tmp_path, monkeypatch, capsys):
+    """Llama-3.1-8B's own llama3 RoPE (its real config.json) in a real mlx-lm: a small random-weight model of the
+    config served through the audit's route (`mlx_lm.generate --model MODEL`, mlx-lm's prefill chunks) at 512 and
+    1024 tokens is identical to transformers running the same config.json, as the port says. A model type the port
+    does not cover (Qwen2.5's qwen2, with its YaRN x4) is run all the same: measured identical, the port's cells
+    say why it has no verdict, and the verdict stays unchecked (a run at two lengths is not the port's rule)."""
+    offline_hub(tmp_path, monkeypatch)
+    borrowed = BorrowedWorker(mlx_worker)
+    monkeypatch.setattr(MLX, "open", lambda: borrowed)
+    code, data, err = run_audit([LLAMA, "--run", "mlx", "--long-tokens", "1024"], capsys)
+    assert code == 0 and borrowed.loads == 1, err
+    (row,) = [row for row in data["rows"] if row["served_by_engine"]]
+    assert row["engine"].startswith("mlx-lm 0.32.2") and row["identical"] and row["agrees_with_port"]
+    assert (row["short"]["tokens"], row["long"]["tokens"]) == (512, 1024)
+    assert row["short"]["max_abs_dlogprob"] <= LOGPROB_TOL and row["long"]["mean_abs_dlogprob"] <= MEAN_TOL
+    (verdict,) = [v for v in data["verdicts"] if v["engine"].startswith("mlx-lm")]
+    assert verdict["identical"] and data["contradictions"] == []
+    code, data, err = run_audit([QWEN, "--run", "mlx", "--long-tokens", "1024"], capsys)
+    (row,) = [row for row in data["rows"] if row["served_by_engine"]]
+    assert code == 0 and borrowed.loads == 2 and row["identical"] and row["agrees_with_port"], err
+    assert "covers its models/llama.py, not 'qwen2'" in row["port_at_measured_lengths"]["long"]["reason"]
+    (verdict,) = [v for v in data["verdicts"] if v["engine"].startswith("mlx-lm")]
+    assert verdict["identical"] is None and "not 'qwen2'" in verdict["why"]

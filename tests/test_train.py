@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import tiny
 import torch
-from helpers import ROOT, STEPS, child_env, toy_text, train_argv
+from helpers import ROOT, STEPS, child_env, expected_card, toy_text, train_argv
 from safetensors.torch import load_file
 
 from rope_extend.cli import run
@@ -620,8 +620,7 @@ def test_train_push_to_hub_uploads_the_written_checkpoint(tiny_source, tmp_path,
     assert secret not in printed.out + printed.err
     repo = hub.repos["me/tiny-trained"]
     recorded = read_record(out)  # every file train wrote; the card's serving commands name the repo
-    card = (out / "README.md").read_bytes().replace(recorded.serving_for(out.name).encode(),
-                                                    recorded.serving_for("me/tiny-trained").encode())
+    card = expected_card(out, "me/tiny-trained")  # its Serving section naming the repo
     local_card, sent_card = (hashlib.sha256(c).hexdigest() for c in ((out / "README.md").read_bytes(), card))
     record = (out / "rope_extend.yaml").read_text()  # the uploaded one vouches for the card it sends
     assert f"README.md: sha256 {local_card}\n" in record

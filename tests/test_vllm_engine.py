@@ -17,10 +17,14 @@ import math
 import pytest
 from helpers import (
     ENGINE_SUITE,
+    PHI,
+    QWEN,
     BorrowedWorker,
     VllmRefused,
     assert_engine_eval_matches,
     kv_cache_bytes,
+    offline_hub,
+    run_audit,
     vllm_server_args,
 )
 
@@ -244,23 +248,12 @@ def test_eval_engine_vllm_refuses_what_vllm_serves_otherwise_before_loading(spec
 
 
 # --- the audit, run: a model's own RoPE (`rope-extend engines MODEL --run vllm`) ---------------------------------------
-QWEN, PHI = "Qwen/Qwen2.5-7B-Instruct", "microsoft/Phi-3.5-mini-instruct"
-
-
 @pytest.fixture
 def audited(tmp_path, monkeypatch):
     """A Hub cache holding the real config.json of Qwen2.5-7B-Instruct (with the YaRN x4 its card tells users to
     add) and Phi-3.5-mini-instruct, offline; and a Gemma 4 (proportional RoPE) folder with `factor` 2 in its
     full-attention slot."""
-    import hubcache
-
-    cache = tmp_path / "hub"
-    hubcache.build_config(cache, QWEN, hubcache.QWEN_YARN)
-    hubcache.build_config(cache, PHI)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)
+    offline_hub(tmp_path, monkeypatch)
     from pathlib import Path
 
     gemma = json.loads((Path(__file__).parent / "real_configs" / "gemma4_text-e2b.json").read_text())
@@ -268,15 +261,6 @@ def audited(tmp_path, monkeypatch):
     (tmp_path / "gemma4-x2").mkdir()
     (tmp_path / "gemma4-x2" / "config.json").write_text(json.dumps(gemma))
     return tmp_path / "gemma4-x2"
-
-
-def run_audit(args: list[str], capsys) -> tuple[int, dict, str]:
-    from rope_extend.cli import run
-
-    capsys.readouterr()
-    code = run(["engines", *args, "--json"])
-    captured = capsys.readouterr()
-    return code, json.loads(captured.out), captured.err
 
 
 def test_audit_run_vllm_measures_phi35s_longrope_switch_as_the_port_says(vllm_worker, audited, monkeypatch, capsys):

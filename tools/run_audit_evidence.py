@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default="/tmp/rope-extend-audit-evidence",
                         help="where the Hub cache (config.json only) and the Gemma 4 folders go")
     parser.add_argument("--long-tokens", type=int, default=8192)
-    parser.add_argument("--runs", nargs="+", default=["vllm", "sglang"])
+    parser.add_argument("--runs", nargs="+", default=["vllm", "sglang", "mlx"])
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument("--forged", choices=("vllm", "sglang"), help=argparse.SUPPRESS)
     parser.add_argument("--readme", action="store_true", help="only rewrite OUT/README.md from OUT/results.jsonl")

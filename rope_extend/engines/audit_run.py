@@ -320,7 +320,7 @@ def measure(raw: dict, text_config, audited, planned, routes: dict, tokens: int,
     ids = small.request_ids(max(lengths))
     requests = {n: ids[: n - 1] for n in dict.fromkeys(lengths)}  # n - 1 prompt tokens + 1 generated: n tokens
     count = sum(max(1, len(routes[adapter.name])) for adapter, _ in planned)
-    progress = progress or RunProgress(sum(requests) * (1 + count))
+    progress = progress or RunProgress([n for _ in range(1 + count) for n in requests])  # the reference's too
     progress.say(f"--run: {', '.join(f'{a.title} ({r})' for a, r in planned)}: a small random-weight model of "
                  f"{audited.name}'s config ({small.describe()}), requests of {' and '.join(map(str, requests))} "
                  "tokens; each engine started, the transformers reference run, then each engine on each audit route")
@@ -345,6 +345,8 @@ def measure(raw: dict, text_config, audited, planned, routes: dict, tokens: int,
                                         reference=truth, progress=progress)
                 results = {n: r if isinstance(r, LogprobDelta) else NotServed(r) for n, r in got.items()}
                 out.append(Measured(adapter.name, route.label, route.command, label, version, device, results))
-    finally:
-        workers.close()
+    except BaseException:  # an interrupt or a failure: the engines are stopped at once
+        workers.close(now=True)
+        raise
+    workers.close()
     return info, out

@@ -161,9 +161,12 @@ class MlxEngine(ServingEngine):
                       f"{model.model_type!r}")
         elif len(model.groups) > 1:
             reason = f"rope-extend's port of {self.version} does not model RoPE per layer type"
-        results = {group: tuple(Unchecked(reason) if reason else port.served(fields, rope, n)
-                                for n in (model.short, model.long)) for group in model.groups}
-        return [AuditRoute("this checkpoint", f"mlx_lm.generate --model {shlex.quote(model.name)} --prompt -", results)]
+        settings = port.MlxServing(None)  # the folder's config.json alone, mlx-lm's default prefill chunks
+        results = {group: tuple(Unchecked(reason) if reason else
+                                port.served(fields, rope, n, prefill_step=settings.prefill_step)
+                                for n in model.lengths) for group in model.groups}
+        return [AuditRoute("this checkpoint", f"mlx_lm.generate --model {shlex.quote(model.name)} --prompt -", results,
+                           settings)]
 
     @functools.cached_property
     def run(self):
