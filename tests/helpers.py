@@ -725,14 +725,15 @@ def expected_card(out: Path, repo_id: str) -> bytes:
 QWEN, PHI, LLAMA = "Qwen/Qwen2.5-7B-Instruct", "microsoft/Phi-3.5-mini-instruct", "meta-llama/Llama-3.1-8B"
 
 
-def offline_hub(tmp_path: Path, monkeypatch) -> Path:
+def offline_hub(tmp_path: Path, monkeypatch, *more: str) -> Path:
     """A Hub cache holding the real config.json of Qwen2.5-7B-Instruct (with the YaRN x4 its card tells users to
-    add), Phi-3.5-mini-instruct and Llama-3.1-8B, set as HF_HUB_CACHE, offline, no other transformers line."""
+    add), Phi-3.5-mini-instruct, Llama-3.1-8B and the repos `more`, set as HF_HUB_CACHE, offline, no other
+    transformers line."""
     import hubcache
 
     cache = tmp_path / "hub"
     hubcache.build_config(cache, QWEN, hubcache.QWEN_YARN)
-    for repo in (PHI, LLAMA):
+    for repo in (PHI, LLAMA, *more):
         hubcache.build_config(cache, repo)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))

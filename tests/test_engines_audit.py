@@ -16,6 +16,7 @@ import hubcache
 import numpy as np
 import pytest
 import torch
+from helpers import LLAMA, PHI, QWEN, offline_hub
 from transformers import AutoConfig
 
 from rope_extend.cli import run
@@ -24,23 +25,14 @@ from rope_extend.engines.served import positions, tolerance
 from rope_extend.engines.sglang import port as sglang
 from rope_extend.engines.vllm import port as vllm
 
-QWEN, LLAMA, PHI, GEMMA = ("Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.1-8B", "microsoft/Phi-3.5-mini-instruct",
-                           "google/gemma-3-4b-it")
+GEMMA = "google/gemma-3-4b-it"
 VLLM, SGLANG, LLAMA_CPP = vllm.VERSION, sglang.VERSION, "llama.cpp (llama-cpp-python 0.3.36)"
 
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     """A Hub cache with the real configs (Qwen2.5 with the YaRN x4 its model card tells users to add), offline."""
-    cache = tmp_path / "hub"
-    hubcache.build_config(cache, QWEN, hubcache.QWEN_YARN)
-    for repo in (LLAMA, PHI, GEMMA):
-        hubcache.build_config(cache, repo)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.delenv("ROPE_EXTEND_OTHER_PYTHON", raising=False)
-    return cache
+    return offline_hub(tmp_path, monkeypatch, GEMMA)
 
 
 def rows(report, engine):

@@ -145,6 +145,16 @@ class ServingEngine:
             f"{written.original_length} tokens: {at.elsewhere}"
         ])
 
+    def with_method_rules(self, rule: Rule, written: Written) -> Rule:
+        """`rule` (what the engine does with the rope type it reads) with what it does with the method besides: one
+        acting on attention (`attention_rule`), a slot stock loaders read as another method (`read_as_rule`)."""
+        for extra in (self.attention_rule(written) if written.attention else None,
+                      self.read_as_rule(written) if written.read_as else None):
+            if extra is not None:
+                rule.warnings += extra.warnings
+                rule.max_len = extra.max_len or rule.max_len
+        return rule
+
     def read_as_rule(self, written: Written) -> Rule:
         """A slot stock loaders read as another method (dynamic-yarn written as static yarn)."""
         return Rule(warnings=[

@@ -35,6 +35,17 @@ def per_batch_reason(engine: str, kind: str) -> str:
             f"a request's RoPE depends on the requests batched with it and on what the server served before ({MEASURED})")
 
 
+def backend_rule(engine: str, rope_type: str, note: str):
+    """The rule of an engine serving an architecture through transformers' own model code: `note` says where it is
+    routed; a per-batch rope type is warned (`per_batch_reason`)."""
+    from .registry import Rule
+
+    rule = Rule(notes=[note])
+    if rope_type in PER_BATCH:
+        rule.warnings.append(per_batch_reason(engine, rope_type))
+    return rule
+
+
 def served(fields: Mapping, rope: Mapping, n: int, engine: str) -> Served | NotServed:
     """What the engine's transformers backend applies to a request of n tokens served alone on a fresh server: the
     installed transformers' rotary embedding for a static rope type; why not for a per-batch one."""

@@ -95,19 +95,14 @@ class SglangEngine(ServingEngine):
 
     def rule(self, w: Written) -> Rule:
         if port.through_transformers({"architectures": list(w.architectures)}):
-            from ..transformers_backend import PER_BATCH, per_batch_reason
+            from ..transformers_backend import backend_rule
 
-            rule = Rule(notes=[f"{self.version} has no model class for {w.architectures[0]}: it serves it through "
-                               "transformers' own model code (model_loader/utils.py), whose rotary embedding runs"])
-            if w.rope_type in PER_BATCH:
-                rule.warnings.append(per_batch_reason(self.version, w.rope_type))
+            rule = backend_rule(self.version, w.rope_type,
+                                f"{self.version} has no model class for {w.architectures[0]}: it serves it through "
+                                "transformers' own model code (model_loader/utils.py), whose rotary embedding runs")
         else:
             rule = BY_ROPE_TYPE[w.rope_type](self, w)
-        for extra in (self.attention_rule(w) if w.attention else None, self.read_as_rule(w) if w.read_as else None):
-            if extra is not None:
-                rule.warnings += extra.warnings
-                rule.max_len = extra.max_len or rule.max_len
-        return rule
+        return self.with_method_rules(rule, w)
 
     def serve(self, w: Written) -> EngineHint:
         rule = self.rule(w)

@@ -90,20 +90,15 @@ class VllmEngine(ServingEngine):
 
     def rule(self, w: Written) -> Rule:
         if port.through_transformers({"architectures": list(w.architectures)}):
-            from ..transformers_backend import PER_BATCH, per_batch_reason
+            from ..transformers_backend import backend_rule
 
-            rule = Rule(notes=[f"{self.version} serves {w.architectures[0]} through its Transformers backend "
-                               "(registry.py's _TRANSFORMERS_SUPPORTED_MODELS): transformers' own rotary embedding "
-                               "runs, not vLLM's get_rope"])
-            if w.rope_type in PER_BATCH:
-                rule.warnings.append(per_batch_reason(self.version, w.rope_type))
+            rule = backend_rule(self.version, w.rope_type,
+                                f"{self.version} serves {w.architectures[0]} through its Transformers backend "
+                                "(registry.py's _TRANSFORMERS_SUPPORTED_MODELS): transformers' own rotary embedding "
+                                "runs, not vLLM's get_rope")
         else:
             rule = BY_ROPE_TYPE[w.rope_type](self, w)
-        for extra in (self.attention_rule(w) if w.attention else None, self.read_as_rule(w) if w.read_as else None):
-            if extra is not None:
-                rule.warnings += extra.warnings
-                rule.max_len = extra.max_len or rule.max_len
-        return rule
+        return self.with_method_rules(rule, w)
 
     def serve(self, w: Written) -> EngineHint:
         rule = self.rule(w)
