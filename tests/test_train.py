@@ -221,7 +221,13 @@ def _assert_same_weights(got: Path, want: Path, atol: float) -> None:
         torch.testing.assert_close(b[key], a[key], atol=atol, rtol=0, msg=key)
 
 
-@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+# accelerate's plain DDP launch (its torchrun path: the same DDP as torchrun's) and LoRA+ under ZeRO-3 (ZeRO-3 itself
+# runs in the suite, so does LoRA under FSDP) run in `make train-check` (marker `check`), with their record
+CHECK_ONLY = pytest.mark.check
+
+
+@pytest.mark.parametrize("launcher", [pytest.param(name, marks=CHECK_ONLY) if name == "accelerate" else name
+                                      for name in LAUNCHERS])
 def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global_batch(reference, tiny_source,
                                                                                         tmp_path, launcher):
     """Two CPU processes over gloo, each taking one window of the 2-window global batch instead of one process
@@ -251,7 +257,7 @@ def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global
 
 
 @pytest.mark.parametrize(("launcher", "extra"), [("accelerate-fsdp-config", ["--lora-only"]),
-                                                 ("accelerate-deepspeed-config", [])])
+                                                 pytest.param("accelerate-deepspeed-config", [], marks=CHECK_ONLY)])
 def test_lora_sharded_gives_the_weights_of_one_process(tiny_source, tmp_path, launcher, extra):
     """LoRA alone under FSDP, LoRA+ (trainable embeddings and norms) under ZeRO-3, dropout 0: the merged weights of
     the one-process run (the adapters are initialised from --seed, so every process count starts alike)."""
