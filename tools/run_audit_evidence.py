@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 RESULTS = "results.jsonl"
 QWEN, LLAMA, PHI = "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.1-8B", "microsoft/Phi-3.5-mini-instruct"
 CASES = ("qwen2.5-yarn4", "llama3.1-llama3", "phi3.5-longrope", "gemma4-proportional", "gemma4-proportional-factor2",
-         "wrong-vllm", "wrong-sglang")
+         "wrong-vllm", "wrong-sglang", "llama3.1-llama3-mlx", "qwen2.5-yarn4-mlx")
+ONE_ENGINE = "-mlx"  # a case served in that engine alone (mlx-cpu is the slow one: its own case)
 
 
 def prepare(work: Path) -> dict[str, str]:
@@ -55,7 +56,7 @@ def prepare(work: Path) -> dict[str, str]:
     return {"qwen2.5-yarn4": QWEN, "llama3.1-llama3": LLAMA, "phi3.5-longrope": PHI,
             "gemma4-proportional": str(work / "gemma4_text-e2b"),
             "gemma4-proportional-factor2": str(work / "gemma4_text-e2b-factor2"),
-            "wrong-vllm": QWEN, "wrong-sglang": QWEN}
+            "wrong-vllm": QWEN, "wrong-sglang": QWEN, "llama3.1-llama3-mlx": LLAMA, "qwen2.5-yarn4-mlx": QWEN}
 
 
 def forged_run(engine: str, tokens: int) -> int:
@@ -96,6 +97,8 @@ def done(out: Path) -> dict[str, dict]:
 
 def run_case(case: str, model: str, work: Path, tokens: int, runs: list[str]) -> dict:
     env = {"HF_HUB_CACHE": str(work / "hub"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    if case.endswith(ONE_ENGINE):
+        runs = [ONE_ENGINE.removeprefix("-")]
     if case.startswith("wrong-"):
         engine = case.removeprefix("wrong-")
         argv = [sys.executable, str(Path(__file__).resolve()), "--forged", engine, "--long-tokens", str(tokens)]
@@ -125,7 +128,9 @@ def readme(out: Path, records: dict[str, dict]) -> None:
              "report, the load). Each row: a real engine serving a small random-weight model of the model's "
              "config.json through one audit route with the route's printed settings; max / mean |Δ logprob| of the "
              "prompt tokens against transformers running the same config.json on the same model and token ids, "
-             "and what the engine's port gives the same route at the same lengths.", ""]
+             "and what the engine's port gives the same route at the same lengths. A command recorded with "
+             "`--run-tokens N` ran before that option was merged into `engines --long-tokens N` (the same meaning: "
+             "the longest request the run serves).", ""]
     for case in CASES:
         r = records.get(case)
         if r is None:
@@ -183,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default="/tmp/rope-extend-audit-evidence",
                         help="where the Hub cache (config.json only) and the Gemma 4 folders go")
     parser.add_argument("--long-tokens", type=int, default=8192)
-    parser.add_argument("--runs", nargs="+", default=["vllm", "sglang", "mlx"])
+    parser.add_argument("--runs", nargs="+", default=["vllm", "sglang"],
+                        help="the engines of every case but those named ...-mlx (served in mlx-lm alone)")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument("--forged", choices=("vllm", "sglang"), help=argparse.SUPPRESS)
     parser.add_argument("--readme", action="store_true", help="only rewrite OUT/README.md from OUT/results.jsonl")
