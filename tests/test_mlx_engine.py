@@ -388,6 +388,7 @@ def test_audit_run_mlx_serves_llama31s_llama3_as_the_port_says(mlx_worker, tmp_p
     code, data, err = run_audit([QWEN, "--run", "mlx", "--long-tokens", "1024"], capsys)
     (row,) = [row for row in data["rows"] if row["served_by_engine"]]
     assert code == 0 and borrowed.loads == 2 and row["identical"] and row["agrees_with_port"], err
-    assert "covers its models/llama.py, not 'qwen2'" in row["port_at_measured_lengths"]["long"]["reason"]
+    port = row["port_at_measured_lengths"]["long"]
+    assert port["unchecked"] and "covers its models/llama.py, not 'qwen2'" in port["reason"]
     (verdict,) = [v for v in data["verdicts"] if v["engine"].startswith("mlx-lm")]
     assert verdict["identical"] is None and "not 'qwen2'" in verdict["why"]

@@ -91,11 +91,13 @@ def readme(record: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("test_file", type=Path, help="a file of tests/checks/")
+    parser.add_argument("test_file", type=Path, help="a file of tests/checks/ (or a suite file, with -- -m check)")
     parser.add_argument("-o", "--out", type=Path, required=True, help="the record's folder (eval/reports/NAME)")
     parser.add_argument("--readme", action="store_true", help="rewrite OUT/README.md from OUT/results.json only")
-    parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ours, pytest_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args = parser.parse_args(ours)  # what follows `--` goes to pytest as it is (e.g. `-m check`)
+    args.pytest_args = pytest_args
     out = args.out if args.out.is_absolute() else ROOT / args.out
     if args.readme:
         (out / "README.md").write_text(readme(json.loads((out / "results.json").read_text())))

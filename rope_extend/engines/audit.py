@@ -126,8 +126,8 @@ class AuditRow(Row):
 
 
 def _evidence(result) -> dict[str, Any]:
-    if isinstance(result, NotServed):
-        return {"served": False, "reason": result.reason}
+    if isinstance(result, NotServed):  # an Unchecked one (no rule covers it) says so
+        return {"served": False, "reason": result.reason} | ({"unchecked": True} if isinstance(result, Unchecked) else {})
     if isinstance(result, LogprobDelta):
         return {"served": True, "tokens": result.n, "max_abs_dlogprob": result.max_abs,
                 "mean_abs_dlogprob": result.mean_abs, "mean_dlogprob": result.mean, "nan": result.nan,
