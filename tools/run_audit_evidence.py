@@ -178,6 +178,8 @@ def _cell(result: dict) -> str:
 
 def _port(result: dict) -> str:
     if not result.get("served"):
+        if result.get("unchecked"):
+            return "unchecked"
         return "not modelled" if result["reason"].startswith("not ") else "not served"
     return "identical" if result["identical"] else "differs"
 
