@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 RESULTS = "results.jsonl"
 QWEN, LLAMA, PHI = "Qwen/Qwen2.5-7B-Instruct", "meta-llama/Llama-3.1-8B", "microsoft/Phi-3.5-mini-instruct"
 CASES = ("qwen2.5-yarn4", "llama3.1-llama3", "phi3.5-longrope", "gemma4-proportional", "gemma4-proportional-factor2",
-         "wrong-vllm", "wrong-sglang", "llama3.1-llama3-mlx", "qwen2.5-yarn4-mlx")
+         "wrong-vllm", "wrong-sglang", "llama3.1-llama3-mlx", "qwen2.5-yarn4-mlx", "phi3.5-longrope-mlx",
+         "gemma4-proportional-mlx")
 ONE_ENGINE = "-mlx"  # a case served in that engine alone (mlx-cpu is the slow one: its own case)
 
 
@@ -56,7 +57,8 @@ def prepare(work: Path) -> dict[str, str]:
     return {"qwen2.5-yarn4": QWEN, "llama3.1-llama3": LLAMA, "phi3.5-longrope": PHI,
             "gemma4-proportional": str(work / "gemma4_text-e2b"),
             "gemma4-proportional-factor2": str(work / "gemma4_text-e2b-factor2"),
-            "wrong-vllm": QWEN, "wrong-sglang": QWEN, "llama3.1-llama3-mlx": LLAMA, "qwen2.5-yarn4-mlx": QWEN}
+            "wrong-vllm": QWEN, "wrong-sglang": QWEN, "llama3.1-llama3-mlx": LLAMA, "qwen2.5-yarn4-mlx": QWEN,
+            "phi3.5-longrope-mlx": PHI, "gemma4-proportional-mlx": str(work / "gemma4_text-e2b")}
 
 
 def forged_run(engine: str, tokens: int) -> int:
@@ -161,8 +163,9 @@ def readme(out: Path, records: dict[str, dict]) -> None:
             if name.startswith("transformers") or name.startswith("llama.cpp"):
                 continue
             word = {True: "identical", False: "DIFFERS", None: "not checked"}[v["identical"]]
-            upto = f" up to {v['up_to']} tokens" if v.get("up_to") else ""
-            lines.append(f"- {name}: {word}{upto}" + (f", with `{v['command']}`" if v.get("command") else ""))
+            if v.get("up_to"):  # identical on the short request only, with the command that serves that window
+                word = f"identical only up to {v['up_to']} tokens"
+            lines.append(f"- {name}: {word}" + (f", with `{v['command']}`" if v.get("command") else ""))
         for line in r["contradicted"]:
             lines.append(f"- {line}")
         lines.append("")
