@@ -1,9 +1,11 @@
-"""Helpers shared by the benchmarks: child-process runs with peak RSS, interleaved timing, the demo model."""
+"""Helpers shared by the benchmarks: child-process runs with peak RSS, interleaved timing, the demo model, the CPU's
+name for a report."""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -55,3 +57,14 @@ def demo_model() -> Path:
     inflate every later child's peak RSS, which counts the parent's memory at fork time."""
     code = "import json; from rope_extend.demo_model import smollm2_path; print(json.dumps({'path': str(smollm2_path())}))"
     return Path(run_child(code)["path"])
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), for the device line a benchmark prints."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

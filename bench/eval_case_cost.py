@@ -18,20 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from common import cpu_name
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -28,19 +27,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common import ROOT
+from common import ROOT, cpu_name
 
 ENGINES = ("transformers", "vllm")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def run_eval(engine: str, args, out: Path) -> dict:

@@ -293,14 +293,22 @@ def assert_engine_eval_matches(got: list, want: list, run: dict, engine: str, wi
     """`eval --engine E`'s records `got` against transformers' `want` on ENGINE_SUITE: `run.json` names the engine
     (`engine`, its label's start), the unpatched model's cases beyond its window are left out (said in run.json),
     every perplexity within 1e-3 (relative), every probe answer the same text, and a case beyond the window ran."""
-    import pytest
-
     theirs = {(r["variant"], r["case_id"]): r for r in want}
     assert run["engine"].startswith(engine)
     assert "unpatched" in run["left_out"] and str(window) in run["left_out"]["unpatched"]
     left = {(r["variant"], r["case_id"]) for r in want} - {(r["variant"], r["case_id"]) for r in got}
     # beyond the window: a perplexity text longer than it, a probe whose answer runs past its last position
     assert left and all(v == "unpatched" and theirs[(v, c)]["length"] >= window for v, c in left)
+    assert_records_match(got, want)
+    assert any(r["length"] == 2 * window for r in got)  # beyond the window, for the methods
+
+
+def assert_records_match(got: list, want: list) -> None:
+    """Each of an engine's eval records `got` against transformers' record of the same variant and case in `want`:
+    perplexity within 1e-3 (relative), every probe answer the same text; ENGINE_SUITE's three kinds all ran."""
+    import pytest
+
+    theirs = {(r["variant"], r["case_id"]): r for r in want}
     for r in got:
         other = theirs[(r["variant"], r["case_id"])]
         if r["kind"] == "perplexity":
@@ -308,7 +316,6 @@ def assert_engine_eval_matches(got: list, want: list, run: dict, engine: str, wi
         else:
             assert r["metrics"]["output"] == other["metrics"]["output"], (r["variant"], r["case_id"])
     assert {r["kind"] for r in got} == {"perplexity", "passkey", "niah_single"}
-    assert any(r["length"] == 2 * window for r in got)  # beyond the window, for the methods
 
 
 # --- a virtualenv built once per machine (tests/test_gpu_bundle.py) ---------------------------------------------------

@@ -324,9 +324,8 @@ def measure(raw: dict, text_config, audited, planned, routes: dict, tokens: int,
     progress.say(f"--run: {', '.join(f'{a.title} ({r})' for a, r in planned)}: a small random-weight model of "
                  f"{audited.name}'s config ({small.describe()}), requests of {' and '.join(map(str, requests))} "
                  "tokens; each engine started, the transformers reference run, then each engine on each audit route")
-    workers = Workers(progress)
     out = []
-    try:
+    with Workers(progress) as workers:
         started = {adapter.name: workers(adapter) for adapter, _ in planned}
         truth = reference(small.folder, requests, progress)
         for adapter, route_name in planned:
@@ -345,8 +344,4 @@ def measure(raw: dict, text_config, audited, planned, routes: dict, tokens: int,
                                         reference=truth, progress=progress)
                 results = {n: r if isinstance(r, LogprobDelta) else NotServed(r) for n, r in got.items()}
                 out.append(Measured(adapter.name, route.label, route.command, label, version, device, results))
-    except BaseException:  # an interrupt or a failure: the engines are stopped at once
-        workers.close(now=True)
-        raise
-    workers.close()
     return info, out

@@ -364,16 +364,12 @@ def parity_many(
                 inputs.append(_from_checkpoint(item))
         for x in inputs:
             x.long_tokens = _long_tokens(x.plan, long_tokens)
-        workers = Workers(progress or _run_progress(inputs, planned_runs)) if planned_runs else None
+        progress = (progress or _run_progress(inputs, planned_runs)) if planned_runs else None
         reports = _reports(inputs, other_python, transformers_lines, other_line)
-        if workers is not None:
-            try:
+        if planned_runs:
+            with Workers(progress) as workers:
                 for i, (x, report) in enumerate(zip(inputs, reports)):
                     report.rows += _run_rows(x, planned_runs, workers, Path(tmp) / f"run-{i}")
-            except BaseException:  # an interrupt or a failure: the engines are stopped at once
-                workers.close(now=True)
-                raise
-            workers.close()
         return reports
 
 

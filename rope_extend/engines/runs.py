@@ -271,6 +271,12 @@ class Workers:
         for worker in self.open.values():
             worker.close(now)
 
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self.close(now=kind is not None)  # an interrupt or a failure: the engines are stopped at once
+
 
 # --- progress -----------------------------------------------------------------------------------------------------------
 def _clock(seconds: float) -> str:
