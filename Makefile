@@ -6,7 +6,6 @@ VENV4 ?= .venv4
 TORCH ?= torch==2.13.0
 TRANSFORMERS5 ?= transformers>=5,<6
 TRANSFORMERS4 ?= transformers>=4.45,<5
-PIP_FLAGS ?= -q --disable-pip-version-check
 # CI tests against pinned transformers/hub versions (dated, with the reason, in the files); test-latest does not.
 CONSTRAINTS5 ?= .ci/constraints-transformers5.txt
 CONSTRAINTS4 ?= .ci/constraints-transformers4.txt
@@ -18,27 +17,26 @@ TIMED = tools/timed.sh
 
 .PHONY: install install4 llamacpp llamacpp-check vllm vllm-check sglang sglang-check mlx mlx-check eval-check train-check checks test test-core test-engines test4 test-latest compat-matrix compat-check compat-torch-floor demo bench gpu-bundle lint clean
 
+# The two virtualenvs: each clone's own (`python -m venv`, this checkout installed editable), over dependencies built
+# once per machine into VENV_CACHE and shared by every clone (tools/venv_cache.py: keyed by the pip steps below, the
+# project's requirements and the constraints files; a second clone builds nothing, ~5 s).
+VENV_CACHE ?= $(HOME)/.cache/rope-extend/venvs
+VENV_CACHE_FLAGS ?=
 install: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml $(CONSTRAINTS5)
-	@mkdir -p $(VENV) && touch $(VENV)/.started
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
-	$(VENV)/bin/pip install $(PIP_FLAGS) -c $(CONSTRAINTS5) -e ".[dev,eval,train]" "$(TRANSFORMERS5)" "$(TORCH)"
-	# DeepSpeed for the ZeRO-3 test (2 CPU processes): an sdist whose setup imports torch, so built against the
-	# torch above (no build isolation); 11 s without pip's cache here (2026-12-04).
-	$(VENV)/bin/pip install $(PIP_FLAGS) --no-build-isolation -c $(CONSTRAINTS5) deepspeed "$(TORCH)"
+# DeepSpeed for the ZeRO-3 test (2 CPU processes): an sdist whose setup imports torch, so built against the torch above
+# (no build isolation); 11 s without pip's cache here (2026-12-04).
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS5) tools/venv_cache.py
+	@$(TIMED) install $(PYTHON) tools/venv_cache.py $(VENV) --cache $(VENV_CACHE) $(VENV_CACHE_FLAGS) --extras dev,eval,train \
+		--step='$(TORCH)' --step='-c $(CONSTRAINTS5) @project $(TRANSFORMERS5) $(TORCH)' \
+		--step='--no-build-isolation -c $(CONSTRAINTS5) deepspeed $(TORCH)'
 	touch $@
-	@$(TIMED) install --since $(VENV)/.started
 
 # A second environment on the latest transformers 4.x for the portability and parity tests.
 install4: $(VENV4)/.installed
-$(VENV4)/.installed: pyproject.toml $(CONSTRAINTS4)
-	@mkdir -p $(VENV4) && touch $(VENV4)/.started
-	$(PYTHON) -m venv $(VENV4)
-	$(VENV4)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
-	$(VENV4)/bin/pip install $(PIP_FLAGS) -c $(CONSTRAINTS4) -e ".[dev]" "$(TRANSFORMERS4)" "huggingface_hub<1.0" "$(TORCH)"
+$(VENV4)/.installed: pyproject.toml $(CONSTRAINTS4) tools/venv_cache.py
+	@$(TIMED) install4 $(PYTHON) tools/venv_cache.py $(VENV4) --cache $(VENV_CACHE) $(VENV_CACHE_FLAGS) --extras dev \
+		--step='$(TORCH)' --step='-c $(CONSTRAINTS4) @project $(TRANSFORMERS4) huggingface_hub<1.0 $(TORCH)'
 	touch $@
-	@$(TIMED) install4 --since $(VENV4)/.started
 
 # The real llama.cpp the GGUF parity tests run (built once into ~/.cache/rope-extend, ~12 CPU-minutes, with
 # progress lines; later runs reuse it). The tests' fixture builds it too if this step was skipped.
@@ -56,7 +54,7 @@ llamacpp-check: install install4 llamacpp
 eval-check: install
 	$(CHECK) tests/checks/test_eval_smollm2_long.py -o eval/reports/eval-check-smollm2
 # training the demo model itself: a LoRA smoke run to a verified 16k checkpoint; and the suite's launches marked
-# `check` (tests/test_train.py: accelerate's plain DDP, LoRA+ under ZeRO-3)
+# `check` (tests/test_train.py: accelerate's plain DDP, ZeRO-3, LoRA+ under ZeRO-3)
 train-check: install
 	$(CHECK) tests/checks/test_train_smollm2_long.py -o eval/reports/train-check-smollm2
 	$(CHECK) tests/test_train.py -o eval/reports/train-check-sharded -- -m check
@@ -104,14 +102,15 @@ mlx-check: mlx
 # The README's test command: the compatibility matrix's core checks on the oldest supported 5.x, the whole suite on
 # transformers 5.x, then the portability/parity tests on 4.x. The suite in two runs: test-core needs only the two
 # virtualenvs, test-engines the real engines (vLLM, SGLang, MLX, llama.cpp: the tests using their fixtures, marked
-# `engines` by tests/conftest.py), so that `make -j2 test` (CI) runs test-core while llama.cpp and the engines'
-# environments build.
+# `engines` by tests/conftest.py). `make -j3 test` (CI) runs three steps at a time: test-engines first (its chain of
+# real-engine tests is the longest; on a cold machine llama.cpp and the engines' environments build first, two at a
+# time), test-core beside it, compat-check and then test4 in the third slot, so that neither core idles at the end.
 # JUNIT=DIR: each step also writes DIR/<step>.xml (tools/test_durations.py --junit DIR/*.xml: the table of
 # docs/development.md's "Where the suite's time goes")
 JUNIT ?=
 junit = $(if $(JUNIT),--junitxml=$(abspath $(JUNIT))/$(1).xml)
 PYTEST5 = env ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV4)/bin/python $(VENV)/bin/python -m pytest $(PYTEST_FLAGS)
-test: compat-check test-core test-engines test4
+test: test-engines test-core compat-check test4
 test-core: install install4
 	@$(TIMED) test-core $(PYTEST5) $(XDIST) $(call junit,test-core) -m "not engines and not check"
 test-engines: install install4 llamacpp vllm sglang mlx
@@ -142,7 +141,7 @@ compat-torch-floor: install
 # A failure here and not in `make test` is an upstream change: adapt, then bump the pins in .ci/constraints-*.txt.
 test-latest:
 	$(MAKE) test VENV=.venv-latest VENV4=.venv4-latest CONSTRAINTS5=/dev/null CONSTRAINTS4=/dev/null \
-		PIP_FLAGS="$(PIP_FLAGS) --upgrade"
+		VENV_CACHE_FLAGS=--rebuild
 
 demo: install
 	$(VENV)/bin/rope-extend demo

@@ -33,6 +33,11 @@ from rope_extend.engines.runs import LOGPROB_TOL, MEAN_TOL, compare_logprobs, li
 
 WINDOW = 256
 FREQUENCY_METHODS = ["linear", "ntk", "ntk-by-parts", "yarn", "dynamic", "dynamic-yarn", "llama3", "longrope"]
+# The suite serves one method per rotary class vLLM builds for them (get_rope: LinearScaling, YaRNScaling,
+# DynamicNTKScaling, Llama3, Phi3LongRoPE); ntk (the default class at another base), ntk-by-parts (YaRN's class) and
+# dynamic-yarn run in `make vllm-check` with every other method, both routes, offline and served
+# (eval/reports/vllm-engines-tiny/), ~25 s of the suite each
+SUITE_METHODS = ["linear", "yarn", "dynamic", "llama3", "longrope"]
 ROUTES = ("this checkpoint", "original model + --hf-overrides")
 HALF = 32  # rotary_dim / 2 of the demo model (head_dim 64)
 
@@ -100,6 +105,11 @@ def test_the_recorded_runs_are_generated_from_the_records():
     data = tool.summary()
     stale = "stale: run python tools/run_engines.py --summarize"
     assert json.loads((root / "rope_extend" / "engines" / "vllm" / "runs.json").read_text()) == data, stale
+    # the methods the suite's per-method test leaves out (SUITE_METHODS) are in `make vllm-check`'s record
+    tiny = [json.loads(line) for line in
+            (root / "eval" / "reports" / "vllm-engines-tiny" / "results.jsonl").read_text().splitlines()]
+    checked = {r["method"] for r in tiny if r["runs"] == ["vllm", "vllm-server"]}
+    assert checked == set(FREQUENCY_METHODS) == set(tool.FREQUENCY_METHODS) > set(SUITE_METHODS), checked
     text = (root / "docs" / "serving.md").read_text()
     start, end = tool.markers("vllm")
     assert f"{start}\n{tool.docs_block(data)}\n{end}" in text, stale
@@ -131,7 +141,7 @@ def test_vllm_refuses_with_its_own_message_and_keeps_serving(vllm_worker, short_
     assert vllm_worker.proc.poll() is None
 
 
-@pytest.mark.parametrize("method", FREQUENCY_METHODS)
+@pytest.mark.parametrize("method", SUITE_METHODS)
 def test_engines_run_vllm_serves_each_method_as_the_card_says(method, vllm_worker, short_window, monkeypatch, capsys):
     """`rope-extend engines SOURCE --method M --factor 2 --run vllm --json`: for both routes the card lists, a real
     vLLM agrees with the port rows (vLLM 0.34.0 source): identical (within LOGPROB_TOL on every token, MEAN_TOL on
