@@ -81,10 +81,13 @@ sglang: install
 	@$(TIMED) sglang $(VENV)/bin/python -m rope_extend.engines.sglang.env
 
 # What the suite's SGLang tests leave out for CI's time: every frequency method through both card routes on the
-# suite's 2-layer demo model (a server start costs ~20-30 s); the table lands in eval/reports/sglang-engines-tiny/.
-sglang-check: sglang
+# suite's 2-layer demo model (a server start costs ~20-30 s); the table lands in eval/reports/sglang-engines-tiny/;
+# and the override trap (rope_scaling alone drops rope_theta) marked `check` in tests/test_sglang_engine.py, its record
+# in eval/reports/sglang-check-trap/.
+sglang-check: sglang install4
 	nice -n 10 $(VENV)/bin/python tools/run_engines.py --model short-window --runs sglang \
 		-o eval/reports/sglang-engines-tiny
+	$(CHECK) tests/test_sglang_engine.py -o eval/reports/sglang-check-trap -- -m check
 
 # A real mlx-lm (PyPI's mlx[cpu] 0.32.4, the Linux CPU backend, and mlx-lm 0.32.2; no torch) in its own virtualenv,
 # since it pins its own transformers and numpy: built once into ~/.cache/rope-extend/mlx-lm-<version>

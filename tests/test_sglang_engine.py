@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 from helpers import (
@@ -36,6 +37,7 @@ ROUTES = ("this checkpoint", "original model + --json-model-override-args")
 
 
 SGLANG = lookup("sglang")  # the adapter; the session's worker is conftest.py's `sglang_worker`
+SGLANG_CONTEXT = re.compile(r"--context-length (\d+)")  # in the worker's log, the command of each start
 
 
 # --- without SGLang ----------------------------------------------------------------------------------------------------
@@ -80,17 +82,9 @@ def test_run_names_include_sglang_and_unknown_ones_are_refused_before_anything_l
 # --- the real engine -------------------------------------------------------------------------------------------------
 def test_sglang_refuses_with_its_own_words(sglang_worker, short_window):
     """A context length beyond the config's window without SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN: SGLang does not
-    start, and says why; a request longer than the context length: refused with SGLang's message, the server keeps
-    serving."""
-    from rope_extend.engines.reference import text_ids
-
+    start, and says why (a request longer than the context length: the end of the eval test, on its server)."""
     with pytest.raises(SglangRefused, match="SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"):
         sglang_worker.load(short_window, 2 * WINDOW)
-    sglang_worker.load(short_window, WINDOW)
-    ids = text_ids(short_window, WINDOW + 10)
-    with pytest.raises(SglangRefused, match=f"longer than the model's context length \\({WINDOW} tokens\\)"):
-        sglang_worker.prompt_logprobs(ids)
-    assert len(sglang_worker.prompt_logprobs(ids[:100])) == 99
 
 
 def test_engines_run_sglang_serves_both_card_routes_as_transformers(sglang_worker, short_window, monkeypatch, capsys):
@@ -100,7 +94,8 @@ def test_engines_run_sglang_serves_both_card_routes_as_transformers(sglang_worke
     factor needs SGLang's attn_factor in both routes' overrides, and the checkpoint's route takes its whole
     rope_parameters (SGLang 0.5.15 replaces the dict: `{"attn_factor": x}` alone does not start). Every other method, dynamic's measured difference
     included, runs in `make sglang-check` and on the demo model (eval/reports/sglang-engines-*); that the run sees a
-    RoPE that differs: test_a_rope_scaling_only_override_runs_at_the_wrong_theta."""
+    RoPE that differs: the Phi-3.5 audit run below (measured DIFFERS where the port says so) and, in `make
+    sglang-check`, test_a_rope_scaling_only_override_runs_at_the_wrong_theta."""
     from rope_extend.cli import run
 
     borrowed = BorrowedWorker(sglang_worker)
@@ -122,6 +117,7 @@ def test_engines_run_sglang_serves_both_card_routes_as_transformers(sglang_worke
             assert got["mean_abs_dlogprob"] <= MEAN_TOL and got["tokens"] == {"short": WINDOW, "long": 2 * WINDOW}[request]
 
 
+@pytest.mark.check  # in `make sglang-check`, with its record (eval/reports/sglang-check-trap/): one SGLang start
 def test_a_rope_scaling_only_override_runs_at_the_wrong_theta(sglang_worker, short_window, tmp_path):
     """The trap the card's override avoids: `--json-model-override-args '{"rope_scaling": {yarn x2}}'` alone makes
     SGLang 0.5.15 (transformers 5.12 inside) replace rope_parameters and drop rope_theta (100000 -> 10000): the model
@@ -168,6 +164,17 @@ def test_eval_engine_sglang_reproduces_the_transformers_eval(sglang_worker, shor
                     EvalOptions(plots=False, progress=False))
     run = json.loads((tmp_path / "sglang" / "run.json").read_text())
     assert_engine_eval_matches(got, want, run, "SGLang 0.5.15 on cpu", WINDOW)
+
+    # a request longer than the served context length (yarn-x2's, still loaded): refused with SGLang's message, and
+    # the server keeps serving (here, not in a server of its own: one SGLang start less)
+    from rope_extend.engines.reference import text_ids
+
+    context = SGLANG_CONTEXT.search(sglang_worker.log_path.read_text().rsplit("=== ", 1)[-1])
+    assert context and int(context.group(1)) >= 2 * WINDOW
+    ids = text_ids(short_window, int(context.group(1)) + 10)
+    with pytest.raises(SglangRefused, match=f"longer than the model's context length \\({context.group(1)} tokens\\)"):
+        sglang_worker.prompt_logprobs(ids)
+    assert len(sglang_worker.prompt_logprobs(ids[:100])) == 99
 
 
 @pytest.mark.parametrize("spec, why", [
