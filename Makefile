@@ -20,7 +20,7 @@ TIMED = tools/timed.sh
 # The two virtualenvs: each clone's own (`python -m venv`, this checkout installed editable), over dependencies built
 # once per machine into VENV_CACHE and shared by every clone (tools/venv_cache.py: keyed by the pip steps below, the
 # project's requirements and the constraints files; a second clone builds nothing, ~5 s).
-VENV_CACHE ?= $(HOME)/.cache/rope-extend/venvs
+VENV_CACHE ?= $(or $(ROPE_EXTEND_CACHE),$(HOME)/.cache/rope-extend)/venvs
 VENV_CACHE_FLAGS ?=
 install: $(VENV)/.installed
 # DeepSpeed for the ZeRO-3 test (2 CPU processes): an sdist whose setup imports torch, so built against the torch above
@@ -125,7 +125,7 @@ test4: install install4
 # The compatibility matrix (docs/development.md#supported-versions): rope-extend's core checks (tools/compat_checks.py)
 # in one virtualenv per transformers release (tools/compat_matrix.py's RELEASES: the floor, the middle and newest of
 # each line, every 5.x minor that changed what rope-extend calls), each built once under COMPAT_VENVS; prints a table.
-COMPAT_VENVS ?= $(HOME)/.cache/rope-extend/compat-venvs
+COMPAT_VENVS ?= $(or $(ROPE_EXTEND_CACHE),$(HOME)/.cache/rope-extend)/compat-venvs
 compat-matrix: install
 	nice -n 5 $(VENV)/bin/python tools/compat_matrix.py --venvs $(COMPAT_VENVS)
 
