@@ -117,7 +117,7 @@ test: test-engines test-core compat-check test4
 test-core: install install4
 	@$(TIMED) test-core $(PYTEST5) $(XDIST) $(call junit,test-core) -m "not engines and not check"
 test-engines: install install4 llamacpp vllm sglang mlx
-	@$(TIMED) test-engines $(PYTEST5) $(call junit,test-engines) -m engines
+	@$(TIMED) test-engines $(PYTEST5) $(call junit,test-engines) -m "engines and not check"
 test4: install install4
 	@$(TIMED) test4 env ROPE_EXTEND_OTHER_PYTHON=$(CURDIR)/$(VENV)/bin/python $(VENV4)/bin/python -m pytest \
 		$(PYTEST_FLAGS) $(XDIST) $(call junit,test4) -m portability

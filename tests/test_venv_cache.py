@@ -77,8 +77,32 @@ def test_a_second_clone_builds_nothing_and_runs_its_own_checkout(tmp_path):
     assert (venv / "bin" / "probe").read_text().startswith(f"#!{venv}/bin/python\n")
     assert subprocess.run([str(venv / "bin" / "probe")], capture_output=True, text=True).stdout == "42\n"
     assert (venv / "bin" / "rope-extend").read_text().startswith(f"#!{venv}/bin/python")
-    # an interrupted build (no completion mark) is built again, not used
-    (shared / ".complete").unlink()
-    again = subprocess.run([*command, str(tmp_path / "c" / ".venv")], capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "building the shared environment" in again.stderr, again.stderr[-3000:]
-    assert not (site / "shared_probe.py").exists()
+
+
+def test_an_interrupted_build_is_built_again_and_a_failed_one_never_marked(tmp_path, monkeypatch):
+    """A shared environment without its completion mark (a build that was interrupted) is built again from nothing,
+    not used; a step that fails leaves it unmarked."""
+    tool = _tool()
+    calls = []
+
+    def fake_run(command, check, cwd=None):
+        calls.append([str(c) for c in command])
+        if "fail" in command:
+            raise subprocess.CalledProcessError(1, command)
+        if command[1:3] == ["-m", "venv"]:
+            Path(command[3], "bin").mkdir(parents=True)
+
+    monkeypatch.setattr(tool.subprocess, "run", fake_run)
+    cache = tmp_path / "venv-abc"
+    (cache / "lib").mkdir(parents=True)
+    (cache / "lib" / "left-over").write_text("half-built")
+    tool.build_cache(cache, [["setuptools>=77"]])
+    assert not (cache / "lib" / "left-over").exists() and (cache / tool.COMPLETE).is_file()
+    assert [c[1:3] for c in calls] == [["-m", "venv"], ["-m", "pip"]] and calls[1][-1] == "setuptools>=77"
+    calls.clear()
+    tool.build_cache(cache, [["setuptools>=77"]])  # complete: nothing runs
+    assert calls == []
+    broken = tmp_path / "venv-def"
+    with pytest.raises(subprocess.CalledProcessError):
+        tool.build_cache(broken, [["fail"]])
+    assert not (broken / tool.COMPLETE).exists()
