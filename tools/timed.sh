@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wall time of a Makefile step, with the load average, for CI's log (.ci/run runs `make -j2 test`):
+# The wall time of a Makefile step, with the load average, for CI's log (.ci/run runs `make -j3 test`):
 #   tools/timed.sh NAME COMMAND...     run COMMAND, then print "[time] NAME: N s wall ..." (its exit status is kept)
 name=$1
 shift
