@@ -26,20 +26,12 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_durations import LoadSampler  # tools/ is not a package: its folder is on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/ and bench/ are not packages: their folders
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from common import cpu_name  # bench/common.py: the CPU's name a record prints
+from test_durations import LoadSampler
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _git(*args: str) -> str:
@@ -120,7 +112,7 @@ def main(argv=None) -> int:
         "command": f"python tools/run_check.py {args.test_file} -o {args.out}",
         "commit": _git("rev-parse", "--short", "HEAD") + ("+changes" if _git("status", "--porcelain") else ""),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{os.cpu_count()} CPUs ({platform.machine()}, {_cpu()})",
+        "machine": f"{os.cpu_count()} CPUs ({platform.machine()}, {cpu_name()})",
         "load": load.describe(),
         "wall_s": round(wall, 1),
         "returncode": rc,

@@ -48,15 +48,10 @@ def machine() -> dict:
     import torch
     import transformers
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+    sys.path.insert(0, str(ROOT / "bench"))
+    from common import cpu_name  # bench/common.py: the CPU's name a record prints
+
+    return {"host": platform.node(), "cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version()}
 
