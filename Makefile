@@ -19,12 +19,12 @@ TIMED = tools/timed.sh
 
 # The two virtualenvs: each clone's own (`python -m venv`, this checkout installed editable), over dependencies built
 # once per machine into VENV_CACHE and shared by every clone (tools/venv_cache.py: keyed by the pip steps below, the
-# project's requirements and the constraints files; a second clone builds nothing, ~5 s).
+# project's requirements and the constraints files; a second clone builds nothing: 2-3 s here).
 VENV_CACHE ?= $(or $(ROPE_EXTEND_CACHE),$(HOME)/.cache/rope-extend)/venvs
 VENV_CACHE_FLAGS ?=
 install: $(VENV)/.installed
-# DeepSpeed for the ZeRO-3 test (2 CPU processes): an sdist whose setup imports torch, so built against the torch above
-# (no build isolation); 11 s without pip's cache here (2026-12-04).
+# DeepSpeed for the sequence-parallel test (and train-check's ZeRO-3 launches; 2 CPU processes): an sdist whose setup
+# imports torch, so built against the torch above (no build isolation); 11 s without pip's cache here (2026-12-04).
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS5) tools/venv_cache.py
 	@$(TIMED) install $(PYTHON) tools/venv_cache.py $(VENV) --cache $(VENV_CACHE) $(VENV_CACHE_FLAGS) --extras dev,eval,train \
 		--step='$(TORCH)' --step='-c $(CONSTRAINTS5) @project $(TRANSFORMERS5) $(TORCH)' \
@@ -106,8 +106,8 @@ mlx-check: mlx
 # transformers 5.x, then the portability/parity tests on 4.x. The suite in two runs: test-core needs only the two
 # virtualenvs, test-engines the real engines (vLLM, SGLang, MLX, llama.cpp: the tests using their fixtures, marked
 # `engines` by tests/conftest.py). `make -j3 test` (CI) runs three steps at a time: test-engines first (its chain of
-# real-engine tests is the longest; on a cold machine llama.cpp and the engines' environments build first, two at a
-# time), test-core beside it, compat-check and then test4 in the third slot, so that neither core idles at the end.
+# real-engine tests is the longest; on a cold machine llama.cpp and the engines' environments build first, side by
+# side), test-core beside it, compat-check and then test4 in the third slot, so that neither core idles at the end.
 # JUNIT=DIR: each step also writes DIR/<step>.xml (tools/test_durations.py --junit DIR/*.xml: the table of
 # docs/development.md's "Where the suite's time goes")
 JUNIT ?=

@@ -42,7 +42,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*", default=SLICE)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("-o", "--output", default=str(ROOT / "eval" / "reports" / "suite-xdist"))
+    ap.add_argument("-o", "--output", default="eval/reports/suite-xdist")
     args = ap.parse_args()
     load = [" ".join(f"{x:.1f}" for x in os.getloadavg())]
     walls: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -71,13 +71,12 @@ def main() -> int:
         f"One process / two workers: **{ratio:.2f}x** (best of {args.repeats}).",
         "",
     ]
-    out = ROOT / args.output if not os.path.isabs(args.output) else args.output
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "README.md"), "w") as f:
-        f.write("\n".join(lines))
-    with open(os.path.join(out, "result.json"), "w") as f:
-        json.dump({"command": command.strip(), "device": device, "load": load, "files": args.files, "walls": walls,
-                   "ratio": round(ratio, 3)}, f, indent=1)
+    out = ROOT / args.output  # an absolute -o stays as given
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "README.md").write_text("\n".join(lines))
+    (out / "result.json").write_text(json.dumps({"command": command.strip(), "device": device, "load": load,
+                                                 "files": args.files, "walls": walls, "ratio": round(ratio, 3)},
+                                                indent=1))
     print("\n".join(lines))
     return 0
 

@@ -13,8 +13,8 @@ The clone's VENV is then a virtualenv of its own (`python -m venv --without-pip`
 whose site-packages reads the cache's through a .pth file (`site.addsitedir`, so the cache's own .pth files run too),
 with this checkout installed editable into it (`pip --python VENV install --no-deps -e .`: rope-extend's metadata and
 its console script in VENV) and the cache's console scripts copied into VENV/bin with VENV's interpreter, so that
-`VENV/bin/pytest`, `accelerate` or `ruff` run with this checkout. A second clone builds nothing: ~5 s here, where
-building the environment takes ~2 minutes (docs/development.md, "Timings").
+`VENV/bin/pytest`, `accelerate` or `ruff` run with this checkout. A second clone builds nothing: 2-3 s here, where
+building the environment took 100-200 s (docs/development.md, "Timings").
 """
 from __future__ import annotations
 
