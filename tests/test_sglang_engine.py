@@ -43,7 +43,9 @@ SGLANG_CONTEXT = re.compile(r"--context-length (\d+)")  # in the worker's log, t
 # --- without SGLang ----------------------------------------------------------------------------------------------------
 def test_the_server_is_started_as_the_card_prints_it():
     """The card's command (`python -m sglang.launch_server --model-path M --context-length N
-    --json-model-override-args J`) is what the worker starts, plus the CPU engine's device and dtype."""
+    --json-model-override-args J`) is what the worker starts, plus the CPU engine's device and dtype and
+    `--sleep-on-idle` (it changes nothing served; that the idle server then sleeps: the end of
+    test_engines_run_sglang_serves_both_card_routes_as_transformers)."""
     from transformers import LlamaConfig
 
     from rope_extend.plan import plan_patch
@@ -66,6 +68,7 @@ def test_the_server_is_started_as_the_card_prints_it():
     assert override["rope_parameters"]["attn_factor"] == pytest.approx(1.2 / (0.1 * math.log(4) + 1))
     assert override["rope_parameters"]["rope_type"] == "yarn" and override["rope_parameters"]["rope_theta"] == 100000.0
     assert args[args.index("--device") + 1] == "cpu" and args[args.index("--dtype") + 1] == "float32"
+    assert "--sleep-on-idle" in args and "--sleep-on-idle" not in hint.command  # the worker's, not the card's
     # the original model's overrides carry rope_theta inside rope_parameters (an override written only as
     # rope_scaling makes SGLang 0.5.15 drop it: test_a_rope_scaling_only_override_runs_at_the_wrong_theta)
     assert original.settings.override_args["rope_parameters"]["rope_theta"] == 100000.0
@@ -115,6 +118,31 @@ def test_engines_run_sglang_serves_both_card_routes_as_transformers(sglang_worke
             got = got_row[request]
             assert got["served"] and got["max_abs_dlogprob"] <= LOGPROB_TOL, (route, request, got)
             assert got["mean_abs_dlogprob"] <= MEAN_TOL and got["tokens"] == {"short": WINDOW, "long": 2 * WINDOW}[request]
+    # the server left running (the last route's) sleeps between requests: without --sleep-on-idle SGLang's scheduler
+    # polls at a full core (30 CPU-seconds in 30 idle seconds here), beside the reference and every later test
+    assert _idle_cpu_seconds(sglang_worker.proc.pid, 3.0) < 0.3
+
+
+def _idle_cpu_seconds(pid: int, seconds: float) -> float:
+    """CPU-seconds a process and its children spend in `seconds` of waiting for a request."""
+    import time
+
+    import psutil
+
+    def used() -> float:
+        total = 0.0
+        root = psutil.Process(pid)
+        for proc in (root, *root.children(recursive=True)):
+            try:
+                times = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system + times.children_user + times.children_system
+        return total
+
+    before = used()
+    time.sleep(seconds)
+    return used() - before
 
 
 @pytest.mark.check  # in `make sglang-check`, with its record (eval/reports/sglang-check-trap/): one SGLang start
