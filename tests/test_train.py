@@ -224,14 +224,14 @@ def _assert_same_weights(got: Path, want: Path, atol: float) -> None:
 # accelerate's plain DDP launch (its torchrun path: the same DDP as torchrun's), ZeRO-3 (configs/accelerate/
 # deepspeed-zero3.yaml: ~3 minutes of 2-process DeepSpeed start here) and LoRA+ under ZeRO-3 run in `make train-check`
 # (marker `check`), with their record (eval/reports/train-check-sharded/); DeepSpeed itself stays in the suite
-# (ZeRO-0 with Ulysses: test_sequence_parallel_over_two_processes_trains_the_one_process_run), and so do FSDP2 and LoRA
-# under FSDP
+# (ZeRO-0 with Ulysses: test_sequence_parallel_over_two_processes_trains_the_one_process_run), and so do FSDP2 (its
+# 2-process run stopped and resumed: test_fsdp_stopped_by_sigterm_...) and LoRA under FSDP
 CHECK_ONLY = pytest.mark.check
 
 
 @pytest.mark.parametrize("launcher", [pytest.param(name, marks=CHECK_ONLY)
                                       if name in ("accelerate", "accelerate-deepspeed-config") else name
-                                      for name in LAUNCHERS])
+                                      for name in LAUNCHERS if name != "accelerate-fsdp-config"])
 def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global_batch(reference, tiny_source,
                                                                                         tmp_path, launcher):
     """Two CPU processes over gloo, each taking one window of the 2-window global batch instead of one process
@@ -239,11 +239,11 @@ def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global
 
     DDP launched by `torchrun --nproc_per_node 2` or by `accelerate launch --multi_gpu --num_processes 2`
     (accelerate's torchrun path; its `--cpu` path starts one process, and its multi-CPU path needs mpirun).
-    The shipped configs on 2 CPU processes, sharded: configs/accelerate/fsdp.yaml (FSDP2 through
-    `sharding.fsdp_on_cpu`, with FSDP's activation checkpointing) and configs/accelerate/deepspeed-zero3.yaml (ZeRO-3
-    with zero3_init_flag: the verification copies are built whole), both with the chunked loss in chunks of 8
-    positions (the LM head called outside the wrapped forward, and again when each chunk is recomputed); both
-    gather the full weights for the writer, which verifies them."""
+    The shipped ZeRO-3 config on 2 CPU processes, sharded: configs/accelerate/deepspeed-zero3.yaml (zero3_init_flag:
+    the verification copies are built whole), with the chunked loss in chunks of 8 positions (the LM head called
+    outside the wrapped forward, and again when each chunk is recomputed); it gathers the full weights for the
+    writer, which verifies them. The shipped FSDP config runs the same comparison stopped and resumed:
+    test_fsdp_stopped_by_sigterm_resumes_to_the_weights_of_one_uninterrupted_process."""
     source, text = tiny_source
     out = tmp_path / "ddp"
     sharded = launcher.endswith("-config")  # their loss in 4 chunks of 8, each recomputed in the backward
@@ -254,9 +254,13 @@ def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global
     assert summary["processes"].startswith(held) and summary["precision"] == "float32"
     assert f"| processes | {summary['processes']} |" in (out / "README.md").read_text()
     _assert_same_weights(out, reference, atol=1e-5)
-    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
+    _assert_same_files_and_config(out, reference)
+
+
+def _assert_same_files_and_config(got: Path, want: Path) -> None:
+    assert sorted(p.name for p in got.iterdir()) == sorted(p.name for p in want.iterdir())
     same = ("architectures", "rope_scaling", "rope_parameters", "max_position_embeddings", "tie_word_embeddings")
-    a, b = json.loads((out / "config.json").read_text()), json.loads((reference / "config.json").read_text())
+    a, b = json.loads((got / "config.json").read_text()), json.loads((want / "config.json").read_text())
     assert {k: a.get(k) for k in same} == {k: b.get(k) for k in same}
 
 
@@ -276,38 +280,42 @@ def test_lora_sharded_gives_the_weights_of_one_process(tiny_source, tmp_path, la
     assert json.loads((two / "training.json").read_text())["recipe"]["lora"]
 
 
-def test_fsdp_stopped_by_sigterm_resumes_to_the_weights_of_one_uninterrupted_process(tiny_source, tmp_path):
-    """The shipped FSDP config on 2 CPU processes: SIGTERM to `accelerate launch` stops after the current step with a
-    sharded checkpoint (exit 143, one line naming it); the same command resumes from it and ends at the weights of
-    an uninterrupted one-process run (1e-5), verified."""
+def test_fsdp_stopped_by_sigterm_resumes_to_the_weights_of_one_uninterrupted_process(reference, tiny_source,
+                                                                                       tmp_path):
+    """The shipped FSDP config on 2 CPU processes (configs/accelerate/fsdp.yaml: FSDP2 through
+    `sharding.fsdp_on_cpu`, FSDP's activation checkpointing, the loss in chunks of 8 positions, each recomputed in the
+    backward), each taking one window of the 2-window global batch: SIGTERM to `accelerate launch` stops after the
+    current step with a sharded checkpoint (exit 143, one line naming it); the same command resumes from it and ends
+    at the weights of the uninterrupted one-process run (1e-5 absolute: the gradient reduction sums in another
+    order), gathered whole for the writer, which verifies them; its files, card and config are the one-process
+    run's. (The uninterrupted FSDP launch of test_two_gloo_processes_... is this test's first half.)"""
     source, text = tiny_source
-    steps = ["--steps", "20", "--save-steps", "5"]  # stopped after step 10: half trained before, half after
-    one, two = tmp_path / "one", tmp_path / "two"
-
-    def args(out: Path) -> list[str]:
-        return ["train", str(source), "--method", "yarn", "--factor", "4", "--text", str(text), "--window", "32",
-                "--batch-tokens", "64", "--lr", "3e-3", "--warmup", "0", *steps, "-o", str(out)]
-
-    done = subprocess.run([sys.executable, "-m", "rope_extend", *args(one)], env=child_env(), capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    command, env = _launch_command("accelerate-fsdp-config", args(two), tmp_path)
+    two = tmp_path / "two"
+    command, env = _launch_command("accelerate-fsdp-config", train_argv(source, text, two, "--loss-chunk", "8"),
+                                   tmp_path)
     log = tmp_path / "first.log"
     with log.open("w") as sink:
         proc = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 240
-        while "step 10/20" not in log.read_text():
+        while f"step 3/{STEPS}" not in log.read_text():  # half trained before the stop, half after
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=240) == 143, log.read_text()[-3000:]
-    stopped = [line for line in log.read_text().splitlines() if "interrupted (SIGTERM)" in line]
-    assert len(stopped) == 1 and "checkpoint-" in stopped[0], log.read_text()[-3000:]
-    assert not two.exists()
+    first = log.read_text()
+    stopped = [line for line in first.splitlines() if "interrupted (SIGTERM)" in line]
+    assert len(stopped) == 1 and "checkpoint-" in stopped[0], first[-3000:]
+    assert LAUNCHERS["accelerate-fsdp-config"] in first and not two.exists()
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from checkpoint-" in resumed.stderr and "verified with stock transformers" in " ".join(resumed.stdout.split())
-    _assert_same_weights(two, one, atol=1e-5)
+    _assert_same_weights(two, reference, atol=1e-5)
+    summary = json.loads((two / "training.json").read_text())
+    assert summary["recipe"]["world_size"] == 2 and summary["recipe"]["accumulation"] == 1
+    held = LAUNCHERS["accelerate-fsdp-config"].removeprefix("processes: ")
+    assert summary["processes"].startswith(held) and summary["precision"] == "float32"
+    assert f"| processes | {summary['processes']} |" in (two / "README.md").read_text()
+    _assert_same_files_and_config(two, reference)
 
 
 def test_lora_plus_under_fsdp_is_refused_before_any_work(tiny_source, tmp_path, capsys, monkeypatch):
