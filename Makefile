@@ -92,15 +92,17 @@ sglang-check: sglang install4
 # A real mlx-lm (PyPI's mlx[cpu] 0.32.4, the Linux CPU backend, and mlx-lm 0.32.2; no torch) in its own virtualenv,
 # since it pins its own transformers and numpy: built once into ~/.cache/rope-extend/mlx-lm-<version>
 # (rope_extend/engines/mlx/env.py: every pin and why, versions.json; ~1 minute, 370 MB), then reused. Used by
-# `rope-extend engines --run mlx`, `eval --engine mlx` and the tests.
+# `rope-extend engines --run mlx`, `eval --engine mlx` and the tests. --openblas: Debian's OpenBLAS unpacked beside it
+# (apt-get download, dpkg -x: nothing installed), which the suite's MLX worker preloads (tests/conftest.py's
+# mlx_worker: tests/test_mlx_engine.py 179 s with the wheel's reference BLAS, 47 s with OpenBLAS, idle here).
 mlx: install
-	@$(TIMED) mlx $(VENV)/bin/python -m rope_extend.engines.mlx.env
+	@$(TIMED) mlx $(VENV)/bin/python -m rope_extend.engines.mlx.env --openblas
 
 # What the suite's MLX tests leave out for CI's time: every frequency method through both card routes on the suite's
-# 2-layer demo model (mlx-cpu's reference BLAS is slow: about a minute a route); the table lands in
-# eval/reports/mlx-engines-tiny/.
+# 2-layer demo model, with the mlx-cpu wheel's own BLAS (a reference BLAS, slow: about a minute a route); the table
+# lands in eval/reports/mlx-engines-tiny/.
 mlx-check: mlx
-	nice -n 10 $(VENV)/bin/python tools/run_engines.py --model short-window --runs mlx -o eval/reports/mlx-engines-tiny
+	nice -n 10 env ROPE_EXTEND_MLX_BLAS= $(VENV)/bin/python tools/run_engines.py --model short-window --runs mlx -o eval/reports/mlx-engines-tiny
 
 # The README's test command: the compatibility matrix's core checks on the oldest supported 5.x, the whole suite on
 # transformers 5.x, then the portability/parity tests on 4.x. The suite in two runs: test-core needs only the two

@@ -192,8 +192,24 @@ def sglang_worker():
 
 @pytest.fixture(scope="session")
 def mlx_worker():
-    """mlx-lm's worker (mlx imported once; each checkpoint it serves is an `mlx_lm.load` in it)."""
-    yield from _session_worker("mlx")
+    """mlx-lm's worker (mlx imported once; each checkpoint it serves is an `mlx_lm.load` in it), computing with
+    Debian's OpenBLAS (`ROPE_EXTEND_MLX_BLAS`, unpacked by `make mlx`; the engine's code and its RoPE unchanged): with
+    the mlx-cpu wheel's reference BLAS tests/test_mlx_engine.py took 179 s, with OpenBLAS 47 s (idle, 2 cores,
+    2026-12-07). `ROPE_EXTEND_MLX_BLAS=` (empty) keeps the wheel's own BLAS, as `make mlx-check` and its record do."""
+    from rope_extend.engines.mlx.env import BLAS_ENV, MlxEnvError, ensure_openblas
+
+    if BLAS_ENV in os.environ:
+        yield from _session_worker("mlx")
+        return
+    try:
+        library = ensure_openblas()
+    except MlxEnvError as exc:  # a core fixture of test-engines: never skipped silently
+        pytest.fail(f"{exc} (or set {BLAS_ENV}= to serve with the mlx-cpu wheel's own BLAS: ~2 minutes more)")
+    os.environ[BLAS_ENV] = str(library)
+    try:
+        yield from _session_worker("mlx")
+    finally:
+        os.environ.pop(BLAS_ENV, None)
 
 
 @pytest.fixture(scope="session")

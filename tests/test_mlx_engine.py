@@ -3,7 +3,8 @@
 One worker process (`rope_extend/engines/mlx/worker.py`, under the MLX environment's Python) serves every checkpoint
 of the session in turn, float32, each request through mlx-lm's own `generate_step` (the loop behind `mlx_lm.generate`)
 with the card command's prefill chunks. The mlx-cpu wheel computes with a reference BLAS, so the model is the demo
-model's first 2 layers with a 256-token window (`short_window`): requests of 256 and 512 tokens (2x), where a RoPE
+model's first 2 layers with a 256-token window (`short_window`), served with Debian's OpenBLAS preloaded (conftest.py's
+`mlx_worker`; `make mlx-check` runs the wheel's own): requests of 256 and 512 tokens (2x), where a RoPE
 that differs moves log-probabilities by 0.1 and more. The reference is transformers running rope-extend's RoPE
 (`patch_model`) on the same token ids. The port (`rope_extend/engines/mlx/port.py`) is checked against mlx-lm's own
 RoPE modules for every rope type mlx-lm has; every frequency method through both card routes runs in `make mlx-check`
@@ -15,8 +16,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import ENGINE_SUITE, LLAMA, QWEN, BorrowedWorker, assert_records_match, offline_hub, run_audit
@@ -215,6 +218,15 @@ def test_engines_run_mlx_serves_both_card_routes_as_transformers(mlx_worker, sho
             assert got["served"] and got["max_abs_dlogprob"] <= LOGPROB_TOL, (route, request, got)
             assert got["mean_abs_dlogprob"] <= MEAN_TOL and got["tokens"] == {"short": WINDOW, "long": 2 * WINDOW}[request]
     assert mlx_worker.rope == "YarnRoPE"
+    # the BLAS the rows name is the one the worker computes with (conftest.py's mlx_worker: OpenBLAS unless
+    # ROPE_EXTEND_MLX_BLAS is set empty)
+    blas = os.environ.get("ROPE_EXTEND_MLX_BLAS")
+    maps = Path(f"/proc/{mlx_worker.proc.pid}/maps").read_text()
+    if blas:
+        assert f"BLAS {Path(blas).parent.name}/{Path(blas).name}) on cpu" in got_row["engine"]
+        assert f"/{Path(blas).parent.name}/" in maps  # Debian's openblas-pthread/ (numpy brings its own OpenBLAS)
+    else:
+        assert "BLAS " not in got_row["engine"] and "/openblas-pthread/" not in maps
 
 
 def test_a_config_with_only_rope_parameters_is_served_as_plain_rope(mlx_worker, short_window, tmp_path):

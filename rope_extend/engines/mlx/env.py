@@ -28,7 +28,7 @@ tokens), so the suite serves the 2-layer model (`short_window`) and the demo mod
 `ROPE_EXTEND_MLX_PYTHON` names another Python with mlx-lm instead (a Mac's, with the Metal backend): nothing is built
 then, and the versions are read from that interpreter.
 
-A faster BLAS, for the long evidence runs only (a named, swappable piece, off by default): `ROPE_EXTEND_MLX_BLAS` names
+A faster BLAS, for the long evidence runs and the suite's MLX tests (a named, swappable piece, off by default): `ROPE_EXTEND_MLX_BLAS` names
 a BLAS library (`libblas.so.3` with the CBLAS interface) that the MLX worker preloads (`LD_PRELOAD`), so that mlx's
 matrix products (`cblas_sgemm`, an undefined symbol of libmlx.so) run in it instead of the wheel's reference BLAS;
 every row and record names it (`MlxEnv.label`). `python -m rope_extend.engines.mlx.env --openblas` unpacks Debian's
