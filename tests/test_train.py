@@ -248,19 +248,22 @@ def test_two_gloo_processes_give_the_weights_of_one_process_with_the_same_global
     out = tmp_path / "ddp"
     sharded = launcher.endswith("-config")  # their loss in 4 chunks of 8, each recomputed in the backward
     _launch(launcher, train_argv(source, text, out, *(["--loss-chunk", "8"] if sharded else [])), tmp_path)
+    _assert_two_processes_trained_the_reference(out, reference, launcher)
+
+
+def _assert_two_processes_trained_the_reference(out: Path, reference: Path, launcher: str) -> None:
+    """`out`, written by 2 processes started by `launcher` (a key of LAUNCHERS), one window each: its summary and card
+    say so, and its weights (1e-5 absolute: the gradient reduction sums in another order), files and config are the
+    one-process `reference`'s."""
     summary = json.loads((out / "training.json").read_text())
     assert summary["recipe"]["world_size"] == 2 and summary["recipe"]["accumulation"] == 1
     held = LAUNCHERS[launcher].removeprefix("processes: ")
     assert summary["processes"].startswith(held) and summary["precision"] == "float32"
     assert f"| processes | {summary['processes']} |" in (out / "README.md").read_text()
     _assert_same_weights(out, reference, atol=1e-5)
-    _assert_same_files_and_config(out, reference)
-
-
-def _assert_same_files_and_config(got: Path, want: Path) -> None:
-    assert sorted(p.name for p in got.iterdir()) == sorted(p.name for p in want.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
     same = ("architectures", "rope_scaling", "rope_parameters", "max_position_embeddings", "tie_word_embeddings")
-    a, b = json.loads((got / "config.json").read_text()), json.loads((want / "config.json").read_text())
+    a, b = json.loads((out / "config.json").read_text()), json.loads((reference / "config.json").read_text())
     assert {k: a.get(k) for k in same} == {k: b.get(k) for k in same}
 
 
@@ -311,13 +314,7 @@ def test_fsdp_stopped_by_sigterm_resumes_to_the_weights_of_one_uninterrupted_pro
     resumed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from checkpoint-" in resumed.stderr and "verified with stock transformers" in " ".join(resumed.stdout.split())
-    _assert_same_weights(two, reference, atol=1e-5)
-    summary = json.loads((two / "training.json").read_text())
-    assert summary["recipe"]["world_size"] == 2 and summary["recipe"]["accumulation"] == 1
-    held = LAUNCHERS["accelerate-fsdp-config"].removeprefix("processes: ")
-    assert summary["processes"].startswith(held) and summary["precision"] == "float32"
-    assert f"| processes | {summary['processes']} |" in (two / "README.md").read_text()
-    _assert_same_files_and_config(two, reference)
+    _assert_two_processes_trained_the_reference(two, reference, "accelerate-fsdp-config")
 
 
 def test_lora_plus_under_fsdp_is_refused_before_any_work(tiny_source, tmp_path, capsys, monkeypatch):
