@@ -198,18 +198,13 @@ def mlx_worker():
     2026-12-07). `ROPE_EXTEND_MLX_BLAS=` (empty) keeps the wheel's own BLAS, as `make mlx-check` and its record do."""
     from rope_extend.engines.mlx.env import BLAS_ENV, MlxEnvError, ensure_openblas
 
-    if BLAS_ENV in os.environ:
+    with pytest.MonkeyPatch.context() as env:  # the variable restored when the session ends
+        if BLAS_ENV not in os.environ:
+            try:
+                env.setenv(BLAS_ENV, str(ensure_openblas()))
+            except MlxEnvError as exc:  # a core fixture of test-engines: never skipped silently
+                pytest.fail(f"{exc} (or set {BLAS_ENV}= to serve with the mlx-cpu wheel's own BLAS: ~2 minutes more)")
         yield from _session_worker("mlx")
-        return
-    try:
-        library = ensure_openblas()
-    except MlxEnvError as exc:  # a core fixture of test-engines: never skipped silently
-        pytest.fail(f"{exc} (or set {BLAS_ENV}= to serve with the mlx-cpu wheel's own BLAS: ~2 minutes more)")
-    os.environ[BLAS_ENV] = str(library)
-    try:
-        yield from _session_worker("mlx")
-    finally:
-        os.environ.pop(BLAS_ENV, None)
 
 
 @pytest.fixture(scope="session")
